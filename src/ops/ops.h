@@ -1,0 +1,102 @@
+// The op layer: one function per numerics contract of docs/v4-architecture.md §2.1 and §3.
+// Model code calls only these; each dispatches on the tensor's device (CPU kernels live in
+// src/cpu, CUDA kernels in src/cuda).
+//
+// Activation convention: activations are float32 tensors whose values sit on the bf16 grid when
+// Numerics::bf16 is set (the model's BF16 contract: one rounding where the reference rounds);
+// with bf16 off they stay full fp32 between ops (for comparisons with FP32 references).
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::ops {
+
+struct Numerics {
+  bool bf16 = true;          // round activations to bf16 where the reference does
+  bool simulate_qat = true;  // apply the FP8/FP4 fake-quantisation sites
+};
+
+// A linear layer's weight as shipped. `w` is [out, in]:
+//   BF16 / F32          dense (also the stand-in for a dequantised FP8/FP4 weight)
+//   E4M3 + E8M0 scale   scale [ceil(out/block), ceil(in/block)]
+//   E2M1x2 + E8M0 scale logical [out, in], scale [out, in/32]
+struct QWeight {
+  Tensor w;
+  Tensor scale;
+  int64_t block = 0;  // tile size of an E4M3 weight's scale
+  int64_t out() const { return w.size(0); }
+  int64_t in() const { return w.size(1); }
+};
+
+struct LinearOpts {
+  // > 0: fake-quantise each row of x to FP8 e4m3 per `act_quant_block` columns first (ue8m0
+  // scale, amax floor 1e-4, clamp +-448): the FP8/FP4 GEMM input site. 0: x is used as is.
+  int64_t act_quant_block = 0;
+  bool round_out_bf16 = false;  // round y to bf16 (BF16 output); false keeps FP32 output
+};
+
+// y[M, N] = x[M, K] . W^T with FP32 accumulation. x: float32 [M, K] contiguous.
+Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
+
+// Dequantises a weight to a dense float32 [out, in] tensor (exact: every format fits fp32).
+Tensor dequantize(const QWeight& w);
+
+// ---- fake quantisation (in place on float32 rows; values end exactly representable in bf16) ----
+// FP8 e4m3 per `block` columns within [col_begin, col_end) of each row: ue8m0 scale of
+// max(amax, 1e-4)/448, clamp to +-448, round to nearest even.
+void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block);
+// FP4 e2m1 per `block` (32) columns, ue8m0 scale of max(amax, 6*2^-126)/6, clamp +-6, RNE.
+void fake_quant_fp4(Tensor& x, int64_t block);
+// FP4 e2m1 per `block` (16) columns with an E4M3 scale e4m3_rne(max(amax, 6*2^-9)/6) (V4.1 KV).
+void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block);
+
+// ---- elementwise and normalisation ---------------------------------------------------------------
+// In place: every value rounded to the bf16 grid (no-op when !enable).
+void round_bf16(Tensor& x, bool enable = true);
+// y = w * x * rsqrt(mean(x^2) + eps) per row, FP32 math, rounded to bf16 if `round`.
+// w: BF16 or F32 [cols], or undefined for a weightless norm.
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round);
+// Normalised Walsh-Hadamard transform (scale n^-1/2) of each row's n-wide segments, in place.
+void hadamard(Tensor& x, int64_t n, bool round);
+
+// RoPE on the last `rope_dim` columns of each `head_width`-wide head: x is [T, heads*head_width]
+// (or [T, head_width]); positions[T]. Interleaved pairs (x[2i], x[2i+1]); angle = pos * freq[i]
+// in fp32; complex multiply in fp32; rounded to bf16 if `round`. inverse: conjugate rotation.
+struct RopeFreqs {
+  std::vector<float> freq;  // rope_dim / 2 values
+};
+RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t original_seq_len, double beta_fast,
+                     double beta_slow);
+void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
+                bool inverse, bool round);
+
+// ---- hyper-connections (§2.3) ------------------------------------------------------------------
+// stream: [T, hc, dim] float32 (bf16 values in bf16 mode). fn [mix, hc*dim] F32, scale [3], base [mix].
+// Writes x_in [T, dim] = bf16(sum_j pre_j h_j), post [T, hc], comb [T, hc, hc] (comb[j][k]).
+struct HcMix {
+  Tensor pre, post, comb;
+};
+HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
+               int64_t sinkhorn_iters, float hc_eps, float norm_eps);
+Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round);
+// out[t, k, :] = round(post[t,k] * y[t,:] + sum_j comb[t,j,k] * stream[t,j,:])
+Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round);
+// Final collapse without Sinkhorn (V4 hc_head): pre_j = sigmoid(mix_j*scale + base_j) + hc_eps.
+Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, float hc_eps,
+               float norm_eps, bool round);
+
+// ---- attention ---------------------------------------------------------------------------------
+// q [T, H, D] float32; kv [N, D] float32 (K = V); idx [T, K] int32, -1 = empty; sink [H] F32.
+// Per (t, h): online softmax over idx in tiles of 64 (FP32 scores times `scale`), the sink adds
+// exp(sink - m) to the denominator only. bf16_probs: each tile's probabilities are rounded to bf16
+// (relative to the running max) before P.V, as the reference kernel does. Output rounded if `round`.
+Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                        bool bf16_probs, bool round);
+
+// Indices of the k largest of scores[0..n) ordered by (score desc, index asc). -inf entries are
+// never returned: fewer than k finite scores give fewer results. Returns the count written.
+int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
+
+}  // namespace deepinfer::ops
