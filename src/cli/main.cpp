@@ -1,1 +1,28 @@
-int main() { return 0; }
+// The `deepinfer` binary: one subcommand per task.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "deepinfer/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"deepinfer: DeepSeek-V4 family inference engine"};
+  app.require_subcommand(1);
+  auto logits = deepinfer::cli::add_logits(app);
+  auto generate = deepinfer::cli::add_generate(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (app.got_subcommand("logits")) return logits();
+    if (app.got_subcommand("generate")) return generate();
+  } catch (const deepinfer::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

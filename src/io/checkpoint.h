@@ -26,7 +26,9 @@ class Checkpoint {
   // Returns the tensor and marks it used. Throws "missing tensor NAME in DIR" if absent.
   Tensor take(const std::string& name);
   // Like take(), and checks dtype is one of `dtypes` and the shape equals `shape`; the error names
-  // the file, the tensor, what was found and what was expected.
+  // the file, the tensor, what was found and what was expected. Packed FP4: when `dtypes` holds
+  // kE2M1x2, an I8 tensor whose shape is `shape` with the last dimension halved (how the
+  // checkpoints ship FP4 experts) is accepted and returned viewed as kE2M1x2 `shape`.
   Tensor take(const std::string& name, const Shape& shape, std::initializer_list<DType> dtypes);
   // Names never taken, sorted.
   std::vector<std::string> unused() const;

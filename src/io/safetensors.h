@@ -19,8 +19,6 @@ struct TensorInfo {
   size_t end = 0;
 };
 
-}  // namespace deepinfer
-
 class SafetensorsFile {
  public:
   // Opens and validates: header length and JSON, known dtypes, offsets inside the file, sizes

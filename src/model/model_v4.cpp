@@ -1,1 +1,76 @@
-// placeholder
+// The V4 forward (docs/v4-architecture.md §2.2, §2.3, §2.10): embed, expand to hc copies, per
+// layer mHC-collapse -> norm -> attention -> mHC-expand and the same around the MoE, then the
+// hc_head collapse, the final norm and the FP32 head.
+#include <cstring>
+
+#include "deepinfer/error.h"
+#include "model/layers_v4.h"
+
+namespace deepinfer {
+
+std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir) {
+  auto m = std::unique_ptr<ModelV4>(new ModelV4());
+  m->cfg_ = load_model_config(dir);
+  const ModelConfig& cfg = m->cfg_;
+  DI_CHECK(cfg.family == ModelFamily::kV4, "{}: this build runs DeepSeek-V4 models only so far", cfg.source);
+  DI_CHECK(!cfg.weights_fp8 || cfg.o_lora_rank % cfg.fp8_block == 0,
+           "{}: o_lora_rank {} must be a multiple of the FP8 block {} (wo_a is split per group)", cfg.source,
+           cfg.o_lora_rank, cfg.fp8_block);
+  m->ckpt_ = Checkpoint::open(dir);
+  m->w_ = load_weights_v4(m->ckpt_, cfg);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    // Compressed layers use compress_rope_theta with YaRN; window-only layers plain rope_theta.
+    if (cfg.compress_ratio(l) > 0)
+      m->rope_.push_back(ops::rope_freqs(cfg.rope_head_dim, cfg.compress_rope_theta, cfg.rope_factor,
+                                         cfg.original_seq_len, cfg.beta_fast, cfg.beta_slow));
+    else
+      m->rope_.push_back(ops::rope_freqs(cfg.rope_head_dim, cfg.rope_theta, 1.0, 0, cfg.beta_fast, cfg.beta_slow));
+  }
+  return m;
+}
+
+Tensor ModelV4::forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const {
+  const ModelConfig& cfg = cfg_;
+  const ops::Numerics& num = opts.numerics;
+  const int64_t T = static_cast<int64_t>(tokens.size()), hc = cfg.hc_mult, dim = cfg.dim;
+  DI_CHECK(T > 0, "forward: no tokens");
+  DI_CHECK(static_cast<int64_t>(state.layers.size()) == cfg.n_layers, "forward: state is for another model");
+  const int64_t start = state.num_tokens;
+
+  // Embedding, expanded to hc identical copies.
+  Tensor stream = Tensor::empty({T, hc, dim}, DType::kF32);
+  for (int64_t t = 0; t < T; ++t) {
+    DI_CHECK(tokens[t] >= 0 && tokens[t] < cfg.vocab_size, "token id {} at index {} is outside the vocabulary [0, {})",
+             tokens[t], t, cfg.vocab_size);
+    const int64_t row = tokens[t];
+    float* dst = stream.data<float>() + t * hc * dim;
+    for (int64_t d = 0; d < dim; ++d)
+      dst[d] = w_.embed.dtype() == DType::kBF16 ? bf16_to_f32(w_.embed.data<uint16_t>()[row * dim + d])
+                                                : w_.embed.data<float>()[row * dim + d];
+    for (int64_t j = 1; j < hc; ++j) std::memcpy(dst + j * dim, dst, dim * sizeof(float));
+  }
+
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    const LayerCtx ctx{cfg, num, l, opts.trace};
+    ops::HcMix mix = ops::hc_mixes(stream, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
+                                   cfg.hc_eps, cfg.norm_eps);
+    Tensor x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
+    Tensor y = attention_v4(L.attn, x, start, state.layers[l], rope_[l], ctx);
+    stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
+
+    mix = ops::hc_mixes(stream, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters, cfg.hc_eps,
+                        cfg.norm_eps);
+    x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.ffn_norm, cfg.norm_eps, num.bf16);
+    y = moe_v4(L.ffn, x, tokens, ctx);
+    stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
+  }
+  state.num_tokens += T;
+
+  Tensor last = opts.all_logits ? stream : stream.slice(0, T - 1, T).contiguous();
+  Tensor x = ops::hc_head(last, w_.hc_head_fn, w_.hc_head_scale, w_.hc_head_base, cfg.hc_eps, cfg.norm_eps, num.bf16);
+  x = ops::rms_norm(x, w_.norm, cfg.norm_eps, num.bf16);
+  return linear_f32(x, ops::QWeight{w_.head, {}, 0});
+}
+
+}  // namespace deepinfer

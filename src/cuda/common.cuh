@@ -1,0 +1,99 @@
+// Small helpers shared by the CUDA kernels: viewing a tensor as rows, block-wide reductions and
+// bf16 rounding. Host parts are plain C++; device parts compile only under nvcc.
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/error.h"
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::cuda {
+
+// A float32 tensor on kCUDA seen as `rows` rows of `cols` contiguous values, `row_stride`
+// elements apart. Accepts 1-D tensors (one row), 2-D tensors whose last dimension is dense (so
+// column slices work) and contiguous tensors of higher rank (flattened to [-1, last]).
+struct Rows {
+  float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+};
+
+inline Rows as_rows(const Tensor& x, const char* op) {
+  DI_CHECK(x.defined(), "{}: undefined tensor", op);
+  DI_CHECK(x.device() == Device::kCUDA, "{}: expected a CUDA tensor, got {}", op, x.describe());
+  DI_CHECK(x.dtype() == DType::kF32, "{}: expected float32, got {}", op, x.describe());
+  DI_CHECK(x.dim() >= 1, "{}: expected at least one dimension, got {}", op, x.describe());
+  Rows r;
+  r.data = x.data<float>();
+  r.cols = x.size(-1);
+  if (x.dim() == 1) {
+    DI_CHECK(x.strides()[0] == 1, "{}: expected a dense row, got {}", op, x.describe());
+    r.rows = 1;
+    r.row_stride = r.cols;
+  } else if (x.dim() == 2) {
+    DI_CHECK(x.strides()[1] == 1, "{}: the last dimension must be dense, got {}", op, x.describe());
+    r.rows = x.size(0);
+    r.row_stride = x.strides()[0];
+  } else {
+    DI_CHECK(x.is_contiguous(), "{}: expected a contiguous tensor, got {}", op, x.describe());
+    r.rows = r.cols == 0 ? 0 : x.numel() / r.cols;
+    r.row_stride = r.cols;
+  }
+  return r;
+}
+
+// Threads per block for a kernel that gives one thread block to `width` values: a whole number
+// of warps, at least one, at most `max_threads`.
+inline int threads_for(int64_t width, int max_threads) {
+  int64_t t = (width + 31) / 32 * 32;
+  if (t < 32) t = 32;
+  if (t > max_threads) t = max_threads;
+  return static_cast<int>(t);
+}
+
+}  // namespace deepinfer::cuda
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+
+namespace deepinfer::cuda {
+
+// fp32 -> nearest-even bf16 -> fp32 (as f32_to_bf16 in deepinfer/dtype.h).
+__device__ __forceinline__ float round_to_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+struct MaxOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
+};
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Reduces `v` (float or double) over the whole thread block and returns the result to every
+// thread. blockDim.x must be a multiple of 32 (at most 1024). `identity` is the neutral element
+// of `op`. The combination order is fixed (a butterfly within each warp, then across warps), so
+// a given launch shape always gives the same bits.
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T identity) {
+  __shared__ T partial[32];
+  __syncthreads();  // `partial` may still be read by a previous call in the same kernel
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  // Every warp reduces the per-warp partials, so all threads end with the result.
+  const int nwarps = blockDim.x >> 5;
+  v = lane < nwarps ? partial[lane] : identity;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace deepinfer::cuda
+#endif  // __CUDACC__

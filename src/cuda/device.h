@@ -1,0 +1,40 @@
+// The CUDA backend's device layer: initialisation, the kCUDA allocator, host<->device copies and
+// error checking.
+//
+// This header is plain C++ (no CUDA headers), so host code compiled by the C++ compiler can
+// include it. Kernels and their launchers live in the other files of src/cuda.
+#pragma once
+
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::cuda {
+
+// Registers the kCUDA allocator with core (Tensor::empty(..., Device::kCUDA) then works).
+// Idempotent and thread-safe. Throws deepinfer::Error when no CUDA device is usable.
+void init();
+
+// Number of visible CUDA devices; 0 when there is no driver or no device (never throws).
+int device_count();
+
+// Blocks until all work queued on the current device has finished; throws on a pending error.
+void synchronize();
+
+// A contiguous copy of `t` on the current CUDA device (a CPU tensor is made contiguous first).
+Tensor copy_to_device(const Tensor& t);
+// A contiguous CPU copy of `t` (synchronous). A CPU tensor is cloned.
+Tensor copy_to_host(const Tensor& t);
+
+namespace detail {
+[[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);
+}  // namespace detail
+
+}  // namespace deepinfer::cuda
+
+// DI_CUDA_CHECK(cudaMalloc(...)): throws deepinfer::Error("file:line: expr failed: <cuda error
+// name>: <cudaGetErrorString>") unless the call returned cudaSuccess (0). Kernel launches are
+// checked with DI_CUDA_CHECK(cudaGetLastError()).
+#define DI_CUDA_CHECK(expr)                                                                                            \
+  do {                                                                                                                 \
+    const int di_cuda_status_ = static_cast<int>(expr);                                                                \
+    if (di_cuda_status_ != 0) ::deepinfer::cuda::detail::throw_cuda_error(di_cuda_status_, #expr, __FILE__, __LINE__); \
+  } while (0)

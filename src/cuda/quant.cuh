@@ -1,0 +1,54 @@
+// CUDA fake quantisation and bf16 rounding: the contracts of ops::fake_quant_fp8 and
+// ops::round_bf16 in src/ops/ops.h, on float32 tensors that live on kCUDA.
+//
+// The launchers are plain C++ declarations (callable from .cpp files); the device helpers below
+// them compile only under nvcc and are meant for reuse by fused kernels (e.g. a GEMM's
+// activation-quantisation prologue).
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::cuda {
+
+// In place on each row of x (see Rows in common.cuh for the accepted layouts): columns
+// [col_begin, col_end) are cut into `block`-wide groups (the last may be shorter); each group is
+// fake-quantised to FP8 e4m3 with a ue8m0 scale of max(amax, 1e-4) / 448, clamp to +-448, round
+// to nearest even, and written back as q * scale. Asynchronous on the default stream.
+void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block);
+
+// In place: every value rounded to the bf16 grid (nearest even). No-op when !enable.
+void round_bf16(Tensor& x, bool enable = true);
+
+}  // namespace deepinfer::cuda
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+namespace deepinfer::cuda {
+
+constexpr float kE4M3Max = 448.0f;
+
+// ue8m0 ("power of two") scale for amax / qmax, formed as DeepSeek's kernels do (and as
+// deepinfer::ue8m0_scale on the host): t = amax * fp32(1/qmax), then 2^ceil(log2 t) read off the
+// exponent bits (the exponent, plus one if any mantissa bit is set). amax must be positive/normal.
+__device__ __forceinline__ float ue8m0_scale(float amax, float qmax) {
+  const float t = amax * (1.0f / qmax);
+  const uint32_t bits = __float_as_uint(t);
+  const int exp = static_cast<int>((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0 ? 1 : 0);
+  return __uint_as_float(static_cast<uint32_t>(exp + 127) << 23);
+}
+
+// v clamped to +-448, then rounded to the nearest e4m3 value (ties to even), returned as fp32.
+// NaN stays NaN (the comparisons are false for NaN, as with torch.clamp).
+__device__ __forceinline__ float e4m3_rne(float v) {
+  v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  // Every e4m3 value is exactly representable in fp16 (and so in fp32).
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+
+}  // namespace deepinfer::cuda
+#endif  // __CUDACC__

@@ -1,0 +1,31 @@
+// The V4 sublayers, one function per block of docs/v4-architecture.md §2.4–§2.8.
+#pragma once
+
+#include <vector>
+
+#include "model/model.h"
+
+namespace deepinfer {
+
+struct LayerCtx {
+  const ModelConfig& cfg;
+  const ops::Numerics& num;
+  int64_t layer;
+  Trace* trace;
+};
+
+// Linears by contract (§2.1): FP8/FP4-role (activation fake-quant, BF16 out), BF16 (BF16 out),
+// FP32-promoted (FP32 in and out).
+Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
+Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
+Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
+
+// Attention of one layer over the chunk x [T, dim] (already collapsed and normalised) at
+// positions start_pos..start_pos+T-1; updates the layer's state. Returns [T, dim].
+Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_pos, LayerState& st,
+                    const ops::RopeFreqs& rope, const LayerCtx& c);
+
+// MoE of one layer. tokens are the chunk's ids (hash routing). Returns [T, dim].
+Tensor moe_v4(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);
+
+}  // namespace deepinfer

@@ -1,0 +1,50 @@
+// The DeepSeek-V4 model: embedding, mHC stream, attention + MoE blocks, head. One forward serves
+// prefill, chunked prefill and one-token decode: it runs `tokens` at positions
+// state.num_tokens ... and advances the state.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/model_config.h"
+#include "io/checkpoint.h"
+#include "model/state.h"
+#include "model/weights.h"
+#include "ops/ops.h"
+
+namespace deepinfer {
+
+// Discrete decisions recorded during a forward, for comparison with references.
+struct Trace {
+  // layer -> [T * n_activated] routed expert ids per token, sorted ascending
+  std::map<int64_t, std::vector<int32_t>> experts;
+  // C4 layer -> [T * index_topk] selected compressed-entry ids per token, sorted ascending, -1 padded
+  std::map<int64_t, std::vector<int32_t>> indexer;
+};
+
+struct ForwardOptions {
+  ops::Numerics numerics;
+  bool all_logits = true;   // logits for every token, or only the last
+  Trace* trace = nullptr;   // optional
+};
+
+class ModelV4 {
+ public:
+  // Loads config.json and the checkpoint in `dir`; throws deepinfer::Error on any mismatch.
+  static std::unique_ptr<ModelV4> load(const std::string& dir);
+
+  const ModelConfig& config() const { return cfg_; }
+  std::unique_ptr<SequenceState> new_sequence() const { return std::make_unique<SequenceState>(cfg_); }
+  // Returns float32 logits [T or 1, vocab].
+  Tensor forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const;
+
+ private:
+  ModelConfig cfg_;
+  Checkpoint ckpt_;  // owns the mappings the weights borrow
+  ModelWeights w_;
+  std::vector<ops::RopeFreqs> rope_;  // per layer
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,238 @@
+// GPU check of the CUDA kernels against the CPU ops (the reference for every backend).
+//
+// Not a ctest test (CI has no GPU). Run on a Hopper machine:
+//   ./build/src/cuda/deepinfer_cuda_tests
+// Prints one PASS/FAIL line per case; exit status 0 = all passed, 1 = a failure, 2 = no GPU.
+//
+// fake_quant_fp8 and round_bf16 must match bit for bit (their results do not depend on any
+// summation order). rms_norm sums in a different order on each backend, so it is compared with
+// a tolerance: 1e-5 relative in fp32, at most one bf16 step when rounding.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "cuda/device.h"
+#include "cuda/quant.cuh"
+#include "cuda/rms_norm.cuh"
+#include "deepinfer/dtype.h"
+#include "deepinfer/error.h"
+#include "ops/ops.h"
+
+namespace di = deepinfer;
+
+namespace {
+
+int g_failures = 0;
+
+void report(const std::string& name, const std::string& problem) {
+  if (problem.empty()) {
+    std::printf("PASS %s\n", name.c_str());
+  } else {
+    std::printf("FAIL %s: %s\n", name.c_str(), problem.c_str());
+    ++g_failures;
+  }
+  std::fflush(stdout);
+}
+
+// Runs one case; a thrown deepinfer::Error is a failure of that case, not of the program.
+void run_case(const std::string& name, const std::function<std::string()>& body) {
+  try {
+    report(name, body());
+  } catch (const std::exception& e) {
+    report(name, std::string("threw: ") + e.what());
+  }
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Random float32 [rows, cols] with magnitudes spread over 10^-6 .. 10^3, a few exact zeros and
+// some values on e4m3 rounding ties.
+di::Tensor random_rows(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> expo(-6.0f, 3.0f);
+  std::uniform_int_distribution<int> pick(0, 31);
+  di::Tensor t = di::Tensor::empty({rows, cols}, di::DType::kF32);
+  float* p = t.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float row_scale = std::pow(10.0f, expo(rng));  // rows of very different magnitudes
+    for (int64_t c = 0; c < cols; ++c) {
+      const int k = pick(rng);
+      if (k == 0) {
+        p[r * cols + c] = 0.0f;
+      } else if (k == 1) {
+        p[r * cols + c] = 1.0625f * row_scale;  // halfway between two e4m3 codes at some scales
+      } else {
+        p[r * cols + c] = normal(rng) * row_scale;
+      }
+    }
+  }
+  return t;
+}
+
+// Compares two CPU float32 tensors of the same shape bit for bit.
+std::string compare_exact(const di::Tensor& want, const di::Tensor& got) {
+  const int64_t n = want.numel();
+  if (got.numel() != n) return "size mismatch";
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (bits(a[i]) != bits(b[i])) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%lld of %lld values differ; first at %lld: cpu %.9g, cuda %.9g",
+                static_cast<long long>(bad), static_cast<long long>(n), static_cast<long long>(first), a[first],
+                b[first]);
+  return buf;
+}
+
+// rms_norm tolerance: fp32 relative 1e-5, or (bf16 mode) at most one bf16 step apart.
+std::string compare_close(const di::Tensor& want, const di::Tensor& got, bool bf16) {
+  const int64_t n = want.numel();
+  if (got.numel() != n) return "size mismatch";
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    bool ok;
+    if (bf16) {
+      const int64_t d = static_cast<int64_t>(di::f32_to_bf16(a[i])) - static_cast<int64_t>(di::f32_to_bf16(b[i]));
+      ok = d >= -1 && d <= 1;  // same sign and neighbouring codes
+    } else {
+      ok = std::fabs(a[i] - b[i]) <= 1e-5f * std::fabs(a[i]) + 1e-30f;
+    }
+    if (!ok) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%lld of %lld values out of tolerance; first at %lld: cpu %.9g, cuda %.9g",
+                static_cast<long long>(bad), static_cast<long long>(n), static_cast<long long>(first), a[first],
+                b[first]);
+  return buf;
+}
+
+void test_fake_quant_fp8() {
+  struct Case {
+    int64_t rows, cols, begin, end, block;
+  };
+  const Case cases[] = {
+      {37, 512, 0, 512, 128},   // activation quantisation of a GEMM input
+      {16, 512, 64, 448, 64},   // a column range (e.g. the non-rope part of a KV row)
+      {5, 500, 0, 500, 128},    // partial last group
+      {1, 7168, 0, 7168, 128},  // one long row
+  };
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    char name[128];
+    std::snprintf(name, sizeof name, "fake_quant_fp8 [%lld, %lld] cols [%lld, %lld) block %lld",
+                  static_cast<long long>(c.rows), static_cast<long long>(c.cols), static_cast<long long>(c.begin),
+                  static_cast<long long>(c.end), static_cast<long long>(c.block));
+    run_case(name, [&] {
+      di::Tensor cpu = random_rows(c.rows, c.cols, seed++);
+      di::Tensor dev = di::cuda::copy_to_device(cpu);
+      di::ops::fake_quant_fp8(cpu, c.begin, c.end, c.block);
+      di::cuda::fake_quant_fp8(dev, c.begin, c.end, c.block);
+      return compare_exact(cpu, di::cuda::copy_to_host(dev));
+    });
+  }
+  // A column slice of a wider tensor on the device (row stride != cols).
+  run_case("fake_quant_fp8 on a strided column slice", [&] {
+    di::Tensor host = random_rows(9, 512, seed++);
+    di::Tensor dev = di::cuda::copy_to_device(host);
+    di::Tensor dev_slice = dev.slice(1, 128, 384);
+    di::cuda::fake_quant_fp8(dev_slice, 0, 256, 128);
+    di::Tensor want = host.clone();
+    di::ops::fake_quant_fp8(want, 128, 384, 128);
+    return compare_exact(want, di::cuda::copy_to_host(dev));
+  });
+}
+
+void test_round_bf16() {
+  run_case("round_bf16 [64, 1000]", [] {
+    di::Tensor cpu = random_rows(64, 1000, 99);
+    di::Tensor dev = di::cuda::copy_to_device(cpu);
+    di::ops::round_bf16(cpu, true);
+    di::cuda::round_bf16(dev, true);
+    return compare_exact(cpu, di::cuda::copy_to_host(dev));
+  });
+}
+
+void test_rms_norm() {
+  enum class W { kNone, kF32, kBF16 };
+  struct Case {
+    int64_t rows, cols;
+    W w;
+    bool round;
+  };
+  const Case cases[] = {
+      {5, 4096, W::kBF16, true}, {5, 4096, W::kBF16, false}, {3, 7168, W::kF32, true},
+      {4, 512, W::kNone, true},  {4, 512, W::kNone, false},  {2, 100, W::kF32, false},
+  };
+  uint32_t seed = 1000;
+  for (const Case& c : cases) {
+    const char* wname = c.w == W::kNone ? "none" : (c.w == W::kF32 ? "f32" : "bf16");
+    char name[128];
+    std::snprintf(name, sizeof name, "rms_norm [%lld, %lld] weight %s round %d", static_cast<long long>(c.rows),
+                  static_cast<long long>(c.cols), wname, c.round ? 1 : 0);
+    run_case(name, [&] {
+      const float eps = 1e-6f;
+      di::Tensor x = random_rows(c.rows, c.cols, seed++);
+      di::Tensor w;
+      if (c.w != W::kNone) {
+        di::Tensor wf = random_rows(1, c.cols, seed++).view({c.cols});
+        if (c.w == W::kF32) {
+          w = wf;
+        } else {
+          w = di::Tensor::empty({c.cols}, di::DType::kBF16);
+          for (int64_t i = 0; i < c.cols; ++i) w.data<uint16_t>()[i] = di::f32_to_bf16(wf.data<float>()[i]);
+        }
+      }
+      di::Tensor want = di::ops::rms_norm(x, w, eps, c.round);
+      di::Tensor got = di::cuda::rms_norm(di::cuda::copy_to_device(x),
+                                          w.defined() ? di::cuda::copy_to_device(w) : di::Tensor(), eps, c.round);
+      return compare_close(want, di::cuda::copy_to_host(got), c.round);
+    });
+  }
+}
+
+}  // namespace
+
+int main() {
+  const int n = di::cuda::device_count();
+  if (n == 0) {
+    std::printf("SKIP: no CUDA device visible; these tests need a GPU (sm_90)\n");
+    return 2;
+  }
+  try {
+    di::cuda::init();
+  } catch (const std::exception& e) {
+    std::printf("FAIL init: %s\n", e.what());
+    return 1;
+  }
+  test_fake_quant_fp8();
+  test_round_bf16();
+  test_rms_norm();
+  try {
+    di::cuda::synchronize();
+  } catch (const std::exception& e) {
+    report("synchronize", e.what());
+  }
+  std::printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,813 @@
+#!/usr/bin/env python3
+"""make_checkpoint.py: deterministic random-weight checkpoints in DeepSeek-V4-Flash's on-disk format.
+
+Usage
+-----
+    python3 tools/make_checkpoint.py --family v4 --preset tiny|small|flash-shape --seed N --out DIR [--dense]
+
+(`--family v41` is accepted by the parser and exits with "v41 not implemented yet".)
+Needs numpy; the tokenizer step also needs the `tokenizers` package. No torch, no safetensors.
+
+What DIR receives
+-----------------
+* `config.json`: the HF form (architectures DeepseekV4ForCausalLM, model_type deepseek_v4, the key
+  names of docs/v4-architecture.md §1.1, `compress_ratios` with exactly num_hidden_layers entries
+  since num_nextn_predict_layers is 0; HF's DeepseekV4Config turns it into `layer_types`, cutting
+  the list to num_hidden_layers). With FP8 weights it carries
+  `quantization_config` {fp8, e4m3, ue8m0, dynamic, [128,128]} and `expert_dtype: "fp4"` (HF's
+  FP8 integration reads the latter to know the experts are packed FP4); `--dense` omits both.
+* `inference/config.json`: the flat ModelArgs form of DeepSeek's reference (dim, n_layers, ...,
+  dtype "fp8"/"bf16", scale_fmt "ue8m0", expert_dtype "fp4" (not with --dense), n_mtp_layers 0).
+* Weights: `model.safetensors` (tiny, small) or `model-0000i-of-0000n.safetensors` shards plus
+  `model.safetensors.index.json` (flash-shape: top-level tensors but `head`, one shard per layer,
+  then `head`). Tensor names, shapes and dtypes are those of §1.3 (V4-Flash):
+    top level  embed.weight, head.weight [vocab, dim] BF16; norm.weight [dim] BF16;
+               hc_head_fn [hc, hc*dim], hc_head_base [hc], hc_head_scale [1] F32
+    layer l    hc_{attn,ffn}_fn [(2+hc)*hc, hc*dim], hc_*_base [(2+hc)*hc], hc_*_scale [3] F32;
+               attn_norm/ffn_norm.weight BF16;
+               attn.{wq_a,wq_b,wkv,wo_a,wo_b}.weight F8_E4M3 + .scale F8_E8M0 (128x128 tiles);
+               attn.q_norm/kv_norm.weight BF16; attn.attn_sink [n_heads] F32;
+               ratio 4 or 128: attn.compressor.{wkv,wgate}.weight BF16 [c*head_dim, dim]
+                 (c = 2 for ratio 4: overlap), attn.compressor.ape F32 [ratio, c*head_dim],
+                 attn.compressor.norm.weight BF16 [head_dim];
+               ratio 4: attn.indexer.wq_b FP8 [index_heads*index_head_dim, q_lora] + scale,
+                 attn.indexer.weights_proj.weight BF16 [index_heads, dim],
+                 attn.indexer.compressor.{wkv,wgate}.weight BF16 [2*index_head_dim, dim],
+                 .ape F32 [4, 2*index_head_dim], .norm.weight BF16 [index_head_dim];
+               ffn.gate.weight BF16 [E, dim]; layers < n_hash_layers: ffn.gate.tid2eid I64
+                 [vocab, top_k] (each row top_k distinct experts), other layers: ffn.gate.bias F32 [E];
+               ffn.experts.e.{w1,w3}.weight I8 [inter, dim/2] + .scale F8_E8M0 [inter, dim/32],
+               ffn.experts.e.w2.weight I8 [dim, inter/2] + .scale [dim, inter/32] (packed e2m1,
+                 low nibble = even K index);
+               ffn.shared_experts.{w1,w3}.weight F8 [inter, dim], .w2 F8 [dim, inter] + scales.
+  With `--dense` every FP8/FP4 weight is written instead as its exact BF16 dequantisation under
+  the same name (FP4 experts at their logical [out, in] shape) and no `.scale` tensors exist: the
+  same logical values as the quantised checkpoint of the same seed.
+  safetensors files are written by hand: 8-byte little-endian header length, a JSON header
+  ({"__metadata__": {"format": "pt"}} then every tensor, keys sorted by name, each with dtype,
+  shape, data_offsets) padded with spaces to a multiple of 8, then the data. The data section is
+  ordered widest dtype first, then by name (as safetensors' own serializer does) so that every
+  tensor is naturally aligned and there are no holes.
+* `tokenizer.json` + `tokenizer_config.json`: byte-level BPE whose vocabulary has exactly
+  vocab_size ids: 0 `<｜begin▁of▁sentence｜>`, 1 `<｜end▁of▁sentence｜>`, 2 `<｜▁pad▁｜>`, then the 256
+  byte tokens (ordered by their byte-level character, as in DeepSeek's own vocabulary: id 3 is "!",
+  id 223 is "Ġ", the space byte), then merges trained by `tokenizers`' BpeTrainer on SAMPLE_TEXT
+  below, then chat specials and, when training runs out of merges, unused placeholders
+  `<｜place▁holder▁no▁N｜>`. Chat specials `<｜User｜>`, `<｜Assistant｜>`, `<think>`, `</think>`,
+  `｜DSML｜` sit at their real V4 ids (128803, 128804, 128821, 128822, 128825) when the vocabulary
+  is that large (flash-shape), else at the top 5 ids. The pre-tokenizer is DeepSeek-V3's split
+  sequence (§4.1) + ByteLevel; a post-processor prepends BOS.
+
+Quantisation (docs §3)
+----------------------
+Every tensor is drawn as a float32 "master" and then stored:
+  FP8: per 128x128 tile, scale = 2^ceil(log2(amax_tile / 448)) (amax floored at 2^-100), code =
+       e4m3 round-to-nearest-even of w/scale (|w/scale| <= 448 by construction).
+  FP4: per row per 32 K-values, scale = 2^ceil(log2(amax / 6)), code = e2m1 RNE of w/scale
+       (grid 0 .5 1 1.5 2 3 4 6; ties to the even code).
+  BF16: RNE of the master; F32: the master; tid2eid: see below.
+The scale exponent is computed exactly (float64 division and frexp), not via log2.
+
+Determinism and draw order
+--------------------------
+Each tensor has its own random stream, independent of every other tensor, so the draw order of
+tensors does not matter and any subset (one shard, a --dense variant) reproduces the same values:
+    key    = the tensor's stored name (for FP8/FP4 weights the `.weight` name; the `.scale` comes from
+             the same master)
+    stream = numpy.random.Generator(PCG64(SeedSequence([seed, w0, ..., w7]))), w0..w7 the eight
+             big-endian uint32 words of sha256(key.encode()).
+Within a tensor the elements are drawn in row-major order using only `Generator.random()` (uniform
+float64, exact integer arithmetic, no libm), so the values are identical on every machine:
+    "normal" std s: element i uses uniforms u[4i..4i+3] (consecutive), x = (((u0+u1)+u2)+u3 - 2)
+                    * sqrt(3) * s in float64, then rounded to float32 (Irwin-Hall(4): mean 0,
+                    variance s^2, |x| <= 2*sqrt(3)*s, near-Gaussian shape);
+    "one_plus" s:   1 + the "normal" draw;
+    "uniform" a,b:  element i uses u[i]: a + (b - a) * u.
+    tid2eid:        u = stream.random((vocab, E)); row t = the first top_k entries of
+                    argsort(u[t], kind="stable"): top_k distinct experts, uniform over tokens.
+Large tensors are drawn in row chunks; the element-major stream makes the result independent of
+the chunking. Same seed + preset + flags -> byte-identical output (tokenizer included).
+
+Init scales (chosen for a well-conditioned forward: RMSNorm outputs ~1, linear outputs ~1,
+attention scores ~N(0,1), router logits ~N(0,1), final logits ~N(0, 3^2)):
+    linear weights (all FP8/FP4/BF16 projections, compressors, indexer, gate): normal 1/sqrt(in)
+    embed normal 1; head normal 3/sqrt(dim); norms one_plus 0.05; attn_sink normal 1;
+    hc_*_fn normal 1/sqrt(hc*dim); hc_*_base normal 1; hc_*_scale uniform [0.1, 1];
+    compressor ape normal 0.5; gate.bias normal 0.1.
+
+Presets
+-------
+    tiny        CI: vocab 1024, dim 256, 5 layers ratios [0,4,128,4,128], 2 hash layers, 4 heads x 128,
+                q_lora 128, o_groups 2 x o_lora 128, 8 experts top-2 (+1 shared) x inter 128,
+                window 16, indexer 16 heads x 128 top-4.
+    small       benchmarks: vocab 4096, dim 512, 8 layers [0,0,4,128,4,128,4,128], 3 hash layers,
+                8 heads x 256, q_lora 256, o_groups 4 x 128, 64 experts top-4 x inter 256,
+                window 32, indexer 16 heads x 128 top-16.
+    flash-shape every per-tensor shape of V4-Flash (dim 4096, 64 heads x 512, q_lora 1024,
+                o_groups 8 x 1024, inter 2048, indexer 64 x 128 top-512, window 128, vocab 129280)
+                with 4 layers [0,4,128,4], 1 hash layer, 16 experts top-6; sharded; written tensor by
+                tensor (peak RAM ~1-2 GB).
+All share: rope_head_dim 64, rope_theta 1e4, compress_rope_theta 1.6e5, YaRN factor 16 / original
+65536 / beta 32,1, route_scale 1.5, swiglu_limit 10, hc_mult 4, 20 Sinkhorn iterations,
+eps 1e-6, max_position_embeddings 1048576, sqrtsoftplus scoring, 1 shared expert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ckpt_format as cf  # noqa: E402
+
+FP8_BLOCK = 128
+FP4_GROUP = 32
+
+# ---------------------------------------------------------------------------------------------
+# Presets
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    vocab_size: int
+    dim: int
+    compress_ratios: tuple
+    n_hash_layers: int
+    n_heads: int
+    head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    moe_inter_dim: int
+    n_routed_experts: int
+    n_activated_experts: int
+    window_size: int
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    sharded: bool = False
+    n_shared_experts: int = 1
+    rope_head_dim: int = 64
+    route_scale: float = 1.5
+    swiglu_limit: float = 10.0
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_factor: float = 16.0
+    original_seq_len: int = 65536
+    beta_fast: int = 32
+    beta_slow: int = 1
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    norm_eps: float = 1e-6
+    max_position_embeddings: int = 1048576
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.compress_ratios)
+
+
+PRESETS = {
+    "tiny": Preset(
+        name="tiny", vocab_size=1024, dim=256, compress_ratios=(0, 4, 128, 4, 128), n_hash_layers=2,
+        n_heads=4, head_dim=128, q_lora_rank=128, o_groups=2, o_lora_rank=128, moe_inter_dim=128,
+        n_routed_experts=8, n_activated_experts=2, window_size=16, index_n_heads=16,
+        index_head_dim=128, index_topk=4),
+    "small": Preset(
+        name="small", vocab_size=4096, dim=512, compress_ratios=(0, 0, 4, 128, 4, 128, 4, 128),
+        n_hash_layers=3, n_heads=8, head_dim=256, q_lora_rank=256, o_groups=4, o_lora_rank=128,
+        moe_inter_dim=256, n_routed_experts=64, n_activated_experts=4, window_size=32,
+        index_n_heads=16, index_head_dim=128, index_topk=16),
+    "flash-shape": Preset(
+        name="flash-shape", vocab_size=129280, dim=4096, compress_ratios=(0, 4, 128, 4),
+        n_hash_layers=1, n_heads=64, head_dim=512, q_lora_rank=1024, o_groups=8, o_lora_rank=1024,
+        moe_inter_dim=2048, n_routed_experts=16, n_activated_experts=6, window_size=128,
+        index_n_heads=64, index_head_dim=128, index_topk=512, sharded=True),
+}
+
+
+def check_preset(p: Preset) -> None:
+    """The constraints the formats and kernels impose; raises ValueError."""
+    def need(cond, msg):
+        if not cond:
+            raise ValueError(f"preset {p.name}: {msg}")
+    for what, v in (("dim", p.dim), ("q_lora_rank", p.q_lora_rank), ("moe_inter_dim", p.moe_inter_dim),
+                    ("n_heads*head_dim/o_groups", p.n_heads * p.head_dim // p.o_groups),
+                    ("o_groups*o_lora_rank", p.o_groups * p.o_lora_rank)):
+        need(v % FP8_BLOCK == 0, f"{what}={v} must be a multiple of {FP8_BLOCK}")
+    need(p.n_heads % p.o_groups == 0, "n_heads must be a multiple of o_groups")
+    need(p.rope_head_dim == 64, "rope_head_dim must be 64")
+    need((p.head_dim - p.rope_head_dim) % 64 == 0, "head_dim - rope_head_dim must be a multiple of 64")
+    need(p.index_head_dim == 128, "index_head_dim must be 128")
+    need(p.index_n_heads >= 16, "index_n_heads must be >= 16")
+    need(all(r in (0, 4, 128) for r in p.compress_ratios), "compress ratios must be 0, 4 or 128")
+    need(0 <= p.n_hash_layers <= p.n_layers, "bad n_hash_layers")
+    need(p.n_activated_experts <= p.n_routed_experts, "top-k larger than the expert count")
+    need(p.vocab_size >= 300, "vocab_size must be >= 300 (tokenizer: 3 specials + 256 bytes + chat)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor plan
+
+
+@dataclass
+class Logical:
+    """One logical tensor; FP8/FP4 ones are stored as .weight + .scale (or one BF16 with --dense)."""
+    key: str         # stored name of the value tensor (the RNG key)
+    kind: str        # bf16 | f32 | fp8 | fp4 | tid2eid
+    shape: tuple     # logical shape
+    init: tuple      # ("normal", std) | ("one_plus", std) | ("uniform", lo, hi) | ("tid2eid", E)
+    stored: dict = field(default_factory=dict)  # stored name -> (dtype, shape, part)
+
+
+def _lin(out_dim: int, in_dim: int) -> tuple:
+    return ("normal", 1.0 / math.sqrt(in_dim))
+
+
+def plan_logical(p: Preset) -> list[Logical]:
+    """Every logical tensor of the checkpoint, in a fixed order (the order has no effect on values)."""
+    d, hc = p.dim, p.hc_mult
+    mix = (2 + hc) * hc
+    norm = ("one_plus", 0.05)
+    T: list[Logical] = []
+
+    def add(key, kind, shape, init):
+        T.append(Logical(key, kind, tuple(int(s) for s in shape), init))
+
+    def lin(key, kind, out_dim, in_dim):
+        add(key, kind, (out_dim, in_dim), _lin(out_dim, in_dim))
+
+    add("embed.weight", "bf16", (p.vocab_size, d), ("normal", 1.0))
+    add("head.weight", "bf16", (p.vocab_size, d), ("normal", 3.0 / math.sqrt(d)))
+    add("norm.weight", "bf16", (d,), norm)
+    add("hc_head_fn", "f32", (hc, hc * d), ("normal", 1.0 / math.sqrt(hc * d)))
+    add("hc_head_base", "f32", (hc,), ("normal", 1.0))
+    add("hc_head_scale", "f32", (1,), ("uniform", 0.1, 1.0))
+
+    inter = p.moe_inter_dim
+    shared_inter = p.n_shared_experts * p.moe_inter_dim
+    for l, ratio in enumerate(p.compress_ratios):
+        pre = f"layers.{l}."
+        for s in ("attn", "ffn"):
+            add(f"{pre}hc_{s}_fn", "f32", (mix, hc * d), ("normal", 1.0 / math.sqrt(hc * d)))
+            add(f"{pre}hc_{s}_base", "f32", (mix,), ("normal", 1.0))
+            add(f"{pre}hc_{s}_scale", "f32", (3,), ("uniform", 0.1, 1.0))
+        add(f"{pre}attn_norm.weight", "bf16", (d,), norm)
+        add(f"{pre}ffn_norm.weight", "bf16", (d,), norm)
+
+        a = pre + "attn."
+        lin(a + "wq_a.weight", "fp8", p.q_lora_rank, d)
+        add(a + "q_norm.weight", "bf16", (p.q_lora_rank,), norm)
+        lin(a + "wq_b.weight", "fp8", p.n_heads * p.head_dim, p.q_lora_rank)
+        lin(a + "wkv.weight", "fp8", p.head_dim, d)
+        add(a + "kv_norm.weight", "bf16", (p.head_dim,), norm)
+        lin(a + "wo_a.weight", "fp8", p.o_groups * p.o_lora_rank, p.n_heads * p.head_dim // p.o_groups)
+        lin(a + "wo_b.weight", "fp8", d, p.o_groups * p.o_lora_rank)
+        add(a + "attn_sink", "f32", (p.n_heads,), ("normal", 1.0))
+        if ratio:
+            c = 2 if ratio == 4 else 1
+            lin(a + "compressor.wkv.weight", "bf16", c * p.head_dim, d)
+            lin(a + "compressor.wgate.weight", "bf16", c * p.head_dim, d)
+            add(a + "compressor.ape", "f32", (ratio, c * p.head_dim), ("normal", 0.5))
+            add(a + "compressor.norm.weight", "bf16", (p.head_dim,), norm)
+        if ratio == 4:
+            ix = a + "indexer."
+            lin(ix + "wq_b.weight", "fp8", p.index_n_heads * p.index_head_dim, p.q_lora_rank)
+            lin(ix + "weights_proj.weight", "bf16", p.index_n_heads, d)
+            lin(ix + "compressor.wkv.weight", "bf16", 2 * p.index_head_dim, d)
+            lin(ix + "compressor.wgate.weight", "bf16", 2 * p.index_head_dim, d)
+            add(ix + "compressor.ape", "f32", (4, 2 * p.index_head_dim), ("normal", 0.5))
+            add(ix + "compressor.norm.weight", "bf16", (p.index_head_dim,), norm)
+
+        f = pre + "ffn."
+        lin(f + "gate.weight", "bf16", p.n_routed_experts, d)
+        if l < p.n_hash_layers:
+            add(f + "gate.tid2eid", "tid2eid", (p.vocab_size, p.n_activated_experts),
+                ("tid2eid", p.n_routed_experts))
+        else:
+            add(f + "gate.bias", "f32", (p.n_routed_experts,), ("normal", 0.1))
+        for e in range(p.n_routed_experts):
+            lin(f"{f}experts.{e}.w1.weight", "fp4", inter, d)
+            lin(f"{f}experts.{e}.w2.weight", "fp4", d, inter)
+            lin(f"{f}experts.{e}.w3.weight", "fp4", inter, d)
+        lin(f + "shared_experts.w1.weight", "fp8", shared_inter, d)
+        lin(f + "shared_experts.w2.weight", "fp8", d, shared_inter)
+        lin(f + "shared_experts.w3.weight", "fp8", shared_inter, d)
+    return T
+
+
+def plan(p: Preset, dense: bool) -> list[Logical]:
+    """plan_logical + the stored tensors (name -> (dtype, shape, part)) of each logical tensor."""
+    T = plan_logical(p)
+    for t in T:
+        base = t.key[:-len(".weight")] if t.key.endswith(".weight") else None
+        if t.kind == "bf16":
+            t.stored[t.key] = ("BF16", t.shape, "value")
+        elif t.kind == "f32":
+            t.stored[t.key] = ("F32", t.shape, "value")
+        elif t.kind == "tid2eid":
+            t.stored[t.key] = ("I64", t.shape, "value")
+        elif dense:
+            t.stored[t.key] = ("BF16", t.shape, "dense")
+        elif t.kind == "fp8":
+            o, i = t.shape
+            t.stored[t.key] = ("F8_E4M3", t.shape, "codes")
+            t.stored[base + ".scale"] = ("F8_E8M0", (-(-o // FP8_BLOCK), -(-i // FP8_BLOCK)), "scales")
+        elif t.kind == "fp4":
+            o, i = t.shape
+            t.stored[t.key] = ("I8", (o, i // 2), "codes")
+            t.stored[base + ".scale"] = ("F8_E8M0", (o, i // FP4_GROUP), "scales")
+        else:
+            raise AssertionError(t.kind)
+    return T
+
+
+def shard_of(name: str, p: Preset) -> str:
+    """Shard group: "top" (top-level but head), "layer.L", "head"."""
+    if name == "head.weight":
+        return "head"
+    if name.startswith("layers."):
+        return "layer." + name.split(".")[1]
+    return "top"
+
+
+# ---------------------------------------------------------------------------------------------
+# Random masters
+
+
+def tensor_rng(seed: int, key: str) -> np.random.Generator:
+    words = np.frombuffer(hashlib.sha256(key.encode()).digest(), dtype=">u4").astype(np.uint64)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed)] + [int(w) for w in words])))
+
+
+CHUNK_ELEMS = 1 << 23  # elements per draw chunk (memory only; values do not depend on it)
+
+
+def iter_master(seed: int, t: Logical):
+    """Yields the float32 master of t in row chunks (2-D) or whole (1-D); row-major stream."""
+    rng = tensor_rng(seed, t.key)
+    kind = t.init[0]
+    rows = t.shape[0] if len(t.shape) == 2 else 1
+    cols = t.shape[1] if len(t.shape) == 2 else t.shape[0]
+    step = max(1, CHUNK_ELEMS // cols)
+    for r0 in range(0, rows, step):
+        r = min(step, rows - r0)
+        n = r * cols
+        if kind in ("normal", "one_plus"):
+            u = rng.random((n, 4))
+            x = (((u[:, 0] + u[:, 1]) + u[:, 2]) + u[:, 3] - 2.0) * (math.sqrt(3.0) * t.init[1])
+            if kind == "one_plus":
+                x = 1.0 + x
+        elif kind == "uniform":
+            lo, hi = t.init[1], t.init[2]
+            x = lo + (hi - lo) * rng.random(n)
+        else:
+            raise AssertionError(kind)
+        x = x.astype(np.float32)
+        yield x.reshape(r, cols) if len(t.shape) == 2 else x
+
+
+def master(seed: int, t: Logical) -> np.ndarray:
+    parts = list(iter_master(seed, t))
+    return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def tid2eid(seed: int, t: Logical) -> np.ndarray:
+    rng = tensor_rng(seed, t.key)
+    vocab, k = t.shape
+    n_exp = t.init[1]
+    out = np.empty((vocab, k), dtype=np.int64)
+    step = 16384
+    for r0 in range(0, vocab, step):  # rows of u are consecutive in the stream: chunking is exact
+        u = rng.random((min(step, vocab - r0), n_exp))
+        out[r0:r0 + len(u)] = np.argsort(u, axis=1, kind="stable")[:, :k]
+    return out
+
+
+def quantize(t: Logical, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if t.kind == "fp8":
+        return cf.quantize_fp8_block(w, FP8_BLOCK)
+    return cf.quantize_fp4_rows(w, FP4_GROUP)
+
+
+def dequantize(t: Logical, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    if t.kind == "fp8":
+        return cf.dequantize_fp8_block(codes, scales, FP8_BLOCK)
+    return cf.dequantize_fp4_rows(codes, scales, FP4_GROUP)
+
+
+class Producer:
+    """Produces the bytes of stored tensors; the .weight/.scale pair of a quantised tensor is computed
+    once and held until both halves were written."""
+
+    def __init__(self, seed: int, logicals: list[Logical]):
+        self.seed = seed
+        self.owner = {name: t for t in logicals for name in t.stored}
+        self.cache: dict[str, tuple] = {}
+
+    def __call__(self, name: str):
+        t = self.owner[name]
+        part = t.stored[name][2]
+        if t.kind == "bf16":
+            for x in iter_master(self.seed, t):
+                yield cf.f32_to_bf16_bits(x).tobytes()
+        elif t.kind == "f32":
+            for x in iter_master(self.seed, t):
+                yield x.astype("<f4").tobytes()
+        elif t.kind == "tid2eid":
+            yield tid2eid(self.seed, t).astype("<i8").tobytes()
+        elif part == "dense":
+            codes, scales = quantize(t, master(self.seed, t))
+            yield cf.f32_to_bf16_bits(dequantize(t, codes, scales)).tobytes()
+        else:
+            if t.key not in self.cache:
+                self.cache[t.key] = [*quantize(t, master(self.seed, t)), 2]
+            entry = self.cache[t.key]
+            arr = entry[0] if part == "codes" else entry[1]
+            entry[2] -= 1
+            if entry[2] == 0:
+                del self.cache[t.key]
+            yield np.ascontiguousarray(arr).tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+
+def hf_config(p: Preset, dense: bool) -> dict:
+    cfg = {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "vocab_size": p.vocab_size,
+        "hidden_size": p.dim,
+        "num_hidden_layers": p.n_layers,
+        "num_attention_heads": p.n_heads,
+        "num_key_value_heads": 1,
+        "head_dim": p.head_dim,
+        "qk_rope_head_dim": p.rope_head_dim,
+        "q_lora_rank": p.q_lora_rank,
+        "o_lora_rank": p.o_lora_rank,
+        "o_groups": p.o_groups,
+        "moe_intermediate_size": p.moe_inter_dim,
+        "n_routed_experts": p.n_routed_experts,
+        "n_shared_experts": p.n_shared_experts,
+        "num_experts_per_tok": p.n_activated_experts,
+        "num_hash_layers": p.n_hash_layers,
+        "scoring_func": "sqrtsoftplus",
+        "topk_method": "noaux_tc",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": p.route_scale,
+        "swiglu_limit": p.swiglu_limit,
+        "hidden_act": "silu",
+        "rms_norm_eps": p.norm_eps,
+        "sliding_window": p.window_size,
+        "max_position_embeddings": p.max_position_embeddings,
+        "rope_theta": p.rope_theta,
+        "compress_rope_theta": p.compress_rope_theta,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": p.rope_factor,
+            "original_max_position_embeddings": p.original_seq_len,
+            "beta_fast": p.beta_fast,
+            "beta_slow": p.beta_slow,
+        },
+        "index_n_heads": p.index_n_heads,
+        "index_head_dim": p.index_head_dim,
+        "index_topk": p.index_topk,
+        "hc_mult": p.hc_mult,
+        "hc_sinkhorn_iters": p.hc_sinkhorn_iters,
+        "hc_eps": p.hc_eps,
+        "num_nextn_predict_layers": 0,
+        "compress_ratios": list(p.compress_ratios),  # num_hidden_layers + 0 MTP entries
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    if not dense:
+        cfg["expert_dtype"] = "fp4"
+        cfg["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "scale_fmt": "ue8m0",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+        }
+    return cfg
+
+
+def inference_config(p: Preset, dense: bool) -> dict:
+    cfg = {
+        "vocab_size": p.vocab_size,
+        "dim": p.dim,
+        "moe_inter_dim": p.moe_inter_dim,
+        "n_layers": p.n_layers,
+        "n_mtp_layers": 0,
+        "n_hash_layers": p.n_hash_layers,
+        "n_heads": p.n_heads,
+        "n_routed_experts": p.n_routed_experts,
+        "n_shared_experts": p.n_shared_experts,
+        "n_activated_experts": p.n_activated_experts,
+        "score_func": "sqrtsoftplus",
+        "route_scale": p.route_scale,
+        "swiglu_limit": p.swiglu_limit,
+        "q_lora_rank": p.q_lora_rank,
+        "head_dim": p.head_dim,
+        "rope_head_dim": p.rope_head_dim,
+        "norm_eps": p.norm_eps,
+        "o_groups": p.o_groups,
+        "o_lora_rank": p.o_lora_rank,
+        "window_size": p.window_size,
+        "original_seq_len": p.original_seq_len,
+        "rope_theta": p.rope_theta,
+        "rope_factor": p.rope_factor,
+        "beta_fast": p.beta_fast,
+        "beta_slow": p.beta_slow,
+        "index_n_heads": p.index_n_heads,
+        "index_head_dim": p.index_head_dim,
+        "index_topk": p.index_topk,
+        "hc_mult": p.hc_mult,
+        "hc_sinkhorn_iters": p.hc_sinkhorn_iters,
+        "hc_eps": p.hc_eps,
+        "dtype": "bf16" if dense else "fp8",
+        "scale_fmt": "ue8m0",
+        "compress_rope_theta": p.compress_rope_theta,
+        "compress_ratios": list(p.compress_ratios),  # n_layers + n_mtp_layers (0) entries
+    }
+    if not dense:
+        cfg["expert_dtype"] = "fp4"
+    return cfg
+
+
+def write_json(path: str, obj: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
+# Chat specials and their V4 ids (docs §4.1); used at these ids when the vocabulary reaches them.
+CHAT_SPECIALS = [("<｜User｜>", 128803), ("<｜Assistant｜>", 128804), ("<think>", 128821),
+                 ("</think>", 128822), ("｜DSML｜", 128825)]
+
+# DeepSeek-V3/V4 pre-tokenizer splits (docs §4.1), each "isolated", then ByteLevel.
+PRETOKENIZER_REGEXES = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+
+# Training text for the BPE merges: English prose, code and Chinese (written for this tool).
+SAMPLE_TEXT = r"""
+The quick brown fox jumps over the lazy dog. A language model reads a sequence of tokens and
+predicts the next one. Each token is a small piece of text: a whole word, part of a word, a
+number, a space, or a single byte of a character that the vocabulary does not know. The model
+turns every token into a vector, mixes the vectors with attention, and sends the result through
+a mixture of experts before the final projection produces one score for every entry of the
+vocabulary. Sampling picks the next token from those scores, and the loop starts again.
+
+Long contexts are expensive, so the attention keeps a sliding window of recent tokens and a
+compressed summary of everything older. Every fourth token group is merged into one entry, and a
+small indexer chooses which compressed entries each query should read. Other layers compress one
+hundred and twenty-eight tokens into a single entry and read all of them. The weights are stored
+in eight-bit floating point with one scale per tile of one hundred and twenty-eight by one hundred
+and twenty-eight values, while the routed experts use four-bit values with a scale for every
+thirty-two numbers along a row. Hyper-connections keep four copies of the hidden state and mix
+them with a doubly stochastic matrix computed by twenty Sinkhorn iterations.
+
+Questions people ask the model: What is the capital of France? How many days are there in a leap
+year? Why is the sky blue during the day and red at sunset? Please write a short poem about the
+sea, the wind, and the stars. Translate "good morning" into Chinese. Summarize the following
+paragraph in one sentence. Explain the difference between a list and a tuple in Python.
+The answer is 42. The meeting starts at 10:30 on 2024-05-17 in room 301; bring 3 copies.
+Prices went from $19.99 to $24.50 (an increase of 22.6%), and 1,000,000 users signed up.
+
+def fibonacci(n: int) -> list[int]:
+    \"\"\"Return the first n Fibonacci numbers.\"\"\"
+    values = [0, 1]
+    while len(values) < n:
+        values.append(values[-1] + values[-2])
+    return values[:n]
+
+
+class Tokenizer:
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]]):
+        self.vocab = vocab
+        self.ranks = {pair: i for i, pair in enumerate(merges)}
+
+    def encode(self, text: str) -> list[int]:
+        tokens = list(text.encode("utf-8"))
+        return [self.vocab.get(str(t), 0) for t in tokens]
+
+
+for i in range(10):
+    if i % 2 == 0:
+        print(f"even: {i}")
+    else:
+        print(f"odd: {i}")
+
+#include <cstdio>
+#include <vector>
+
+int main(int argc, char** argv) {
+  std::vector<float> weights(4096, 0.0f);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    weights[i] = static_cast<float>(i) * 0.5f;
+  }
+  std::printf("sum of %zu weights\n", weights.size());
+  return 0;
+}
+
+SELECT name, count(*) AS total FROM users WHERE created_at > '2024-01-01' GROUP BY name;
+{"model": "deepseek", "layers": 43, "experts": 256, "window": 128, "dtype": "fp8"}
+
+人工智能正在改变我们的生活和工作方式。大型语言模型通过阅读大量的文本来学习语言的规律，
+然后根据上下文预测下一个词。这个模型使用混合专家结构，每个词只激活少数几个专家，
+因此计算量比参数量小得多。注意力机制会保留最近的若干个词，并把更早的内容压缩成摘要。
+今天天气很好，我们一起去公园散步吧。你好，请问你叫什么名字？我是一个乐于助人的助手。
+中国的首都是北京，上海是最大的城市。学习编程需要耐心和练习，多写代码才能进步。
+春天来了，花儿开了，小鸟在树上唱歌。数学、物理和化学都是重要的基础学科。
+日本語の文章も少し含めます。こんにちは、世界。カタカナとひらがなの例です。
+"""
+
+
+def _bytes_in_vocab_order():
+    """GPT-2 byte-level alphabet: byte -> printable character."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def build_tokenizer_json(vocab_size: int) -> str:
+    """Trains the merges and assembles tokenizer.json (a str, deterministic)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    if vocab_size >= 129280:
+        chat = list(CHAT_SPECIALS)
+    else:
+        chat = [(tok, vocab_size - len(CHAT_SPECIALS) + i) for i, (tok, _) in enumerate(CHAT_SPECIALS)]
+    n_train = min(vocab_size, min(i for _, i in chat))  # ids below the first chat special
+
+    def make_pretok():
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(rx), behavior="isolated", invert=False) for rx in PRETOKENIZER_REGEXES]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = make_pretok()
+    trainer = trainers.BpeTrainer(vocab_size=n_train, min_frequency=0, show_progress=False,
+                                  special_tokens=[BOS, EOS, PAD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([SAMPLE_TEXT], trainer=trainer)
+    trained = json.loads(tok.to_str())
+    vocab = trained["model"]["vocab"]
+    merges = trained["model"]["merges"]
+    # Check the layout: specials, then the 256 byte characters in code-point order.
+    byte_chars = sorted(_bytes_in_vocab_order().values())
+    inv = {i: s for s, i in vocab.items()}
+    assert [inv[i] for i in range(3)] == [BOS, EOS, PAD], "special ids"
+    assert [inv[3 + i] for i in range(256)] == byte_chars, "byte token order"
+    assert len(vocab) <= n_train and sorted(vocab.values()) == list(range(len(vocab)))
+
+    extra = {i: tok_s for tok_s, i in chat}
+    placeholder_no = 0
+    added = [(0, BOS), (1, EOS), (2, PAD)]
+    for i in range(len(vocab), vocab_size):
+        if i in extra:
+            added.append((i, extra[i]))
+        else:
+            added.append((i, f"<｜place▁holder▁no▁{placeholder_no}｜>"))
+            placeholder_no += 1
+
+    tj = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True} for i, s in added],
+        "normalizer": None,
+        "pre_tokenizer": json.loads(make_pretok().__getstate__()),
+        "post_processor": json.loads(processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)]).__getstate__()),
+        "decoder": json.loads(decoders.ByteLevel().__getstate__()),
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {s: i for s, i in sorted(vocab.items(), key=lambda kv: kv[1])},
+            "merges": merges,
+        },
+    }
+    text = json.dumps(tj, ensure_ascii=False, indent=2) + "\n"
+    # Round-trip through tokenizers: must load and have exactly vocab_size ids.
+    check = Tokenizer.from_str(text)
+    assert check.get_vocab_size(with_added_tokens=True) == vocab_size, check.get_vocab_size(True)
+    assert check.id_to_token(vocab_size - 1) is not None and check.id_to_token(vocab_size) is None
+    return text
+
+
+def tokenizer_config() -> dict:
+    return {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "legacy": True,
+        "model_max_length": 1048576,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "use_default_system_prompt": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def generate(preset: str, seed: int, out: str, dense: bool = False, family: str = "v4",
+             tokenizer: bool = True) -> dict:
+    if family != "v4":
+        raise NotImplementedError(f"{family} not implemented yet")
+    p = PRESETS[preset]
+    check_preset(p)
+    if seed < 0:
+        raise ValueError("seed must be >= 0")
+    os.makedirs(os.path.join(out, "inference"), exist_ok=True)
+    write_json(os.path.join(out, "config.json"), hf_config(p, dense))
+    write_json(os.path.join(out, "inference", "config.json"), inference_config(p, dense))
+    if tokenizer:
+        with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(build_tokenizer_json(p.vocab_size))
+        write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
+
+    logicals = plan(p, dense)
+    entries = {name: (dt, list(shape)) for t in logicals for name, (dt, shape, _) in t.stored.items()}
+    produce = Producer(seed, logicals)
+    meta = {"format": "pt"}
+    total = 0
+    files = []
+    if not p.sharded:
+        total = cf.write_safetensors(os.path.join(out, "model.safetensors"), entries, produce, meta)
+        files.append("model.safetensors")
+    else:
+        groups = ["top"] + [f"layer.{l}" for l in range(p.n_layers)] + ["head"]
+        n = len(groups)
+        weight_map = {}
+        for gi, g in enumerate(groups):
+            fname = f"model-{gi + 1:05d}-of-{n:05d}.safetensors"
+            sub = {k: v for k, v in entries.items() if shard_of(k, p) == g}
+            total += cf.write_safetensors(os.path.join(out, fname), sub, produce, meta)
+            weight_map.update({k: fname for k in sub})
+            files.append(fname)
+        write_json(os.path.join(out, "model.safetensors.index.json"),
+                   {"metadata": {"total_size": total},
+                    "weight_map": {k: weight_map[k] for k in sorted(weight_map)}})
+    assert not produce.cache, "unpaired quantised tensors"
+    return {"tensors": len(entries), "bytes": total, "files": files}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=["v4", "v41"], default="v4")
+    ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dense", action="store_true",
+                    help="write every FP8/FP4 weight as its exact BF16 dequantisation")
+    ap.add_argument("--no-tokenizer", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.family == "v41":
+        print("v41 not implemented yet", file=sys.stderr)
+        return 2
+    info = generate(args.preset, args.seed, args.out, dense=args.dense, family=args.family,
+                    tokenizer=not args.no_tokenizer)
+    print(f"{args.family}/{args.preset} seed {args.seed}{' dense' if args.dense else ''}: "
+          f"{info['tensors']} tensors, {info['bytes']} bytes in {len(info['files'])} file(s) -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
