@@ -23,6 +23,7 @@ Runner add_logits(CLI::App& app) {
   struct Opts {
     std::string model, ids, out, trace;
     bool decode = false;
+    int chunk = 0;
     NumericsFlags num;
   };
   auto o = std::make_shared<Opts>();
@@ -32,6 +33,8 @@ Runner add_logits(CLI::App& app) {
   cmd->add_option("--out", o->out, "output file: float32 [n_tokens, vocab]")->required();
   cmd->add_option("--trace", o->trace, "directory for routed experts / indexer picks (int32 files)");
   cmd->add_flag("--decode", o->decode, "run one token per forward through the decode path");
+  cmd->add_option("--chunk", o->chunk, "chunked prefill: at most this many tokens per forward")
+      ->check(CLI::PositiveNumber);
   o->num.add(cmd);
   return [o] {
     std::vector<int32_t> ids = parse_ids(o->ids, "--input-ids");
@@ -43,10 +46,10 @@ Runner add_logits(CLI::App& app) {
     std::vector<float> logits;
     logits.reserve(ids.size() * cfg.vocab_size);
     auto append = [&](const Tensor& t) { logits.insert(logits.end(), t.data<float>(), t.data<float>() + t.numel()); };
-    if (o->decode) {
-      for (int32_t id : ids) append(model->forward({id}, *state, fo));
-    } else {
-      append(model->forward(ids, *state, fo));
+    const size_t step = o->decode ? 1 : (o->chunk > 0 ? static_cast<size_t>(o->chunk) : ids.size());
+    for (size_t i = 0; i < ids.size(); i += step) {
+      std::vector<int32_t> part(ids.begin() + i, ids.begin() + std::min(ids.size(), i + step));
+      append(model->forward(part, *state, fo));
     }
     write_file(o->out, logits.data(), logits.size() * sizeof(float));
     if (!o->trace.empty()) {

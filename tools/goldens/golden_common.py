@@ -54,9 +54,15 @@ def read_json(path: str) -> Optional[dict]:
         return json.load(fh)
 
 
-def checkpoint_provenance(ckpt_dir: str) -> dict:
-    """Whatever the checkpoint says about itself (preset, seed, generator), best effort."""
+def checkpoint_provenance(ckpt_dir: str, extra: Optional[Iterable[str]] = None) -> dict:
+    """What we know about the checkpoint: ``--ckpt-info KEY=VALUE`` pairs from the caller
+    (make_all.sh passes generator, preset, seed), the sha256 of every weight file, and any
+    preset/seed-like keys the checkpoint's own files carry."""
     info: dict = {"ckpt_dir": os.path.abspath(ckpt_dir)}
+    for kv in extra or []:
+        k, _, v = kv.partition("=")
+        info[k] = v
+    info["safetensors_sha256"] = {os.path.basename(f): sha256_file(f) for f in safetensors_files(ckpt_dir)}
     for name in ("deepinfer_checkpoint.json", "checkpoint_meta.json", "meta.json", "provenance.json"):
         j = read_json(os.path.join(ckpt_dir, name))
         if j is not None:

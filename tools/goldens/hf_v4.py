@@ -178,6 +178,7 @@ class Capture:
 
     def __init__(self, model):
         self.experts = {}
+        self.router_gaps = {}
         self.index_sel = {}
         self.index_scores = {}
         self.handles = []
@@ -192,6 +193,11 @@ class Capture:
     def _gate_hook(self, l):
         def hook(mod, inp, out):
             self.experts.setdefault(l, []).append(out[2].detach().cpu())
+            bias = getattr(mod, "e_score_correction_bias", None)
+            if bias is not None:  # score-routed layer: margin of the top-k choice
+                biased = (mod.score_fn(out[0].float()) + bias.float()).detach().cpu().double()
+                srt = torch.sort(biased, dim=-1, descending=True).values
+                self.router_gaps.setdefault(l, []).append(srt[:, mod.top_k - 1] - srt[:, mod.top_k])
         return hook
 
     def _idx_hook(self, l):
@@ -206,6 +212,7 @@ class Capture:
 
     def reset(self):
         self.experts.clear()
+        self.router_gaps.clear()
         self.index_sel.clear()
         self.index_scores.clear()
 
@@ -260,6 +267,8 @@ def main(argv=None):
     ap.add_argument("--logit-rows", default="auto",
                     help="'all', 'auto' (all unless the file would exceed ~3 MB) or a count R "
                          "(R evenly spaced rows incl. the last)")
+    ap.add_argument("--ckpt-info", action="append", default=[], metavar="KEY=VALUE",
+                    help="provenance recorded in meta.checkpoint (e.g. preset=tiny seed=1)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--workdir", default=None, help="scratch dir for the dense FP32 copy (default: temp)")
     ap.add_argument("--out", required=True)
@@ -290,6 +299,13 @@ def main(argv=None):
         (e,) = cap.experts[l]
         arrays[f"experts_L{l}"] = np.sort(e.numpy().astype(np.int32), axis=1)
         assert arrays[f"experts_L{l}"].shape == (n, topk)
+
+    router_gap = {}
+    for l, g in sorted(cap.router_gaps.items()):
+        g = torch.cat(g)
+        router_gap[f"L{l}"] = {"min_gap": float(g.min()), "min_gap_token": int(g.argmin()),
+                               "n_gap_below_1e-3": int((g < 1e-3).sum()),
+                               "n_gap_below_1e-2": int((g < 1e-2).sum())}
 
     ratio = conf.compress_rates["compressed_sparse_attention"]
     k_idx = conf.index_topk
@@ -367,7 +383,7 @@ def main(argv=None):
         "kind": "hf_v4 prefill golden",
         "script": "tools/goldens/hf_v4.py",
         "command": gc.command_line(),
-        "checkpoint": gc.checkpoint_provenance(args.ckpt),
+        "checkpoint": gc.checkpoint_provenance(args.ckpt, args.ckpt_info),
         "versions": gc.versions(),
         "device": gc.device_name(dev),
         "dtype": "float32 (weights dequantised to FP32, FP32 compute, eager attention, no TF32)",
@@ -383,6 +399,9 @@ def main(argv=None):
         "indexer_rule": ("C4 layers: HF indexer picks per query position; compressed-entry index j "
                          "(tokens ratio*j .. ratio*j+ratio-1), from 0, sorted ascending, -1 padded"),
         "index_tie_gap": tie_summary,
+        "router_tie_gap": {"rule": "per score-routed layer, min over tokens of the gap between the "
+                                   "k-th and (k+1)-th biased score sqrtsoftplus(logit)+bias",
+                           "per_layer": router_gap},
         "loading": load_report,
         "decode_vs_prefill": decode_report,
         "seconds": {"load": round(t_load, 2), "prefill": round(t_prefill, 2),

@@ -139,6 +139,20 @@ def load_weights(model, tensors: dict, device: torch.device) -> dict:
             **converted}
 
 
+def disable_fake_quant(ref) -> None:
+    """Turn the reference's in-place act_quant / fp4_act_quant calls into no-ops (GEMM input
+    quantisation inside ``linear`` is untouched; use a --dense checkpoint to avoid it)."""
+    act_quant, fp4_act_quant = ref.act_quant, ref.fp4_act_quant
+
+    def act_quant_noop(x, block_size=128, scale_fmt=None, scale_dtype=torch.float32, inplace=False):
+        return x if inplace else act_quant(x, block_size, scale_fmt, scale_dtype, inplace)
+
+    def fp4_act_quant_noop(x, block_size=32, inplace=False):
+        return x if inplace else fp4_act_quant(x, block_size, inplace)
+
+    ref.act_quant, ref.fp4_act_quant = act_quant_noop, fp4_act_quant_noop
+
+
 class RefCapture:
     """Hooks on the reference Gate (weights, indices) and Indexer (topk_idxs with offset)."""
 
@@ -175,6 +189,12 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--all-logits", action="store_true", help="also save prefill logits of every position")
     ap.add_argument("--capture", action="store_true", help="also save prefill experts / indexer picks")
+    ap.add_argument("--no-fake-quant", action="store_true",
+                    help="diagnostic only (not for goldens): make the reference's in-place fake "
+                         "quantisation calls (window/compressed KV act_quant, indexer "
+                         "fp4_act_quant) no-ops, as docs §2.14 'Preparing the reference' describes")
+    ap.add_argument("--ckpt-info", action="append", default=[], metavar="KEY=VALUE",
+                    help="provenance recorded in meta.checkpoint (e.g. preset=tiny seed=1)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -195,6 +215,8 @@ def main(argv=None):
     try:
         ref, kernel, ref_src = import_reference(os.path.abspath(args.ref_dir), ref_model, workdir)
         margs, arg_values, unknown_cfg = build_args(ref, flat, max_seq_len)
+        if args.no_fake_quant:
+            disable_fake_quant(ref)
 
         torch.set_default_dtype(torch.bfloat16)
         if dev.type == "cuda":
@@ -264,7 +286,7 @@ def main(argv=None):
             "kind": "ref_v4 prefill + greedy decode golden",
             "script": "tools/goldens/ref_v4.py",
             "command": gc.command_line(),
-            "checkpoint": gc.checkpoint_provenance(args.ckpt),
+            "checkpoint": gc.checkpoint_provenance(args.ckpt, args.ckpt_info),
             "reference_code": {"file": os.path.basename(ref_src), "sha256": gc.sha256_file(ref_src),
                                "kernel_shim": "tools/goldens/ref_kernel_shim.py",
                                "kernel_shim_sha256": gc.sha256_file(os.path.join(HERE, "ref_kernel_shim.py")),
@@ -273,7 +295,8 @@ def main(argv=None):
             "model_args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in arg_values.items()},
             "versions": gc.versions(),
             "device": gc.device_name(dev),
-            "dtype": "bfloat16 default dtype, reference numerics with QAT fake quantisation",
+            "dtype": "bfloat16 default dtype, reference numerics with QAT fake quantisation"
+                     + (" DISABLED (--no-fake-quant diagnostic run)" if args.no_fake_quant else ""),
             "input_ids_seed": args.input_ids_seed,
             "input_ids_rule": "numpy.random.default_rng(seed).integers(3, vocab, size=P, dtype=int64)",
             "n_prompt": P, "n_steps": n_steps, "vocab_size": vocab,

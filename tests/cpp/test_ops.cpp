@@ -1,0 +1,166 @@
+// Op-level checks of the CPU kernels in src/cpu against plain double-precision references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "deepinfer/error.h"
+#include "ops/ops.h"
+
+using namespace deepinfer;
+
+namespace {
+Tensor randn(const Shape& s, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> n(0.0f, scale);
+  Tensor t = Tensor::empty(s, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(g);
+  return t;
+}
+}  // namespace
+
+TEST(Ops, TopkOrdersByScoreThenIndex) {
+  const float s[] = {1.0f, 3.0f, 3.0f, -INFINITY, 2.0f, 3.0f};
+  int32_t out[6];
+  ASSERT_EQ(ops::topk(s, 6, 4, out), 4);
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[1], 2);
+  EXPECT_EQ(out[2], 5);
+  EXPECT_EQ(out[3], 4);
+  // -inf is never picked: asking for everything returns the 5 finite entries.
+  EXPECT_EQ(ops::topk(s, 6, 6, out), 5);
+}
+
+TEST(Ops, SparseAttentionMatchesDenseSoftmaxWithSink) {
+  const int64_t T = 3, H = 2, D = 16, N = 150;
+  Tensor q = randn({T, H, D}, 1), kv = randn({N, D}, 2), sink = randn({H}, 3);
+  Tensor idx = Tensor::empty({T, 140}, DType::kI32);
+  std::mt19937 g(4);
+  for (int64_t i = 0; i < idx.numel(); ++i) idx.data<int32_t>()[i] = (g() % 5 == 0) ? -1 : static_cast<int32_t>(g() % N);
+  idx.data<int32_t>()[0] = 7;
+  const float scale = 0.25f;
+  Tensor o = ops::sparse_attention(q, kv, idx, sink, scale, false, false);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> s;
+      std::vector<int32_t> rows;
+      for (int64_t k = 0; k < 140; ++k) {
+        int32_t j = idx.data<int32_t>()[t * 140 + k];
+        if (j < 0) continue;
+        double d = 0;
+        for (int64_t c = 0; c < D; ++c) d += double(q.data<float>()[(t * H + h) * D + c]) * kv.data<float>()[j * D + c];
+        s.push_back(d * scale);
+        rows.push_back(j);
+      }
+      double m = -1e300;
+      for (double v : s) m = std::max(m, v);
+      double den = std::exp(double(sink.data<float>()[h]) - m);
+      for (double v : s) den += std::exp(v - m);
+      for (int64_t c = 0; c < D; ++c) {
+        double num = 0;
+        for (size_t i = 0; i < s.size(); ++i) num += std::exp(s[i] - m) * kv.data<float>()[rows[i] * D + c];
+        EXPECT_NEAR(o.data<float>()[(t * H + h) * D + c], num / den, 1e-5);
+      }
+    }
+}
+
+TEST(Ops, SparseAttentionAllEmptyRowIsZeroAndBadIndexThrows) {
+  Tensor q = randn({1, 1, 8}, 1), kv = randn({4, 8}, 2), sink = randn({1}, 3);
+  Tensor idx = Tensor::empty({1, 3}, DType::kI32);
+  for (int i = 0; i < 3; ++i) idx.data<int32_t>()[i] = -1;
+  Tensor o = ops::sparse_attention(q, kv, idx, sink, 1.0f, true, true);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(o.data<float>()[i], 0.0f);
+  idx.data<int32_t>()[1] = 4;
+  EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 1.0f, true, true), Error);
+}
+
+// YaRN table for compress_rope_theta 160000, factor 16, original 65536: dims i <= 15 keep their
+// frequency, i >= 25 are divided by 16, 16..24 blend with ramp (i - 15) / 10 (spec §2.1).
+TEST(Ops, RopeYarnCorrectionRange) {
+  auto plain = ops::rope_freqs(64, 160000.0, 1.0, 0, 32, 1);
+  auto yarn = ops::rope_freqs(64, 160000.0, 16.0, 65536, 32, 1);
+  for (int i = 0; i < 32; ++i) {
+    double f = plain.freq[i];
+    double want = i <= 15 ? f : (i >= 25 ? f / 16 : f / 16 * ((i - 15) / 10.0) + f * (1 - (i - 15) / 10.0));
+    EXPECT_NEAR(yarn.freq[i], want, 1e-6 * f) << i;
+    EXPECT_NEAR(plain.freq[i], std::pow(160000.0, -2.0 * i / 64), 1e-6 * f);
+  }
+}
+
+TEST(Ops, RopeInverseUndoesRotation) {
+  Tensor x = randn({5, 2 * 128}, 9);
+  Tensor y = x.clone();
+  const int64_t pos[] = {0, 1, 17, 1000, 65535};
+  auto f = ops::rope_freqs(64, 10000.0, 1.0, 0, 32, 1);
+  ops::apply_rope(y, 128, 64, pos, f, false, false);
+  for (int64_t c = 0; c < 64; ++c) EXPECT_EQ(y.data<float>()[c], x.data<float>()[c]);  // NoPE dims untouched
+  EXPECT_NEAR(y.data<float>()[64], x.data<float>()[64], 0);  // position 0: identity
+  ops::apply_rope(y, 128, 64, pos, f, true, false);
+  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_NEAR(y.data<float>()[i], x.data<float>()[i], 1e-4);
+}
+
+TEST(Ops, HadamardIsOrthonormalAndSelfInverse) {
+  Tensor x = randn({3, 128}, 5);
+  Tensor y = x.clone();
+  ops::hadamard(y, 128, false);
+  double nx = 0, ny = 0;
+  for (int64_t i = 0; i < 128; ++i) {
+    nx += x.data<float>()[i] * x.data<float>()[i];
+    ny += y.data<float>()[i] * y.data<float>()[i];
+  }
+  EXPECT_NEAR(nx, ny, 1e-4 * nx);
+  ops::hadamard(y, 128, false);
+  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_NEAR(y.data<float>()[i], x.data<float>()[i], 1e-5);
+  EXPECT_THROW(ops::hadamard(y, 96, false), Error);
+}
+
+TEST(Ops, RmsNormMatchesDefinition) {
+  Tensor x = randn({4, 64}, 6, 3.0f), w = randn({64}, 7);
+  Tensor y = ops::rms_norm(x, w, 1e-6f, false);
+  for (int64_t r = 0; r < 4; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < 64; ++c) ss += double(x.data<float>()[r * 64 + c]) * x.data<float>()[r * 64 + c];
+    double inv = 1 / std::sqrt(ss / 64 + 1e-6);
+    for (int64_t c = 0; c < 64; ++c)
+      EXPECT_NEAR(y.data<float>()[r * 64 + c], w.data<float>()[c] * x.data<float>()[r * 64 + c] * inv, 1e-5);
+  }
+  Tensor yb = ops::rms_norm(x, w, 1e-6f, true);
+  for (int64_t i = 0; i < yb.numel(); ++i) EXPECT_EQ(yb.data<float>()[i], round_bf16(yb.data<float>()[i]));
+}
+
+// Sinkhorn output is (nearly) doubly stochastic; pre/post lie in their sigmoid ranges.
+TEST(Ops, HcMixesSinkhornIsDoublyStochastic) {
+  const int64_t hc = 4, dim = 32, T = 3, M = (2 + hc) * hc;
+  Tensor stream = randn({T, hc, dim}, 8), fn = randn({M, hc * dim}, 9, 0.1f), base = randn({M}, 10);
+  Tensor scale = Tensor::full({3}, 0.5f);
+  ops::HcMix m = ops::hc_mixes(stream, fn, scale, base, hc, 20, 1e-6f, 1e-6f);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < hc; ++j) {
+      double row = 0, col = 0;
+      for (int64_t k = 0; k < hc; ++k) {
+        row += m.comb.data<float>()[(t * hc + j) * hc + k];
+        col += m.comb.data<float>()[(t * hc + k) * hc + j];
+      }
+      EXPECT_NEAR(row, 1.0, 1e-3);
+      EXPECT_NEAR(col, 1.0, 1e-5);
+      EXPECT_GT(m.pre.data<float>()[t * hc + j], 0.0f);
+      EXPECT_LT(m.post.data<float>()[t * hc + j], 2.0f);
+    }
+  }
+  // Collapse / expand follow their definitions.
+  Tensor x = ops::hc_collapse(stream, m.pre, false);
+  Tensor y = randn({T, dim}, 11);
+  Tensor e = ops::hc_expand(y, stream, m.post, m.comb, false);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < dim; d += 7) {
+      double want = 0;
+      for (int64_t j = 0; j < hc; ++j) want += m.pre.data<float>()[t * hc + j] * stream.data<float>()[(t * hc + j) * dim + d];
+      EXPECT_NEAR(x.data<float>()[t * dim + d], want, 1e-5);
+      for (int64_t k = 0; k < hc; ++k) {
+        double w2 = m.post.data<float>()[t * hc + k] * y.data<float>()[t * dim + d];
+        for (int64_t j = 0; j < hc; ++j)
+          w2 += m.comb.data<float>()[(t * hc + j) * hc + k] * stream.data<float>()[(t * hc + j) * dim + d];
+        EXPECT_NEAR(e.data<float>()[(t * hc + k) * dim + d], w2, 1e-5);
+      }
+    }
+}
