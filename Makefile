@@ -46,6 +46,7 @@ $(DEPS_STAMP): scripts/install-deps.sh requirements-dev.txt
 
 # ---- build ------------------------------------------------------------------------------------------
 build: deps
+	@mkdir -p $(BUILD_DIR)
 	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_WERROR=$(WERROR) $(CMAKE_ARGS) \
 	  > $(BUILD_DIR)/cmake-configure.log || { cat $(BUILD_DIR)/cmake-configure.log; exit 1; }
 	@grep -E 'deepinfer:' $(BUILD_DIR)/cmake-configure.log || true

@@ -85,6 +85,9 @@ float64, exact integer arithmetic, no libm), so the values are identical on ever
     "uniform" a,b:  element i uses u[i]: a + (b - a) * u.
     tid2eid:        u = stream.random((vocab, E)); row t = the first top_k entries of
                     argsort(u[t], kind="stable"): top_k distinct experts, uniform over tokens.
+FP8/FP4 weights are then multiplied by a power-of-two gain per scale block (see quant_master:
+g = 2^(floor(3u) - 1) / sqrt(1.75), u from the stream of key + "#gain", one per 128x128 tile or per
+row x 32 K-values in row-major block order) so that neighbouring blocks get different scales.
 Large tensors are drawn in row chunks; the element-major stream makes the result independent of
 the chunking. Same seed + preset + flags -> byte-identical output (tokenizer included).
 
@@ -380,6 +383,25 @@ def master(seed: int, t: Logical) -> np.ndarray:
     return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 
 
+GAIN_NORM = 1.0 / math.sqrt(1.75)  # E[g^2] = (1/4 + 1 + 4) / 3 for g = 2^k, k in {-1, 0, 1}
+
+
+def quant_master(seed: int, t: Logical) -> np.ndarray:
+    """Master of an FP8/FP4 weight: the "normal" draw times a power-of-two gain per scale block
+    (128x128 tile for FP8, row x 32 K-values for FP4), so that the stored scales differ from block
+    to block (a loader that applies the wrong block's scale gets visibly wrong values). Gains come
+    from the stream of key + "#gain": u = random(n_blocks) in row-major block order,
+    g = 2^(floor(3u) - 1); the product is renormalised by 1/sqrt(1.75) to keep the variance."""
+    x = master(seed, t).astype(np.float64)
+    out_dim, in_dim = t.shape
+    bo, bi = (FP8_BLOCK, FP8_BLOCK) if t.kind == "fp8" else (1, FP4_GROUP)
+    no, ni = -(-out_dim // bo), -(-in_dim // bi)
+    k = np.floor(tensor_rng(seed, t.key + "#gain").random((no, ni)) * 3.0).astype(np.int64) - 1
+    g = np.ldexp(GAIN_NORM, k)
+    g = np.repeat(np.repeat(g, bo, axis=0), bi, axis=1)[:out_dim, :in_dim]
+    return (x * g).astype(np.float32)
+
+
 def tid2eid(seed: int, t: Logical) -> np.ndarray:
     rng = tensor_rng(seed, t.key)
     vocab, k = t.shape
@@ -425,11 +447,11 @@ class Producer:
         elif t.kind == "tid2eid":
             yield tid2eid(self.seed, t).astype("<i8").tobytes()
         elif part == "dense":
-            codes, scales = quantize(t, master(self.seed, t))
+            codes, scales = quantize(t, quant_master(self.seed, t))
             yield cf.f32_to_bf16_bits(dequantize(t, codes, scales)).tobytes()
         else:
             if t.key not in self.cache:
-                self.cache[t.key] = [*quantize(t, master(self.seed, t)), 2]
+                self.cache[t.key] = [*quantize(t, quant_master(self.seed, t)), 2]
             entry = self.cache[t.key]
             arr = entry[0] if part == "codes" else entry[1]
             entry[2] -= 1
@@ -789,7 +811,7 @@ def generate(preset: str, seed: int, out: str, dense: bool = False, family: str 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["v4", "v41"], default="v4")
     ap.add_argument("--preset", choices=sorted(PRESETS), required=True)

@@ -3,6 +3,7 @@
 // hc_head collapse, the final norm and the FP32 head.
 #include <cstring>
 
+#include "core/debug_dump.h"
 #include "deepinfer/error.h"
 #include "model/layers_v4.h"
 
@@ -56,14 +57,19 @@ Tensor ModelV4::forward(const std::vector<int32_t>& tokens, SequenceState& state
     ops::HcMix mix = ops::hc_mixes(stream, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
                                    cfg.hc_eps, cfg.norm_eps);
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
+    dump("attn_in", l, x);
     Tensor y = attention_v4(L.attn, x, start, state.layers[l], rope_[l], ctx);
+    dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
 
     mix = ops::hc_mixes(stream, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters, cfg.hc_eps,
                         cfg.norm_eps);
     x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.ffn_norm, cfg.norm_eps, num.bf16);
+    dump("ffn_in", l, x);
     y = moe_v4(L.ffn, x, tokens, ctx);
+    dump("ffn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
+    dump("stream", l, stream);
   }
   state.num_tokens += T;
 

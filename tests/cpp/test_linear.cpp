@@ -2,8 +2,9 @@
 // conversions of include/deepinfer/dtype.h (docs/v4-architecture.md §2.1 "Linear with ... weight", §3).
 //
 // The kernels differ from the reference only in the order of FP32 additions, so every output must be
-// within 1e-5 of the L1 magnitude sum_k |w[n,k] x[m,k]| of its dot product. M in {1, 3} takes the fused
-// GEMV path, M in {8, 37} the dequantised-panel sgemm path.
+// within 1e-5 of the L1 magnitude sum_k |w[n,k] x[m,k]| of its dot product. M in {1, 3, 8, 16} takes the
+// fused GEMV path (8 and 16 in several register-blocked groups of x rows), M in {17, 37} the
+// dequantised-panel sgemm path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +21,7 @@ using namespace deepinfer;
 
 namespace {
 
-const int64_t kMs[] = {1, 3, 8, 37};
+const int64_t kMs[] = {1, 3, 8, 16, 17, 37};
 
 uint32_t bits_of(float f) {
   uint32_t u;
@@ -212,6 +213,7 @@ TEST(Linear, Fp8ExtremeScales) {
 TEST(Linear, Fp4Experts) {
   check_all_modes(fp4_weight(96, 256, 9), 128, "fp4 96x256", 900);
   check_all_modes(fp4_weight(33, 64, 10), 32, "fp4 33x64", 1000);
+  check_all_modes(fp4_weight(21, 96, 10), 32, "fp4 21x96", 1050);  // an odd number of 32-blocks
   check_all_modes(fp4_weight(300, 512, 11), 128, "fp4 300x512", 1100);
 }
 
@@ -242,17 +244,17 @@ TEST(Linear, NanCodesAndScalesPropagate) {
   }
 }
 
-// The fused GEMV (M < 8) and the panel GEMM (M >= 8) agree row by row up to summation order.
+// The fused GEMV (M <= 16) and the panel GEMM (M > 16) agree row by row up to summation order.
 TEST(Linear, GemvAndPanelPathsAgree) {
   const ops::QWeight ws[] = {fp8_weight(257, 512, 128, 18), fp4_weight(257, 512, 19), bf16_weight(257, 512, 20)};
   for (const auto& w : ws) {
-    Tensor x = random_x(12, 512, 21);
+    Tensor x = random_x(20, 512, 21);
     ops::LinearOpts o;
     o.act_quant_block = 128;
     Tensor y = ops::linear(x, w, o);
     const std::vector<float> xq = naive_act_quant(x, 128);
     const Tensor wd = ops::dequantize(w);
-    for (int64_t m = 0; m < 12; ++m) {
+    for (int64_t m = 0; m < 20; ++m) {
       Tensor y1 = ops::linear(x.slice(0, m, m + 1), w, o);
       for (int64_t n = 0; n < 257; ++n) {
         double l1 = 0;  // the dot product's L1 magnitude bounds the summation-order difference
@@ -284,7 +286,7 @@ TEST(Linear, ActQuantEqualsFakeQuantThenLinear) {
 
 // Strided inputs and weights (row slices of larger buffers) give the same result as dense copies.
 TEST(Linear, StridedInputsAndWeights) {
-  Tensor big_x = random_x(9, 320, 24);
+  Tensor big_x = random_x(20, 320, 24);
   Tensor x = big_x.slice(1, 0, 256);  // row stride 320
   ops::QWeight wbig = bf16_weight(40, 320, 25);
   ops::QWeight w;
@@ -299,7 +301,7 @@ TEST(Linear, StridedInputsAndWeights) {
   ops::QWeight f8d = f8;
   f8d.w = f8.w.contiguous();
   f8d.scale = f8.scale.contiguous();
-  for (int64_t M : {int64_t{2}, int64_t{9}}) {
+  for (int64_t M : {int64_t{2}, int64_t{9}, int64_t{20}}) {
     Tensor xs = x.slice(0, 0, M);
     Tensor xd = xs.contiguous();
     for (auto [a, b] : {std::pair{&w, &wd}, std::pair{&f8, &f8d}}) {

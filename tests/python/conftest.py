@@ -55,6 +55,16 @@ def _text(s: str | bytes | None) -> str:
     return s.decode(errors="replace") if isinstance(s, bytes) else s
 
 
+def _show(cmd: Sequence[str], limit: int = 120) -> str:
+    """A command line for messages, with very long arguments (token id lists) shortened."""
+    def short(a: str) -> str:
+        if len(a) <= limit:
+            return a
+        n = a.count(",") + 1
+        return a[:limit // 2] + f"...<{len(a)} chars" + (f", {n} items" if n > 1 else "") + ">"
+    return shlex.join(short(a) for a in cmd)
+
+
 def _generator_hash() -> str:
     """sha256 over the generator and the modules beside it that it imports (tools/*.py)."""
     h = hashlib.sha256()
@@ -123,10 +133,10 @@ def make_checkpoint(build_dir: Path) -> Callable[..., Path]:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
             except subprocess.TimeoutExpired as e:
                 shutil.rmtree(tmp, ignore_errors=True)
-                pytest.fail(f"`{shlex.join(cmd)}` timed out after 900 s\n{_text(e.stderr)}", pytrace=False)
+                pytest.fail(f"`{_show(cmd)}` timed out after 900 s\n{_text(e.stderr)}", pytrace=False)
             if proc.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-                pytest.fail(f"`{shlex.join(cmd)}` failed with exit code {proc.returncode}\n"
+                pytest.fail(f"`{_show(cmd)}` failed with exit code {proc.returncode}\n"
                             f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}", pytrace=False)
             (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
             shutil.rmtree(out, ignore_errors=True)
@@ -157,10 +167,10 @@ def run_cli(deepinfer_bin: Path) -> Callable[..., subprocess.CompletedProcess]:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, input=input,
                                   cwd=cwd)
         except subprocess.TimeoutExpired as e:
-            pytest.fail(f"`{shlex.join(cmd)}` timed out after {timeout} s\n"
+            pytest.fail(f"`{_show(cmd)}` timed out after {timeout} s\n"
                         f"--- stdout ---\n{_text(e.stdout)}\n--- stderr ---\n{_text(e.stderr)}", pytrace=False)
         if check and proc.returncode != 0:
-            pytest.fail(f"`{shlex.join(cmd)}` exited with {proc.returncode}\n"
+            pytest.fail(f"`{_show(cmd)}` exited with {proc.returncode}\n"
                         f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}", pytrace=False)
         return proc
 

@@ -5,6 +5,7 @@ Goldens and the scripts that made them: tests/data/goldens/, tools/goldens/.
 HF (FP32): our `--dtype float32 --no-simulate-qat` must match to max |delta logit| / max |logit|
 <= 1e-4 on every position, with identical argmax, routed experts and indexer top-k sets.
 """
+import hashlib
 import json
 from pathlib import Path
 
@@ -20,6 +21,19 @@ def _meta(z):
     return json.loads(str(z["meta"]))
 
 
+def _checkpoint_for(meta, make_checkpoint):
+    """Regenerates the golden's checkpoint and checks it is byte-identical to the one the golden
+    was made from (a generator change must come with regenerated goldens)."""
+    ck = meta["checkpoint"]
+    dense = str(ck.get("dense", "0")) in ("1", "true", "True")
+    model = make_checkpoint(ck["preset"], seed=int(ck["seed"]), dense=dense)
+    for name, want in ck["safetensors_sha256"].items():
+        got = hashlib.sha256((model / name).read_bytes()).hexdigest()
+        assert got == want, (f"{model / name} differs from the checkpoint the golden was made from: "
+                             "tools/make_checkpoint.py changed; regenerate with tools/goldens/make_all.sh")
+    return make_checkpoint(ck["preset"], seed=int(ck["seed"]))
+
+
 def _run_logits(run_cli, model, ids, tmp_path, *extra):
     out, trace = tmp_path / "logits.bin", tmp_path / "trace"
     run_cli(["logits", "--model", model, "--input-ids", ",".join(map(str, ids)), "--out", out, "--trace", trace,
@@ -32,7 +46,7 @@ def _run_logits(run_cli, model, ids, tmp_path, *extra):
 def test_hf_fp32(golden, path, make_checkpoint, run_cli, tmp_path):
     z = np.load(golden)
     meta = _meta(z)
-    model = make_checkpoint(meta["preset"], seed=meta["seed"])
+    model = _checkpoint_for(meta, make_checkpoint)
     ids = z["input_ids"].tolist()
     extra = ["--dtype", "float32", "--no-simulate-qat"] + (["--decode"] if path == "decode" else [])
     ours, trace = _run_logits(run_cli, model, ids, tmp_path, *extra)

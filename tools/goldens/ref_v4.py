@@ -50,9 +50,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import golden_common as gc  # noqa: E402
 
-# Values for ModelArgs fields that the flat V4 inference/config.json does not carry
-# (docs/v4-architecture.md §1.1: norm_eps, hc_eps, n_mtp_layers, scale_dtype defaults of
-# the official ModelArgs; max_batch_size / max_seq_len are set by this script).
+# Values for ModelArgs fields that the flat V4 inference/config.json may not carry: the
+# official ModelArgs defaults (docs/v4-architecture.md §1.1: norm_eps, hc_eps, n_mtp_layers,
+# scale_dtype "fp8"; expert_dtype None, i.e. a config without the key (a --dense checkpoint)
+# has BF16 experts). max_batch_size / max_seq_len are set by this script.
 OFFICIAL_DEFAULTS = {
     "norm_eps": 1e-6,
     "hc_eps": 1e-6,
@@ -60,7 +61,7 @@ OFFICIAL_DEFAULTS = {
     "scale_dtype": "fp8",
     "scale_fmt": "ue8m0",
     "dtype": "fp8",
-    "expert_dtype": "fp4",
+    "expert_dtype": None,
     "hc_mult": 4,
     "hc_sinkhorn_iters": 20,
 }
