@@ -2,9 +2,11 @@
 // sizes, against cblas_sgemm on the same weight pre-dequantised to F32 (the anchor, measured in the
 // same run). FP8 / FP4 rows include the FP8 activation fake-quant (per 128), as the model runs them.
 //
-//   bench_linear [runs]        (default 15; the median of `runs` timed calls after 2 warm-ups)
+//   bench_linear [runs [M ...]]   runs: timed calls per row, the median is shown (default 15, after
+//                                 2 warm-ups); M: batch rows to time (default 1 64)
 #include <cblas.h>
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -62,6 +64,9 @@ ops::QWeight make_weight(const std::string& fmt, int64_t N, int64_t K, std::mt19
 
 int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 15;
+  std::vector<int64_t> ms;
+  for (int i = 2; i < argc; ++i) ms.push_back(std::max(1, std::atoi(argv[i])));
+  if (ms.empty()) ms = {1, 64};
   struct Case {
     std::string fmt;
     int64_t N, K;
@@ -69,14 +74,15 @@ int main(int argc, char** argv) {
   const Case cases[] = {{"FP8", 4096, 4096}, {"FP4", 2048, 4096}, {"BF16", 4096, 4096}};
   std::mt19937 rng(1234);
 
-  fmt::print("bench_linear: median of {} runs, OpenBLAS {} threads\n", runs, openblas_get_num_threads());
+  fmt::print("bench_linear: median of {} runs; OpenMP {} threads, OpenBLAS {} threads\n", runs, omp_get_max_threads(),
+             openblas_get_num_threads());
   fmt::print("{:<12} {:<5} {:>3} {:>9} {:>9} {:>8} | {:>11} {:>11} {:>9}\n", "shape", "fmt", "M", "ms", "GFLOP/s",
              "GB/s(W)", "sgemm ms", "sgemm GF/s", "speedup");
   for (const Case& c : cases) {
     const ops::QWeight w = make_weight(c.fmt, c.N, c.K, rng);
     const double wbytes = static_cast<double>(w.w.nbytes() + (w.scale.defined() ? w.scale.nbytes() : 0));
     const Tensor wf = ops::dequantize(w);  // the anchor's F32 weight
-    for (int64_t M : {int64_t{1}, int64_t{64}}) {
+    for (int64_t M : ms) {
       Tensor x = Tensor::empty({M, c.K}, DType::kF32);
       std::normal_distribution<float> nd(0.0f, 1.0f);
       for (int64_t i = 0; i < M * c.K; ++i) x.data<float>()[i] = round_bf16(nd(rng));

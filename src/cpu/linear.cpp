@@ -6,12 +6,13 @@
 // partial sums up to the order of FP32 additions.
 //
 // Two paths, which differ in summation order only:
-//  * M <= 16 (decode, speculative drafts, MoE experts that see few tokens): a fused dequant-dot GEMV
+//  * M <= 24 (decode, speculative drafts, MoE experts that see few tokens): a fused dequant-dot GEMV
 //    that reads the codes directly, parallel over output rows with OpenMP (dynamic tasks), the x rows in
 //    register-blocked groups of up to 7 (a task's weight rows stay in L2 across the groups). Measured on
-//    the 2-core AVX2 target, single-threaded, 4096x4096 FP8: M=8 3.5 ms vs 6.1 ms and M=16 6.3 ms vs
-//    7.7 ms for the panel path below, so the crossover sits above M = 16 (more so with 2 threads, as the
-//    panel path dequantises serially). Codes are decoded in registers through IEEE half precision (F16C):
+//    the 2-core AVX2 target (2 threads), 4096x4096 FP8: M=16 3.5 ms, M=24 5.0 ms, M=32 6.7 ms for the
+//    GEMV vs 9.1 ms (M=24) and 7.4 ms (M=32) for the panel path below (4.9 / 6.4 ms with OpenBLAS at one
+//    thread), so the crossover sits at about M = 24-32. Codes are decoded in registers through IEEE
+//    half precision (F16C):
 //      e4m3 -> fp16: sign-extend to 16 bits, shift left 7, clear bit 14: the fp16 value is exactly
 //        e4m3 * 2^-8 (e4m3 subnormals become fp16 subnormals); each 32-byte chunk is multiplied into
 //        the M rows of x, and every tile's FP32 partial sum is scaled once by 2^(e-119) = 2^8 * scale.
@@ -21,11 +22,18 @@
 //      bf16 -> fp32: zero-extend and shift by 16.
 //    The weight stream is software-prefetched 16 KiB ahead (the hardware prefetcher stops at 4 KiB
 //    pages; measured 2.3 -> 1.4 ms for a 64 MiB BF16 weight at M = 1).
-//  * M > 16 (prefill): panels of W (up to 256 rows x K, at most 4 MiB of fp32) are dequantised by the
-//    calling thread into a reused thread-local buffer and multiplied with cblas_sgemm (OpenBLAS runs its
-//    own pool). No OpenMP region runs on this path: libgomp's spinning workers would compete with
-//    OpenBLAS's threads for the cores right after it (measured: +40% on a 2-core machine).
-//  * F32 weights go straight to cblas_sgemm / cblas_sgemv.
+//    F32 weights take the same GEMV (plain loads), so decoding never wakes OpenBLAS's thread pool.
+//  * M > 24 (prefill): panels of W (up to 256 rows x K, at most 4 MiB of fp32) are dequantised by the
+//    calling thread into a reused thread-local buffer and multiplied with cblas_sgemm from that thread
+//    (OpenBLAS runs its own pool); F32 weights go to one cblas_sgemm directly.
+//    No OpenMP region runs on this path, on purpose: the two thread pools fight over the cores right
+//    after each other's work (libgomp workers spin after a region, OpenBLAS workers spin-yield for a
+//    long while after a call). Measured on the 2-core target: dequantising the panels with an OpenMP
+//    loop made FP8 M=64 4096x4096 take 64 ms instead of 12-20 ms; in the other direction, a GEMV right
+//    after sgemm calls takes 8 ms instead of 0.5 ms.
+//    When OpenBLAS is limited to one thread (openblas_set_num_threads(1) or OPENBLAS_NUM_THREADS=1, the
+//    process letting OpenMP own the cores) the OpenMP threads run the panels instead, each dequantising
+//    its own and calling the then single-threaded sgemm: FP8 M=64 4096x4096 11 ms, steadily.
 // Rare cases take exact scalar code: e4m3 NaN codes (the GEMV flags the row NaN; the dequantiser
 // decodes the chunk with the table) and tile scales whose factor would not fit fp32.
 #include <cblas.h>
@@ -47,10 +55,10 @@ namespace {
 
 #define DI_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-constexpr int64_t kGemvMaxM = 16;  // M <= this takes the fused GEMV (measured crossover, see linear())
-constexpr int64_t kGemvGroup = 7;  // x rows per register-blocked GEMV pass
+constexpr int64_t kGemvMaxM = 24;             // M <= this takes the fused GEMV (measured crossover, see linear())
+constexpr int64_t kGemvGroup = 7;             // x rows per register-blocked GEMV pass
 constexpr int64_t kPrefetchBytes = 16 << 10;  // software prefetch distance along the weight stream
-constexpr int64_t kPanelMaxRows = 256;       // rows of W per dequantised panel
+constexpr int64_t kPanelMaxRows = 256;        // rows of W per dequantised panel
 constexpr int64_t kPanelMaxFloats = 1 << 20;  // 4 MiB of fp32 per panel
 
 bool have_avx2() {
@@ -102,8 +110,8 @@ WView make_view(const QWeight& qw, const char* op) {
   v.N = w.size(0);
   v.K = w.size(1);
   const bool dense_rows = v.K <= 1 || w.strides()[1] == 1;
-  DI_CHECK(dense_rows && w.strides()[0] >= v.K, "{}: the weight's rows must be dense (stride 1 along in), got {}",
-           op, w.describe());
+  DI_CHECK(dense_rows && w.strides()[0] >= v.K, "{}: the weight's rows must be dense (stride 1 along in), got {}", op,
+           w.describe());
   const int64_t esize = dtype_bits(v.dt) / 8;
   v.w = static_cast<const uint8_t*>(w.raw());
   v.ldw = w.strides()[0] * esize;
@@ -117,8 +125,8 @@ WView make_view(const QWeight& qw, const char* op) {
     DI_CHECK(s.dim() == 2 && s.size(0) == rows && s.size(1) == cols,
              "{}: scale shape {} does not match weight {}: expected {} = [{}, {}]", op, shape_str(s.shape()),
              w.describe(), layout, rows, cols);
-    DI_CHECK((cols <= 1 || s.strides()[1] == 1) && s.strides()[0] >= cols,
-             "{}: the scale's rows must be dense, got {}", op, s.describe());
+    DI_CHECK((cols <= 1 || s.strides()[1] == 1) && s.strides()[0] >= cols, "{}: the scale's rows must be dense, got {}",
+             op, s.describe());
     v.s = static_cast<const uint8_t*>(s.raw());
     v.lds = s.strides()[0];
     v.KB = cols;
@@ -137,8 +145,7 @@ WView make_view(const QWeight& qw, const char* op) {
       break;
     }
     case DType::kE2M1x2:
-      DI_CHECK(v.K % 32 == 0, "{}: an FP4 weight's in-dimension must be a multiple of 32, got {}", op,
-               w.describe());
+      DI_CHECK(v.K % 32 == 0, "{}: an FP4 weight's in-dimension must be a multiple of 32, got {}", op, w.describe());
       DI_CHECK(w.is_contiguous(), "{}: a packed FP4 weight must be contiguous, got {}", op, w.describe());
       v.ldw = v.K / 2;
       check_scale(v.N, v.K / 32, "[out, in/32]");
@@ -177,10 +184,9 @@ DI_AVX2 inline bool e4m3_has_nan8(const uint8_t* p) {
 
 // High bytes of the fp16 encodings of the 16 e2m1 codes (every low byte is zero).
 DI_AVX2 inline __m128i e2m1_f16_table() {
-  return _mm_setr_epi8(0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46, static_cast<char>(0x80),
-                       static_cast<char>(0xb8), static_cast<char>(0xbc), static_cast<char>(0xbe),
-                       static_cast<char>(0xc0), static_cast<char>(0xc2), static_cast<char>(0xc4),
-                       static_cast<char>(0xc6));
+  return _mm_setr_epi8(0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46, static_cast<char>(0x80), static_cast<char>(0xb8),
+                       static_cast<char>(0xbc), static_cast<char>(0xbe), static_cast<char>(0xc0),
+                       static_cast<char>(0xc2), static_cast<char>(0xc4), static_cast<char>(0xc6));
 }
 // 16 packed bytes (one 32-block): lo[i] / hi[i] = fp16 high byte of the code at k = 2i / 2i + 1.
 DI_AVX2 inline void e2m1_block_f16(const uint8_t* p, __m128i& lo, __m128i& hi) {
@@ -191,12 +197,8 @@ DI_AVX2 inline void e2m1_block_f16(const uint8_t* p, __m128i& lo, __m128i& hi) {
   hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), mask));
 }
 // 8 fp16 high bytes (low half of hb) -> 8 fp32.
-DI_AVX2 inline __m256 f16hb_lo(__m128i hb) {
-  return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), hb));
-}
-DI_AVX2 inline __m256 f16hb_hi(__m128i hb) {
-  return _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), hb));
-}
+DI_AVX2 inline __m256 f16hb_lo(__m128i hb) { return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), hb)); }
+DI_AVX2 inline __m256 f16hb_hi(__m128i hb) { return _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), hb)); }
 
 DI_AVX2 inline __m256 bf16x8(const uint16_t* p) {
   const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -291,8 +293,7 @@ DI_AVX2 void dequant_row_avx2(const WView& w, int64_t n, float* out) {
     case DType::kE2M1x2: {
       const uint8_t* sr = w.s + n * w.lds;
       for (int64_t kb = 0; kb < w.K / 32; ++kb) {
-        if (kb % 4 == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(wr + kb * 16) + kPrefetchBytes, _MM_HINT_T0);
+        if (kb % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + kb * 16) + kPrefetchBytes, _MM_HINT_T0);
         __m128i lo, hi;
         e2m1_block_f16(wr + kb * 16, lo, hi);
         const __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);  // natural k order
@@ -317,8 +318,10 @@ void dequant_rows(const WView& w, int64_t n0, int64_t n1, float* out, bool paral
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t n = n0; n < n1; ++n) {
     float* o = out + (n - n0) * w.K;
-    if (avx2) dequant_row_avx2(w, n, o);
-    else dequant_row_scalar(w, n, o);
+    if (avx2)
+      dequant_row_avx2(w, n, o);
+    else
+      dequant_row_scalar(w, n, o);
   }
 }
 
@@ -406,8 +409,8 @@ DI_AVX2 void gemv_fp8(const WView& w, const float* x, int64_t ldx, float* y, int
       int64_t k = k0;
       for (; k + 32 <= k1; k += 32) {
         _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes, _MM_HINT_T0);
-        nanmax = _mm256_max_epu8(
-            nanmax, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k)), c7f));
+        nanmax = _mm256_max_epu8(nanmax,
+                                 _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k)), c7f));
         const __m256i h0 = e4m3x16_f16(wr + k), h1 = e4m3x16_f16(wr + k + 16);
         fma32<M>(a, x, ldx, k, f16lo(h0), f16hi(h0), f16lo(h1), f16hi(h1));
       }
@@ -466,20 +469,38 @@ DI_AVX2 void gemv_fp4(const WView& w, const float* xp, int64_t ldx, float* y, in
   }
 }
 
-template <int M>
-DI_AVX2 void gemv_bf16(const WView& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+// Dense weights: T = uint16_t (bf16 bits) or float.
+template <typename T>
+DI_AVX2 inline __m256 dense8(const T* p) {
+  if constexpr (sizeof(T) == 2)
+    return bf16x8(p);
+  else
+    return _mm256_loadu_ps(p);
+}
+template <typename T>
+inline float dense1(T v) {
+  if constexpr (sizeof(T) == 2)
+    return bf16_to_f32(v);
+  else
+    return v;
+}
+
+template <int M, typename T>
+DI_AVX2 void gemv_dense(const WView& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.w + n * w.ldw);
+    const T* wr = reinterpret_cast<const T*>(w.w + n * w.ldw);
     Accum<M> a;
     acc_zero(a);
     int64_t k = 0;
     for (; k + 32 <= w.K; k += 32) {
       _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes, _MM_HINT_T0);
-      fma32<M>(a, x, ldx, k, bf16x8(wr + k), bf16x8(wr + k + 8), bf16x8(wr + k + 16), bf16x8(wr + k + 24));
+      if constexpr (sizeof(T) == 4)
+        _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes + 64, _MM_HINT_T0);
+      fma32<M>(a, x, ldx, k, dense8(wr + k), dense8(wr + k + 8), dense8(wr + k + 16), dense8(wr + k + 24));
     }
-    for (; k + 8 <= w.K; k += 8) fma8<M>(a, x, ldx, k, bf16x8(wr + k));
+    for (; k + 8 <= w.K; k += 8) fma8<M>(a, x, ldx, k, dense8(wr + k));
     for (; k < w.K; ++k) {
-      const float wv = bf16_to_f32(wr[k]);
+      const float wv = dense1(wr[k]);
       for (int m = 0; m < M; ++m) a.tail[m] += wv * x[m * ldx + k];
     }
     acc_flush(a, _mm256_set1_ps(1.0f));
@@ -490,10 +511,20 @@ DI_AVX2 void gemv_bf16(const WView& w, const float* x, int64_t ldx, float* y, in
 template <int M>
 void gemv_rows(const WView& w, const float* x, int64_t ldx, float* y, int64_t n0, int64_t n1) {
   switch (w.dt) {
-    case DType::kE4M3: gemv_fp8<M>(w, x, ldx, y, w.N, n0, n1); break;
-    case DType::kE2M1x2: gemv_fp4<M>(w, x, ldx, y, w.N, n0, n1); break;
-    case DType::kBF16: gemv_bf16<M>(w, x, ldx, y, w.N, n0, n1); break;
-    default: break;
+    case DType::kE4M3:
+      gemv_fp8<M>(w, x, ldx, y, w.N, n0, n1);
+      break;
+    case DType::kE2M1x2:
+      gemv_fp4<M>(w, x, ldx, y, w.N, n0, n1);
+      break;
+    case DType::kBF16:
+      gemv_dense<M, uint16_t>(w, x, ldx, y, w.N, n0, n1);
+      break;
+    case DType::kF32:
+      gemv_dense<M, float>(w, x, ldx, y, w.N, n0, n1);
+      break;
+    default:
+      break;
   }
 }
 
@@ -531,13 +562,27 @@ void gemv(const WView& w, const float* x, int64_t M, float* y) {
       const float* xg = x + m0 * w.K;
       float* yg = y + m0 * w.N;
       switch (mg) {
-        case 1: gemv_rows<1>(w, xg, w.K, yg, n0, n1); break;
-        case 2: gemv_rows<2>(w, xg, w.K, yg, n0, n1); break;
-        case 3: gemv_rows<3>(w, xg, w.K, yg, n0, n1); break;
-        case 4: gemv_rows<4>(w, xg, w.K, yg, n0, n1); break;
-        case 5: gemv_rows<5>(w, xg, w.K, yg, n0, n1); break;
-        case 6: gemv_rows<6>(w, xg, w.K, yg, n0, n1); break;
-        default: gemv_rows<7>(w, xg, w.K, yg, n0, n1); break;
+        case 1:
+          gemv_rows<1>(w, xg, w.K, yg, n0, n1);
+          break;
+        case 2:
+          gemv_rows<2>(w, xg, w.K, yg, n0, n1);
+          break;
+        case 3:
+          gemv_rows<3>(w, xg, w.K, yg, n0, n1);
+          break;
+        case 4:
+          gemv_rows<4>(w, xg, w.K, yg, n0, n1);
+          break;
+        case 5:
+          gemv_rows<5>(w, xg, w.K, yg, n0, n1);
+          break;
+        case 6:
+          gemv_rows<6>(w, xg, w.K, yg, n0, n1);
+          break;
+        default:
+          gemv_rows<7>(w, xg, w.K, yg, n0, n1);
+          break;
       }
       m0 += mg;
     }
@@ -545,19 +590,40 @@ void gemv(const WView& w, const float* x, int64_t M, float* y) {
 }
 
 // Panel GEMM: dequantise up to kPanelMaxRows rows of W, then one sgemm with all M rows of x.
+//  * OpenBLAS threaded (its default): panels in turn, dequantised by the calling thread, sgemm from it.
+//  * OpenBLAS limited to one thread (openblas_set_num_threads(1) or OPENBLAS_NUM_THREADS=1: the process
+//    lets OpenMP own the cores): each OpenMP thread dequantises its own panels and calls the then
+//    single-threaded sgemm on them, so the dequantisation is parallel too.
+// F32 weights need no dequantisation: their "panels" are row ranges of the weight itself.
 void panel_gemm(const WView& w, const float* x, int64_t M, float* y) {
-  static const int64_t env_rows = getenv("DI_NB") ? atoi(getenv("DI_NB")) : kPanelMaxRows;
-  const int64_t rows = std::clamp<int64_t>(kPanelMaxFloats * 16 / std::max<int64_t>(w.K, 1), 16, env_rows);
+  const bool blas_threaded = openblas_get_num_threads() > 1;
+  const bool dense = w.dt == DType::kF32;
+  const int64_t threads = std::max(1, omp_get_max_threads());
+  const int64_t rows = dense ? (blas_threaded ? w.N : std::max<int64_t>(16, (w.N + 4 * threads - 1) / (4 * threads)))
+                             : std::clamp<int64_t>(kPanelMaxFloats / std::max<int64_t>(w.K, 1), 16, kPanelMaxRows);
   const int64_t nb_max = std::min(rows, w.N);
-  thread_local std::vector<float> buf;
-  if (buf.size() < static_cast<size_t>(nb_max * w.K)) buf.resize(static_cast<size_t>(nb_max * w.K));
-  for (int64_t n0 = 0; n0 < w.N; n0 += nb_max) {
-    const int64_t nb = std::min(nb_max, w.N - n0);
-    dequant_rows(w, n0, n0 + nb, buf.data(), /*parallel=*/false);
+  const int64_t npanel = (w.N + nb_max - 1) / nb_max;
+  auto run_panel = [&](int64_t p, std::vector<float>& buf) {
+    const int64_t n0 = p * nb_max, nb = std::min(nb_max, w.N - n0);
+    const float* panel = reinterpret_cast<const float*>(w.w + n0 * w.ldw);
+    int64_t ld = w.ldw / 4;
+    if (!dense) {
+      if (buf.size() < static_cast<size_t>(nb_max * w.K)) buf.resize(static_cast<size_t>(nb_max * w.K));
+      dequant_rows(w, n0, n0 + nb, buf.data(), /*parallel=*/false);
+      panel = buf.data();
+      ld = w.K;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(nb),
-                static_cast<blasint>(w.K), 1.0f, x, static_cast<blasint>(w.K), buf.data(),
-                static_cast<blasint>(w.K), 0.0f, y + n0, static_cast<blasint>(w.N));
+                static_cast<blasint>(w.K), 1.0f, x, static_cast<blasint>(w.K), panel, static_cast<blasint>(ld), 0.0f,
+                y + n0, static_cast<blasint>(w.N));
+  };
+  thread_local std::vector<float> buf;
+  if (blas_threaded || npanel == 1 || threads == 1) {
+    for (int64_t p = 0; p < npanel; ++p) run_panel(p, buf);
+    return;
   }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t p = 0; p < npanel; ++p) run_panel(p, buf);
 }
 
 }  // namespace
@@ -598,18 +664,8 @@ Tensor linear(const Tensor& x, const QWeight& qw, const LinearOpts& opts) {
   const float* xp = xin.data<float>();
   float* yp = y.data<float>();
 
-  if (w.dt == DType::kF32) {
-    const float* wp = reinterpret_cast<const float*>(w.w);
-    const auto ldw = static_cast<blasint>(w.ldw / 4);
-    if (M == 1)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(N), static_cast<blasint>(K), 1.0f, wp, ldw, xp,
-                  1, 0.0f, yp, 1);
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-                  static_cast<blasint>(K), 1.0f, xp, static_cast<blasint>(K), wp, ldw, 0.0f, yp,
-                  static_cast<blasint>(N));
-  } else if (M <= kGemvMaxM && have_avx2()) {
-    gemv(w, xp, M, yp);
+  if (M <= kGemvMaxM && have_avx2()) {
+    gemv(w, xp, M, yp);  // F32 too: decoding then never wakes OpenBLAS's thread pool
   } else {
     panel_gemm(w, xp, M, yp);
   }

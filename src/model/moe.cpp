@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/debug_dump.h"
 #include "deepinfer/error.h"
 #include "model/layers_v4.h"
 
@@ -99,6 +100,7 @@ Tensor moe_v4(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& 
       for (int64_t d = 0; d < dim; ++d) acc[rows[i] * dim + d] += ye.data<float>()[i * dim + d];
   }
   Tensor ys = expert_forward(w.shared, x, nullptr, c);
+  dump("shared_out", c.layer, ys);
   Tensor out = Tensor::empty({T, dim}, DType::kF32);
   for (int64_t i = 0; i < T * dim; ++i) {
     const float v = acc[i] + ys.data<float>()[i];

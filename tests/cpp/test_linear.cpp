@@ -2,8 +2,8 @@
 // conversions of include/deepinfer/dtype.h (docs/v4-architecture.md §2.1 "Linear with ... weight", §3).
 //
 // The kernels differ from the reference only in the order of FP32 additions, so every output must be
-// within 1e-5 of the L1 magnitude sum_k |w[n,k] x[m,k]| of its dot product. M in {1, 3, 8, 16} takes the
-// fused GEMV path (8 and 16 in several register-blocked groups of x rows), M in {17, 37} the
+// within 1e-5 of the L1 magnitude sum_k |w[n,k] x[m,k]| of its dot product. M in {1, 3, 8, 24} takes the
+// fused GEMV path (8 and 24 in several register-blocked groups of x rows), M in {25, 37} the
 // dequantised-panel sgemm path.
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@ using namespace deepinfer;
 
 namespace {
 
-const int64_t kMs[] = {1, 3, 8, 16, 17, 37};
+const int64_t kMs[] = {1, 3, 8, 24, 25, 37};
 
 uint32_t bits_of(float f) {
   uint32_t u;
@@ -38,7 +38,8 @@ ops::QWeight fp8_weight(int64_t N, int64_t K, int64_t B, uint32_t seed, int e_lo
   uint8_t* w = q.w.data<uint8_t>();
   for (int64_t i = 0; i < N * K; ++i) {
     uint8_t c;
-    do c = static_cast<uint8_t>(rng()); while ((c & 0x7f) == 0x7f);  // no NaN codes
+    do c = static_cast<uint8_t>(rng());
+    while ((c & 0x7f) == 0x7f);  // no NaN codes
     w[i] = c;
   }
   const int64_t sr = (N + B - 1) / B, sc = (K + B - 1) / B;
@@ -81,8 +82,10 @@ double ref_w(const ops::QWeight& q, int64_t n, int64_t k) {
   const int64_t K = q.w.size(1);
   const int64_t ld = q.w.strides()[0];
   switch (q.w.dtype()) {
-    case DType::kF32: return q.w.data<float>()[n * ld + k];
-    case DType::kBF16: return bf16_to_f32(q.w.data<uint16_t>()[n * ld + k]);
+    case DType::kF32:
+      return q.w.data<float>()[n * ld + k];
+    case DType::kBF16:
+      return bf16_to_f32(q.w.data<uint16_t>()[n * ld + k]);
     case DType::kE4M3: {
       const int64_t B = q.block;
       const uint8_t e = q.scale.data<uint8_t>()[(n / B) * q.scale.strides()[0] + k / B];
@@ -94,7 +97,8 @@ double ref_w(const ops::QWeight& q, int64_t n, int64_t k) {
       const uint8_t e = q.scale.data<uint8_t>()[n * (K / 32) + k / 32];
       return static_cast<double>(e2m1_to_f32(code)) * std::ldexp(1.0, e - 127);
     }
-    default: return NAN;
+    default:
+      return NAN;
   }
 }
 
@@ -179,8 +183,9 @@ void check_all_modes(const ops::QWeight& w, int64_t act_block, const std::string
         ops::LinearOpts o;
         o.act_quant_block = aq;
         o.round_out_bf16 = round;
-        check_linear(x, w, o, name + " M=" + std::to_string(M) + " aq=" + std::to_string(aq) +
-                                  (round ? " bf16-out" : " f32-out"));
+        check_linear(
+            x, w, o,
+            name + " M=" + std::to_string(M) + " aq=" + std::to_string(aq) + (round ? " bf16-out" : " f32-out"));
       }
   }
 }
@@ -200,9 +205,7 @@ TEST(Linear, Fp8SmallBlocksAndOddK) {
   check_all_modes(fp8_weight(20, 100, 48, 5), 48, "fp8 20x100 B48", 500);
 }
 
-TEST(Linear, Fp8ManyPanelsAndTasks) {
-  check_all_modes(fp8_weight(600, 256, 128, 6), 128, "fp8 600x256", 600);
-}
+TEST(Linear, Fp8ManyPanelsAndTasks) { check_all_modes(fp8_weight(600, 256, 128, 6), 128, "fp8 600x256", 600); }
 
 TEST(Linear, Fp8ExtremeScales) {
   // Scales above 2^7 (e > 134) and very small ones take the exact scalar fallback / subnormal-safe path.
@@ -231,7 +234,7 @@ TEST(Linear, F32Weights) {
 TEST(Linear, NanCodesAndScalesPropagate) {
   for (DType dt : {DType::kE4M3, DType::kE2M1x2}) {
     ops::QWeight w = dt == DType::kE4M3 ? fp8_weight(64, 128, 32, 16) : fp4_weight(64, 128, 16);
-    if (dt == DType::kE4M3) w.w.data<uint8_t>()[5 * 128 + 70] = 0xff;  // row 5
+    if (dt == DType::kE4M3) w.w.data<uint8_t>()[5 * 128 + 70] = 0xff;                     // row 5
     w.scale.data<uint8_t>()[dt == DType::kE4M3 ? (40 / 32) * 4 + 1 : 40 * 4 + 1] = 0xff;  // row 40 (fp8: rows 32..63)
     for (int64_t M : kMs) {
       Tensor y = ops::linear(random_x(M, 128, 17), w, {});
@@ -244,17 +247,17 @@ TEST(Linear, NanCodesAndScalesPropagate) {
   }
 }
 
-// The fused GEMV (M <= 16) and the panel GEMM (M > 16) agree row by row up to summation order.
+// The fused GEMV (M <= 24) and the panel GEMM (M > 24) agree row by row up to summation order.
 TEST(Linear, GemvAndPanelPathsAgree) {
   const ops::QWeight ws[] = {fp8_weight(257, 512, 128, 18), fp4_weight(257, 512, 19), bf16_weight(257, 512, 20)};
   for (const auto& w : ws) {
-    Tensor x = random_x(20, 512, 21);
+    Tensor x = random_x(30, 512, 21);
     ops::LinearOpts o;
     o.act_quant_block = 128;
     Tensor y = ops::linear(x, w, o);
     const std::vector<float> xq = naive_act_quant(x, 128);
     const Tensor wd = ops::dequantize(w);
-    for (int64_t m = 0; m < 20; ++m) {
+    for (int64_t m = 0; m < 30; ++m) {
       Tensor y1 = ops::linear(x.slice(0, m, m + 1), w, o);
       for (int64_t n = 0; n < 257; ++n) {
         double l1 = 0;  // the dot product's L1 magnitude bounds the summation-order difference
@@ -286,7 +289,7 @@ TEST(Linear, ActQuantEqualsFakeQuantThenLinear) {
 
 // Strided inputs and weights (row slices of larger buffers) give the same result as dense copies.
 TEST(Linear, StridedInputsAndWeights) {
-  Tensor big_x = random_x(20, 320, 24);
+  Tensor big_x = random_x(30, 320, 24);
   Tensor x = big_x.slice(1, 0, 256);  // row stride 320
   ops::QWeight wbig = bf16_weight(40, 320, 25);
   ops::QWeight w;
@@ -298,13 +301,18 @@ TEST(Linear, StridedInputsAndWeights) {
   f8.block = 32;
   f8.w = f8big.w.slice(1, 0, 256);
   f8.scale = f8big.scale.slice(1, 0, 8);
+  ops::QWeight f32big = f32_weight(40, 320, 27);
+  ops::QWeight f32;
+  f32.w = f32big.w.slice(1, 0, 256);
+  ops::QWeight f32d;
+  f32d.w = f32.w.contiguous();
   ops::QWeight f8d = f8;
   f8d.w = f8.w.contiguous();
   f8d.scale = f8.scale.contiguous();
-  for (int64_t M : {int64_t{2}, int64_t{9}, int64_t{20}}) {
+  for (int64_t M : {int64_t{2}, int64_t{9}, int64_t{30}}) {
     Tensor xs = x.slice(0, 0, M);
     Tensor xd = xs.contiguous();
-    for (auto [a, b] : {std::pair{&w, &wd}, std::pair{&f8, &f8d}}) {
+    for (auto [a, b] : {std::pair{&w, &wd}, std::pair{&f8, &f8d}, std::pair{&f32, &f32d}}) {
       Tensor y1 = ops::linear(xs, *a, {});
       Tensor y2 = ops::linear(xd, *b, {});
       for (int64_t i = 0; i < M * 40; ++i) EXPECT_EQ(y1.data<float>()[i], y2.data<float>()[i]) << i;
@@ -326,8 +334,12 @@ TEST(Linear, EmptyDimensions) {
 TEST(Dequantize, ExactForEveryFormat) {
   ops::QWeight nan8 = fp8_weight(40, 100, 32, 29);
   nan8.w.data<uint8_t>()[3] = 0x7f;
-  const ops::QWeight ws[] = {fp8_weight(200, 384, 128, 30), fp8_weight(45, 203, 32, 31, 120, 150), nan8,
-                             fp4_weight(70, 256, 32),        bf16_weight(33, 75, 33),             f32_weight(9, 10, 34)};
+  const ops::QWeight ws[] = {fp8_weight(200, 384, 128, 30),
+                             fp8_weight(45, 203, 32, 31, 120, 150),
+                             nan8,
+                             fp4_weight(70, 256, 32),
+                             bf16_weight(33, 75, 33),
+                             f32_weight(9, 10, 34)};
   for (const auto& w : ws) {
     Tensor d = ops::dequantize(w);
     const int64_t N = w.w.size(0), K = w.w.size(1);
@@ -337,8 +349,10 @@ TEST(Dequantize, ExactForEveryFormat) {
       for (int64_t k = 0; k < K; ++k) {
         const double want = ref_w(w, n, k);
         const float got = d.data<float>()[n * K + k];
-        if (std::isnan(want)) ASSERT_TRUE(std::isnan(got)) << n << "," << k;
-        else ASSERT_EQ(static_cast<double>(got), want) << dtype_name(w.w.dtype()) << " [" << n << "," << k << "]";
+        if (std::isnan(want))
+          ASSERT_TRUE(std::isnan(got)) << n << "," << k;
+        else
+          ASSERT_EQ(static_cast<double>(got), want) << dtype_name(w.w.dtype()) << " [" << n << "," << k << "]";
       }
   }
 }
@@ -387,7 +401,7 @@ TEST(LinearErrors, BadShapesAndDtypesThrow) {
   w3d.w = Tensor::zeros({2, 64, 128}, DType::kBF16);
   EXPECT_THROW(ops::linear(x, w3d, {}), Error);
 
-  EXPECT_THROW(ops::linear(Tensor::zeros({2, 128}, DType::kBF16), b16, {}), Error);  // x not float32
+  EXPECT_THROW(ops::linear(Tensor::zeros({2, 128}, DType::kBF16), b16, {}), Error);    // x not float32
   EXPECT_THROW(ops::linear(Tensor::zeros({1, 2, 128}, DType::kF32), b16, {}), Error);  // x not 2-D
   EXPECT_THROW(ops::linear(Tensor(), b16, {}), Error);
   ops::LinearOpts neg;

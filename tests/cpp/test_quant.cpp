@@ -190,9 +190,17 @@ TEST(FakeQuantFp8, MidpointsRoundToEven) {
   struct Case {
     float in, out;
   } cases[] = {
-      {1.0625f, 1.0f},      {1.1875f, 1.25f},     {17.0f, 16.0f},          {19.0f, 20.0f},
-      {232.0f, 224.0f},     {248.0f, 256.0f},     {400.0f, 384.0f},        {432.0f, 448.0f},        {-1.0625f, -1.0f},
-      {std::ldexp(1.0f, -10), 0.0f},              {std::ldexp(3.0f, -10), std::ldexp(1.0f, -8)},
+      {1.0625f, 1.0f},
+      {1.1875f, 1.25f},
+      {17.0f, 16.0f},
+      {19.0f, 20.0f},
+      {232.0f, 224.0f},
+      {248.0f, 256.0f},
+      {400.0f, 384.0f},
+      {432.0f, 448.0f},
+      {-1.0625f, -1.0f},
+      {std::ldexp(1.0f, -10), 0.0f},
+      {std::ldexp(3.0f, -10), std::ldexp(1.0f, -8)},
       {std::ldexp(15.0f, -10), std::ldexp(1.0f, -6)},  // subnormal/normal boundary: 7.5 * 2^-9 -> 8 * 2^-9
       {std::ldexp(17.0f, -10), std::ldexp(1.0f, -6)},  // first normal binade midpoint 1.0625 * 2^-6 -> 2^-6
   };
@@ -318,11 +326,11 @@ TEST(FakeQuantFp4E4m3, IdempotentScaleCases) {
   const float in[] = {7.5f, 1.0f, -2.0f, 3.1f, 0.3f};
   for (int i = 0; i < 5; ++i) p[i] = in[i];
   ops::fake_quant_fp4_e4m3_scale(x, 16);
-  EXPECT_EQ(p[0], 7.5f);           // 6 * 1.25
-  EXPECT_EQ(p[1], 1.25f);          // 0.8 -> 1
-  EXPECT_EQ(p[2], -1.875f);        // -1.6 -> -1.5
-  EXPECT_EQ(p[3], 2.5f);           // 2.48 -> 2
-  EXPECT_EQ(p[4], 0.0f);           // 0.24 -> 0
+  EXPECT_EQ(p[0], 7.5f);     // 6 * 1.25
+  EXPECT_EQ(p[1], 1.25f);    // 0.8 -> 1
+  EXPECT_EQ(p[2], -1.875f);  // -1.6 -> -1.5
+  EXPECT_EQ(p[3], 2.5f);     // 2.48 -> 2
+  EXPECT_EQ(p[4], 0.0f);     // 0.24 -> 0
   // The amax floor 6 * 2^-9 gives the smallest e4m3 scale 2^-9.
   Tensor z = Tensor::zeros({1, 16}, DType::kF32);
   z.data<float>()[0] = std::ldexp(1.0f, -10);  // 0.5 * 2^-9
@@ -352,8 +360,10 @@ TEST(RoundBf16, MatchesScalarIncludingTiesAndSpecials) {
   ops::round_bf16(x);
   for (size_t i = 0; i < vals.size(); ++i) {
     const float got = x.data<float>()[i], want = round_bf16(vals[i]);
-    if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << i;
-    else EXPECT_EQ(bits_of(got), bits_of(want)) << "input bits " << std::hex << bits_of(vals[i]);
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(got)) << i;
+    else
+      EXPECT_EQ(bits_of(got), bits_of(want)) << "input bits " << std::hex << bits_of(vals[i]);
   }
   Tensor y = Tensor::full({2, 3}, 1.00390625f + 1e-6f);
   ops::round_bf16(y, false);  // disabled: untouched

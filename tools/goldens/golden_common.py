@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shlex
 import sys
 from typing import Dict, Iterable, Optional
@@ -21,7 +20,6 @@ import torch
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-EXPERT_WEIGHT_RE = re.compile(r"(^|\.)ffn\.experts\.\d+\.w[123]\.weight$")
 MAX_GOLDEN_BYTES = 3 * 1024 * 1024
 
 
@@ -58,10 +56,12 @@ def checkpoint_provenance(ckpt_dir: str, extra: Optional[Iterable[str]] = None) 
     """What we know about the checkpoint: ``--ckpt-info KEY=VALUE`` pairs from the caller
     (make_all.sh passes generator, preset, seed), the sha256 of every weight file, and any
     preset/seed-like keys the checkpoint's own files carry."""
-    info: dict = {"ckpt_dir": os.path.abspath(ckpt_dir)}
+    info: dict = {}
     for kv in extra or []:
         k, _, v = kv.partition("=")
         info[k] = v
+    if "generator" not in info:  # otherwise the path is a temp dir: keep meta reproducible
+        info["ckpt_dir"] = os.path.abspath(ckpt_dir)
     info["safetensors_sha256"] = {os.path.basename(f): sha256_file(f) for f in safetensors_files(ckpt_dir)}
     for name in ("deepinfer_checkpoint.json", "checkpoint_meta.json", "meta.json", "provenance.json"):
         j = read_json(os.path.join(ckpt_dir, name))
@@ -173,8 +173,20 @@ def versions() -> dict:
     return v
 
 
-def command_line() -> str:
-    return " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def command_line(ckpt: Optional[str] = None) -> str:
+    """The invocation, reproducible across runs: the checkpoint dir is written as <ckpt> (its
+    identity is meta.checkpoint) and paths inside the repository are made repo-relative."""
+    def norm(a: str) -> str:
+        if ckpt is not None and os.path.abspath(a) == os.path.abspath(ckpt) and os.path.exists(a):
+            return "<ckpt>"
+        if os.path.isabs(a) and (a + "/").startswith(REPO_ROOT + "/"):
+            return os.path.relpath(a, REPO_ROOT)
+        return a
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)
+    return " ".join(shlex.quote(norm(a)) for a in [script] + sys.argv[1:])
 
 
 def device_name(dev: torch.device) -> str:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -44,44 +43,55 @@ import golden_common as gc  # noqa: E402
 
 
 # --------------------------------------------------------------------------- name mapping
-# Our own statement of the official -> HF 5.17 mapping of docs §2.14, used to check what
-# HF's loader produced.  Experts return (hf_name, expert_id, part) with part in w1/w3/w2.
+# Our own statement of the official -> HF 5.17 name mapping (docs §2.14), used only to check
+# what HF's loader produced. Experts map to (stacked HF tensor, expert id, part w1/w3/w2).
 
-_RENAMES = [
-    (r"\.attn\.", ".self_attn."), (r"\.ffn\.", ".mlp."),
-    (r"\.indexer\.compressor\.", ".compressor.indexer."),
-    (r"^embed\.weight$", "embed_tokens.weight"), (r"^head\.weight$", "lm_head.weight"),
-    (r"^hc_head_fn$", "hc_head.hc_fn"), (r"^hc_head_base$", "hc_head.hc_base"),
-    (r"^hc_head_scale$", "hc_head.hc_scale"),
-    (r"\.attn_norm\.", ".input_layernorm."), (r"\.ffn_norm\.", ".post_attention_layernorm."),
-    (r"\.hc_attn_(fn|base|scale)$", r".attn_hc.\1"), (r"\.hc_ffn_(fn|base|scale)$", r".ffn_hc.\1"),
-    (r"\.attn_sink$", ".sinks"),
-    (r"\.indexer\.weights_proj\.", ".compressor.indexer.scorer.weights_proj."),
-    (r"\.indexer\.wq_b\.", ".compressor.indexer.q_b_proj."),
-    (r"\.norm\.", ".kv_norm."), (r"\.ape$", ".position_bias"),
-    (r"\.wq_a\.", ".q_a_proj."), (r"\.self_attn\.wq_b\.", ".self_attn.q_b_proj."),
-    (r"\.wkv\.", ".kv_proj."), (r"\.wgate\.", ".gate_proj."), (r"\.wo_a\.", ".o_a_proj."),
-    (r"\.wo_b\.", ".o_b_proj."), (r"\.q_norm\.", ".q_a_norm."),
-    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
-    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."),
-    (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
-    (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
-]
-_EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight$")
+_TOP = {"embed.weight": "model.embed_tokens.weight", "head.weight": "lm_head.weight",
+        "norm.weight": "model.norm.weight", "hc_head_fn": "model.hc_head.hc_fn",
+        "hc_head_base": "model.hc_head.hc_base", "hc_head_scale": "model.hc_head.hc_scale"}
+_LAYER_PREFIX = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_HC = {"hc_attn_": "attn_hc.", "hc_ffn_": "ffn_hc."}
+_ATTN_PART = {"wq_a": "q_a_proj", "wq_b": "q_b_proj", "wkv": "kv_proj", "wgate": "gate_proj",
+              "wo_a": "o_a_proj", "wo_b": "o_b_proj", "q_norm": "q_a_norm", "norm": "kv_norm",
+              "ape": "position_bias", "attn_sink": "sinks"}
+_SHARED = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 
 
 def official_to_hf(name: str):
-    m = _EXPERT.match(name)
-    if m:
-        layer, e, part = m.groups()
-        tgt = "gate_up_proj" if part in ("w1", "w3") else "down_proj"
-        return f"model.layers.{layer}.mlp.experts.{tgt}", int(e), part
-    out = name
-    for pat, rep in _RENAMES:
-        out = re.sub(pat, rep, out)
-    if out != "lm_head.weight":
-        out = "model." + out
-    return out, None, None
+    if name in _TOP:
+        return _TOP[name], None, None
+    parts = name.split(".")
+    assert parts[0] == "layers", name
+    head, rest = f"model.layers.{parts[1]}", parts[2:]
+    first = rest[0]
+    if first in _LAYER_PREFIX:
+        return ".".join([head, _LAYER_PREFIX[first]] + rest[1:]), None, None
+    for pre, rep in _HC.items():
+        if first.startswith(pre):
+            return f"{head}.{rep}{first[len(pre):]}", None, None
+    if first == "attn":
+        sub = rest[1:]
+        if sub[0] == "indexer":  # the indexer lives inside HF's CSA compressor
+            if sub[1] == "compressor":
+                sub = ["compressor", "indexer"] + sub[2:]
+            elif sub[1] == "weights_proj":
+                sub = ["compressor", "indexer", "scorer"] + sub[1:]
+            else:
+                sub = ["compressor", "indexer"] + sub[1:]
+        sub = [_ATTN_PART.get(c, c) for c in sub]
+        return ".".join([head, "self_attn"] + sub), None, None
+    if first == "ffn":
+        sub = rest[1:]
+        if sub[0] == "experts":
+            e, part = int(sub[1]), sub[2]
+            tgt = "gate_up_proj" if part in ("w1", "w3") else "down_proj"
+            return f"{head}.mlp.experts.{tgt}", e, part
+        if sub[0] == "shared_experts":
+            sub = [sub[0], _SHARED[sub[1]]] + sub[2:]
+        if sub == ["gate", "bias"]:
+            sub = ["gate", "e_score_correction_bias"]
+        return ".".join([head, "mlp"] + sub), None, None
+    raise KeyError(f"unmapped official tensor name {name}")
 
 
 def check_loaded_params(model, dense: dict) -> dict:
@@ -358,7 +368,6 @@ def main(argv=None):
             "argmax_agree": int((decode_logits.argmax(1) == logits.argmax(1)).sum()),
             "expert_rows_differing": exp_mism,
             "indexer_rows_differing": idx_mism,
-            "seconds": round(t_decode, 2),
         }
         print(f"[hf_v4] decode vs prefill: max|dlogit| {decode_report['max_abs_diff']:.3e} "
               f"(pos {decode_report['max_abs_diff_pos']}), argmax agree "
@@ -382,7 +391,7 @@ def main(argv=None):
     meta = {
         "kind": "hf_v4 prefill golden",
         "script": "tools/goldens/hf_v4.py",
-        "command": gc.command_line(),
+        "command": gc.command_line(args.ckpt),
         "checkpoint": gc.checkpoint_provenance(args.ckpt, args.ckpt_info),
         "versions": gc.versions(),
         "device": gc.device_name(dev),
@@ -404,10 +413,10 @@ def main(argv=None):
                            "per_layer": router_gap},
         "loading": load_report,
         "decode_vs_prefill": decode_report,
-        "seconds": {"load": round(t_load, 2), "prefill": round(t_prefill, 2),
-                    "total": round(time.time() - t0, 2)},
     }
     size = gc.save_golden(args.out, arrays, meta)
+    print(f"[hf_v4] seconds: load {t_load:.1f}, prefill {t_prefill:.1f}"
+          + (f", decode {t_decode:.1f}" if args.decode else ""), file=sys.stderr)
     print(f"[hf_v4] wrote {args.out} ({size} bytes) in {time.time() - t0:.1f}s; "
           f"min index tie gap {tie_summary['min_gap_all_layers']}", file=sys.stderr)
     if size > gc.MAX_GOLDEN_BYTES:

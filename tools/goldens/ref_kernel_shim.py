@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 

@@ -286,7 +286,7 @@ def main(argv=None):
         meta = {
             "kind": "ref_v4 prefill + greedy decode golden",
             "script": "tools/goldens/ref_v4.py",
-            "command": gc.command_line(),
+            "command": gc.command_line(args.ckpt),
             "checkpoint": gc.checkpoint_provenance(args.ckpt, args.ckpt_info),
             "reference_code": {"file": os.path.basename(ref_src), "sha256": gc.sha256_file(ref_src),
                                "kernel_shim": "tools/goldens/ref_kernel_shim.py",
@@ -305,10 +305,10 @@ def main(argv=None):
             "tokens_rule": "tokens[i] = argmax(logits[i]) (first maximum)",
             "logits_sha256": gc.sha256_array(logits),
             "loading": load_report,
-            "seconds": {"load": round(t_load, 2), "prefill": round(t_prefill, 2),
-                        "decode": round(t_decode, 2), "total": round(time.time() - t0, 2)},
         }
         size = gc.save_golden(args.out, arrays, meta)
+        print(f"[ref_v4] seconds: load {t_load:.1f}, prefill {t_prefill:.1f}, decode {t_decode:.1f}",
+              file=sys.stderr)
         print(f"[ref_v4] wrote {args.out} ({size} bytes) in {time.time() - t0:.1f}s; "
               f"tokens[:8] {toks[:8]}", file=sys.stderr)
     finally:
