@@ -47,6 +47,9 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include <cstdlib>
+#include <string>
+
 #include "ops/ops.h"
 
 namespace deepinfer::ops {
@@ -54,6 +57,14 @@ namespace deepinfer::ops {
 namespace {
 
 #define DI_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+bool batch_invariant() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_BATCH_INVARIANT");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
 
 constexpr int64_t kGemvMaxM = 24;             // M <= this takes the fused GEMV (measured crossover, see linear())
 constexpr int64_t kGemvGroup = 7;             // x rows per register-blocked GEMV pass
@@ -326,9 +337,11 @@ void dequant_rows(const WView& w, int64_t n0, int64_t n1, float* out, bool paral
 }
 
 // ---- fused GEMV kernels: rows [n0, n1) of y[m * ldy + n] for M rows of x ---------------------------
-// Independent accumulators per x row, enough to hide the FMA latency without spilling.
+// Four independent accumulators per x row, whatever the group size M: each output's FP32 summation
+// order is then the same for every M (batch invariance: a row's result does not depend on which
+// or how many other rows share the call), at the price of register spills in the larger groups.
 template <int M>
-constexpr int kAcc = M <= 2 ? 4 : (M <= 4 ? 2 : 1);
+constexpr int kAcc = 4;
 
 template <int M>
 struct Accum {
@@ -664,7 +677,9 @@ Tensor linear(const Tensor& x, const QWeight& qw, const LinearOpts& opts) {
   const float* xp = xin.data<float>();
   float* yp = y.data<float>();
 
-  if (M <= kGemvMaxM && have_avx2()) {
+  // Batch-invariant (the default): every M takes the fused kernels, whose per-output summation
+  // order does not depend on M. DEEPINFER_BATCH_INVARIANT=0 lets large M use the faster sgemm panels.
+  if (have_avx2() && (M <= kGemvMaxM || batch_invariant())) {
     gemv(w, xp, M, yp);  // F32 too: decoding then never wakes OpenBLAS's thread pool
   } else {
     panel_gemm(w, xp, M, yp);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/debug_dump.h"
 #include "deepinfer/error.h"
 #include "model/layers_v4.h"
 
@@ -172,13 +173,17 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
   // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
   Tensor qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
   Tensor q = linear_q(qr, w.wq_b, c);  // [T, H*D]
+  dump("q_proj", c.layer, q);
   renorm_heads(q, D, cfg.norm_eps, bf);
   ops::apply_rope(q, D, rd, positions.data(), rope, false, bf);
+  dump("q", c.layer, q);
+  dump("qr", c.layer, qr);
 
   // Window KV: one shared latent per token, RoPE, FP8 fake quant of the NoPE part.
   Tensor kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
   ops::apply_rope(kv, D, rd, positions.data(), rope, false, bf);
   if (c.num.simulate_qat) ops::fake_quant_fp8(kv, 0, D - rd, 64);
+  dump("kv", c.layer, kv);
 
   // Compressors (indexer's first, §2.5 order; both run before any scoring or attention).
   if (w.has_indexer) {
@@ -238,6 +243,12 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
     }
   }
 
+  if (dump_enabled()) {
+    dump("table", c.layer, table);
+    Tensor fi = Tensor::empty(idx.shape(), DType::kF32);
+    for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(idx.data<int32_t>()[i]);
+    dump("idx", c.layer, fi);
+  }
   Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, w.attn_sink, 1.0f / std::sqrt(static_cast<float>(D)),
                                     bf, bf);
   // Slide the window ring forward over this chunk.
@@ -246,7 +257,9 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
 
   // Output: undo the rotation at the query position, grouped wo_a (BF16), then wo_b.
   Tensor o2 = o.view({T, H * D});
+  dump("o", c.layer, o2);
   ops::apply_rope(o2, D, rd, positions.data(), rope, true, bf);
+  dump("o_derot", c.layer, o2);
   const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
   Tensor z = Tensor::empty({T, G * R}, DType::kF32);
   for (int64_t g = 0; g < G; ++g) {
@@ -257,6 +270,7 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
     Tensor zg = linear_bf16(og, wg, c);
     for (int64_t t = 0; t < T; ++t) std::memcpy(z.data<float>() + t * G * R + g * R, zg.data<float>() + t * R, R * sizeof(float));
   }
+  dump("z", c.layer, z);
   return linear_q(z, w.wo_b, c);
 }
 

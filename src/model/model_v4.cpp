@@ -4,12 +4,14 @@
 #include <cstring>
 
 #include "core/debug_dump.h"
+#include "cpu/threads.h"
 #include "deepinfer/error.h"
 #include "model/layers_v4.h"
 
 namespace deepinfer {
 
 std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir) {
+  cpu::configure_threads();
   auto m = std::unique_ptr<ModelV4>(new ModelV4());
   m->cfg_ = load_model_config(dir);
   const ModelConfig& cfg = m->cfg_;
