@@ -60,3 +60,44 @@ def test_hf_fp32(golden, path, make_checkpoint, run_cli, tmp_path):
             got = np.fromfile(trace / f"{kind}.L{layer}.i32", dtype=np.int32).reshape(z[key].shape)
             bad = np.nonzero((got != z[key]).any(-1))[0]
             assert bad.size == 0, f"{key}: {bad.size} positions differ, first at {bad[:5]}"
+
+
+def _log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+# DeepSeek's reference (BF16, QAT on) against our default BF16 path. Elementwise agreement is not
+# a meaningful bar here, and the tolerances below are statistical. Why (measured, see
+# tools/goldens/README.md): the reference is exactly our arithmetic up to FP32 summation order
+# (a CPU run of it with CUDA's one-rounding BF16 rsqrt and (score desc, index asc) top-k ties
+# matches our logits to 1e-7 until the first BF16 rounding flip), but one flipped BF16 rounding
+# feeds an FP8/FP4 fake-quantisation step, a BF16-tied indexer score or a router margin and then
+# spreads: the reference itself, same code and weights, differs between CPU and H200 by mean
+# |dlogit| 0.18, argmax agreement 85%, KL 0.05 on tiny seed 1. Our distances to the H200 goldens
+# (mean KL 0.06-0.11, argmax 77-88%) are of that size; the bounds leave ~2x headroom for that
+# noise while a wrong rounding point, scale or selection rule moves KL to O(1) and argmax to
+# chance (1/vocab).
+REF_KL_MEAN = 0.25
+REF_ARGMAX_MIN = 0.70
+
+
+@pytest.mark.parametrize("golden", REF_FILES, ids=[p.stem for p in REF_FILES])
+def test_reference_bf16_qat(golden, make_checkpoint, run_cli, tmp_path):
+    z = np.load(golden)
+    meta = _meta(z)
+    model = _checkpoint_for(meta, make_checkpoint)
+    prompt, tokens = z["input_ids"].tolist(), z["tokens"].tolist()
+    P = len(prompt)
+    # Teacher-forced: prompt + the reference's greedy tokens in one prefill; rows P-1.. are the steps.
+    ours, trace = _run_logits(run_cli, model, prompt + tokens, tmp_path)
+    for name, ref, got in (("steps", z["logits"], ours[P - 1:P + len(tokens)]), ("prefill", z["prefill_logits"], ours[:P])):
+        kl = (np.exp(_log_softmax(ref)) * (_log_softmax(ref) - _log_softmax(got))).sum(-1)
+        agree = (ref.argmax(-1) == got.argmax(-1)).mean()
+        assert kl.mean() <= REF_KL_MEAN, f"{name}: mean KL {kl.mean():.3g}"
+        assert agree >= REF_ARGMAX_MIN, f"{name}: argmax agreement {agree:.2f}"
+    # Hash-routed layers depend only on the token ids: identical.
+    cfg = json.loads((model / "config.json").read_text())
+    for layer in range(cfg["num_hash_layers"]):
+        got = np.fromfile(trace / f"experts.L{layer}.i32", dtype=np.int32).reshape(-1, cfg["num_experts_per_tok"])[:P]
+        assert (got == z[f"experts_L{layer}"]).all()

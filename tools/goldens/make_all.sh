@@ -83,12 +83,14 @@ for s in 1 2 3; do
     --device "$device" "${decode[@]}" --out "$out/$name.npz"
 done
 
-if wanted ref_tiny_s1; then
-  dir="$(ckpt tiny 1)"; info tiny 1
-  log ref_tiny_s1
-  "$py" tools/goldens/ref_v4.py --ref-dir "$ref_dir" --ckpt "$dir" "${ckpt_info[@]}" --input-ids-seed 1 \
-    --n-prompt 200 --n-steps 64 --all-logits --capture --device "$device" --out "$out/ref_tiny_s1.npz"
-fi
+for s in 1 2 3; do
+  name="ref_tiny_s$s"
+  wanted "$name" || continue
+  dir="$(ckpt tiny "$s")"; info tiny "$s"
+  log "$name"
+  "$py" tools/goldens/ref_v4.py --ref-dir "$ref_dir" --ckpt "$dir" "${ckpt_info[@]}" --input-ids-seed "$s" \
+    --n-prompt 200 --n-steps 64 --all-logits --capture --device "$device" --out "$out/$name.npz"
+done
 
 if wanted hf_small_s1; then
   dir="$(ckpt small 1 dense)"; info small 1 dense
