@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--preset", default="small")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--decode", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--bin", default=str(ROOT / "build" / "src" / "deepinfer"))
     args = ap.parse_args()
@@ -70,23 +70,25 @@ def main():
     ids = np.random.default_rng(0).integers(3, cfg["vocab_size"], args.prompt).tolist()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     rows = []
-    for dtype in ["bfloat16", "float32"]:
+    for dtype, invariant in [("bfloat16", "1"), ("float32", "1"), ("bfloat16", "0")]:
+        env["DEEPINFER_BATCH_INVARIANT"] = invariant
         r = subprocess.run([args.bin, "generate", "--model", str(model), "--prompt-ids", ",".join(map(str, ids)),
                             "--max-tokens", str(args.decode + 1), "--ignore-eos", "--dtype", dtype],
                            capture_output=True, text=True, env=env, check=True)
         m = re.search(r"prefill (\d+) tokens in ([\d.]+) s .*decode (\d+) tokens in ([\d.]+) s", r.stderr)
         pre_tps = int(m.group(1)) / float(m.group(2))
         dec_tps = int(m.group(3)) / float(m.group(4))
-        rows.append((dtype, pre_tps, dec_tps))
+        rows.append((dtype + ("" if invariant == "1" else " BI=0"), pre_tps, dec_tps))
     bw = memory_bandwidth_gbs()
     active, total = active_weight_bytes(model)
     print(f"model {model.name}: {total / 1e6:.1f} MB of weights, {active / 1e6:.1f} MB read per decode token; "
           f"{args.threads} threads; prompt {args.prompt}, decode {args.decode}")
     print(f"anchor: host memory bandwidth (numpy copy, same run) = {bw:.2f} GB/s")
-    print(f"{'activations':<12} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode GB/s':>12} {'vs anchor':>10}")
+    print("BI=0: DEEPINFER_BATCH_INVARIANT=0 (prefill GEMMs through OpenBLAS sgemm; not batch-invariant)")
+    print(f"{'activations':<16} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode GB/s':>12} {'vs anchor':>10}")
     for dtype, p, d in rows:
         gbs = d * active / 1e9
-        print(f"{dtype:<12} {p:>14.1f} {d:>13.2f} {gbs:>12.2f} {gbs / bw:>10.3f}")
+        print(f"{dtype:<16} {p:>14.1f} {d:>13.2f} {gbs:>12.2f} {gbs / bw:>10.3f}")
 
 
 if __name__ == "__main__":

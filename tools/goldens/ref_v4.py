@@ -154,6 +154,19 @@ def disable_fake_quant(ref) -> None:
     ref.act_quant, ref.fp4_act_quant = act_quant_noop, fp4_act_quant_noop
 
 
+def emulate_cuda_semantics() -> None:
+    """Pins two behaviours the reference leaves to torch: BF16 rsqrt computed in FP32 and rounded
+    once (CUDA; torch's CPU kernel gives e.g. rsqrt(4.3125) = 0.48046875, CUDA 0.482421875) and
+    deterministic top-k ties (score desc, index asc; torch.topk's order is implementation-defined)."""
+    rsqrt = torch.rsqrt
+    torch.rsqrt = lambda x: rsqrt(x.float()).to(x.dtype)
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):
+        v, i = torch.sort(self, dim=dim, descending=largest, stable=True)
+        return v.narrow(dim, 0, k), i.narrow(dim, 0, k)
+    torch.Tensor.topk = topk
+
+
 class RefCapture:
     """Hooks on the reference Gate (weights, indices) and Indexer (topk_idxs with offset)."""
 
@@ -194,6 +207,10 @@ def main(argv=None):
                     help="diagnostic only (not for goldens): make the reference's in-place fake "
                          "quantisation calls (window/compressed KV act_quant, indexer "
                          "fp4_act_quant) no-ops, as docs §2.14 'Preparing the reference' describes")
+    ap.add_argument("--emulate-cuda", action="store_true",
+                    help="diagnostic for CPU runs: BF16 rsqrt rounded once from FP32 (as CUDA does; torch's CPU "
+                         "kernel rounds differently) and top-k ties broken by (score desc, index asc); with it a "
+                         "CPU run matches deepinfer's BF16 path until the first FP32-summation-order flip")
     ap.add_argument("--ckpt-info", action="append", default=[], metavar="KEY=VALUE",
                     help="provenance recorded in meta.checkpoint (e.g. preset=tiny seed=1)")
     ap.add_argument("--threads", type=int, default=None)
@@ -218,6 +235,8 @@ def main(argv=None):
         margs, arg_values, unknown_cfg = build_args(ref, flat, max_seq_len)
         if args.no_fake_quant:
             disable_fake_quant(ref)
+        if args.emulate_cuda:
+            emulate_cuda_semantics()
 
         torch.set_default_dtype(torch.bfloat16)
         if dev.type == "cuda":
