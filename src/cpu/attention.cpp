@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "ops/ops.h"
+#include "cpu/cpu_ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::cpu {
 
 static constexpr int64_t kTile = 64;
 
@@ -79,4 +79,4 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
   return out;
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::cpu

@@ -3,9 +3,9 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "ops/ops.h"
+#include "cpu/cpu_ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::cpu {
 
 namespace {
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -129,4 +129,4 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
   return hc_collapse(stream, pre, round);
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::cpu

@@ -50,9 +50,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "ops/ops.h"
+#include "cpu/cpu_ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::cpu {
 
 namespace {
 
@@ -688,4 +688,4 @@ Tensor linear(const Tensor& x, const QWeight& qw, const LinearOpts& opts) {
   return y;
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::cpu

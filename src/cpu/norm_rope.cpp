@@ -3,9 +3,9 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "ops/ops.h"
+#include "cpu/cpu_ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::cpu {
 
 namespace {
 float weight_at(const Tensor& w, int64_t i) {
@@ -141,4 +141,4 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
   }
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::cpu

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "ops/ops.h"
+#include "cpu/cpu_ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::cpu {
 
 namespace {
 
@@ -317,4 +317,4 @@ void round_bf16(Tensor& x, bool enable) {
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::cpu

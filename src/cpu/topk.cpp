@@ -4,9 +4,9 @@
 #include <numeric>
 #include <vector>
 
-#include "ops/ops.h"
+#include "cpu/cpu_ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::cpu {
 
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) {
   std::vector<int32_t> cand;
@@ -20,4 +20,4 @@ int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) {
   return m;
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::cpu

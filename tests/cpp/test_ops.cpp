@@ -164,3 +164,17 @@ TEST(Ops, HcMixesSinkhornIsDoublyStochastic) {
       }
     }
 }
+
+// The op layer dispatches on the device: a CUDA tensor reaching an op without a CUDA kernel is a
+// clear error naming the op (the fake device pointer is never dereferenced).
+TEST(Ops, DispatchRejectsDevicesWithoutKernel) {
+  float dummy[4];
+  Tensor x = Tensor::borrow(dummy, {1, 4}, DType::kF32, nullptr, Device::kCUDA);
+  try {
+    ops::hadamard(x, 4, false);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ops::hadamard"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ops::linear(x, ops::QWeight{}, {}), Error);
+}

@@ -1,0 +1,36 @@
+// CPU kernels of the op layer: the same functions and contracts as src/ops/ops.h, for CPU tensors.
+// Model code never calls these directly; ops:: dispatches here on Device::kCPU.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace deepinfer::cpu {
+
+using ops::HcMix;
+using ops::LinearOpts;
+using ops::QWeight;
+using ops::RopeFreqs;
+
+Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
+Tensor dequantize(const QWeight& w);
+void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block);
+void fake_quant_fp4(Tensor& x, int64_t block);
+void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block);
+void round_bf16(Tensor& x, bool enable = true);
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round);
+void hadamard(Tensor& x, int64_t n, bool round);
+RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t original_seq_len, double beta_fast,
+                     double beta_slow);
+void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
+                bool inverse, bool round);
+HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
+               int64_t sinkhorn_iters, float hc_eps, float norm_eps);
+Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round);
+Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round);
+Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, float hc_eps,
+               float norm_eps, bool round);
+Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                        bool bf16_probs, bool round);
+int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
+
+}  // namespace deepinfer::cpu

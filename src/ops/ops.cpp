@@ -1,0 +1,112 @@
+// The op layer's dispatch: each op runs the kernel of the device its tensors live on. A CUDA tensor
+// reaching an op that has no CUDA kernel yet is an error that names the op, never a silent copy.
+#include "ops/ops.h"
+
+#include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
+#if DEEPINFER_HAS_CUDA
+#include "cuda/quant.cuh"
+#include "cuda/rms_norm.cuh"
+#endif
+
+namespace deepinfer::ops {
+
+namespace {
+[[noreturn]] void no_kernel(const char* op, const Tensor& t) {
+  fail("ops::{}: no {} kernel for {} (this op runs on the CPU only so far)", op, device_name(t.device()),
+       t.describe());
+}
+bool on_cuda(const Tensor& t) { return t.defined() && t.device() == Device::kCUDA; }
+}  // namespace
+
+Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
+  if (on_cuda(x)) no_kernel("linear", x);
+  return cpu::linear(x, w, opts);
+}
+
+Tensor dequantize(const QWeight& w) {
+  if (on_cuda(w.w)) no_kernel("dequantize", w.w);
+  return cpu::dequantize(w);
+}
+
+void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::fake_quant_fp8(x, col_begin, col_end, block);
+#endif
+  if (on_cuda(x)) no_kernel("fake_quant_fp8", x);
+  cpu::fake_quant_fp8(x, col_begin, col_end, block);
+}
+
+void fake_quant_fp4(Tensor& x, int64_t block) {
+  if (on_cuda(x)) no_kernel("fake_quant_fp4", x);
+  cpu::fake_quant_fp4(x, block);
+}
+
+void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block) {
+  if (on_cuda(x)) no_kernel("fake_quant_fp4_e4m3_scale", x);
+  cpu::fake_quant_fp4_e4m3_scale(x, block);
+}
+
+void round_bf16(Tensor& x, bool enable) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::round_bf16(x, enable);
+#endif
+  if (on_cuda(x)) no_kernel("round_bf16", x);
+  cpu::round_bf16(x, enable);
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::rms_norm(x, w, eps, round);
+#endif
+  if (on_cuda(x)) no_kernel("rms_norm", x);
+  return cpu::rms_norm(x, w, eps, round);
+}
+
+void hadamard(Tensor& x, int64_t n, bool round) {
+  if (on_cuda(x)) no_kernel("hadamard", x);
+  cpu::hadamard(x, n, round);
+}
+
+RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t original_seq_len, double beta_fast,
+                     double beta_slow) {
+  return cpu::rope_freqs(rope_dim, base, factor, original_seq_len, beta_fast, beta_slow);  // a host-side table
+}
+
+void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
+                bool inverse, bool round) {
+  if (on_cuda(x)) no_kernel("apply_rope", x);
+  cpu::apply_rope(x, head_width, rope_dim, positions, f, inverse, round);
+}
+
+HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
+               int64_t sinkhorn_iters, float hc_eps, float norm_eps) {
+  if (on_cuda(stream)) no_kernel("hc_mixes", stream);
+  return cpu::hc_mixes(stream, fn, scale, base, hc, sinkhorn_iters, hc_eps, norm_eps);
+}
+
+Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
+  if (on_cuda(stream)) no_kernel("hc_collapse", stream);
+  return cpu::hc_collapse(stream, pre, round);
+}
+
+Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round) {
+  if (on_cuda(stream)) no_kernel("hc_expand", stream);
+  return cpu::hc_expand(y, stream, post, comb, round);
+}
+
+Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, float hc_eps,
+               float norm_eps, bool round) {
+  if (on_cuda(stream)) no_kernel("hc_head", stream);
+  return cpu::hc_head(stream, fn, scale, base, hc_eps, norm_eps, round);
+}
+
+Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                        bool bf16_probs, bool round) {
+  if (on_cuda(q)) no_kernel("sparse_attention", q);
+  return cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
+}
+
+int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) { return cpu::topk(scores, n, k, out); }
+
+}  // namespace deepinfer::ops
