@@ -51,6 +51,8 @@ def test_hf_fp32(golden, path, make_checkpoint, run_cli, tmp_path):
     extra = ["--dtype", "float32", "--no-simulate-qat"] + (["--decode"] if path == "decode" else [])
     ours, trace = _run_logits(run_cli, model, ids, tmp_path, *extra)
     ref = z["logits"]
+    if "logits_rows" in z.files:  # large vocab: the golden keeps a subset of positions
+        ours = ours[z["logits_rows"]]
     rel = np.abs(ours - ref).max() / np.abs(ref).max()
     assert rel <= 1e-4, f"max|d|/max|logit| = {rel:.3g}"
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
@@ -91,7 +93,10 @@ def test_reference_bf16_qat(golden, make_checkpoint, run_cli, tmp_path):
     P = len(prompt)
     # Teacher-forced: prompt + the reference's greedy tokens in one prefill; rows P-1.. are the steps.
     ours, trace = _run_logits(run_cli, model, prompt + tokens, tmp_path)
-    for name, ref, got in (("steps", z["logits"], ours[P - 1:P + len(tokens)]), ("prefill", z["prefill_logits"], ours[:P])):
+    pairs = [("steps", z["logits"], ours[P - 1:P + len(tokens)])]
+    if "prefill_logits" in z.files:
+        pairs.append(("prefill", z["prefill_logits"], ours[:P]))
+    for name, ref, got in pairs:
         kl = (np.exp(_log_softmax(ref)) * (_log_softmax(ref) - _log_softmax(got))).sum(-1)
         agree = (ref.argmax(-1) == got.argmax(-1)).mean()
         assert kl.mean() <= REF_KL_MEAN, f"{name}: mean KL {kl.mean():.3g}"
