@@ -97,10 +97,13 @@ void bind_parsers(py::module_& m) {
   py::class_<PyReasoning>(m, "ReasoningParser",
                           "Separates <think>…</think> reasoning from content, streamed. "
                           "starts_in_reasoning=True in thinking mode (the prompt ends with <think>).")
-      .def(py::init([](bool starts_in_reasoning) { return new PyReasoning{ReasoningParser(starts_in_reasoning), {}, {}}; }),
+      .def(py::init([](bool starts_in_reasoning) {
+             return new PyReasoning{ReasoningParser(starts_in_reasoning), {}, {}};
+           }),
            py::arg("starts_in_reasoning") = true)
-      .def("feed", [](PyReasoning& s, const py::object& chunk) { return s.wrap(s.p.feed(chunk_bytes(chunk)), false); },
-           "feed(chunk: str | bytes) -> {'reasoning': str, 'content': str}")
+      .def(
+          "feed", [](PyReasoning& s, const py::object& chunk) { return s.wrap(s.p.feed(chunk_bytes(chunk)), false); },
+          "feed(chunk: str | bytes) -> {'reasoning': str, 'content': str}")
       .def("finish", [](PyReasoning& s) { return s.wrap(s.p.finish(), true); })
       .def_property_readonly("in_reasoning", [](const PyReasoning& s) { return s.p.in_reasoning(); });
 
@@ -111,8 +114,10 @@ void bind_parsers(py::module_& m) {
              return new PyTools{ToolCallParser(family_from(family), id_gen_from(gen)), {}};
            }),
            py::arg("family") = "v4", py::arg("id_generator") = py::none())
-      .def("feed", [](PyTools& s, const py::object& chunk) { return s.wrap(s.p.feed(chunk_bytes(chunk)), false); },
-           "feed(chunk: str | bytes) -> {'content': str, 'tool_calls': [ {index, id, type, function: {name, arguments}} ]}")
+      .def(
+          "feed", [](PyTools& s, const py::object& chunk) { return s.wrap(s.p.feed(chunk_bytes(chunk)), false); },
+          "feed(chunk: str | bytes) -> {'content': str, 'tool_calls': [ {index, id, type, function: {name, arguments}} "
+          "]}")
       .def("finish", [](PyTools& s) { return s.wrap(s.p.finish(), true); })
       .def_property_readonly("num_tool_calls", [](const PyTools& s) { return s.p.num_tool_calls(); });
 
@@ -122,8 +127,9 @@ void bind_parsers(py::module_& m) {
              return new PyChat{ChatOutputParser(family_from(family), thinking, id_gen_from(gen)), {}, {}};
            }),
            py::arg("family") = "v4", py::arg("thinking") = true, py::arg("id_generator") = py::none())
-      .def("feed", [](PyChat& s, const py::object& chunk) { return s.wrap(s.p.feed(chunk_bytes(chunk)), false); },
-           "feed(chunk: str | bytes) -> {'reasoning': str, 'content': str, 'tool_calls': [...]}")
+      .def(
+          "feed", [](PyChat& s, const py::object& chunk) { return s.wrap(s.p.feed(chunk_bytes(chunk)), false); },
+          "feed(chunk: str | bytes) -> {'reasoning': str, 'content': str, 'tool_calls': [...]}")
       .def("finish", [](PyChat& s) { return s.wrap(s.p.finish(), true); })
       .def_property_readonly("num_tool_calls", [](const PyChat& s) { return s.p.num_tool_calls(); });
 }

@@ -11,7 +11,7 @@ std::vector<std::string> block_openers(Family family) {
 }  // namespace
 
 ChatOutputParser::ChatOutputParser(Family family, bool thinking, ToolCallParser::IdGenerator id_gen)
-    : reasoning_(thinking, block_openers(family)), tools_(family, std::move(id_gen)) {}
+    : reasoning_(thinking, block_openers(family)), tools_(family, std::move(id_gen), {std::string(kThinkEnd)}) {}
 
 ChatOutputParser::Deltas ChatOutputParser::feed(std::string_view chunk) {
   auto r = reasoning_.feed(chunk);

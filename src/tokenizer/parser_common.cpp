@@ -1,8 +1,9 @@
 // Shared pieces of the output parsers: marker scanning, DSML dialects, JSON quoting, UTF-8 carry.
+#include "tokenizer/parser_common.h"
+
 #include <array>
 #include <cstdio>
 
-#include "tokenizer/parser_common.h"
 #include "tokenizer/parsers.h"
 
 namespace deepinfer::parsers {
@@ -86,13 +87,27 @@ std::string json_quote(std::string_view s) {
       continue;
     }
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char tmp[8];

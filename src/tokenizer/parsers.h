@@ -15,7 +15,7 @@
 // Tool-call arguments are always valid UTF-8 JSON (invalid bytes become U+FFFD).
 //
 // Decisions on cases the reference decoders (encoding_dsv4.py / V4.1 encoding.py) reject with an
-// exception are documented in docs/design.md-style comments next to each parser below.
+// exception are documented next to each parser below.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +31,12 @@ enum class Family { kV4, kV41 };
 // Marker spellings (fullwidth bars U+FF5C, as in the tokenizer's special tokens).
 inline constexpr std::string_view kThinkStart = "<think>";
 inline constexpr std::string_view kThinkEnd = "</think>";
-inline constexpr std::string_view kEos = "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
-inline constexpr std::string_view kDsml = "\xEF\xBD\x9C" "DSML\xEF\xBD\x9C";  // "｜DSML｜"
+inline constexpr std::string_view kEos =
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+inline constexpr std::string_view kDsml =
+    "\xEF\xBD\x9C"
+    "DSML\xEF\xBD\x9C";  // "｜DSML｜"
 
 // Tag names of one DSML dialect: V4 `tool_calls`/`invoke`/`parameter`, V4.1 ` calls`/` invoke`/` parameter`.
 struct DsmlDialect {
@@ -58,7 +62,8 @@ struct DsmlDialect {
 //  * In reasoning, an "implicit end" marker (ChatOutputParser passes the DSML block opening) also
 //    ends reasoning, but the marker itself and what follows go to content: a model that opens a
 //    tool-call block without closing its thinking still gets its tool calls parsed.
-//  * In content, a stray "</think>" is dropped (as deepseek-recipe does); "<think>" stays content.
+//  * In content, everything is passed on verbatim (a stray "</think>" included: ChatOutputParser
+//    drops it outside tool-call blocks, where it cannot be part of an argument value).
 //  * "<｜end▁of▁sentence｜>" (if the caller decodes it) ends the output: it and everything after it
 //    are dropped.
 //  * finish(): held-back bytes (a possible partial marker) are flushed to the current stream. A
@@ -83,8 +88,8 @@ class ReasoningParser {
   void process(Deltas& out, bool at_end);
 
   bool in_reasoning_;
-  bool at_start_ = true;   // no output byte decided yet
-  bool stopped_ = false;   // EOS seen
+  bool at_start_ = true;  // no output byte decided yet
+  bool stopped_ = false;  // EOS seen
   bool finished_ = false;
   std::vector<std::string> implicit_end_;
   std::string buf_;
@@ -93,12 +98,13 @@ class ReasoningParser {
 // ---------------------------------------------------------------------------------------------
 // ToolCallParser
 //
-// Grammar accepted (D = "｜DSML｜"; V4 names shown, V4.1 adds a leading space to each tag name):
+// Grammar accepted (D = "｜DSML｜"; V4 names shown; V4.1 spells them " calls", " invoke", " parameter"):
 //   block  := ["\n\n"] "<D tool_calls>" ws (invoke ws)* "</D tool_calls>"
 //   invoke := "<D invoke" ws 'name="' NAME '"' ws ">" ws (param ws)* "</D invoke>"
 //   param  := "<D parameter" ws 'name="' KEY '"' ws 'string="' ("true"|"false) '"' ws ">" VALUE "</D parameter>"
 // ws is any run of ASCII whitespace (the templates write exactly "\n"); VALUE is raw text up to the
-// first "</D parameter>". The "\n\n" the template puts before the block is not content.
+// first "</D parameter>". The "\n\n" the template puts before the block is not content. NAME must be
+// non-empty; NAME and KEY end at the first '"'. The family picks one dialect; the other one is content.
 //
 // Arguments: '{"k": v, ...}' in parameter order, spelled like the reference (json.dumps,
 // ensure_ascii=False, ", " and ": " separators). string="true" values become JSON strings;
@@ -129,7 +135,8 @@ class ToolCallParser {
   };
 
   // Default ids are "call_<index>"; a server should pass a generator of unique ids.
-  explicit ToolCallParser(Family family, IdGenerator id_gen = {});
+  // `drop_in_content`: markers deleted from content outside blocks (ChatOutputParser: "</think>").
+  explicit ToolCallParser(Family family, IdGenerator id_gen = {}, std::vector<std::string> drop_in_content = {});
 
   Deltas feed(std::string_view chunk);
   Deltas finish();
@@ -145,12 +152,13 @@ class ToolCallParser {
 
   DsmlDialect d_;
   IdGenerator id_gen_;
+  std::vector<std::string> drop_;
   State state_ = State::kContent;
   std::string buf_;
-  std::size_t pos_ = 0;           // parse position in buf_
-  std::size_t search_from_ = 0;   // resume point for the value terminator search
-  std::string raw_;               // raw text of the current block since its last committed invoke
-  std::string name_;              // current invoke
+  std::size_t pos_ = 0;          // parse position in buf_
+  std::size_t search_from_ = 0;  // resume point for the value terminator search
+  std::string raw_;              // raw text of the current block since its last committed invoke
+  std::string name_;             // current invoke
   std::vector<std::pair<std::string, std::string>> args_;  // key → JSON value text
   std::string key_;
   bool key_is_string_ = true;
@@ -160,6 +168,7 @@ class ToolCallParser {
 // ---------------------------------------------------------------------------------------------
 // ChatOutputParser: ReasoningParser → ToolCallParser on the content stream.
 // Tool-call blocks are only parsed in content (a block opened inside reasoning ends the reasoning).
+// A stray "</think>" in content outside tool-call blocks is dropped (as deepseek-recipe does).
 // ---------------------------------------------------------------------------------------------
 class ChatOutputParser {
  public:

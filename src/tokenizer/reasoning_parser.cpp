@@ -65,9 +65,14 @@ void ReasoningParser::process(Deltas& out, bool at_end) {
       buf_.clear();
       return;
     }
-    if (r.marker == 1) {  // "</think>": ends reasoning, or a stray one in content (dropped)
-      buf_.erase(0, r.pos + kThinkEnd.size());
-      in_reasoning_ = false;
+    if (r.marker == 1) {
+      if (in_reasoning_) {  // "</think>" ends reasoning
+        buf_.erase(0, r.pos + kThinkEnd.size());
+        in_reasoning_ = false;
+      } else {  // a stray "</think>" in content stays content
+        out.content.append(kThinkEnd);
+        buf_.erase(0, r.pos + kThinkEnd.size());
+      }
       continue;
     }
     buf_.erase(0, r.pos);  // implicit end: the marker itself stays for the content stream

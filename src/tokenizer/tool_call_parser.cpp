@@ -40,8 +40,8 @@ bool at_end_after_ws(std::string_view s, std::size_t i) {
 
 }  // namespace
 
-ToolCallParser::ToolCallParser(Family family, IdGenerator id_gen)
-    : d_(DsmlDialect::for_family(family)), id_gen_(std::move(id_gen)) {}
+ToolCallParser::ToolCallParser(Family family, IdGenerator id_gen, std::vector<std::string> drop_in_content)
+    : d_(DsmlDialect::for_family(family)), id_gen_(std::move(id_gen)), drop_(std::move(drop_in_content)) {}
 
 ToolCallParser::Deltas ToolCallParser::feed(std::string_view chunk) {
   Deltas out;
@@ -91,11 +91,17 @@ void ToolCallParser::process(Deltas& out, bool at_end) {
     bool wait = false;
     switch (state_) {
       case State::kContent: {
-        auto r = detail::scan_markers(buf_, pos_, {lead_block, d_.block_open}, at_end);
+        std::vector<std::string_view> markers{lead_block, d_.block_open};
+        for (const auto& m : drop_) markers.emplace_back(m);
+        auto r = detail::scan_markers(buf_, pos_, markers, at_end);
         out.content.append(buf_, pos_, r.pos - pos_);
         pos_ = r.pos;
         if (r.kind != ScanKind::kMatch) {
           wait = true;
+          break;
+        }
+        if (r.marker >= 2) {  // a marker dropped from content
+          pos_ += markers[r.marker].size();
           break;
         }
         raw_.clear();
@@ -176,8 +182,8 @@ void ToolCallParser::process(Deltas& out, bool at_end) {
           ok = parse_attr(h, i, "name", name_) && !name_.empty() && at_end_after_ws(h, i);
         } else {
           std::string flag;
-          ok = parse_attr(h, i, "name", key_) && parse_attr(h, i, "string", flag) && (flag == "true" || flag == "false") &&
-               at_end_after_ws(h, i);
+          ok = parse_attr(h, i, "name", key_) && parse_attr(h, i, "string", flag) &&
+               (flag == "true" || flag == "false") && at_end_after_ws(h, i);
           key_is_string_ = flag == "true";
         }
         if (!ok) {
