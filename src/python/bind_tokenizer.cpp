@@ -1,8 +1,7 @@
 // Python bindings for the tokenizer: deepinfer.Tokenizer and deepinfer.IncrementalDetokenizer.
+#include <deepinfer/error.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <deepinfer/error.h>
 
 #include "tokenizer/tokenizer.h"
 
@@ -38,8 +37,8 @@ void bind_tokenizer(py::module_& m) {
       .def_static("from_file", &Tokenizer::from_file, py::arg("path"), "Load a tokenizer.json file.")
       .def_static("from_pretrained", &Tokenizer::from_pretrained, py::arg("dir"),
                   "Load dir/tokenizer.json and dir/tokenizer_config.json (bos/eos, add_bos_token).")
-      .def_static("from_json_string", [](const std::string& s) { return Tokenizer::from_json_string(s); },
-                  py::arg("json"))
+      .def_static(
+          "from_json_string", [](const std::string& s) { return Tokenizer::from_json_string(s); }, py::arg("json"))
       .def(
           "encode",
           [](const Tokenizer& t, py::str text, bool add_special) {
@@ -67,8 +66,8 @@ void bind_tokenizer(py::module_& m) {
       .def("decode", &Tokenizer::decode, py::arg("ids"), py::arg("skip_special_tokens") = false)
       .def("token_to_id", &Tokenizer::token_to_id, py::arg("token"))
       .def("id_to_token", &Tokenizer::id_to_token, py::arg("id"))
-      .def("token_bytes", [](const Tokenizer& t, int32_t id) { return py::bytes(t.token_bytes(id)); },
-           py::arg("id"))
+      .def(
+          "token_bytes", [](const Tokenizer& t, int32_t id) { return py::bytes(t.token_bytes(id)); }, py::arg("id"))
       .def("is_special", &Tokenizer::is_special, py::arg("id"))
       .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
       .def_property_readonly("bos_id", &Tokenizer::bos_id)
@@ -80,13 +79,14 @@ void bind_tokenizer(py::module_& m) {
       .def(py::init<const Tokenizer&, bool>(), py::arg("tokenizer"), py::arg("skip_special_tokens") = false,
            py::keep_alive<1, 2>())
       .def("push", &IncrementalDetokenizer::push, py::arg("id"), "Newly completed text for one more id.")
-      .def("push_many",
-           [](IncrementalDetokenizer& d, const std::vector<int32_t>& ids) {
-             std::string out;
-             for (int32_t id : ids) out += d.push(id);
-             return out;
-           },
-           py::arg("ids"))
+      .def(
+          "push_many",
+          [](IncrementalDetokenizer& d, const std::vector<int32_t>& ids) {
+            std::string out;
+            for (int32_t id : ids) out += d.push(id);
+            return out;
+          },
+          py::arg("ids"))
       .def("flush", &IncrementalDetokenizer::flush, "The remaining text (an incomplete tail becomes U+FFFD).")
       .def_property_readonly("pending_bytes", &IncrementalDetokenizer::pending_bytes);
 }

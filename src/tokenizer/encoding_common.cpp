@@ -13,15 +13,23 @@ namespace {
 
 const char* type_name(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return "NoneType";
-    case Json::value_t::boolean: return "bool";
+    case Json::value_t::null:
+      return "NoneType";
+    case Json::value_t::boolean:
+      return "bool";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "int";
-    case Json::value_t::number_float: return "float";
-    case Json::value_t::string: return "str";
-    case Json::value_t::array: return "list";
-    case Json::value_t::object: return "dict";
-    default: return "value";
+    case Json::value_t::number_unsigned:
+      return "int";
+    case Json::value_t::number_float:
+      return "float";
+    case Json::value_t::string:
+      return "str";
+    case Json::value_t::array:
+      return "list";
+    case Json::value_t::object:
+      return "dict";
+    default:
+      return "value";
   }
 }
 
@@ -43,15 +51,15 @@ uint32_t next_cp(std::string_view s, size_t& i) {
 // Zp and Zs other than space are not printable; unassigned code points are not covered).
 bool py_printable(uint32_t cp) {
   if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD) return false;
-  if ((cp >= 0x600 && cp <= 0x605) || cp == 0x61C || cp == 0x6DD || cp == 0x70F || cp == 0x8E2 ||
-      cp == 0x180E || cp == 0x1680)
+  if ((cp >= 0x600 && cp <= 0x605) || cp == 0x61C || cp == 0x6DD || cp == 0x70F || cp == 0x8E2 || cp == 0x180E ||
+      cp == 0x1680)
     return false;
-  if ((cp >= 0x2000 && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202F) ||
-      (cp >= 0x205F && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x206F) || cp == 0x3000)
+  if ((cp >= 0x2000 && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202F) || (cp >= 0x205F && cp <= 0x2064) ||
+      (cp >= 0x2066 && cp <= 0x206F) || cp == 0x3000)
     return false;
   if ((cp >= 0xD800 && cp <= 0xF8FF) || cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB)) return false;
-  if (cp == 0x110BD || cp == 0x110CD || (cp >= 0x1BCA0 && cp <= 0x1BCA3) ||
-      (cp >= 0x1D173 && cp <= 0x1D17A) || cp == 0xE0001 || (cp >= 0xE0020 && cp <= 0xE007F))
+  if (cp == 0x110BD || cp == 0x110CD || (cp >= 0x1BCA0 && cp <= 0x1BCA3) || (cp >= 0x1D173 && cp <= 0x1D17A) ||
+      cp == 0xE0001 || (cp >= 0xE0020 && cp <= 0xE007F))
     return false;
   if (cp >= 0xF0000) return false;
   return true;
@@ -103,13 +111,27 @@ void dump_string(std::string& out, std::string_view s) {
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u" + hex(c, 4);
@@ -123,18 +145,31 @@ void dump_string(std::string& out, std::string_view s) {
 
 void dump(std::string& out, const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: out += "null"; break;
-    case Json::value_t::boolean: out += v.get<bool>() ? "true" : "false"; break;
-    case Json::value_t::number_integer: out += std::to_string(v.get<int64_t>()); break;
-    case Json::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
+    case Json::value_t::null:
+      out += "null";
+      break;
+    case Json::value_t::boolean:
+      out += v.get<bool>() ? "true" : "false";
+      break;
+    case Json::value_t::number_integer:
+      out += std::to_string(v.get<int64_t>());
+      break;
+    case Json::value_t::number_unsigned:
+      out += std::to_string(v.get<uint64_t>());
+      break;
     case Json::value_t::number_float: {
       double d = v.get<double>();
-      if (std::isnan(d)) out += "NaN";
-      else if (std::isinf(d)) out += d > 0 ? "Infinity" : "-Infinity";
-      else out += py_float_repr(d);
+      if (std::isnan(d))
+        out += "NaN";
+      else if (std::isinf(d))
+        out += d > 0 ? "Infinity" : "-Infinity";
+      else
+        out += py_float_repr(d);
       break;
     }
-    case Json::value_t::string: dump_string(out, v.get_ref<const std::string&>()); break;
+    case Json::value_t::string:
+      dump_string(out, v.get_ref<const std::string&>());
+      break;
     case Json::value_t::array: {
       out += '[';
       bool first = true;
@@ -159,7 +194,8 @@ void dump(std::string& out, const Json& v) {
       out += '}';
       break;
     }
-    default: fail("prompt encoding: cannot serialise a binary JSON value");
+    default:
+      fail("prompt encoding: cannot serialise a binary JSON value");
   }
 }
 
@@ -173,15 +209,23 @@ const Json* get(const Json& obj, std::string_view key) {
 
 bool truthy(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return false;
-    case Json::value_t::boolean: return v.get<bool>();
-    case Json::value_t::number_integer: return v.get<int64_t>() != 0;
-    case Json::value_t::number_unsigned: return v.get<uint64_t>() != 0;
-    case Json::value_t::number_float: return v.get<double>() != 0.0;
-    case Json::value_t::string: return !v.get_ref<const std::string&>().empty();
+    case Json::value_t::null:
+      return false;
+    case Json::value_t::boolean:
+      return v.get<bool>();
+    case Json::value_t::number_integer:
+      return v.get<int64_t>() != 0;
+    case Json::value_t::number_unsigned:
+      return v.get<uint64_t>() != 0;
+    case Json::value_t::number_float:
+      return v.get<double>() != 0.0;
+    case Json::value_t::string:
+      return !v.get_ref<const std::string&>().empty();
     case Json::value_t::array:
-    case Json::value_t::object: return !v.empty();
-    default: return true;
+    case Json::value_t::object:
+      return !v.empty();
+    default:
+      return true;
   }
 }
 bool truthy(const Json* v) { return v != nullptr && truthy(*v); }
@@ -222,12 +266,18 @@ std::string py_float_repr(double d) {
 
 std::string py_repr(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return "None";
-    case Json::value_t::boolean: return v.get<bool>() ? "True" : "False";
-    case Json::value_t::number_integer: return std::to_string(v.get<int64_t>());
-    case Json::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
-    case Json::value_t::number_float: return py_float_repr(v.get<double>());
-    case Json::value_t::string: return py_str_repr(v.get_ref<const std::string&>());
+    case Json::value_t::null:
+      return "None";
+    case Json::value_t::boolean:
+      return v.get<bool>() ? "True" : "False";
+    case Json::value_t::number_integer:
+      return std::to_string(v.get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return std::to_string(v.get<uint64_t>());
+    case Json::value_t::number_float:
+      return py_float_repr(v.get<double>());
+    case Json::value_t::string:
+      return py_str_repr(v.get_ref<const std::string&>());
     case Json::value_t::array: {
       std::string out = "[";
       bool first = true;
@@ -248,7 +298,8 @@ std::string py_repr(const Json& v) {
       }
       return out + "}";
     }
-    default: return "<binary>";
+    default:
+      return "<binary>";
   }
 }
 
@@ -261,9 +312,7 @@ std::string py_str(const Json* v) { return v ? py_str(*v) : std::string("None");
 bool py_equal(const Json& a, const Json& b) {
   auto numeric = [](const Json& x) { return x.is_number() || x.is_boolean(); };
   if (numeric(a) && numeric(b)) {
-    auto as_double = [](const Json& x) {
-      return x.is_boolean() ? (x.get<bool>() ? 1.0 : 0.0) : x.get<double>();
-    };
+    auto as_double = [](const Json& x) { return x.is_boolean() ? (x.get<bool>() ? 1.0 : 0.0) : x.get<double>(); };
     if ((a.is_number_integer() || a.is_boolean()) && (b.is_number_integer() || b.is_boolean())) {
       auto as_int = [](const Json& x) -> long double {
         if (x.is_boolean()) return x.get<bool>() ? 1 : 0;
@@ -292,8 +341,7 @@ bool py_equal(const Json& a, const Json& b) {
   return a == b;
 }
 
-std::string join_strings(const std::vector<const Json*>& parts, std::string_view sep,
-                         std::string_view what) {
+std::string join_strings(const std::vector<const Json*>& parts, std::string_view sep, std::string_view what) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Json* p = parts[i];
@@ -324,9 +372,7 @@ void check_hashable_role(const Json* role) {
 }
 
 namespace {
-bool is_str(const Json* v, std::string_view s) {
-  return v && v->is_string() && v->get_ref<const std::string&>() == s;
-}
+bool is_str(const Json* v, std::string_view s) { return v && v->is_string() && v->get_ref<const std::string&>() == s; }
 void check_hashable(const Json& v, std::string_view what) {
   if (v.is_array() || v.is_object())
     fail("prompt encoding: {} must be a string id, got unhashable {}", what, type_name(v));
@@ -361,10 +407,11 @@ void sort_tool_results_by_call_order(Messages& messages) {
         }
         if (truthy(tc_id)) {
           check_hashable(tc_id, "a tool call id");
-          auto it = std::find_if(order.begin(), order.end(),
-                                 [&](const auto& p) { return py_equal(p.first, tc_id); });
-          if (it != order.end()) it->second = static_cast<long>(idx);
-          else order.emplace_back(tc_id, static_cast<long>(idx));
+          auto it = std::find_if(order.begin(), order.end(), [&](const auto& p) { return py_equal(p.first, tc_id); });
+          if (it != order.end())
+            it->second = static_cast<long>(idx);
+          else
+            order.emplace_back(tc_id, static_cast<long>(idx));
         }
       }
     } else if (is_str(role, "user") && truthy(get(msg, "content_blocks"))) {
@@ -386,13 +433,14 @@ void sort_tool_results_by_call_order(Messages& messages) {
         };
         std::vector<std::pair<long, size_t>> keyed;
         for (size_t i = 0; i < tool_blocks.size(); ++i) keyed.emplace_back(key(tool_blocks[i]), i);
-        std::stable_sort(keyed.begin(), keyed.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
+        std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
         size_t sorted_idx = 0;
         Json new_blocks = Json::array();
         for (const auto& b : blocks) {
-          if (is_str(get(b, "type"), "tool_result")) new_blocks.push_back(tool_blocks[keyed[sorted_idx++].second]);
-          else new_blocks.push_back(b);
+          if (is_str(get(b, "type"), "tool_result"))
+            new_blocks.push_back(tool_blocks[keyed[sorted_idx++].second]);
+          else
+            new_blocks.push_back(b);
         }
         blocks = std::move(new_blocks);
       }
@@ -400,8 +448,7 @@ void sort_tool_results_by_call_order(Messages& messages) {
   }
 }
 
-Messages drop_thinking_messages(const Messages& messages,
-                                const std::function<long(const Messages&)>& last_user_index) {
+Messages drop_thinking_messages(const Messages& messages, const std::function<long(const Messages&)>& last_user_index) {
   long last_user = last_user_index(messages);
   Messages result;
   for (size_t idx = 0; idx < messages.size(); ++idx) {
@@ -409,8 +456,8 @@ Messages drop_thinking_messages(const Messages& messages,
     const Json* role = get(msg, "role");
     check_hashable_role(role);
     bool keep_role = role && role->is_string() &&
-                     (*role == "user" || *role == "system" || *role == "tool" ||
-                      *role == "latest_reminder" || *role == "direct_search_results");
+                     (*role == "user" || *role == "system" || *role == "tool" || *role == "latest_reminder" ||
+                      *role == "direct_search_results");
     if (keep_role || static_cast<long>(idx) >= last_user) {
       result.push_back(msg);
     } else if (is_str(role, "assistant")) {
@@ -437,7 +484,8 @@ std::string render_content_blocks(const Json& blocks) {
       if (content && content->is_array()) {
         std::vector<Json> text_parts;
         for (const auto& b : *content) {
-          if (!b.is_object()) fail("prompt encoding: a tool result content part must be an object, got {}", type_name(b));
+          if (!b.is_object())
+            fail("prompt encoding: a tool result content part must be an object, got {}", type_name(b));
           const Json* bt = get(b, "type");
           if (is_str(bt, "text")) {
             const Json* t = get(b, "text");
@@ -470,7 +518,7 @@ bool append_task_tokens(std::string& prompt, const Json& msg, bool thinking) {
   if (is_none(task)) return false;
   static const std::pair<std::string_view, std::string_view> kTasks[] = {
       {"action", "<｜action｜>"}, {"query", "<｜query｜>"}, {"authority", "<｜authority｜>"},
-      {"domain", "<｜domain｜>"}, {"title", "<｜title｜>"},   {"read_url", "<｜read_url｜>"}};
+      {"domain", "<｜domain｜>"}, {"title", "<｜title｜>"}, {"read_url", "<｜read_url｜>"}};
   std::string_view token;
   if (task->is_string())
     for (const auto& [name, tok] : kTasks)
@@ -504,8 +552,7 @@ std::vector<ToolCall> tool_calls_from_openai_format(const Json& tool_calls) {
   std::vector<ToolCall> out;
   for (const auto& tc : tool_calls) {
     const Json* fn = get(tc, "function");
-    if (!fn || !fn->is_object())
-      fail("prompt encoding: each tool call needs a \"function\" object (OpenAI format)");
+    if (!fn || !fn->is_object()) fail("prompt encoding: each tool call needs a \"function\" object (OpenAI format)");
     const Json* name = get(*fn, "name");
     const Json* args = get(*fn, "arguments");
     if (!name) fail("prompt encoding: a tool call's function has no \"name\"");
@@ -520,8 +567,7 @@ std::string render_response_format(const Json& response_format) {
          python_json_dumps(response_format);
 }
 
-std::string format_template(std::string_view tmpl,
-                            const std::vector<std::pair<std::string_view, std::string>>& subs) {
+std::string format_template(std::string_view tmpl, const std::vector<std::pair<std::string_view, std::string>>& subs) {
   std::string out;
   size_t i = 0;
   while (i < tmpl.size()) {
@@ -569,8 +615,7 @@ std::string python_json_dumps(const nlohmann::ordered_json& value) {
 }
 
 std::string encode_messages(const nlohmann::ordered_json& messages, const EncodeOptions& opts) {
-  return opts.family == EncodingFamily::kV4 ? encode_messages_v4(messages, opts)
-                                            : encode_messages_v41(messages, opts);
+  return opts.family == EncodingFamily::kV4 ? encode_messages_v4(messages, opts) : encode_messages_v41(messages, opts);
 }
 
 std::string encode_messages(const nlohmann::json& messages, const EncodeOptions& opts) {

@@ -2,9 +2,8 @@
 // (truthiness, str(), repr(), json.dumps) and the preprocessing steps both references share.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,8 +42,7 @@ std::string py_float_repr(double d);
 bool py_equal(const Json& a, const Json& b);
 
 // "\n\n".join(parts): every part must be a string (else Python raises TypeError).
-std::string join_strings(const std::vector<const Json*>& parts, std::string_view sep,
-                         std::string_view what);
+std::string join_strings(const std::vector<const Json*>& parts, std::string_view sep, std::string_view what);
 
 // Checks that `messages` is a list of objects (the reference calls msg.get on each).
 Messages to_message_list(const Json& messages, std::string_view what);
@@ -56,8 +54,7 @@ void check_hashable_role(const Json* role);
 void sort_tool_results_by_call_order(Messages& messages);
 
 // _drop_thinking_messages with the family's last-user rule.
-Messages drop_thinking_messages(const Messages& messages,
-                                const std::function<long(const Messages&)>& last_user_index);
+Messages drop_thinking_messages(const Messages& messages, const std::function<long(const Messages&)>& last_user_index);
 
 // Renders a merged user message's content_blocks (tool results and text), joined by "\n\n".
 std::string render_content_blocks(const Json& blocks);
@@ -77,8 +74,7 @@ std::vector<ToolCall> tool_calls_from_openai_format(const Json& tool_calls);
 std::string render_response_format(const Json& response_format);
 
 // Python str.replace-free template substitution helper: replaces each "{name}" in `tmpl`.
-std::string format_template(std::string_view tmpl,
-                            const std::vector<std::pair<std::string_view, std::string>>& subs);
+std::string format_template(std::string_view tmpl, const std::vector<std::pair<std::string_view, std::string>>& subs);
 
 // Applies EncodeOptions::tools / response_format to messages[0] as the reference's load_cases.
 Json apply_message_options(const Json& messages, const EncodeOptions& opts);

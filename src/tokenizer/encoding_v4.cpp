@@ -83,9 +83,8 @@ std::string encode_arguments_to_dsml(const enc::ToolCall& tc) {
   for (const auto& [k, v] : arguments.items()) {
     if (!first) out += "\n";
     first = false;
-    out += "<｜DSML｜parameter name=\"" + k + "\" string=\"" + (v.is_string() ? "true" : "false") +
-           "\">" + (v.is_string() ? v.get<std::string>() : python_json_dumps(v)) +
-           "</｜DSML｜parameter>";
+    out += "<｜DSML｜parameter name=\"" + k + "\" string=\"" + (v.is_string() ? "true" : "false") + "\">" +
+           (v.is_string() ? v.get<std::string>() : python_json_dumps(v)) + "</｜DSML｜parameter>";
   }
   return out;
 }
@@ -176,9 +175,12 @@ std::string render_message(size_t index, const Messages& messages, bool thinking
   if (enc::append_task_tokens(prompt, msg, thinking)) return prompt;
   if (role_is(msg, "user") || role_is(msg, "developer")) {
     prompt += enc::kAssistant;
-    if (!drop_thinking && thinking) prompt += enc::kThinkStart;
-    else if (drop_thinking && thinking && static_cast<long>(index) >= last_user_idx) prompt += enc::kThinkStart;
-    else prompt += enc::kThinkEnd;
+    if (!drop_thinking && thinking)
+      prompt += enc::kThinkStart;
+    else if (drop_thinking && thinking && static_cast<long>(index) >= last_user_idx)
+      prompt += enc::kThinkStart;
+    else
+      prompt += enc::kThinkEnd;
   }
   return prompt;
 }
@@ -189,9 +191,8 @@ Messages merge_tool_messages(const Messages& messages) {
     const Json* content = get(msg, "content");
     if (role_is(msg, "tool")) {
       const Json* id = get(msg, "tool_call_id");
-      Json block = {{"type", "tool_result"},
-                    {"tool_use_id", id ? *id : Json("")},
-                    {"content", content ? *content : Json("")}};
+      Json block = {
+          {"type", "tool_result"}, {"tool_use_id", id ? *id : Json("")}, {"content", content ? *content : Json("")}};
       if (!merged.empty() && role_is(merged.back(), "user") && merged.back().contains("content_blocks")) {
         merged.back()["content_blocks"].push_back(std::move(block));
       } else {
@@ -254,8 +255,7 @@ std::string encode_messages_v4(const nlohmann::ordered_json& messages_in, const 
     context_len = static_cast<long>(context.size());
   }
   for (long idx = 0; idx < num_to_render; ++idx)
-    prompt += render_message(static_cast<size_t>(idx + context_len), full, opts.thinking, drop,
-                             opts.reasoning_effort);
+    prompt += render_message(static_cast<size_t>(idx + context_len), full, opts.thinking, drop, opts.reasoning_effort);
   return prompt;
 }
 

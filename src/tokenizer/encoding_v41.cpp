@@ -42,9 +42,7 @@ Otherwise, output directly after {thinking_end_token} with tool calls or final r
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 )";
 
-bool is_str(const Json* v, std::string_view s) {
-  return v && v->is_string() && v->get_ref<const std::string&>() == s;
-}
+bool is_str(const Json* v, std::string_view s) { return v && v->is_string() && v->get_ref<const std::string&>() == s; }
 bool role_is(const Json& msg, std::string_view r) { return is_str(get(msg, "role"), r); }
 
 std::string render_tools(const std::vector<Json>& tools) {
@@ -53,14 +51,13 @@ std::string render_tools(const std::vector<Json>& tools) {
     if (i) schemas += "\n";
     schemas += python_json_dumps(tools[i]);
   }
-  return enc::format_template(kToolsTemplate,
-                              {{"tool_schemas", schemas},
-                               {"dsml_token", std::string(enc::kDsml)},
-                               {"tc_block_name", " calls"},
-                               {"tool_call_tag_name", " invoke"},
-                               {"tool_parameter_tag_name", " parameter"},
-                               {"thinking_start_token", std::string(enc::kThinkStart)},
-                               {"thinking_end_token", std::string(enc::kThinkEnd)}});
+  return enc::format_template(kToolsTemplate, {{"tool_schemas", schemas},
+                                               {"dsml_token", std::string(enc::kDsml)},
+                                               {"tc_block_name", " calls"},
+                                               {"tool_call_tag_name", " invoke"},
+                                               {"tool_parameter_tag_name", " parameter"},
+                                               {"thinking_start_token", std::string(enc::kThinkStart)},
+                                               {"thinking_end_token", std::string(enc::kThinkEnd)}});
 }
 
 std::string encode_arguments_to_dsml(const enc::ToolCall& tc) {
@@ -80,9 +77,8 @@ std::string encode_arguments_to_dsml(const enc::ToolCall& tc) {
   for (const auto& [k, v] : arguments.items()) {
     if (!first) out += "\n";
     first = false;
-    out += "<｜DSML｜ parameter name=\"" + k + "\" string=\"" + (v.is_string() ? "true" : "false") +
-           "\">" + (v.is_string() ? v.get<std::string>() : python_json_dumps(v)) +
-           "</｜DSML｜ parameter>";
+    out += "<｜DSML｜ parameter name=\"" + k + "\" string=\"" + (v.is_string() ? "true" : "false") + "\">" +
+           (v.is_string() ? v.get<std::string>() : python_json_dumps(v)) + "</｜DSML｜ parameter>";
   }
   return out;
 }
@@ -108,9 +104,10 @@ std::string render_reasoning_effort(size_t index, bool thinking, const Json& eff
     budget = 100;
   }
   if (budget < 1)
-    fail("prompt encoding (V4.1): invalid reasoning effort {}; it must be an integer within [1, 100] "
-         "or one of \"low\", \"high\", \"max\"",
-         python_json_dumps(effort));
+    fail(
+        "prompt encoding (V4.1): invalid reasoning effort {}; it must be an integer within [1, 100] "
+        "or one of \"low\", \"high\", \"max\"",
+        python_json_dumps(effort));
   if (index == 0 && thinking)
     return "Reasoning Effort: " + std::to_string(budget) +
            " (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
@@ -178,8 +175,7 @@ std::string render_message(size_t index, const Messages& messages, bool thinking
     prompt += thinking_part + summary + tc_content;
     if (!wo_eos) prompt += enc::kEos;
   } else {
-    fail("prompt encoding (V4.1): unknown role {} (V4.1 has no developer role)",
-         enc::py_repr(role ? *role : Json()));
+    fail("prompt encoding (V4.1): unknown role {} (V4.1 has no developer role)", enc::py_repr(role ? *role : Json()));
   }
 
   if (index + 1 < messages.size() && !role_is(messages[index + 1], "assistant") &&
@@ -189,9 +185,12 @@ std::string render_message(size_t index, const Messages& messages, bool thinking
   if (enc::append_task_tokens(prompt, msg, thinking)) return prompt;
   if (role_is(msg, "user") || (role_is(msg, "system") && index > 0)) {
     prompt += enc::kAssistant;
-    if (!drop_thinking && thinking) prompt += enc::kThinkStart;
-    else if (drop_thinking && thinking && static_cast<long>(index) >= last_user_idx) prompt += enc::kThinkStart;
-    else prompt += enc::kThinkEnd;
+    if (!drop_thinking && thinking)
+      prompt += enc::kThinkStart;
+    else if (drop_thinking && thinking && static_cast<long>(index) >= last_user_idx)
+      prompt += enc::kThinkStart;
+    else
+      prompt += enc::kThinkEnd;
   }
   return prompt;
 }
@@ -202,9 +201,8 @@ Messages merge_tool_messages(const Messages& messages) {
     if (role_is(msg, "tool")) {
       const Json* id = get(msg, "tool_call_id");
       const Json* content = get(msg, "content");
-      Json block = {{"type", "tool_result"},
-                    {"tool_use_id", id ? *id : Json("")},
-                    {"content", content ? *content : Json("")}};
+      Json block = {
+          {"type", "tool_result"}, {"tool_use_id", id ? *id : Json("")}, {"content", content ? *content : Json("")}};
       if (!merged.empty() && role_is(merged.back(), "user") && merged.back().contains("content_blocks")) {
         merged.back()["content_blocks"].push_back(std::move(block));
       } else {
@@ -295,9 +293,10 @@ Json process_image_blocks(const Json& blocks) {
           fail("prompt encoding (V4.1): a text block's text must be a string");
         }
         if (contains)
-          fail("prompt encoding (V4.1): text block contains the image placeholder '{}'; images must be "
-               "separate content blocks",
-               enc::kImage);
+          fail(
+              "prompt encoding (V4.1): text block contains the image placeholder '{}'; images must be "
+              "separate content blocks",
+              enc::kImage);
       }
       out.push_back(block);
     } else {
@@ -313,9 +312,10 @@ Messages process_image_messages(const Messages& messages) {
     const Json* content = get(msg, "content");
     if (content && content->is_string() &&
         content->get_ref<const std::string&>().find(enc::kImage) != std::string::npos)
-      fail("prompt encoding (V4.1): message content contains the image special token '{}'; images must "
-           "be given as image content blocks",
-           enc::kImage);
+      fail(
+          "prompt encoding (V4.1): message content contains the image special token '{}'; images must "
+          "be given as image content blocks",
+          enc::kImage);
     const Json* rc = get(msg, "reasoning_content");
     if (rc && rc->is_string() && rc->get_ref<const std::string&>().find(enc::kImage) != std::string::npos)
       fail("prompt encoding (V4.1): reasoning_content contains the image special token '{}'", enc::kImage);
@@ -384,8 +384,7 @@ std::string encode_messages_v41(const nlohmann::ordered_json& messages_in, const
     context_len = static_cast<long>(context.size());
   }
   for (long idx = 0; idx < num_to_render; ++idx)
-    prompt += render_message(static_cast<size_t>(idx + context_len), full, opts.thinking, drop,
-                             opts.reasoning_effort);
+    prompt += render_message(static_cast<size_t>(idx + context_len), full, opts.thinking, drop, opts.reasoning_effort);
   return prompt;
 }
 

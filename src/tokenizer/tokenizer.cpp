@@ -2,12 +2,13 @@
 #include "tokenizer/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <deepinfer/error.h>
+#include <pcre2.h>
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -139,8 +140,7 @@ inline uint32_t decode_cp(const unsigned char* p, size_t& len) {
     return (uint32_t(b0 & 0x0F) << 12) | (uint32_t(p[1] & 0x3F) << 6) | (p[2] & 0x3F);
   }
   len = 4;
-  return (uint32_t(b0 & 0x07) << 18) | (uint32_t(p[1] & 0x3F) << 12) | (uint32_t(p[2] & 0x3F) << 6) |
-         (p[3] & 0x3F);
+  return (uint32_t(b0 & 0x07) << 18) | (uint32_t(p[1] & 0x3F) << 12) | (uint32_t(p[2] & 0x3F) << 6) | (p[3] & 0x3F);
 }
 
 void append_cp(std::string& out, uint32_t cp) {
@@ -164,8 +164,7 @@ void append_cp(std::string& out, uint32_t cp) {
 // Unicode White_Space (what Oniguruma's \s matches in Unicode mode).
 bool is_unicode_space(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // The GPT-2 byte <-> unicode table: printable Latin-1 bytes map to themselves, the other 68 bytes
@@ -211,7 +210,8 @@ std::string translate_regex(const std::string& pat) {
         continue;
       }
       if (e == 'S' || e == 'W') {
-        if (in_class) fail("tokenizer.json: regex {:?} uses \\{} inside a character class, which is not supported", pat, e);
+        if (in_class)
+          fail("tokenizer.json: regex {:?} uses \\{} inside a character class, which is not supported", pat, e);
         out += "[^";
         out += e == 'S' ? kSpaceClassBody : kWordClassBody;
         out += ']';
@@ -258,15 +258,22 @@ class Regex {
   Regex(const std::string& pattern, bool literal) : source_(pattern) {
     int err = 0;
     PCRE2_SIZE off = 0;
-    const std::string pat = literal ? pattern : translate_regex(pattern);
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
-    if (literal) opts |= PCRE2_LITERAL;
+    std::string pat;
+    if (literal) {
+      for (char c : pattern) {  // escape ASCII punctuation; everything else is literal already
+        if (static_cast<unsigned char>(c) < 0x80 && !std::isalnum(static_cast<unsigned char>(c))) pat += '\\';
+        pat += c;
+      }
+    } else {
+      pat = translate_regex(pattern);
+    }
+    const uint32_t opts = PCRE2_UTF | PCRE2_UCP;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.data()), pat.size(), opts, &err, &off, nullptr);
     if (!code_) {
       PCRE2_UCHAR buf[256];
       pcre2_get_error_message(err, buf, sizeof(buf));
-      fail("tokenizer.json: cannot compile the pre-tokenizer regex {:?} (as PCRE2 {:?}) at offset {}: {}",
-           pattern, pat, size_t(off), reinterpret_cast<const char*>(buf));
+      fail("tokenizer.json: cannot compile the pre-tokenizer regex {:?} (as PCRE2 {:?}) at offset {}: {}", pattern, pat,
+           size_t(off), reinterpret_cast<const char*>(buf));
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
@@ -321,8 +328,7 @@ class Regex {
 };
 
 // The GPT-2 regex ByteLevel uses when use_regex is true.
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 
@@ -472,8 +478,8 @@ struct Tokenizer::Impl {
 
   // Id space.
   int32_t n_ids = 0;
-  std::vector<std::string> id_token;   // token strings ("" for holes)
-  std::vector<std::string> id_bytes;   // decoder output per id
+  std::vector<std::string> id_token;  // token strings ("" for holes)
+  std::vector<std::string> id_bytes;  // decoder output per id
   std::vector<uint8_t> id_present;
   std::vector<uint8_t> id_special;
   std::array<int32_t, 256> byte_id{};  // id of the byte-level char of each byte (-1 if absent)
@@ -785,9 +791,9 @@ void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<int32_t>& 
         }
       }
       // Drop empty pieces.
-      nxt.erase(std::remove_if(nxt.begin() + std::ptrdiff_t(first), nxt.end(),
-                               [](std::string_view v) { return v.empty(); }),
-                nxt.end());
+      nxt.erase(
+          std::remove_if(nxt.begin() + std::ptrdiff_t(first), nxt.end(), [](std::string_view v) { return v.empty(); }),
+          nxt.end());
     }
     std::swap(cur, nxt);
   }
@@ -817,12 +823,18 @@ void load_pretokenizer(const json& j, std::vector<PreTokStep>& steps, bool& byte
       fail("tokenizer.json: Split pattern must be {{\"Regex\": ...}} or {{\"String\": ...}}, got {}", pat.dump());
     }
     const std::string beh = j.value("behavior", "Isolated");
-    if (beh == "Isolated") st.behavior = SplitBehavior::Isolated;
-    else if (beh == "Removed") st.behavior = SplitBehavior::Removed;
-    else if (beh == "MergedWithPrevious") st.behavior = SplitBehavior::MergedWithPrevious;
-    else if (beh == "MergedWithNext") st.behavior = SplitBehavior::MergedWithNext;
-    else if (beh == "Contiguous") st.behavior = SplitBehavior::Contiguous;
-    else fail("tokenizer.json: unknown Split behavior {:?}", beh);
+    if (beh == "Isolated")
+      st.behavior = SplitBehavior::Isolated;
+    else if (beh == "Removed")
+      st.behavior = SplitBehavior::Removed;
+    else if (beh == "MergedWithPrevious")
+      st.behavior = SplitBehavior::MergedWithPrevious;
+    else if (beh == "MergedWithNext")
+      st.behavior = SplitBehavior::MergedWithNext;
+    else if (beh == "Contiguous")
+      st.behavior = SplitBehavior::Contiguous;
+    else
+      fail("tokenizer.json: unknown Split behavior {:?}", beh);
     st.invert = j.value("invert", false);
     steps.push_back(std::move(st));
     return;
@@ -935,8 +947,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view text) {
     // Added tokens.
     if (j.contains("added_tokens")) {
       for (const json& t : j["added_tokens"]) {
-        AddedToken at{t.at("id").get<int32_t>(), t.at("content").get<std::string>(), t.value("special", false),
-                      t.value("lstrip", false), t.value("rstrip", false), t.value("normalized", true),
+        AddedToken at{t.at("id").get<int32_t>(),    t.at("content").get<std::string>(), t.value("special", false),
+                      t.value("lstrip", false),     t.value("rstrip", false),           t.value("normalized", true),
                       t.value("single_word", false)};
         if (at.id < 0) fail("tokenizer.json: added token {:?} has a negative id", at.content);
         if (at.content.empty()) fail("tokenizer.json: added token {} has empty content", at.id);
@@ -998,7 +1010,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view text) {
       m.byte_id[size_t(b)] = it == m.vocab.end() ? -1 : it->second;
     }
     // Default BOS/EOS: the DeepSeek spellings when present (tokenizer_config overrides).
-    if (auto it = m.added_by_content.find("<｜begin▁of▁sentence｜>"); it != m.added_by_content.end()) m.bos = it->second;
+    if (auto it = m.added_by_content.find("<｜begin▁of▁sentence｜>"); it != m.added_by_content.end())
+      m.bos = it->second;
     if (auto it = m.added_by_content.find("<｜end▁of▁sentence｜>"); it != m.added_by_content.end()) m.eos = it->second;
   } catch (const json::exception& e) {
     fail("tokenizer.json: unexpected structure: {}", e.what());
@@ -1061,8 +1074,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     pass2.clear();
     m.split_added(seg, m.trie_normalized, true, pass2);
     for (const auto& [seg2, id2] : pass2) {
-      if (id2 >= 0) out.push_back(id2);
-      else m.encode_plain(seg2, out);
+      if (id2 >= 0)
+        out.push_back(id2);
+      else
+        m.encode_plain(seg2, out);
     }
   }
   if (add_special_tokens && m.add_eos && m.eos >= 0) out.push_back(m.eos);
@@ -1104,9 +1119,7 @@ int32_t Tokenizer::vocab_size() const { return impl_->n_ids; }
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
 int32_t Tokenizer::eos_id() const { return impl_->eos; }
 bool Tokenizer::add_bos_token() const { return impl_->add_bos; }
-bool Tokenizer::is_special(int32_t id) const {
-  return id >= 0 && id < impl_->n_ids && impl_->id_special[size_t(id)];
-}
+bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < impl_->n_ids && impl_->id_special[size_t(id)]; }
 
 // ---------------------------------------------------------------------------------------------
 // IncrementalDetokenizer
