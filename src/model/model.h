@@ -30,6 +30,15 @@ struct ForwardOptions {
   Trace* trace = nullptr;   // optional
 };
 
+// One sequence's part of a batched forward: its next tokens (a prefill chunk or one decode token)
+// and which logits it wants back.
+struct SeqChunk {
+  SequenceState* state = nullptr;
+  std::vector<int32_t> tokens;
+  bool want_logits = true;   // the logits of the chunk's last token
+  bool all_logits = false;   // ... or of every token of the chunk (prompt logprobs, verification)
+};
+
 class ModelV4 {
  public:
   // Loads config.json and the checkpoint in `dir`; throws deepinfer::Error on any mismatch.
@@ -39,6 +48,12 @@ class ModelV4 {
   std::unique_ptr<SequenceState> new_sequence() const { return std::make_unique<SequenceState>(cfg_); }
   // Returns float32 logits [T or 1, vocab].
   Tensor forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const;
+  // Several sequences in one forward: their tokens are stacked into one batch for every GEMM and
+  // per-token op; attention runs per sequence on its own state. Returns the wanted logits rows,
+  // sequence by sequence in batch order, [rows, vocab]. With the batch-invariant kernels (the
+  // default) every row equals what the sequence would get alone. opts.all_logits is ignored
+  // (each chunk says what it wants); opts.trace records the stacked rows.
+  Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const;
 
  private:
   ModelConfig cfg_;

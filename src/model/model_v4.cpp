@@ -33,12 +33,28 @@ std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir) {
 }
 
 Tensor ModelV4::forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const {
+  SeqChunk chunk{&state, tokens, true, opts.all_logits};
+  return forward_batch({chunk}, opts);
+}
+
+Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const {
   const ModelConfig& cfg = cfg_;
   const ops::Numerics& num = opts.numerics;
-  const int64_t T = static_cast<int64_t>(tokens.size()), hc = cfg.hc_mult, dim = cfg.dim;
-  DI_CHECK(T > 0, "forward: no tokens");
-  DI_CHECK(static_cast<int64_t>(state.layers.size()) == cfg.n_layers, "forward: state is for another model");
-  const int64_t start = state.num_tokens;
+  const int64_t hc = cfg.hc_mult, dim = cfg.dim;
+  DI_CHECK(!batch.empty(), "forward: empty batch");
+  // Rows of the stacked batch: sequence b owns rows [offset[b], offset[b] + tokens).
+  std::vector<int64_t> offset(batch.size() + 1, 0);
+  std::vector<int32_t> tokens;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SeqChunk& c = batch[b];
+    DI_CHECK(c.state != nullptr && !c.tokens.empty(), "forward: sequence {} of the batch has no state or no tokens", b);
+    DI_CHECK(static_cast<int64_t>(c.state->layers.size()) == cfg.n_layers, "forward: state is for another model");
+    for (size_t o = 0; o < b; ++o)
+      DI_CHECK(batch[o].state != c.state, "forward: the same sequence appears twice in one batch");
+    offset[b + 1] = offset[b] + static_cast<int64_t>(c.tokens.size());
+    tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+  }
+  const int64_t T = offset.back();
 
   // Embedding, expanded to hc identical copies.
   Tensor stream = Tensor::empty({T, hc, dim}, DType::kF32);
@@ -60,7 +76,12 @@ Tensor ModelV4::forward(const std::vector<int32_t>& tokens, SequenceState& state
                                    cfg.hc_eps, cfg.norm_eps);
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
-    Tensor y = attention_v4(L.attn, x, start, state.layers[l], rope_[l], ctx);
+    Tensor y = Tensor::empty({T, dim}, DType::kF32);
+    for (size_t b = 0; b < batch.size(); ++b) {  // attention reads and writes each sequence's own state
+      Tensor xb = x.slice(0, offset[b], offset[b + 1]);
+      Tensor yb = attention_v4(L.attn, xb, batch[b].state->num_tokens, batch[b].state->layers[l], rope_[l], ctx);
+      std::memcpy(y.data<float>() + offset[b] * dim, yb.data<float>(), yb.numel() * sizeof(float));
+    }
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
 
@@ -73,12 +94,24 @@ Tensor ModelV4::forward(const std::vector<int32_t>& tokens, SequenceState& state
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
     dump("stream", l, stream);
   }
-  state.num_tokens += T;
+  for (const SeqChunk& c : batch) c.state->num_tokens += static_cast<int64_t>(c.tokens.size());
 
-  Tensor last = opts.all_logits ? stream : stream.slice(0, T - 1, T).contiguous();
-  Tensor x = ops::hc_head(last, w_.hc_head_fn, w_.hc_head_scale, w_.hc_head_base, cfg.hc_eps, cfg.norm_eps, num.bf16);
-  x = ops::rms_norm(x, w_.norm, cfg.norm_eps, num.bf16);
-  return linear_f32(x, ops::QWeight{w_.head, {}, 0});
+  // Only the wanted rows go through the head.
+  std::vector<int64_t> rows;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    if (batch[b].all_logits)
+      for (int64_t r = offset[b]; r < offset[b + 1]; ++r) rows.push_back(r);
+    else if (batch[b].want_logits)
+      rows.push_back(offset[b + 1] - 1);
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+  if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
+  Tensor picked = Tensor::empty({R, hc, dim}, DType::kF32);
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(picked.data<float>() + i * hc * dim, stream.data<float>() + rows[i] * hc * dim, hc * dim * sizeof(float));
+  Tensor h = ops::hc_head(picked, w_.hc_head_fn, w_.hc_head_scale, w_.hc_head_base, cfg.hc_eps, cfg.norm_eps, num.bf16);
+  h = ops::rms_norm(h, w_.norm, cfg.norm_eps, num.bf16);
+  return linear_f32(h, ops::QWeight{w_.head, {}, 0});
 }
 
 }  // namespace deepinfer
