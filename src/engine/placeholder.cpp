@@ -1,0 +1,2 @@
+// Placeholder until the engine lands.
+namespace deepinfer::engine_detail { int placeholder = 0; }
