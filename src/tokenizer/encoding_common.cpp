@@ -1,4 +1,5 @@
 #include "tokenizer/encoding_common.h"
+#include "tokenizer/json_escape.h"
 
 #include <algorithm>
 #include <charconv>
@@ -108,38 +109,7 @@ std::string py_str_repr(std::string_view s) {
 
 void dump_string(std::string& out, std::string_view s) {
   out += '"';
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u" + hex(c, 4);
-        } else {
-          out += ch;
-        }
-    }
-  }
+  for (char ch : s) append_json_escaped(out, static_cast<unsigned char>(ch));
   out += '"';
 }
 

@@ -1,5 +1,6 @@
 // Shared pieces of the output parsers: marker scanning, DSML dialects, JSON quoting, UTF-8 carry.
 #include "tokenizer/parser_common.h"
+#include "tokenizer/json_escape.h"
 
 #include <array>
 #include <cstdio>
@@ -86,37 +87,7 @@ std::string json_quote(std::string_view s) {
       }
       continue;
     }
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char tmp[8];
-          std::snprintf(tmp, sizeof tmp, "\\u%04x", c);
-          out += tmp;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
+    append_json_escaped(out, c);
     ++i;
   }
   out.push_back('"');
