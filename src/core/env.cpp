@@ -1,0 +1,66 @@
+#include "core/env.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "core/logging.h"
+
+extern char** environ;
+
+namespace deepinfer {
+
+const std::vector<EnvVar>& env_vars() {
+  static const std::vector<EnvVar> vars = {
+      {"DEEPINFER_LOG_LEVEL", "info", "log verbosity: debug, info, warn, error", true},
+      {"DEEPINFER_NUM_THREADS", "all cores", "CPU backend threads (OpenMP)", true},
+      {"DEEPINFER_BATCH_INVARIANT", "1",
+       "1: every GEMM row sums in a fixed order whatever the batch (bitwise batch invariance); 0: large "
+       "batches use OpenBLAS",
+       true},
+      {"DEEPINFER_DUMP_DIR", "", "debugging: write named intermediate tensors of each forward there", true},
+      {"DEEPINFER_V4_TOKENIZER", "", "tests: path of the DeepSeek-V4 tokenizer.json", true},
+      {"DEEPINFER_BUILD_DIR", "build", "tests: the CMake build directory", true},
+      {"DEEPINFER_TEST_GPU", "0", "tests: 1 runs the tests marked gpu", true},
+      {"DEEPINFER_JOBS", "all cores", "make: build and test parallelism", true},
+      {"DEEPINFER_HF_MODEL_DIR", "", "model directory used by examples when --model is not given", false},
+      {"DEEPINFER_ENABLE_MTP_VARLEN", "0", "DSpark speculative decoding with confidence-scheduled verification",
+       false},
+      {"DEEPINFER_USE_NEXTN_DECODE", "5", "maximum DSpark draft length", false},
+      {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact", "V4.1 decoder SWA bounded replay", false},
+      {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140", "tokens the V4.1 decoder replays (window + margin)", false},
+  };
+  return vars;
+}
+
+void check_env() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (char** e = environ; e && *e; ++e) {
+      const char* kv = *e;
+      if (std::strncmp(kv, "DEEPINFER_", 10) != 0) continue;
+      const char* eq = std::strchr(kv, '=');
+      std::string name(kv, eq ? static_cast<size_t>(eq - kv) : std::strlen(kv));
+      const EnvVar* known = nullptr;
+      for (const EnvVar& v : env_vars())
+        if (name == v.name) known = &v;
+      if (!known)
+        log_warn("{} is not a deepinfer variable (ignored); `deepinfer env` lists them", name);
+      else if (!known->supported)
+        log_warn("{} is not supported yet by this build (ignored): {}", name, known->meaning);
+    }
+  });
+}
+
+std::string env_table() {
+  std::string out;
+  for (const EnvVar& v : env_vars()) {
+    const char* cur = std::getenv(v.name);
+    out += fmt::format("{:<40} {:<10} {}\n    default: {}{}\n", v.name, v.supported ? "supported" : "not yet",
+                       v.meaning, v.default_value[0] ? v.default_value : "(unset)",
+                       cur ? fmt::format("; now: {}", cur) : std::string());
+  }
+  return out;
+}
+
+}  // namespace deepinfer

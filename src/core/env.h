@@ -1,0 +1,23 @@
+// The DEEPINFER_* environment variables: one table says which exist (DeepInfer's names where it
+// has one), what they do, their default, and whether this build implements them. check_env() warns
+// once about set variables that are not implemented yet (they are ignored, never half-applied) and
+// about unknown DEEPINFER_* names (typos); `deepinfer env` prints the table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace deepinfer {
+
+struct EnvVar {
+  const char* name;
+  const char* default_value;
+  const char* meaning;
+  bool supported;  // false: accepted and reported as not supported yet
+};
+
+const std::vector<EnvVar>& env_vars();
+void check_env();
+std::string env_table();  // the table as text, with each variable's current value
+
+}  // namespace deepinfer
