@@ -1,2 +1,0 @@
-// Placeholder until the sampler lands.
-namespace deepinfer::sampling_detail { int placeholder = 0; }
