@@ -1,0 +1,46 @@
+#include "engine/cpu_model_runner.h"
+
+#include <cstring>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+CpuModelRunner::CpuModelRunner(std::unique_ptr<ModelV4> model, const ops::Numerics& numerics)
+    : model_(std::move(model)) {
+  DI_CHECK(model_ != nullptr, "CpuModelRunner: no model");
+  opts_.numerics = numerics;
+  opts_.all_logits = false;
+}
+
+const SequenceState* CpuModelRunner::state(int64_t seq_id) const {
+  auto it = states_.find(seq_id);
+  return it == states_.end() ? nullptr : it->second.get();
+}
+
+ModelRunnerOutput CpuModelRunner::execute(const SchedulerOutput& out) {
+  for (int64_t id : out.freed_seq_ids) states_.erase(id);
+  ModelRunnerOutput result;
+  result.vocab = model_->config().vocab_size;
+  if (out.seqs.empty()) return result;
+
+  std::vector<SeqChunk> batch;
+  batch.reserve(out.seqs.size());
+  for (const ScheduledSeq& s : out.seqs) {
+    std::unique_ptr<SequenceState>& st = states_[s.seq_id];
+    if (s.start_pos == 0) st = model_->new_sequence();
+    DI_CHECK(st != nullptr && st->num_tokens == s.start_pos,
+             "model runner: sequence {} is scheduled from position {} but its state holds {} tokens", s.seq_id,
+             s.start_pos, st ? st->num_tokens : -1);
+    batch.push_back(SeqChunk{st.get(), s.tokens, s.want_logits, false});
+    if (s.want_logits) result.seq_ids.push_back(s.seq_id);
+  }
+  Tensor logits = model_->forward_batch(batch, opts_);
+  DI_CHECK(logits.size(0) == static_cast<int64_t>(result.seq_ids.size()) && logits.size(1) == result.vocab,
+           "model runner: forward returned {} logits rows for {} sequences", logits.size(0), result.seq_ids.size());
+  result.logits.resize(static_cast<size_t>(logits.numel()));
+  if (logits.numel() > 0) std::memcpy(result.logits.data(), logits.data<float>(), logits.numel() * sizeof(float));
+  return result;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,34 @@
+#include "engine/engine_args.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+ops::Numerics EngineArgs::numerics() const {
+  DI_CHECK(dtype == "bfloat16" || dtype == "float32", "dtype must be 'bfloat16' or 'float32' (got '{}')", dtype);
+  ops::Numerics n;
+  n.bf16 = dtype == "bfloat16";
+  n.simulate_qat = simulate_qat;
+  return n;
+}
+
+int64_t read_max_position_embeddings(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  for (const char* rel : {"config.json", "inference/config.json"}) {
+    const fs::path p = fs::path(model_dir) / rel;
+    std::ifstream f(p);
+    if (!f) continue;
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    const nlohmann::json& c = j.contains("text_config") ? j["text_config"] : j;
+    for (const char* key : {"max_position_embeddings", "max_seq_len"})
+      if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
+  }
+  return 0;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,32 @@
+// EngineArgs: the engine's options, in vLLM's names (`--max-num-batched-tokens` ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ops/ops.h"
+
+namespace deepinfer {
+
+struct EngineArgs {
+  std::string model;                      // checkpoint directory (config.json + safetensors)
+  std::string tokenizer;                  // directory with tokenizer.json; empty: the model directory, if it has one
+  bool skip_tokenizer_init = false;       // no tokenizer: no text, no stop strings
+  int64_t max_num_batched_tokens = 2048;  // token budget of one step
+  int64_t max_num_seqs = 64;              // sequences in one step
+  int64_t max_model_len = 0;              // prompt + output tokens; 0: the config's max_position_embeddings
+  int64_t kv_cache_memory = int64_t{4} << 30;  // bytes of per-sequence state (CPU)
+  uint64_t seed = 0;                           // draws the seeds of requests that bring none
+  bool enable_chunked_prefill = true;
+  std::string dtype = "bfloat16";  // "bfloat16": round activations where the reference does; "float32"
+  bool simulate_qat = true;        // FP8/FP4 fake-quantisation sites
+
+  // Throws deepinfer::Error naming the field.
+  ops::Numerics numerics() const;
+};
+
+// max_position_embeddings (HF form) or max_seq_len (flat form) of `model_dir`/config.json; 0 when
+// neither is there.
+int64_t read_max_position_embeddings(const std::string& model_dir);
+
+}  // namespace deepinfer

@@ -1,0 +1,175 @@
+#include "engine/engine_core.h"
+
+#include <chrono>
+#include <filesystem>
+#include <unordered_map>
+
+#include "deepinfer/error.h"
+#include "engine/cpu_model_runner.h"
+#include "model/model.h"
+#include "sampling/sampler.h"
+
+namespace deepinfer {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const EngineArgs& args) {
+  if (args.skip_tokenizer_init) return nullptr;
+  const std::string dir = args.tokenizer.empty() ? args.model : args.tokenizer;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+    DI_CHECK(args.tokenizer.empty(), "tokenizer: no tokenizer.json in '{}'", args.tokenizer);
+    return nullptr;  // a checkpoint without a tokenizer: token ids only
+  }
+  return std::make_unique<Tokenizer>(Tokenizer::from_pretrained(dir));
+}
+}  // namespace
+
+EngineCore::EngineCore(const EngineArgs& args) {
+  DI_CHECK(!args.model.empty(), "engine: no model directory given");
+  const ops::Numerics numerics = args.numerics();
+  std::unique_ptr<ModelV4> model = ModelV4::load(args.model);
+  config_ = model->config();
+  runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics);
+  tokenizer_ = load_tokenizer(args);
+  EngineArgs a = args;
+  if (a.max_model_len == 0) a.max_model_len = read_max_position_embeddings(args.model);
+  DI_CHECK(a.max_model_len > 0, "engine: '{}' names no max_position_embeddings; pass --max-model-len", args.model);
+  init(a);
+}
+
+EngineCore::EngineCore(const EngineArgs& args, const ModelConfig& config, std::unique_ptr<ModelRunner> runner,
+                       std::unique_ptr<Tokenizer> tokenizer)
+    : config_(config), runner_(std::move(runner)), tokenizer_(std::move(tokenizer)) {
+  DI_CHECK(runner_ != nullptr, "engine: no model runner");
+  DI_CHECK(args.max_model_len > 0, "engine: max_model_len must be set (got {})", args.max_model_len);
+  init(args);
+}
+
+EngineCore::~EngineCore() = default;
+
+void EngineCore::init(const EngineArgs& args) {
+  max_model_len_ = args.max_model_len;
+  kv_ = std::make_unique<KvCacheManager>(config_, args.kv_cache_memory);
+  const int64_t need = kv_->bytes_for_tokens(max_model_len_);
+  DI_CHECK(need <= args.kv_cache_memory,
+           "kv-cache-memory ({} bytes) cannot hold one sequence of max_model_len {} tokens ({} bytes): raise "
+           "--kv-cache-memory or lower --max-model-len",
+           args.kv_cache_memory, max_model_len_, need);
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = args.max_num_batched_tokens;
+  sc.max_num_seqs = args.max_num_seqs;
+  sc.max_model_len = max_model_len_;
+  sc.enable_chunked_prefill = args.enable_chunked_prefill;
+  sc.eos_token_id = static_cast<int32_t>(config_.eos_token_id);
+  scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
+  outputs_ = std::make_unique<OutputProcessor>(tokenizer_.get());
+  seed_rng_.seed(args.seed);
+}
+
+void EngineCore::add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
+                             const SamplingParams& params) {
+  params.validate();
+  DI_CHECK(params.prompt_logprobs < 0, "request '{}': prompt_logprobs is not supported yet", request_id);
+  DI_CHECK(params.so_args.is_null(), "request '{}': structured output (so_args) is not supported yet", request_id);
+  DI_CHECK(params.stop.empty() || tokenizer_ != nullptr,
+           "request '{}': stop strings need a tokenizer (the engine has none; use stop_token_ids)", request_id);
+  for (size_t i = 0; i < prompt_token_ids.size(); ++i)
+    DI_CHECK(prompt_token_ids[i] >= 0 && prompt_token_ids[i] < config_.vocab_size,
+             "request '{}': prompt token {} at index {} is outside the vocabulary [0, {})", request_id,
+             prompt_token_ids[i], i, config_.vocab_size);
+  auto req = std::make_shared<Request>();
+  req->request_id = request_id;
+  req->prompt_token_ids = std::move(prompt_token_ids);
+  req->params = params;
+  req->arrival_time = now_seconds();
+  // Drawn even for seeded requests, so an unseeded request's seed depends only on the engine seed
+  // and its arrival index.
+  const uint64_t drawn = seed_rng_();
+  req->seed = params.seed.value_or(drawn);
+  scheduler_->add_request(req);  // throws (changing nothing) on length or a live id
+  outputs_->add_request(req);
+}
+
+void EngineCore::abort_request(const std::string& request_id) {
+  OutputProcessor::Result r = outputs_->process(scheduler_->abort_request(request_id));
+  for (RequestOutput& o : r.outputs) pending_.push_back(std::move(o));
+}
+
+bool EngineCore::has_unfinished() const { return scheduler_->has_unfinished() || !pending_.empty(); }
+
+std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) const {
+  std::vector<SampledToken> sampled;
+  sampled.reserve(ro.seq_ids.size());
+  for (size_t i = 0; i < ro.seq_ids.size(); ++i) {
+    const Sequence* seq = scheduler_->sequence(ro.seq_ids[i]);
+    if (!seq) continue;
+    SampleInput in;
+    in.logits = ro.row(i);
+    in.vocab = ro.vocab;
+    in.params = &seq->request->params;
+    in.seed = seq->seed;
+    in.position = seq->num_output_tokens();
+    in.prompt_ids = &seq->prompt();
+    in.output_ids = &seq->output_token_ids;
+    in.eos_id = static_cast<int32_t>(config_.eos_token_id);
+    SampleResult r = sample(in);
+    sampled.push_back(SampledToken{seq->seq_id, r.token, r.logprob, std::move(r.top_logprobs)});
+  }
+  return sampled;
+}
+
+std::vector<RequestOutput> EngineCore::step() {
+  std::vector<RequestOutput> outputs = std::move(pending_);
+  pending_.clear();
+  if (scheduler_->has_unfinished()) {
+    const SchedulerOutput so = scheduler_->schedule();
+    DI_CHECK(!so.empty(), "engine: the scheduler could not schedule any of {} waiting sequences (internal error)",
+             scheduler_->num_waiting());
+    const ModelRunnerOutput ro = runner_->execute(so);
+    const std::vector<SampledToken> sampled = sample_rows(ro);
+    OutputProcessor::Result r = outputs_->process(scheduler_->update_from_output(so, sampled));
+    for (int64_t id : r.stopped_seq_ids) scheduler_->finish_sequence(id, FinishReason::kStop);
+    for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
+    ++num_steps_;
+  }
+  for (int64_t id : scheduler_->take_freed_seq_ids()) runner_->free(id);
+  return outputs;
+}
+
+std::vector<RequestOutput> EngineCore::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                const std::vector<SamplingParams>& params) {
+  DI_CHECK(params.size() == 1 || params.size() == prompts.size(),
+           "generate: give one SamplingParams for all prompts or one per prompt ({} for {} prompts)", params.size(),
+           prompts.size());
+  std::vector<RequestOutput> results(prompts.size());
+  std::unordered_map<std::string, size_t> index;
+  const std::string prefix = "gen" + std::to_string(num_generate_calls_++) + "-";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = prefix + std::to_string(i);
+    try {
+      add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i]);
+      index[id] = i;
+    } catch (const Error& e) {
+      RequestOutput& o = results[i];
+      o.request_id = id;
+      o.prompt_token_ids = prompts[i];
+      o.finished = true;
+      o.error = e.what();
+      CompletionOutput c;
+      c.finish_reason = finish_reason_name(FinishReason::kAbort);
+      o.outputs.push_back(c);
+    }
+  }
+  while (has_unfinished()) {
+    for (RequestOutput& o : step()) {
+      auto it = index.find(o.request_id);
+      if (o.finished && it != index.end()) results[it->second] = std::move(o);
+    }
+  }
+  return results;
+}
+
+}  // namespace deepinfer

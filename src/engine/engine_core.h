@@ -1,0 +1,85 @@
+// EngineCore: the offline engine loop. One step is schedule -> execute -> sample -> update:
+//
+//   SchedulerOutput   so  = scheduler.schedule();        // which tokens of which sequences
+//   ModelRunnerOutput ro  = runner.execute(so);          // a logits row per sequence at its end
+//   SampledToken...       = sample(row, seed, position)  // position = the sequence's output count
+//   scheduler.update_from_output(so, sampled)            // append, token-level stops, free
+//   output processor                                     // text, stop strings, RequestOutputs
+//
+// Because every draw depends only on (sequence seed, output position) and the kernels are batch
+// invariant, a request's tokens do not depend on what else runs, the token budget, the order of
+// arrival or preemption.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deepinfer/model_config.h"
+#include "engine/engine_args.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/model_runner.h"
+#include "engine/output_processor.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deepinfer {
+
+class EngineCore {
+ public:
+  // Loads args.model on the CPU (and its tokenizer unless skip_tokenizer_init). Throws
+  // deepinfer::Error on a bad option or when kv_cache_memory cannot hold one max_model_len sequence.
+  explicit EngineCore(const EngineArgs& args);
+  // Over any runner (tests use a fake one). args.model is not read; max_model_len must be set.
+  EngineCore(const EngineArgs& args, const ModelConfig& config, std::unique_ptr<ModelRunner> runner,
+             std::unique_ptr<Tokenizer> tokenizer = nullptr);
+  ~EngineCore();
+
+  // Queues a request. Throws deepinfer::Error, leaving the engine as it was, when the params are
+  // invalid, a token id is outside the vocabulary, the prompt is empty or longer than
+  // max_model_len, the id is live, or a feature is asked for that is not there yet.
+  void add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids, const SamplingParams& params);
+  // Finishes the request with finish_reason "abort"; its final output comes from the next step().
+  // Unknown or finished ids are ignored.
+  void abort_request(const std::string& request_id);
+
+  // One engine step; returns a cumulative snapshot of every request that changed.
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const;
+
+  // Adds the prompts (params: one for all, or one per prompt), runs to completion and returns the
+  // final outputs in prompt order. A rejected prompt gets an output with finish_reason "abort" and
+  // `error` set; the others run normally.
+  std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                      const std::vector<SamplingParams>& params);
+
+  const ModelConfig& config() const { return config_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const KvCacheManager& kv_cache() const { return *kv_; }
+  const ModelRunner& runner() const { return *runner_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  int64_t max_model_len() const { return max_model_len_; }
+  int64_t num_steps() const { return num_steps_; }
+
+ private:
+  void init(const EngineArgs& args);
+  std::vector<SampledToken> sample_rows(const ModelRunnerOutput& ro) const;
+
+  ModelConfig config_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  int64_t max_model_len_ = 0;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<OutputProcessor> outputs_;
+  std::vector<RequestOutput> pending_;  // finished outside step() (abort), returned by the next step
+  std::mt19937_64 seed_rng_;
+  int64_t num_steps_ = 0;
+  int64_t num_generate_calls_ = 0;
+};
+
+}  // namespace deepinfer

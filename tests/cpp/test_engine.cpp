@@ -1,0 +1,336 @@
+// EngineCore end to end on a tiny random-weight V4 checkpoint (tools/make_checkpoint.py): seeded
+// determinism across batching, chunking and preemption; greedy parity with the one-sequence
+// forward; a mixed load; stop strings; rejection, abort and memory accounting.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deepinfer/error.h"
+#include "engine/cpu_model_runner.h"
+#include "engine/engine_core.h"
+#include "model/model.h"
+#include "st_writer.h"
+
+namespace deepinfer {
+namespace {
+
+// The tiny checkpoint, written once per process; empty when python3/numpy are missing.
+const std::string& tiny_checkpoint() {
+  static st_test::TempDir dir;
+  static const std::string path = [] {
+    const std::string out = (dir / "tiny-v4").string();
+    const std::string cmd = "python3 " DEEPINFER_SOURCE_DIR
+                            "/tools/make_checkpoint.py --family v4 --preset tiny "
+                            "--seed 0 --out " +
+                            out + " > /dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0 ? out : std::string();
+  }();
+  return path;
+}
+
+#define REQUIRE_CHECKPOINT()                                        \
+  if (tiny_checkpoint().empty())                                    \
+  GTEST_SKIP() << "python3 with numpy is needed to write the tiny " \
+                  "checkpoint (tools/make_checkpoint.py)"
+
+EngineArgs tiny_args() {
+  EngineArgs a;
+  a.model = tiny_checkpoint();
+  a.max_model_len = 128;
+  return a;
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+std::vector<Case> random_cases(int count, uint64_t seed, int max_prompt, int max_tokens) {
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::vector<Case> cases;
+  for (int i = 0; i < count; ++i) {
+    Case c;
+    // A third of the prompts are shorter than one ratio-4 group, so their state grows while decoding.
+    const int len = i % 3 == 0 ? uni(1, 3) : uni(1, max_prompt);
+    for (int t = 0; t < len; ++t) c.prompt.push_back(uni(2, 1023));
+    SamplingParams& p = c.params;
+    const float temps[] = {0.0f, 0.7f, 1.0f, 1.3f};
+    p.temperature = temps[uni(0, 3)];
+    p.top_k = uni(0, 1) ? 0 : uni(1, 50);
+    p.top_p = uni(0, 1) ? 1.0f : 0.9f;
+    p.max_tokens = uni(1, max_tokens);
+    p.ignore_eos = uni(0, 1);
+    if (len < 4) {  // these cross a ratio-4 group while decoding: their state grows
+      p.max_tokens = std::max(p.max_tokens, 6);
+      p.ignore_eos = true;
+    }
+    p.seed = rng();
+    p.n = i % 10 == 0 ? 2 : 1;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+using Tokens = std::vector<std::vector<int32_t>>;  // per child
+
+Tokens tokens_of(const RequestOutput& o) {
+  Tokens t;
+  for (const CompletionOutput& c : o.outputs) t.push_back(c.token_ids);
+  return t;
+}
+
+std::vector<Tokens> run_all(EngineCore& engine, const std::vector<Case>& cases, const std::vector<size_t>& order) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (size_t i : order) {
+    prompts.push_back(cases[i].prompt);
+    params.push_back(cases[i].params);
+  }
+  std::vector<RequestOutput> outs = engine.generate(prompts, params);
+  std::vector<Tokens> result(cases.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    EXPECT_TRUE(outs[k].finished && !outs[k].error) << outs[k].error.value_or("");
+    result[order[k]] = tokens_of(outs[k]);
+  }
+  return result;
+}
+
+TEST(Engine, SeededRequestsGiveTheSameTokensAloneBatchedShuffledChunkedAndPreempted) {
+  REQUIRE_CHECKPOINT();
+  const std::vector<Case> cases = random_cases(50, 1234, 40, 12);
+  std::vector<size_t> order(cases.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+
+  EngineArgs args = tiny_args();
+  args.max_model_len = 64;
+  EngineCore engine(args);
+  std::vector<Tokens> alone(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) alone[i] = run_all(engine, {cases[i]}, {0})[0];
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(alone[i].size(), static_cast<size_t>(cases[i].params.n));
+    for (const auto& t : alone[i]) ASSERT_FALSE(t.empty());
+  }
+  EXPECT_EQ(run_all(engine, cases, order), alone) << "all together";
+
+  std::vector<size_t> shuffled = order;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937_64(99));
+  EngineArgs small = args;
+  small.max_num_seqs = 7;
+  EngineCore few(small);
+  EXPECT_EQ(run_all(few, cases, shuffled), alone) << "shuffled, at most 7 sequences per step";
+
+  EngineArgs chunked = args;
+  chunked.max_num_batched_tokens = 5;  // every prompt longer than 5 tokens is prefilled in chunks
+  EngineCore chunky(chunked);
+  EXPECT_EQ(run_all(chunky, cases, shuffled), alone) << "budget of 5 tokens per step";
+
+  EngineArgs tight = args;
+  {
+    KvCacheManager probe(load_model_config(args.model), 1);
+    // Room for two grown sequences and one short one, plus half a growth: short prompts are
+    // admitted next to long ones, then cannot all grow past their first ratio-4 group.
+    const int64_t grown = probe.bytes_for_tokens(args.max_model_len), fresh = probe.bytes_for_tokens(1);
+    tight.kv_cache_memory = 2 * grown + fresh + (probe.bytes_for_tokens(4) - fresh) / 2;
+  }
+  EngineCore preempting(tight);
+  EXPECT_EQ(run_all(preempting, cases, order), alone) << "tiny kv budget";
+  EXPECT_GT(preempting.scheduler().num_preemptions(), 0);
+  EXPECT_EQ(preempting.kv_cache().usage().used_bytes, 0);
+  EXPECT_EQ(preempting.runner().num_states(), 0);
+}
+
+int32_t argmax(const Tensor& logits) {
+  const float* p = logits.data<float>();
+  int64_t best = 0;
+  for (int64_t i = 1; i < logits.numel(); ++i)
+    if (p[i] > p[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+TEST(Engine, GreedyEqualsTheOneSequenceForward) {
+  REQUIRE_CHECKPOINT();
+  const std::vector<std::vector<int32_t>> prompts = {{0, 17, 42, 7}, {5}, {3, 9, 200, 11, 600, 8, 8, 1000, 44, 2}};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 16;
+  p.ignore_eos = true;
+  EngineArgs args = tiny_args();
+  args.max_num_batched_tokens = 4;
+  EngineCore engine(args);
+  std::vector<RequestOutput> outs = engine.generate(prompts, {p});
+
+  auto model = ModelV4::load(tiny_checkpoint());
+  ForwardOptions fo{ops::Numerics{}, false, nullptr};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto state = model->new_sequence();
+    std::vector<int32_t> ref{argmax(model->forward(prompts[i], *state, fo))};
+    while (ref.size() < 16) ref.push_back(argmax(model->forward({ref.back()}, *state, fo)));
+    EXPECT_EQ(outs[i].outputs.at(0).token_ids, ref) << "prompt " << i;
+    EXPECT_EQ(outs[i].outputs[0].finish_reason, "length");
+  }
+}
+
+TEST(Engine, ThreeHundredMixedRequestsFinishRightAndFreeEverything) {
+  REQUIRE_CHECKPOINT();
+  std::mt19937_64 rng(5);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(uni(1, 60)));
+    for (int32_t& t : prompt) t = uni(0, 1023);
+    SamplingParams p;
+    p.temperature = uni(0, 1) ? 0.0f : 1.0f;
+    p.max_tokens = uni(1, 20);
+    p.min_tokens = uni(0, 3) == 0 ? std::min(p.max_tokens, 3) : 0;
+    p.ignore_eos = uni(0, 1);
+    if (uni(0, 2) == 0) p.stop_token_ids = {uni(2, 1023), uni(2, 1023)};
+    p.seed = static_cast<uint64_t>(i);
+    prompts.push_back(prompt);
+    params.push_back(p);
+  }
+  prompts.push_back(std::vector<int32_t>(200, 5));  // longer than max_model_len: rejected, not fatal
+  params.push_back(SamplingParams{});
+  EngineArgs args = tiny_args();
+  args.max_num_batched_tokens = 256;
+  EngineCore engine(args);
+  const std::vector<RequestOutput> outs = engine.generate(prompts, params);
+  ASSERT_EQ(outs.size(), 301u);
+  EXPECT_TRUE(outs[300].error.has_value());
+  EXPECT_EQ(outs[300].outputs.at(0).finish_reason, "abort");
+  std::map<std::string, int> reasons;
+  for (size_t i = 0; i < 300; ++i) {
+    const SamplingParams& p = params[i];
+    ASSERT_TRUE(outs[i].finished);
+    ASSERT_FALSE(outs[i].error.has_value());
+    const CompletionOutput& c = outs[i].outputs.at(0);
+    const auto n = static_cast<int>(c.token_ids.size());
+    ASSERT_TRUE(c.finish_reason.has_value());
+    ++reasons[*c.finish_reason];
+    ASSERT_GE(n, 1);
+    EXPECT_LE(n, p.max_tokens);
+    const int32_t last = c.token_ids.back();
+    const bool stop_token = std::count(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) > 0;
+    const bool eos = !p.ignore_eos && last == engine.config().eos_token_id;
+    // No stop before min_tokens, and none missed afterwards.
+    for (int k = std::max(p.min_tokens, 1); k < n; ++k) {
+      const int32_t t = c.token_ids[static_cast<size_t>(k - 1)];
+      EXPECT_FALSE(std::count(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) > 0 ||
+                   (!p.ignore_eos && t == engine.config().eos_token_id))
+          << "request " << i << " ran past a stop token at " << k - 1;
+    }
+    if (*c.finish_reason == "length") {
+      EXPECT_EQ(n, p.max_tokens) << "request " << i;
+    } else {
+      ASSERT_EQ(*c.finish_reason, "stop") << "request " << i;
+      EXPECT_TRUE(stop_token || eos) << "request " << i;
+      EXPECT_GE(n, p.min_tokens);
+      if (stop_token && !eos) EXPECT_EQ(std::get<int32_t>(c.stop_reason), last);
+    }
+  }
+  EXPECT_GT(reasons["length"], 0);
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_EQ(engine.kv_cache().usage().used_bytes, 0);
+  EXPECT_EQ(engine.kv_cache().usage().num_sequences, 0);
+  EXPECT_EQ(engine.runner().num_states(), 0);
+}
+
+TEST(Engine, StopStringsCutTheText) {
+  REQUIRE_CHECKPOINT();
+  EngineCore engine(tiny_args());
+  ASSERT_NE(engine.tokenizer(), nullptr);
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  const std::vector<int32_t> prompt = {0, 17, 42, 7};
+  const RequestOutput full = engine.generate({prompt}, {p})[0];
+  const std::string text = full.outputs[0].text;
+  EXPECT_EQ(text, engine.tokenizer()->decode(full.outputs[0].token_ids, true));
+  ASSERT_GE(text.size(), 6u);
+  const std::string stop = text.substr(text.size() / 2, 2);
+  p.stop = {stop};
+  const RequestOutput cut = engine.generate({prompt}, {p})[0];
+  const CompletionOutput& c = cut.outputs[0];
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(std::get<std::string>(c.stop_reason), stop);
+  EXPECT_EQ(c.text, text.substr(0, text.find(stop)));
+  EXPECT_LE(c.token_ids.size(), full.outputs[0].token_ids.size());
+  EXPECT_EQ(engine.kv_cache().usage().used_bytes, 0);
+}
+
+TEST(Engine, RejectsBadRequestsAbortsAndStaysUsable) {
+  REQUIRE_CHECKPOINT();
+  EngineCore engine(tiny_args());
+  SamplingParams p;
+  p.max_tokens = 50;
+  p.ignore_eos = true;
+  EXPECT_THROW(engine.add_request("long", std::vector<int32_t>(129, 3), p), Error);
+  EXPECT_THROW(engine.add_request("vocab", {1, 5000}, p), Error);
+  SamplingParams bad = p;
+  bad.temperature = -1.0f;
+  EXPECT_THROW(engine.add_request("bad", {1, 2}, bad), Error);
+  EXPECT_FALSE(engine.has_unfinished());
+
+  engine.add_request("a", {4, 5, 6}, p);
+  engine.add_request("b", {7, 8}, p);
+  for (int i = 0; i < 3; ++i) engine.step();
+  engine.abort_request("a");
+  engine.abort_request("nope");  // ignored
+  bool saw_abort = false, b_done = false;
+  while (engine.has_unfinished()) {
+    for (const RequestOutput& o : engine.step()) {
+      if (o.request_id == "a") {
+        EXPECT_TRUE(o.finished);
+        EXPECT_EQ(o.outputs[0].finish_reason, "abort");
+        EXPECT_EQ(o.outputs[0].token_ids.size(), 3u);
+        saw_abort = true;
+      }
+      if (o.request_id == "b" && o.finished) {
+        EXPECT_EQ(o.outputs[0].token_ids.size(), 50u);
+        EXPECT_EQ(o.outputs[0].finish_reason, "length");
+        b_done = true;
+      }
+    }
+  }
+  EXPECT_TRUE(saw_abort && b_done);
+  EXPECT_EQ(engine.kv_cache().usage().used_bytes, 0);
+  EXPECT_EQ(engine.runner().num_states(), 0);
+  // A too-small budget is refused at construction with a message saying what to change.
+  EngineArgs tiny = tiny_args();
+  tiny.kv_cache_memory = 1000;
+  EXPECT_THROW(EngineCore{tiny}, Error);
+}
+
+TEST(Engine, KvAccountingMatchesTheRunnerState) {
+  REQUIRE_CHECKPOINT();
+  EngineCore engine(tiny_args());
+  SamplingParams p;
+  p.max_tokens = 100;
+  p.ignore_eos = true;
+  engine.add_request("a", std::vector<int32_t>(20, 9), p);
+  const auto& runner = dynamic_cast<const CpuModelRunner&>(engine.runner());
+  for (int step = 0; step < 90; ++step) {  // the 100th token would finish it
+    engine.step();
+    const SequenceState* st = runner.state(0);
+    ASSERT_NE(st, nullptr);
+    const KvPages want = engine.kv_cache().pages_for_tokens(st->num_tokens);
+    int64_t compressed = 0, index = 0;
+    for (const LayerState& l : st->layers) {
+      compressed += l.compressed.num_pages();
+      index += l.index_keys.num_pages();
+    }
+    ASSERT_EQ(compressed, want.num_pages[static_cast<int>(KvPool::kCompressed)]) << st->num_tokens << " tokens";
+    ASSERT_EQ(index, want.num_pages[static_cast<int>(KvPool::kIndexKeys)]) << st->num_tokens << " tokens";
+    ASSERT_GE(engine.kv_cache().usage().used_bytes, want.num_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer
