@@ -15,7 +15,8 @@ namespace {
 // Python object -> ordered JSON through json.dumps (keeps dict order, like the reference sees it).
 nlohmann::ordered_json to_json(const py::object& obj, const char* what) {
   if (obj.is_none()) return nullptr;
-  static py::object dumps = py::module_::import("json").attr("dumps");
+  // Not cached in a static: a py::object destroyed after interpreter finalisation aborts the process.
+  py::object dumps = py::module_::import("json").attr("dumps");
   std::string text;
   try {
     text = py::cast<std::string>(dumps(obj, py::arg("ensure_ascii") = false));
