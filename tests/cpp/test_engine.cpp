@@ -103,7 +103,7 @@ std::vector<Tokens> run_all(EngineCore& engine, const std::vector<Case>& cases, 
 
 TEST(Engine, SeededRequestsGiveTheSameTokensAloneBatchedShuffledChunkedAndPreempted) {
   REQUIRE_CHECKPOINT();
-  const std::vector<Case> cases = random_cases(50, 1234, 40, 12);
+  const std::vector<Case> cases = random_cases(200, 1234, 40, 12);
   std::vector<size_t> order(cases.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
 
@@ -176,13 +176,13 @@ TEST(Engine, GreedyEqualsTheOneSequenceForward) {
   }
 }
 
-TEST(Engine, ThreeHundredMixedRequestsFinishRightAndFreeEverything) {
+TEST(Engine, AThousandMixedRequestsFinishRightAndFreeEverything) {
   REQUIRE_CHECKPOINT();
   std::mt19937_64 rng(5);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> params;
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < 1000; ++i) {
     std::vector<int32_t> prompt(static_cast<size_t>(uni(1, 60)));
     for (int32_t& t : prompt) t = uni(0, 1023);
     SamplingParams p;
@@ -201,11 +201,11 @@ TEST(Engine, ThreeHundredMixedRequestsFinishRightAndFreeEverything) {
   args.max_num_batched_tokens = 256;
   EngineCore engine(args);
   const std::vector<RequestOutput> outs = engine.generate(prompts, params);
-  ASSERT_EQ(outs.size(), 301u);
-  EXPECT_TRUE(outs[300].error.has_value());
-  EXPECT_EQ(outs[300].outputs.at(0).finish_reason, "abort");
+  ASSERT_EQ(outs.size(), 1001u);
+  EXPECT_TRUE(outs[1000].error.has_value());
+  EXPECT_EQ(outs[1000].outputs.at(0).finish_reason, "abort");
   std::map<std::string, int> reasons;
-  for (size_t i = 0; i < 300; ++i) {
+  for (size_t i = 0; i < 1000; ++i) {
     const SamplingParams& p = params[i];
     ASSERT_TRUE(outs[i].finished);
     ASSERT_FALSE(outs[i].error.has_value());

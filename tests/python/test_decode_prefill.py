@@ -42,3 +42,14 @@ def test_chunked_prefill_equals_prefill(make_checkpoint, run_cli, tmp_path, chun
     full = _logits(run_cli, model, ids, tmp_path)
     chunked = _logits(run_cli, model, ids, tmp_path, "--chunk", str(chunk))
     _assert_close(full, chunked, f"chunks of {chunk}")
+
+
+def test_every_chunk_size_is_bitwise_equal_to_one_prefill(make_checkpoint, run_cli, tmp_path):
+    """Chunked prefill carries the window ring, compressor partial groups (C4 overlap included) and
+    index visibility across chunks: every chunk size 1..N gives the one-shot logits bit for bit."""
+    model = make_checkpoint("tiny", seed=7)
+    ids = np.random.default_rng(13).integers(3, 1024, 45).tolist()  # window 16, C4 groups, top-k 4 selects
+    full = _logits(run_cli, model, ids, tmp_path)
+    for chunk in range(1, len(ids) + 1):
+        got = _logits(run_cli, model, ids, tmp_path, "--chunk", str(chunk))
+        assert np.array_equal(got, full), f"chunk {chunk}: max |d| {np.abs(got - full).max()}"
