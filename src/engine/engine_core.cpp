@@ -125,15 +125,28 @@ std::vector<RequestOutput> EngineCore::step() {
   std::vector<RequestOutput> outputs = std::move(pending_);
   pending_.clear();
   if (scheduler_->has_unfinished()) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
     const SchedulerOutput so = scheduler_->schedule();
     DI_CHECK(!so.empty(), "engine: the scheduler could not schedule any of {} waiting sequences (internal error)",
              scheduler_->num_waiting());
+    const auto t1 = clock::now();
     const ModelRunnerOutput ro = runner_->execute(so);
+    const auto t2 = clock::now();
     const std::vector<SampledToken> sampled = sample_rows(ro);
+    const auto t3 = clock::now();
     OutputProcessor::Result r = outputs_->process(scheduler_->update_from_output(so, sampled));
     for (int64_t id : r.stopped_seq_ids) scheduler_->finish_sequence(id, FinishReason::kStop);
     for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
     ++num_steps_;
+    const auto t4 = clock::now();
+    auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    stats_.schedule_s += secs(t0, t1);
+    stats_.model_s += secs(t1, t2);
+    stats_.sample_s += secs(t2, t3);
+    stats_.output_s += secs(t3, t4);
+    stats_.steps += 1;
+    stats_.tokens += so.num_scheduled_tokens;
   }
   for (int64_t id : scheduler_->take_freed_seq_ids()) runner_->free(id);
   return outputs;

@@ -29,6 +29,12 @@
 
 namespace deepinfer {
 
+// Where a step's time goes (seconds, summed over steps): for the scheduling-overhead benchmark.
+struct EngineStats {
+  double schedule_s = 0, model_s = 0, sample_s = 0, output_s = 0;
+  int64_t steps = 0, tokens = 0;
+};
+
 class EngineCore {
  public:
   // Loads args.model on the CPU (and its tokenizer unless skip_tokenizer_init). Throws
@@ -64,6 +70,8 @@ class EngineCore {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t num_steps() const { return num_steps_; }
+  const EngineStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
 
  private:
   void init(const EngineArgs& args);
@@ -80,6 +88,7 @@ class EngineCore {
   std::mt19937_64 seed_rng_;
   int64_t num_steps_ = 0;
   int64_t num_generate_calls_ = 0;
+  EngineStats stats_;
 };
 
 }  // namespace deepinfer

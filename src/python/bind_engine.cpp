@@ -103,6 +103,19 @@ void bind_engine(py::module_& m) {
       .def("generate", &EngineCore::generate, py::arg("prompts"), py::arg("params"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("max_model_len", &EngineCore::max_model_len)
+      .def("stats",
+           [](const EngineCore& e) {
+             const EngineStats& s = e.stats();
+             py::dict d;
+             d["schedule_s"] = s.schedule_s;
+             d["model_s"] = s.model_s;
+             d["sample_s"] = s.sample_s;
+             d["output_s"] = s.output_s;
+             d["steps"] = s.steps;
+             d["tokens"] = s.tokens;
+             return d;
+           })
+      .def("reset_stats", &EngineCore::reset_stats)
       .def_property_readonly("eos_token_id", [](const EngineCore& e) { return e.config().eos_token_id; })
       .def_property_readonly("vocab_size", [](const EngineCore& e) { return e.config().vocab_size; });
 }
