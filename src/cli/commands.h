@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_args.h"
 #include "ops/ops.h"
 
 namespace deepinfer::cli {
@@ -15,6 +16,9 @@ namespace deepinfer::cli {
 using Runner = std::function<int()>;
 Runner add_logits(CLI::App& app);
 Runner add_generate(CLI::App& app);
+Runner add_bench(CLI::App& app);
+Runner add_perplexity(CLI::App& app);
+Runner add_chat(CLI::App& app);
 
 // Shared numerics flags: --dtype bfloat16|float32, --no-simulate-qat.
 struct NumericsFlags {
@@ -22,6 +26,19 @@ struct NumericsFlags {
   bool no_qat = false;
   void add(CLI::App* cmd);
   ops::Numerics numerics() const;
+};
+
+// Shared engine flags (vLLM names): --max-num-batched-tokens, --max-num-seqs, --max-model-len,
+// --kv-cache-memory, --seed, plus the numerics flags. Defined in cmd_bench.cpp.
+struct EngineFlags {
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_num_seqs = 64;
+  int64_t max_model_len = 0;  // 0: the config's max_position_embeddings
+  int64_t kv_cache_memory = int64_t{4} << 30;
+  uint64_t seed = 0;
+  NumericsFlags num;
+  void add(CLI::App* cmd);
+  EngineArgs args(const std::string& model) const;
 };
 
 // "0,17,5" -> {0, 17, 5}; throws deepinfer::Error on anything else.

@@ -10,6 +10,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto logits = deepinfer::cli::add_logits(app);
   auto generate = deepinfer::cli::add_generate(app);
+  auto bench = deepinfer::cli::add_bench(app);
+  auto perplexity = deepinfer::cli::add_perplexity(app);
+  auto chat = deepinfer::cli::add_chat(app);
   app.add_subcommand("env", "list the DEEPINFER_* environment variables and what this build supports");
   try {
     app.parse(argc, argv);
@@ -24,6 +27,9 @@ int main(int argc, char** argv) {
     }
     if (app.got_subcommand("logits")) return logits();
     if (app.got_subcommand("generate")) return generate();
+    if (app.got_subcommand("bench")) return bench();
+    if (app.got_subcommand("perplexity")) return perplexity();
+    if (app.got_subcommand("chat")) return chat();
   } catch (const deepinfer::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
