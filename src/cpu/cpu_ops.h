@@ -13,6 +13,9 @@ using ops::RopeFreqs;
 
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
 Tensor dequantize(const QWeight& w);
+// Testing: allow (default) or forbid the AVX-512VL build of the GEMV kernels (same FP32 operations, more
+// registers); forbidden, linear() runs the AVX2 build. Returns the previous setting. Not thread-safe.
+bool set_linear_wide_kernels(bool on);
 void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block);
 void fake_quant_fp4(Tensor& x, int64_t block);
 void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block);

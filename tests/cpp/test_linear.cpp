@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "cpu/cpu_ops.h"
 #include "ops/ops.h"
 
 using namespace deepinfer;
@@ -415,4 +416,40 @@ TEST(LinearErrors, BadShapesAndDtypesThrow) {
   std::vector<uint16_t> hw(64 * 128);
   gw.w = Tensor::borrow(hw.data(), {64, 128}, DType::kBF16, nullptr, Device::kCUDA);
   EXPECT_THROW(ops::linear(x, gw, {}), Error);
+}
+
+// The AVX-512VL build of the GEMV kernels (more registers, used for groups of >= 4 x rows where the
+// CPU has it) must reproduce the AVX2 build bit for bit: same FP32 operations per output for every M.
+TEST(Linear, WideKernelsBitwiseEqualAvx2Kernels) {
+  struct Case {
+    const char* name;
+    ops::QWeight w;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"fp8 37x300 b128", fp8_weight(37, 300, 128, 11)});
+  cases.push_back({"fp8 29x77 b16", fp8_weight(29, 77, 16, 12)});
+  cases.push_back({"fp8 20x256 b128 extreme", fp8_weight(20, 256, 128, 13, 100, 255)});
+  cases.push_back({"fp4 29x96", fp4_weight(29, 96, 14)});
+  cases.push_back({"fp4 33x256", fp4_weight(33, 256, 15)});
+  cases.push_back({"bf16 31x203", bf16_weight(31, 203, 16)});
+  cases.push_back({"f32 23x203", f32_weight(23, 203, 17)});
+  const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64};
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : cases) {
+    const int64_t K = c.w.w.size(1);
+    for (int64_t M : ms) {
+      Tensor x = Tensor::empty({M, K}, DType::kF32);
+      for (int64_t i = 0; i < M * K; ++i) x.data<float>()[i] = nd(rng);
+      const bool prev = cpu::set_linear_wide_kernels(false);
+      Tensor ref = ops::linear(x, c.w, {});
+      cpu::set_linear_wide_kernels(true);
+      Tensor got = ops::linear(x, c.w, {});
+      cpu::set_linear_wide_kernels(prev);
+      ASSERT_EQ(ref.numel(), got.numel());
+      for (int64_t i = 0; i < ref.numel(); ++i)
+        ASSERT_EQ(bits_of(ref.data<float>()[i]), bits_of(got.data<float>()[i]))
+            << c.name << " M=" << M << " at " << i;
+    }
+  }
 }
