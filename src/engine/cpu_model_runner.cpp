@@ -32,14 +32,32 @@ ModelRunnerOutput CpuModelRunner::execute(const SchedulerOutput& out) {
     DI_CHECK(st != nullptr && st->num_tokens == s.start_pos,
              "model runner: sequence {} is scheduled from position {} but its state holds {} tokens", s.seq_id,
              s.start_pos, st ? st->num_tokens : -1);
-    batch.push_back(SeqChunk{st.get(), s.tokens, s.want_logits, false});
+    batch.push_back(SeqChunk{st.get(), s.tokens, s.want_logits, s.want_prompt_logits});
     if (s.want_logits) result.seq_ids.push_back(s.seq_id);
   }
   Tensor logits = model_->forward_batch(batch, opts_);
-  DI_CHECK(logits.size(0) == static_cast<int64_t>(result.seq_ids.size()) && logits.size(1) == result.vocab,
-           "model runner: forward returned {} logits rows for {} sequences", logits.size(0), result.seq_ids.size());
-  result.logits.resize(static_cast<size_t>(logits.numel()));
-  if (logits.numel() > 0) std::memcpy(result.logits.data(), logits.data<float>(), logits.numel() * sizeof(float));
+  // forward_batch returns, per chunk in order, all its rows (all_logits) or its last row.
+  const size_t V = static_cast<size_t>(result.vocab);
+  const float* p = logits.data<float>();
+  int64_t rows_used = 0;
+  for (const ScheduledSeq& s : out.seqs) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (s.want_prompt_logits) {
+      result.prompt_seq_ids.push_back(s.seq_id);
+      result.prompt_pos.push_back(s.start_pos);
+      result.prompt_rows.push_back(n);
+      result.prompt_logits.insert(result.prompt_logits.end(), p, p + n * V);
+      if (s.want_logits) result.logits.insert(result.logits.end(), p + (n - 1) * V, p + n * V);
+      p += n * V;
+      rows_used += n;
+    } else if (s.want_logits) {
+      result.logits.insert(result.logits.end(), p, p + V);
+      p += V;
+      rows_used += 1;
+    }
+  }
+  DI_CHECK(logits.size(0) == rows_used && logits.size(1) == result.vocab,
+           "model runner: forward returned {} logits rows, expected {}", logits.size(0), rows_used);
   return result;
 }
 

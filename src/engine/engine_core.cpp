@@ -72,7 +72,6 @@ void EngineCore::init(const EngineArgs& args) {
 void EngineCore::add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
                              const SamplingParams& params) {
   params.validate();
-  DI_CHECK(params.prompt_logprobs < 0, "request '{}': prompt_logprobs is not supported yet", request_id);
   DI_CHECK(params.so_args.is_null(), "request '{}': structured output (so_args) is not supported yet", request_id);
   DI_CHECK(params.stop.empty() || tokenizer_ != nullptr,
            "request '{}': stop strings need a tokenizer (the engine has none; use stop_token_ids)", request_id);
@@ -99,6 +98,28 @@ void EngineCore::abort_request(const std::string& request_id) {
 }
 
 bool EngineCore::has_unfinished() const { return scheduler_->has_unfinished() || !pending_.empty(); }
+
+// Raw logprob of each prompt token given its prefix (vLLM's prompt_logprobs), from the rows the
+// runner returned for prefill chunks; entry 0 stays empty.
+void EngineCore::record_prompt_logprobs(const ModelRunnerOutput& ro) {
+  const float* p = ro.prompt_logits.data();
+  for (size_t i = 0; i < ro.prompt_seq_ids.size(); ++i) {
+    const int64_t rows = ro.prompt_rows[i];
+    const Sequence* seq = scheduler_->sequence(ro.prompt_seq_ids[i]);
+    if (seq) {
+      const std::vector<int32_t>& prompt = seq->prompt();
+      auto& dst = prompt_logprobs_[seq->request->request_id];
+      dst.resize(prompt.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const size_t next = static_cast<size_t>(ro.prompt_pos[i] + r + 1);
+        if (next >= prompt.size()) break;
+        SampleResult lp = raw_logprobs(p + r * ro.vocab, ro.vocab, prompt[next], seq->request->params.prompt_logprobs);
+        dst[next] = TokenLogprobs{prompt[next], lp.logprob, std::move(lp.top_logprobs)};
+      }
+    }
+    p += rows * ro.vocab;
+  }
+}
 
 std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) const {
   std::vector<SampledToken> sampled;
@@ -133,11 +154,19 @@ std::vector<RequestOutput> EngineCore::step() {
     const auto t1 = clock::now();
     const ModelRunnerOutput ro = runner_->execute(so);
     const auto t2 = clock::now();
+    record_prompt_logprobs(ro);
     const std::vector<SampledToken> sampled = sample_rows(ro);
     const auto t3 = clock::now();
     OutputProcessor::Result r = outputs_->process(scheduler_->update_from_output(so, sampled));
     for (int64_t id : r.stopped_seq_ids) scheduler_->finish_sequence(id, FinishReason::kStop);
-    for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
+    for (RequestOutput& o : r.outputs) {
+      auto it = prompt_logprobs_.find(o.request_id);
+      if (it != prompt_logprobs_.end()) {
+        o.prompt_logprobs = it->second;
+        if (o.finished) prompt_logprobs_.erase(it);
+      }
+      outputs.push_back(std::move(o));
+    }
     ++num_steps_;
     const auto t4 = clock::now();
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };

@@ -16,6 +16,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "deepinfer/model_config.h"
@@ -76,6 +77,7 @@ class EngineCore {
  private:
   void init(const EngineArgs& args);
   std::vector<SampledToken> sample_rows(const ModelRunnerOutput& ro) const;
+  void record_prompt_logprobs(const ModelRunnerOutput& ro);
 
   ModelConfig config_;
   std::unique_ptr<ModelRunner> runner_;
@@ -89,6 +91,7 @@ class EngineCore {
   int64_t num_steps_ = 0;
   int64_t num_generate_calls_ = 0;
   EngineStats stats_;
+  std::unordered_map<std::string, std::vector<std::optional<TokenLogprobs>>> prompt_logprobs_;  // by request id
 };
 
 }  // namespace deepinfer

@@ -53,6 +53,9 @@ struct RequestOutput {
   std::vector<CompletionOutput> outputs;  // n entries, by child index
   bool finished = false;                  // all children finished
   std::optional<std::string> error;       // set when the request was rejected (then finish_reason "abort")
+  // params.prompt_logprobs >= 0: one entry per prompt token, the first empty (nothing predicts it),
+  // entry i the raw logprob of prompt token i given tokens 0..i-1 plus the top prompt_logprobs tokens.
+  std::vector<std::optional<TokenLogprobs>> prompt_logprobs;
 };
 
 }  // namespace deepinfer

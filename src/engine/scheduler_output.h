@@ -19,6 +19,7 @@ struct ScheduledSeq {
   int64_t start_pos = 0;        // = num_computed_tokens before the step; 0 means a fresh state
   std::vector<int32_t> tokens;  // the tokens to run, at positions start_pos ...
   bool want_logits = false;     // the chunk reaches the end of the known tokens: sample after it
+  bool want_prompt_logits = false;  // every row of the chunk, for prompt_logprobs
 };
 
 struct SchedulerOutput {
@@ -35,6 +36,10 @@ struct ModelRunnerOutput {
   int64_t vocab = 0;
   std::vector<float> logits;  // [seq_ids.size(), vocab]
   const float* row(size_t i) const { return logits.data() + i * static_cast<size_t>(vocab); }
+  // prompt_logprobs: for prompt_seq_ids[i], prompt_rows[i] consecutive rows of prompt_logits, the
+  // first at position prompt_pos[i] (the logits after that position's token).
+  std::vector<int64_t> prompt_seq_ids, prompt_pos, prompt_rows;
+  std::vector<float> prompt_logits;
 };
 
 // A token the sampler picked for a sequence (fed back through Scheduler::update_from_output).

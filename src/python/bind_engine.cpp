@@ -86,7 +86,8 @@ void bind_engine(py::module_& m) {
       .def_readonly("prompt_token_ids", &RequestOutput::prompt_token_ids)
       .def_readonly("outputs", &RequestOutput::outputs)
       .def_readonly("finished", &RequestOutput::finished)
-      .def_readonly("error", &RequestOutput::error);
+      .def_readonly("error", &RequestOutput::error)
+      .def_readonly("prompt_logprobs", &RequestOutput::prompt_logprobs);
 
   py::class_<EngineCore>(m, "Engine", "The native offline engine (continuous batching on the CPU backend).")
       .def(py::init([](const std::string& model, py::kwargs kw) {

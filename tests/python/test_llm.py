@@ -68,3 +68,28 @@ def test_chat_parses_reasoning_and_content(llm):
     c = choices[0]
     assert c.reasoning_content + c.content != "" or c.tool_calls or c.text == ""
     assert c.finish_reason in ("stop", "length")
+
+
+def test_prompt_logprobs_match_the_logits(llm, run_cli, make_checkpoint, tmp_path):
+    """prompt_logprobs (vLLM's meaning): entry i is the raw log-softmax of prompt token i given the
+    tokens before it; entry 0 is None. Checked against `deepinfer logits` of the same prompt, also
+    when the prompt is prefilled in small chunks."""
+    prompt = np.random.default_rng(21).integers(3, 1024, 40).tolist()
+    out = tmp_path / "l.bin"
+    run_cli(["logits", "--model", make_checkpoint("tiny", seed=0), "--input-ids", ",".join(map(str, prompt)),
+             "--out", out])
+    logits = np.fromfile(out, dtype=np.float32).reshape(len(prompt), -1).astype(np.float64)
+    ref = logits - logits.max(-1, keepdims=True)
+    ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
+    chunked = deepinfer.LLM(model=str(make_checkpoint("tiny", seed=0)), kv_cache_memory=1 << 28,
+                            max_model_len=4096, max_num_batched_tokens=7)
+    for engine in (llm, chunked):
+        res = engine.generate(prompt, deepinfer.SamplingParams(max_tokens=1, prompt_logprobs=3))[0]
+        pl = res.prompt_logprobs
+        assert len(pl) == len(prompt) and pl[0] is None
+        for i in range(1, len(prompt)):
+            assert pl[i].token == prompt[i]
+            assert pl[i].logprob == pytest.approx(ref[i - 1, prompt[i]], abs=1e-4)
+            assert len(pl[i].top) == 3
+            top_ids = [t for t, _ in pl[i].top]
+            assert top_ids == list(np.argsort(-ref[i - 1], kind="stable")[:3])
