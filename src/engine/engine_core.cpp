@@ -159,14 +159,7 @@ std::vector<RequestOutput> EngineCore::step() {
     const auto t3 = clock::now();
     OutputProcessor::Result r = outputs_->process(scheduler_->update_from_output(so, sampled));
     for (int64_t id : r.stopped_seq_ids) scheduler_->finish_sequence(id, FinishReason::kStop);
-    for (RequestOutput& o : r.outputs) {
-      auto it = prompt_logprobs_.find(o.request_id);
-      if (it != prompt_logprobs_.end()) {
-        o.prompt_logprobs = it->second;
-        if (o.finished) prompt_logprobs_.erase(it);
-      }
-      outputs.push_back(std::move(o));
-    }
+    for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
     ++num_steps_;
     const auto t4 = clock::now();
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -178,6 +171,14 @@ std::vector<RequestOutput> EngineCore::step() {
     stats_.tokens += so.num_scheduled_tokens;
   }
   for (int64_t id : scheduler_->take_freed_seq_ids()) runner_->free(id);
+  // Prompt logprobs go with every output of their request, aborted ones included, and are dropped
+  // once the request has finished.
+  for (RequestOutput& o : outputs) {
+    auto it = prompt_logprobs_.find(o.request_id);
+    if (it == prompt_logprobs_.end()) continue;
+    o.prompt_logprobs = it->second;
+    if (o.finished) prompt_logprobs_.erase(it);
+  }
   return outputs;
 }
 
