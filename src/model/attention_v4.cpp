@@ -16,14 +16,6 @@
 
 namespace deepinfer {
 
-Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
-  return ops::linear(x, w, {c.num.simulate_qat ? c.cfg.fp8_block : 0, c.num.bf16});
-}
-Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
-  return ops::linear(x, w, {0, c.num.bf16});
-}
-Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
-
 namespace {
 
 // The compressor's gated pooling of one complete group (§2.5): per channel a softmax over the
