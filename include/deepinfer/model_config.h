@@ -43,6 +43,26 @@ struct ModelConfig {
   int64_t index_head_dim = 0;
   int64_t index_topk = 0;
 
+  // V4.1 CSA2 (§2.6): only kv sources own a compressor, compressed KV and index keys; only index
+  // sources run an indexer; the candidate source publishes level-1 candidate blocks that later
+  // index sources re-score inside. Other compressed layers read the latest source at or below them.
+  std::vector<int64_t> kv_source_layers, index_source_layers;
+  int64_t candidate_source_layer = -1;  // < 0: no two-level selection
+  int64_t candidate_topk_blocks = 0;
+  int64_t candidate_block_size = 0;
+  float gate_temp = 1.0f;      // V4.1 MoE gate: logits / gate_temp
+  bool norm_topk_prob = true;  // V4.1 MoE gate: normalise the top-k weights
+
+  // V4.1 Engram (§2.9): n-gram hash lookups added to the stream before these layers.
+  std::vector<int64_t> engram_layer_ids;
+  std::vector<int64_t> engram_num_embeddings;  // table rows per engram layer
+  int64_t engram_max_ngram_size = 0;
+  int64_t engram_vocab_size = 0;  // primes are searched from here
+  int64_t engram_n_heads = 0;
+  int64_t engram_head_dim = 0;
+  int64_t engram_pad_id = 2;
+  int64_t engram_compressed_vocab_size = 0;
+
   // RoPE / YaRN
   double rope_theta = 10000.0;
   double compress_rope_theta = 10000.0;
@@ -69,7 +89,27 @@ struct ModelConfig {
   int64_t compress_ratio(int64_t layer) const { return compress_ratios.at(static_cast<size_t>(layer)); }
   bool is_hash_layer(int64_t layer) const { return layer < n_hash_layers; }
   int64_t nope_head_dim() const { return head_dim - rope_head_dim; }
+
+  // V4.1 layer roles (§1.2 table). -1 when there is none.
+  bool is_kv_source(int64_t layer) const;
+  bool is_index_source(int64_t layer) const;
+  int64_t kv_source_of(int64_t layer) const;     // latest kv source <= layer
+  int64_t index_source_of(int64_t layer) const;  // latest index source <= layer
+  int64_t engram_index(int64_t layer) const;     // position in engram_layer_ids, or -1
 };
+
+// The numerics that differ between the families (v4-architecture.md §2.0), in one place; model
+// code asks these instead of testing the family.
+struct FamilyNumerics {
+  bool q_head_renorm;            // V4: weightless per-head RMS of q
+  int64_t window_quant_block;    // FP8 fake-quant block of window KV
+  bool window_quant_rope_dims;   // V4.1 quantises the RoPE tail too
+  bool staggered_hc;             // V4.1: a sublayer collapses with the previous one's pre-mix
+  bool hc_head;                  // V4: separate hc_head_* final collapse
+  float moe_norm_eps;            // added to the top-k weight sum (V4: none; V4.1: 1e-20)
+  bool moe_norm_switchable;      // V4.1 normalises only with norm_topk_prob and top-k > 1
+};
+FamilyNumerics family_numerics(ModelFamily f);
 
 // Reads `path` (a config.json file, or a directory holding config.json) and validates it.
 // Throws deepinfer::Error naming the file and the offending key.

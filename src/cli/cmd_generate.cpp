@@ -34,7 +34,7 @@ Runner add_generate(CLI::App& app) {
   o->num.add(cmd);
   return [o] {
     std::vector<int32_t> prompt = parse_ids(o->ids, "--prompt-ids");
-    auto model = ModelV4::load(o->model);
+    auto model = Model::load(o->model);
     auto state = model->new_sequence();
     ForwardOptions fo{o->num.numerics(), false, nullptr};
     using clock = std::chrono::steady_clock;

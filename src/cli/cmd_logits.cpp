@@ -46,7 +46,7 @@ Runner add_logits(CLI::App& app) {
       seqs.push_back(parse_ids(o->ids.substr(i, j - i), "--input-ids"));
       i = j + 1;
     }
-    auto model = ModelV4::load(o->model);
+    auto model = Model::load(o->model);
     const ModelConfig& cfg = model->config();
     Trace trace;
     ForwardOptions fo{o->num.numerics(), true, o->trace.empty() ? nullptr : &trace};

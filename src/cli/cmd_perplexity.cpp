@@ -69,7 +69,7 @@ Runner add_perplexity(CLI::App& app) {
     const int64_t stride = o->stride > 0 ? o->stride : window;
     DI_CHECK(stride <= window, "--stride ({}) must not exceed the window ({})", stride, window);
 
-    auto model = ModelV4::load(o->model);
+    auto model = Model::load(o->model);
     const int64_t vocab = model->config().vocab_size;
     const ForwardOptions fo{o->num.numerics(), true, nullptr};
     const int64_t n = static_cast<int64_t>(ids.size());

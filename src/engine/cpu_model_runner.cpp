@@ -6,7 +6,7 @@
 
 namespace deepinfer {
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<ModelV4> model, const ops::Numerics& numerics)
+CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics)
     : model_(std::move(model)) {
   DI_CHECK(model_ != nullptr, "CpuModelRunner: no model");
   opts_.numerics = numerics;

@@ -1,4 +1,4 @@
-// CpuModelRunner: the ModelRunner over ModelV4 on the CPU: a SequenceState per sequence, one
+// CpuModelRunner: the ModelRunner over a Model (V4 or V4.1) on the CPU: a SequenceState per sequence, one
 // forward_batch per step.
 #pragma once
 
@@ -12,18 +12,18 @@ namespace deepinfer {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(std::unique_ptr<ModelV4> model, const ops::Numerics& numerics);
+  CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics);
 
   ModelRunnerOutput execute(const SchedulerOutput& out) override;
   void free(int64_t seq_id) override { states_.erase(seq_id); }
   int64_t num_states() const override { return static_cast<int64_t>(states_.size()); }
 
-  const ModelV4& model() const { return *model_; }
+  const Model& model() const { return *model_; }
   // The state held for seq_id, or nullptr (tests compare it with the KV accounting).
   const SequenceState* state(int64_t seq_id) const;
 
  private:
-  std::unique_ptr<ModelV4> model_;
+  std::unique_ptr<Model> model_;
   ForwardOptions opts_;
   std::unordered_map<int64_t, std::unique_ptr<SequenceState>> states_;
 };

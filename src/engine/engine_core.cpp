@@ -30,7 +30,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const EngineArgs& args) {
 EngineCore::EngineCore(const EngineArgs& args) {
   DI_CHECK(!args.model.empty(), "engine: no model directory given");
   const ops::Numerics numerics = args.numerics();
-  std::unique_ptr<ModelV4> model = ModelV4::load(args.model);
+  std::unique_ptr<Model> model = Model::load(args.model);
   config_ = model->config();
   runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics);
   tokenizer_ = load_tokenizer(args);

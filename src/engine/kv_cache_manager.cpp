@@ -34,18 +34,25 @@ KvCacheManager::KvCacheManager(const ModelConfig& cfg, int64_t budget_bytes) : b
   page_bytes_[idx(KvPool::kCompressed)] = kRows * cfg.head_dim * kFloat;
   page_bytes_[idx(KvPool::kIndexKeys)] = kRows * cfg.index_head_dim * kFloat;
   int64_t compressor_bytes = 0;
+  const bool v41 = cfg.family == ModelFamily::kV41;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const int64_t r = cfg.compress_ratio(l);
-    ratio_.push_back(r);
     ++num_window_pages_;
-    if (r > 0) {
-      const int64_t c = r == 4 ? 2 : 1;
+    // V4: every compressed layer owns compressed KV (C4 also index keys and a second compressor).
+    // V4.1: only kv sources own compressed KV and index keys; ratio-2 sources an open-pair state.
+    // (V4.1's Engram history, 4 bytes per token, is not counted.)
+    const bool owns = r > 0 && (!v41 || cfg.is_kv_source(l));
+    if (!owns) continue;
+    ratio_.push_back(r);
+    index_keys_.push_back(v41 || r == 4);
+    const int64_t c = r == 4 ? 2 : 1;
+    if (r > 1) {
       compressor_bytes += 4 * r * c * cfg.head_dim * kFloat;  // prev/cur kv and score rows
       ++num_compressor_pages_;
-      if (r == 4) {
-        compressor_bytes += 4 * r * c * cfg.index_head_dim * kFloat;
-        ++num_compressor_pages_;
-      }
+    }
+    if (r == 4) {
+      compressor_bytes += 4 * r * c * cfg.index_head_dim * kFloat;
+      ++num_compressor_pages_;
     }
   }
   // Compressor pages differ per ratio: one nominal page size covers them (rounded up, never under).
@@ -58,10 +65,10 @@ KvPages KvCacheManager::pages_for_tokens(int64_t num_tokens) const {
   if (num_tokens <= 0) return p;
   p.num_pages[idx(KvPool::kWindow)] = num_window_pages_;
   p.num_pages[idx(KvPool::kCompressor)] = num_compressor_pages_;
-  for (int64_t r : ratio_) {
-    if (r == 0) continue;
-    p.num_pages[idx(KvPool::kCompressed)] += ceil_div(num_tokens / r, kRows);
-    if (r == 4) p.num_pages[idx(KvPool::kIndexKeys)] += ceil_div(num_tokens / 4, kRows);
+  for (size_t i = 0; i < ratio_.size(); ++i) {
+    const int64_t rows = num_tokens / ratio_[i];
+    p.num_pages[idx(KvPool::kCompressed)] += ceil_div(rows, kRows);
+    if (index_keys_[i]) p.num_pages[idx(KvPool::kIndexKeys)] += ceil_div(rows, kRows);
   }
   for (int i = 0; i < kNumKvPools; ++i) p.num_bytes += p.num_pages[i] * page_bytes_[i];
   return p;

@@ -167,6 +167,38 @@ std::vector<int64_t> ratios_from_layer_types(const Keys& k) {
   return out;
 }
 
+// The V4.1-only keys; the HF and flat spellings differ only in the four names in `names`
+// (kv sources, index sources, candidate source, engram pad id).
+struct V41Names {
+  const char* kv_sources;
+  const char* index_sources;
+  const char* candidate_source;
+  const char* engram_pad;
+};
+void parse_v41_keys(const Keys& k, ModelConfig& c, const V41Names& n) {
+  c.kv_source_layers = k.has(n.kv_sources) ? k.int_list(n.kv_sources) : std::vector<int64_t>{};
+  c.index_source_layers = k.has(n.index_sources) ? k.int_list(n.index_sources) : std::vector<int64_t>{};
+  c.candidate_source_layer = k.get_int(n.candidate_source, -1);
+  c.candidate_topk_blocks = k.get_int("candidate_topk_blocks", 0);
+  c.candidate_block_size = k.get_int("candidate_block_size", 0);
+  c.gate_temp = static_cast<float>(k.get_num("gate_temp", c.gate_temp));
+  if (const json* v = k.find("norm_topk_prob")) {
+    DI_CHECK(v->is_boolean(), "config {}: key '{}' must be true or false, got {}", k.source(),
+             k.label("norm_topk_prob"), brief(*v));
+    c.norm_topk_prob = v->get<bool>();
+  }
+  c.engram_layer_ids = k.has("engram_layer_ids") ? k.int_list("engram_layer_ids") : std::vector<int64_t>{};
+  if (!c.engram_layer_ids.empty()) {
+    c.engram_num_embeddings = k.int_list("engram_num_embeddings");
+    c.engram_max_ngram_size = k.req_int("engram_max_ngram_size");
+    c.engram_vocab_size = k.req_int("engram_vocab_size");
+    c.engram_n_heads = k.req_int("engram_n_heads");
+    c.engram_head_dim = k.req_int("engram_head_dim");
+    c.engram_pad_id = k.get_int(n.engram_pad, c.engram_pad_id);
+    c.engram_compressed_vocab_size = k.req_int("engram_compressed_vocab_size");
+  }
+}
+
 // The HF keys of one model (top level for V4, text_config for V4.1).
 void parse_hf_text(const Keys& k, ModelConfig& c) {
   c.vocab_size = k.req_int("vocab_size");
@@ -204,7 +236,7 @@ void parse_hf_text(const Keys& k, ModelConfig& c) {
              "config {}: {} is {} but {} starts with {} hash_moe layers", c.source, k.label("num_hash_layers"),
              c.n_hash_layers, k.label("mlp_layer_types"), *hash_from_types);
   } else {
-    c.n_hash_layers = hash_from_types.value_or(3);
+    c.n_hash_layers = hash_from_types.value_or(c.family == ModelFamily::kV41 ? 0 : 3);  // V4.1 has none
   }
   c.score_func = k.get_str("scoring_func").value_or(c.score_func);
   c.route_scale = static_cast<float>(k.get_num("routed_scaling_factor", c.route_scale));
@@ -256,6 +288,9 @@ void parse_hf_text(const Keys& k, ModelConfig& c) {
   c.norm_eps = static_cast<float>(k.get_num("rms_norm_eps", c.norm_eps));
   c.bos_token_id = token_id(k, "bos_token_id", c.bos_token_id);
   c.eos_token_id = token_id(k, "eos_token_id", c.eos_token_id);
+  if (c.family == ModelFamily::kV41)
+    parse_v41_keys(k, c, {"kv_source_layer_ids", "index_source_layer_ids", "candidate_source_layer_id",
+                          "engram_pad_token_id"});
 }
 
 // quantization_config (top level) and expert_dtype (in quantization_config or at either level).
@@ -296,6 +331,7 @@ ModelConfig parse_hf(const json& j, const std::string& source) {
     c.family = ModelFamily::kV41;
     auto text = top.object("text_config");
     DI_CHECK(text.has_value(), "config {}: model_type deepseek_v41 needs a text_config object", source);
+    c.fp8_block = 32;  // V4.1 fixes its FP8 tiles and activation groups at 32 (§1.2)
     parse_hf_text(*text, c);
     parse_hf_quant(top, *text, c);
   } else {
@@ -361,10 +397,77 @@ ModelConfig parse_flat(const json& j, const std::string& source) {
   c.fp8_block = v41 ? 32 : 128;
   c.bos_token_id = token_id(k, "bos_token_id", c.bos_token_id);
   c.eos_token_id = token_id(k, "eos_token_id", c.eos_token_id);
+  if (v41)
+    parse_v41_keys(k, c, {"kv_source_layers", "index_source_layers", "candidate_source_layer", "engram_pad_id"});
   return c;
 }
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// A strictly ascending list of layer ids inside [0, n_layers).
+void check_layer_list(const ModelConfig& c, const std::vector<int64_t>& v, const char* name) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    DI_CHECK(v[i] >= 0 && v[i] < c.n_layers, "config {}: {}[{}] = {} is not a layer (n_layers {})", c.source, name, i,
+             v[i], c.n_layers);
+    DI_CHECK(i == 0 || v[i] > v[i - 1], "config {}: {} must be strictly ascending, got {} after {}", c.source, name,
+             v[i], v[i - 1]);
+  }
+}
+
+// The V4.1 layer-role rules the forward relies on (§1.2, §2.6).
+void validate_v41(const ModelConfig& c) {
+  const std::string& src = c.source;
+  DI_CHECK(c.fp8_block == 32, "config {}: V4.1 uses 32x32 FP8 tiles, got weight_block_size {}", src, c.fp8_block);
+  DI_CHECK(c.n_hash_layers == 0, "config {}: V4.1 has no hash-routed layers, got {}", src, c.n_hash_layers);
+  DI_CHECK(c.head_dim % 32 == 0, "config {}: head_dim {} must be a multiple of 32 (window-KV FP8 blocks)", src,
+           c.head_dim);
+  DI_CHECK(c.index_head_dim % 32 == 0, "config {}: index_head_dim {} must be a multiple of 32 (FP4 blocks)", src,
+           c.index_head_dim);
+  check_layer_list(c, c.kv_source_layers, "kv_source_layers");
+  check_layer_list(c, c.index_source_layers, "index_source_layers");
+  for (int64_t l : c.kv_source_layers) {
+    DI_CHECK(c.compress_ratio(l) > 0, "config {}: kv source layer {} has compress ratio 0", src, l);
+    DI_CHECK(c.is_index_source(l), "config {}: kv source layer {} must also be an index source (it owns the index keys)",
+             src, l);
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t r = c.compress_ratio(l);
+    if (r == 0) {
+      DI_CHECK(!c.is_kv_source(l) && !c.is_index_source(l), "config {}: layer {} is a source but has compress ratio 0",
+               src, l);
+      continue;
+    }
+    const int64_t kv = c.kv_source_of(l), ix = c.index_source_of(l);
+    DI_CHECK(kv >= 0, "config {}: layer {} has compress ratio {} but no kv source at or below it", src, l, r);
+    DI_CHECK(c.compress_ratio(kv) == r, "config {}: layer {} (ratio {}) would read kv source {} of ratio {}", src, l, r,
+             kv, c.compress_ratio(kv));
+    DI_CHECK(ix >= kv, "config {}: layer {} would reuse index source {} from before its kv source {}", src, l, ix, kv);
+  }
+  if (c.candidate_source_layer >= 0) {
+    DI_CHECK(c.is_index_source(c.candidate_source_layer), "config {}: candidate_source_layer {} is not an index source",
+             src, c.candidate_source_layer);
+    DI_CHECK(c.candidate_topk_blocks > 0 && c.candidate_block_size > 0,
+             "config {}: candidate_topk_blocks ({}) and candidate_block_size ({}) must be positive", src,
+             c.candidate_topk_blocks, c.candidate_block_size);
+  }
+  DI_CHECK(c.gate_temp > 0, "config {}: gate_temp must be positive, got {}", src, c.gate_temp);
+  if (c.engram_layer_ids.empty()) return;
+  check_layer_list(c, c.engram_layer_ids, "engram_layer_ids");
+  DI_CHECK(c.engram_num_embeddings.size() == c.engram_layer_ids.size(),
+           "config {}: engram_num_embeddings has {} entries for {} engram layers", src, c.engram_num_embeddings.size(),
+           c.engram_layer_ids.size());
+  DI_CHECK(c.engram_max_ngram_size >= 2 && c.engram_max_ngram_size <= 16,
+           "config {}: engram_max_ngram_size must be in [2, 16], got {}", src,
+           c.engram_max_ngram_size);
+  DI_CHECK(c.engram_n_heads > 0 && c.engram_vocab_size > 0 && c.engram_compressed_vocab_size > 0,
+           "config {}: engram_n_heads, engram_vocab_size and engram_compressed_vocab_size must be positive", src);
+  DI_CHECK(c.engram_head_dim > 0 && c.engram_head_dim % 32 == 0,
+           "config {}: engram_head_dim {} must be a positive multiple of 32 (FP8 row scales)", src, c.engram_head_dim);
+  DI_CHECK(c.engram_pad_id >= 0 && c.engram_pad_id < c.vocab_size, "config {}: engram pad id {} is outside the vocabulary",
+           src, c.engram_pad_id);
+  for (int64_t rows : c.engram_num_embeddings)
+    DI_CHECK(rows > 0, "config {}: engram_num_embeddings must be positive, got {}", src, rows);
+}
 
 }  // namespace
 
@@ -459,8 +562,12 @@ void validate_model_config(const ModelConfig& c) {
            src, c.n_activated_experts, c.n_routed_experts);
   DI_CHECK(c.n_hash_layers <= c.n_layers, "config {}: n_hash_layers {} exceeds n_layers {}", src, c.n_hash_layers,
            c.n_layers);
-  DI_CHECK(is_pow2(c.index_head_dim), "config {}: index_head_dim {} must be a power of two (Hadamard transform)", src,
-           c.index_head_dim);
+  if (c.family == ModelFamily::kV4) {
+    DI_CHECK(is_pow2(c.index_head_dim), "config {}: index_head_dim {} must be a power of two (Hadamard transform)",
+             src, c.index_head_dim);
+  } else {
+    validate_v41(c);
+  }
   DI_CHECK(c.index_head_dim >= c.rope_head_dim, "config {}: index_head_dim {} is smaller than rope_head_dim {}", src,
            c.index_head_dim, c.rope_head_dim);
 
@@ -480,6 +587,30 @@ void validate_model_config(const ModelConfig& c) {
              "config {}: FP4 experts need dim ({}) and moe_inter_dim ({}) to be multiples of 32", src, c.dim,
              c.moe_inter_dim);
   }
+}
+
+namespace {
+bool contains(const std::vector<int64_t>& v, int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+int64_t latest_at_or_below(const std::vector<int64_t>& v, int64_t layer) {
+  int64_t best = -1;
+  for (int64_t s : v)
+    if (s <= layer) best = std::max(best, s);
+  return best;
+}
+}  // namespace
+
+bool ModelConfig::is_kv_source(int64_t layer) const { return contains(kv_source_layers, layer); }
+bool ModelConfig::is_index_source(int64_t layer) const { return contains(index_source_layers, layer); }
+int64_t ModelConfig::kv_source_of(int64_t layer) const { return latest_at_or_below(kv_source_layers, layer); }
+int64_t ModelConfig::index_source_of(int64_t layer) const { return latest_at_or_below(index_source_layers, layer); }
+int64_t ModelConfig::engram_index(int64_t layer) const {
+  auto it = std::find(engram_layer_ids.begin(), engram_layer_ids.end(), layer);
+  return it == engram_layer_ids.end() ? -1 : static_cast<int64_t>(it - engram_layer_ids.begin());
+}
+
+FamilyNumerics family_numerics(ModelFamily f) {
+  if (f == ModelFamily::kV4) return {true, 64, false, false, true, 0.0f, false};
+  return {false, 32, true, true, false, 1e-20f, true};
 }
 
 ModelConfig load_model_config(const std::string& path) {

@@ -247,23 +247,9 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
   for (int64_t p = std::max(start_pos, start_pos + T - W); p < start_pos + T; ++p)
     std::memcpy(st.window.slot(p), kv.data<float>() + (p - start_pos) * D, D * sizeof(float));
 
-  // Output: undo the rotation at the query position, grouped wo_a (BF16), then wo_b.
   Tensor o2 = o.view({T, H * D});
   dump("o", c.layer, o2);
-  ops::apply_rope(o2, D, rd, positions.data(), rope, true, bf);
-  dump("o_derot", c.layer, o2);
-  const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
-  Tensor z = Tensor::empty({T, G * R}, DType::kF32);
-  for (int64_t g = 0; g < G; ++g) {
-    Tensor og = o2.view({T, G, gin}).select(1, g).contiguous();
-    ops::QWeight wg = w.wo_a;
-    wg.w = w.wo_a.w.slice(0, g * R, (g + 1) * R);
-    if (w.wo_a.scale.defined()) wg.scale = w.wo_a.scale.slice(0, g * R / w.wo_a.block, (g + 1) * R / w.wo_a.block);
-    Tensor zg = linear_bf16(og, wg, c);
-    for (int64_t t = 0; t < T; ++t) std::memcpy(z.data<float>() + t * G * R + g * R, zg.data<float>() + t * R, R * sizeof(float));
-  }
-  dump("z", c.layer, z);
-  return linear_q(z, w.wo_b, c);
+  return attention_output(o2, w.wo_a, w.wo_b, positions.data(), rope, c);
 }
 
 }  // namespace deepinfer

@@ -25,7 +25,12 @@ Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_pos, LayerState& st,
                     const ops::RopeFreqs& rope, const LayerCtx& c);
 
-// MoE of one layer. tokens are the chunk's ids (hash routing). Returns [T, dim].
-Tensor moe_v4(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);
+// The attention output (§2.4): conjugate RoPE at the query positions, the grouped BF16 wo_a, then
+// wo_b. o is [T, n_heads*head_dim]; modified in place.
+Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
+                        const ops::RopeFreqs& rope, const LayerCtx& c);
+
+// MoE of one layer (both families, §2.8). tokens are the chunk's ids (V4 hash routing). Returns [T, dim].
+Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);
 
 }  // namespace deepinfer

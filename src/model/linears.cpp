@@ -1,4 +1,8 @@
-// The three linear contracts of docs/v4-architecture.md §2.1, shared by every V4 sublayer.
+// The three linear contracts of docs/v4-architecture.md §2.1 and the attention output projection,
+// shared by the sublayers of both families.
+#include <cstring>
+
+#include "core/debug_dump.h"
 #include "model/layers_v4.h"
 
 namespace deepinfer {
@@ -10,5 +14,26 @@ Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
   return ops::linear(x, w, {0, c.num.bf16});
 }
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
+
+Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
+                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = o.size(0), H = cfg.n_heads, D = cfg.head_dim;
+  ops::apply_rope(o, D, cfg.rope_head_dim, positions, rope, true, c.num.bf16);
+  dump("o_derot", c.layer, o);
+  // wo_a is block-diagonal over groups: group g projects only its own heads' outputs.
+  const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
+  Tensor z = Tensor::empty({T, G * R}, DType::kF32);
+  for (int64_t g = 0; g < G; ++g) {
+    Tensor og = o.view({T, G, gin}).select(1, g).contiguous();
+    ops::QWeight wg = wo_a;
+    wg.w = wo_a.w.slice(0, g * R, (g + 1) * R);
+    if (wo_a.scale.defined()) wg.scale = wo_a.scale.slice(0, g * R / wo_a.block, (g + 1) * R / wo_a.block);
+    Tensor zg = linear_bf16(og, wg, c);
+    for (int64_t t = 0; t < T; ++t) std::memcpy(z.data<float>() + t * G * R + g * R, zg.data<float>() + t * R, R * sizeof(float));
+  }
+  dump("z", c.layer, z);
+  return linear_q(z, wo_b, c);
+}
 
 }  // namespace deepinfer

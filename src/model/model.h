@@ -1,6 +1,5 @@
-// The DeepSeek-V4 model: embedding, mHC stream, attention + MoE blocks, head. One forward serves
-// prefill, chunked prefill and one-token decode: it runs `tokens` at positions
-// state.num_tokens ... and advances the state.
+// The DeepSeek-V4 and V4.1 models: embedding, mHC stream, attention + MoE blocks (+ Engram in
+// V4.1), head. `Model` is what the engine and the CLI hold; ModelV4 / ModelV41 are the forwards.
 #pragma once
 
 #include <map>
@@ -11,6 +10,7 @@
 #include "deepinfer/model_config.h"
 #include "io/checkpoint.h"
 #include "model/state.h"
+#include "model/engram_hash.h"
 #include "model/weights.h"
 #include "ops/ops.h"
 
@@ -20,8 +20,10 @@ namespace deepinfer {
 struct Trace {
   // layer -> [T * n_activated] routed expert ids per token, sorted ascending
   std::map<int64_t, std::vector<int32_t>> experts;
-  // C4 layer -> [T * index_topk] selected compressed-entry ids per token, sorted ascending, -1 padded
+  // indexer layer -> [T * index_topk] selected compressed-entry ids per token, sorted ascending, -1 padded
   std::map<int64_t, std::vector<int32_t>> indexer;
+  // V4.1 candidate source -> [T * candidate_topk_blocks] kept candidate blocks per token, sorted, -1 padded
+  std::map<int64_t, std::vector<int32_t>> candidates;
 };
 
 struct ForwardOptions {
@@ -39,10 +41,14 @@ struct SeqChunk {
   bool all_logits = false;   // ... or of every token of the chunk (prompt logprobs, verification)
 };
 
-class ModelV4 {
+// A loaded model of either family. One forward serves prefill, chunked prefill and one-token
+// decode: each sequence runs its tokens at positions state.num_tokens... and its state advances.
+class Model {
  public:
-  // Loads config.json and the checkpoint in `dir`; throws deepinfer::Error on any mismatch.
-  static std::unique_ptr<ModelV4> load(const std::string& dir);
+  virtual ~Model() = default;
+  // Loads config.json and the checkpoint in `dir` and builds the model of its family (V4 or V4.1);
+  // throws deepinfer::Error on any mismatch.
+  static std::unique_ptr<Model> load(const std::string& dir);
 
   const ModelConfig& config() const { return cfg_; }
   std::unique_ptr<SequenceState> new_sequence() const { return std::make_unique<SequenceState>(cfg_); }
@@ -53,13 +59,39 @@ class ModelV4 {
   // sequence by sequence in batch order, [rows, vocab]. With the batch-invariant kernels (the
   // default) every row equals what the sequence would get alone. opts.all_logits is ignored
   // (each chunk says what it wants); opts.trace records the stacked rows.
-  Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const;
+  virtual Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const = 0;
 
- private:
+ protected:
+  // Checks the batch and stacks its tokens: offsets[b]..offsets[b+1] are sequence b's rows.
+  std::vector<int32_t> stack_batch(const std::vector<SeqChunk>& batch, std::vector<int64_t>& offsets) const;
+  // The rows whose logits the batch wants, in order.
+  static std::vector<int64_t> wanted_rows(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offsets);
+  // The embedding rows of `tokens`, expanded to hc identical copies: [T, hc, dim].
+  Tensor embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const;
+
   ModelConfig cfg_;
   Checkpoint ckpt_;  // owns the mappings the weights borrow
-  ModelWeights w_;
   std::vector<ops::RopeFreqs> rope_;  // per layer
+  void init_rope();
+};
+
+class ModelV4 final : public Model {
+ public:
+  static std::unique_ptr<ModelV4> load(const std::string& dir);
+  Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
+
+ private:
+  ModelWeights w_;
+};
+
+class ModelV41 final : public Model {
+ public:
+  static std::unique_ptr<ModelV41> load(const std::string& dir);
+  Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
+
+ private:
+  ModelWeightsV41 w_;
+  EngramHash engram_;
 };
 
 }  // namespace deepinfer

@@ -21,53 +21,18 @@ std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir) {
            cfg.o_lora_rank, cfg.fp8_block);
   m->ckpt_ = Checkpoint::open(dir);
   m->w_ = load_weights_v4(m->ckpt_, cfg);
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    // Compressed layers use compress_rope_theta with YaRN; window-only layers plain rope_theta.
-    if (cfg.compress_ratio(l) > 0)
-      m->rope_.push_back(ops::rope_freqs(cfg.rope_head_dim, cfg.compress_rope_theta, cfg.rope_factor,
-                                         cfg.original_seq_len, cfg.beta_fast, cfg.beta_slow));
-    else
-      m->rope_.push_back(ops::rope_freqs(cfg.rope_head_dim, cfg.rope_theta, 1.0, 0, cfg.beta_fast, cfg.beta_slow));
-  }
+  m->init_rope();
   return m;
-}
-
-Tensor ModelV4::forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const {
-  SeqChunk chunk{&state, tokens, true, opts.all_logits};
-  return forward_batch({chunk}, opts);
 }
 
 Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const {
   const ModelConfig& cfg = cfg_;
   const ops::Numerics& num = opts.numerics;
   const int64_t hc = cfg.hc_mult, dim = cfg.dim;
-  DI_CHECK(!batch.empty(), "forward: empty batch");
-  // Rows of the stacked batch: sequence b owns rows [offset[b], offset[b] + tokens).
-  std::vector<int64_t> offset(batch.size() + 1, 0);
-  std::vector<int32_t> tokens;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    const SeqChunk& c = batch[b];
-    DI_CHECK(c.state != nullptr && !c.tokens.empty(), "forward: sequence {} of the batch has no state or no tokens", b);
-    DI_CHECK(static_cast<int64_t>(c.state->layers.size()) == cfg.n_layers, "forward: state is for another model");
-    for (size_t o = 0; o < b; ++o)
-      DI_CHECK(batch[o].state != c.state, "forward: the same sequence appears twice in one batch");
-    offset[b + 1] = offset[b] + static_cast<int64_t>(c.tokens.size());
-    tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
-  }
+  std::vector<int64_t> offset;
+  const std::vector<int32_t> tokens = stack_batch(batch, offset);
   const int64_t T = offset.back();
-
-  // Embedding, expanded to hc identical copies.
-  Tensor stream = Tensor::empty({T, hc, dim}, DType::kF32);
-  for (int64_t t = 0; t < T; ++t) {
-    DI_CHECK(tokens[t] >= 0 && tokens[t] < cfg.vocab_size, "token id {} at index {} is outside the vocabulary [0, {})",
-             tokens[t], t, cfg.vocab_size);
-    const int64_t row = tokens[t];
-    float* dst = stream.data<float>() + t * hc * dim;
-    for (int64_t d = 0; d < dim; ++d)
-      dst[d] = w_.embed.dtype() == DType::kBF16 ? bf16_to_f32(w_.embed.data<uint16_t>()[row * dim + d])
-                                                : w_.embed.data<float>()[row * dim + d];
-    for (int64_t j = 1; j < hc; ++j) std::memcpy(dst + j * dim, dst, dim * sizeof(float));
-  }
+  Tensor stream = embed_stream(w_.embed, tokens);  // expanded to hc identical copies
 
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
@@ -89,7 +54,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
                         cfg.norm_eps);
     x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.ffn_norm, cfg.norm_eps, num.bf16);
     dump("ffn_in", l, x);
-    y = moe_v4(L.ffn, x, tokens, ctx);
+    y = moe(L.ffn, x, tokens, ctx);
     dump("ffn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
     dump("stream", l, stream);
@@ -97,13 +62,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   for (const SeqChunk& c : batch) c.state->num_tokens += static_cast<int64_t>(c.tokens.size());
 
   // Only the wanted rows go through the head.
-  std::vector<int64_t> rows;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    if (batch[b].all_logits)
-      for (int64_t r = offset[b]; r < offset[b + 1]; ++r) rows.push_back(r);
-    else if (batch[b].want_logits)
-      rows.push_back(offset[b + 1] - 1);
-  }
+  const std::vector<int64_t> rows = wanted_rows(batch, offset);
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
   Tensor picked = Tensor::empty({R, hc, dim}, DType::kF32);

@@ -1,4 +1,4 @@
-// V4 MoE (docs/v4-architecture.md §2.8): sqrt-softplus scores, hash or biased top-k routing,
+// MoE of both families (docs/v4-architecture.md §2.8): sqrt-softplus scores, hash or biased top-k routing,
 // clamped SwiGLU experts with the routing weight applied before w2, FP32 accumulation in
 // ascending expert order, then the shared expert.
 #include <algorithm>
@@ -41,12 +41,16 @@ Tensor expert_forward(const ExpertWeights& e, const Tensor& x, const float* weig
 
 }  // namespace
 
-Tensor moe_v4(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c) {
+Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = x.size(0), E = cfg.n_routed_experts, K = cfg.n_activated_experts, dim = cfg.dim;
   DI_CHECK(cfg.score_func == "sqrtsoftplus", "score_func '{}' is not supported (V4 uses sqrtsoftplus)", cfg.score_func);
   ops::QWeight gate{w.gate_weight, {}, 0};
   Tensor logits = linear_f32(x, gate);  // [T, E]
+  if (cfg.gate_temp != 1.0f)            // V4.1 gate temperature (1 in V4 configs)
+    for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] /= cfg.gate_temp;
+  const FamilyNumerics fam = family_numerics(cfg.family);
+  const bool normalize = fam.moe_norm_switchable ? cfg.norm_topk_prob && K > 1 : true;
   std::vector<int32_t> idx(T * K);
   std::vector<float> wts(T * K);
   const bool hash = w.tid2eid.defined();
@@ -70,7 +74,11 @@ Tensor moe_v4(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& 
     }
     float sum = 0.0f;
     for (int64_t k = 0; k < K; ++k) sum += (wts[t * K + k] = s[ti[k]]);
-    for (int64_t k = 0; k < K; ++k) wts[t * K + k] = wts[t * K + k] / sum * cfg.route_scale;
+    const float denom = sum + fam.moe_norm_eps;
+    for (int64_t k = 0; k < K; ++k) {
+      if (normalize) wts[t * K + k] /= denom;
+      wts[t * K + k] *= cfg.route_scale;
+    }
   }
   if (c.trace) {
     auto& rec = c.trace->experts[c.layer];

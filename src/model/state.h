@@ -1,4 +1,4 @@
-// Per-sequence decode state of the V4 family (docs/v4-architecture.md §2.7), kept in fixed-size
+// Per-sequence decode state of the V4 and V4.1 families (docs/v4-architecture.md §2.7), kept in fixed-size
 // pages per kind (window rows, compressed entries, index keys) so a KV-cache manager can page
 // each pool on its own. Values are the already fake-quantised latents, as float32.
 #pragma once
@@ -71,6 +71,9 @@ struct LayerState {
 struct SequenceState {
   int64_t num_tokens = 0;  // tokens already processed = next position
   std::vector<LayerState> layers;
+  // V4.1 Engram: the compressed token id of every processed position (one history serves all
+  // engram layers; only the last max_ngram_size - 1 are read, §2.7).
+  std::vector<int32_t> engram_ids;
   explicit SequenceState(const ModelConfig& cfg);
 };
 

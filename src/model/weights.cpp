@@ -1,51 +1,13 @@
 #include "model/weights.h"
 
 #include "deepinfer/error.h"
+#include "model/weight_binder.h"
 
 namespace deepinfer {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The three ways a checkpoint ships a linear weight; each also accepts its BF16 dequantisation.
-enum class LinearKind { kFp8, kFp4, kBf16 };
-
-struct Binder {
-  Checkpoint& ckpt;
-  const ModelConfig& cfg;
-
-  Tensor take(const std::string& name, const Shape& shape, std::initializer_list<DType> dtypes) {
-    return ckpt.take(name, shape, dtypes);
-  }
-
-  ops::QWeight linear(const std::string& prefix, int64_t out, int64_t in, LinearKind kind) {
-    const std::string wname = prefix + ".weight", sname = prefix + ".scale";
-    ops::QWeight q;
-    DI_CHECK(ckpt.has(wname), "checkpoint {}: missing tensor {}", ckpt.dir(), wname);
-    const DType dt = ckpt.info(wname).dtype;
-    const bool dense = dt == DType::kBF16 || dt == DType::kF32;
-    if (kind == LinearKind::kBf16 || dense) {
-      q.w = take(wname, {out, in}, {DType::kBF16, DType::kF32});
-      DI_CHECK(!ckpt.has(sname), "checkpoint {}: {} is dense ({}) but {} exists", ckpt.dir(), wname, dtype_name(dt),
-               sname);
-      return q;
-    }
-    if (kind == LinearKind::kFp8) {
-      const int64_t b = cfg.fp8_block;
-      q.w = take(wname, {out, in}, {DType::kE4M3});
-      q.scale = take(sname, {ceil_div(out, b), ceil_div(in, b)}, {DType::kE8M0});
-      q.block = b;
-      return q;
-    }
-    // FP4 experts ship as I8 [out, in/2], two e2m1 codes per byte, with E8M0 scales per 32 along K.
-    DI_CHECK(in % 32 == 0, "FP4 weight {} needs in_features divisible by 32, got {}", wname, in);
-    Tensor packed = take(wname, {out, in / 2}, {DType::kI8, DType::kU8});
-    q.w = packed.reinterpret(DType::kE2M1x2, {out, in});
-    q.scale = take(sname, {out, in / 32}, {DType::kE8M0});
-    return q;
-  }
-
+struct Binder : WeightBinder {
   CompressorWeights compressor(const std::string& p, int64_t ratio, int64_t d) {
     CompressorWeights c;
     c.ratio = ratio;
@@ -57,14 +19,6 @@ struct Binder {
     c.ape = take(p + ".ape", {ratio, cd}, {DType::kF32});
     c.norm = take(p + ".norm.weight", {d}, {DType::kBF16, DType::kF32});
     return c;
-  }
-
-  ExpertWeights expert(const std::string& p, LinearKind kind) {
-    ExpertWeights e;
-    e.w1 = linear(p + ".w1", cfg.moe_inter_dim, cfg.dim, kind);
-    e.w2 = linear(p + ".w2", cfg.dim, cfg.moe_inter_dim, kind);
-    e.w3 = linear(p + ".w3", cfg.moe_inter_dim, cfg.dim, kind);
-    return e;
   }
 
   LayerWeights layer(int64_t l) {
@@ -132,7 +86,7 @@ void check_tid2eid(const Tensor& t, const ModelConfig& cfg, int64_t layer) {
 
 ModelWeights load_weights_v4(Checkpoint& ckpt, const ModelConfig& cfg) {
   DI_CHECK(cfg.family == ModelFamily::kV4, "load_weights_v4: config {} is not a V4 model", cfg.source);
-  Binder b{ckpt, cfg};
+  Binder b{{ckpt, cfg}};
   ModelWeights w;
   const int64_t hc = cfg.hc_mult;
   w.embed = b.take("embed.weight", {cfg.vocab_size, cfg.dim}, {DType::kBF16, DType::kF32});
@@ -146,16 +100,7 @@ ModelWeights load_weights_v4(Checkpoint& ckpt, const ModelConfig& cfg) {
     w.layers.push_back(b.layer(l));
     if (cfg.is_hash_layer(l)) check_tid2eid(w.layers.back().ffn.tid2eid, cfg, l);
   }
-  // MTP / DSpark tensors belong to the speculative module, loaded separately.
-  std::vector<std::string> extra;
-  for (const auto& n : ckpt.unused())
-    if (n.rfind("mtp.", 0) != 0) extra.push_back(n);
-  if (!extra.empty()) {
-    std::string list;
-    for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
-    fail("checkpoint {}: {} unexpected tensor(s) not used by a {}-layer V4 model: {}{}", ckpt.dir(), extra.size(),
-         cfg.n_layers, list, extra.size() > 8 ? ", ..." : "");
-  }
+  reject_unused(ckpt, cfg, "V4", {"mtp."});  // MTP: the speculative module
   return w;
 }
 

@@ -43,6 +43,7 @@ struct ExpertWeights {
 struct MoeWeights {
   Tensor gate_weight;  // BF16 [n_experts, dim], used in FP32
   Tensor gate_bias;    // F32 [n_experts] (score-routed layers)
+  Tensor gate_bias_vl; // F32 [n_experts] (V4.1: the bias for image-span tokens; optional)
   Tensor tid2eid;      // I64/I32 [vocab, topk] (hash layers)
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
@@ -61,6 +62,57 @@ struct ModelWeights {
   Tensor hc_head_fn, hc_head_base, hc_head_scale;
   std::vector<LayerWeights> layers;
 };
+
+// ---- V4.1 (docs/v4-architecture.md §1.3) ----------------------------------------------------------
+
+// Compressor of a kv-source layer: ratio 1 (plain BF16 projection) or ratio 2 (softmax-gated pairs,
+// wkv and wgate used in FP32). No ape, no overlap.
+struct CompressorWeightsV41 {
+  int64_t ratio = 0;
+  ops::QWeight wkv, wgate;  // BF16 [head_dim, dim]; wgate only for ratio 2
+  Tensor norm;              // [head_dim]
+};
+
+struct IndexerWeightsV41 {
+  ops::QWeight wq_b;          // FP8 [index_heads*index_head_dim, q_lora_rank]
+  ops::QWeight weights_proj;  // BF16 [index_heads, dim]
+  bool owns_keys = false;     // kv sources: index keys = k_norm(wk . latent)
+  ops::QWeight wk;            // BF16 [index_head_dim, head_dim]
+  Tensor k_norm;              // [index_head_dim]
+};
+
+struct AttentionWeightsV41 {
+  ops::QWeight wq_a, wq_b, wkv, wo_a, wo_b;
+  Tensor q_norm, kv_norm, attn_sink;
+  bool kv_source = false, index_source = false;
+  CompressorWeightsV41 compressor;  // kv sources
+  IndexerWeightsV41 indexer;        // index sources
+};
+
+// Engram (§2.9): the hash table rows are read straight from the checkpoint mapping.
+struct EngramWeights {
+  Tensor table;        // E4M3 [rows, engram_head_dim] (or BF16/F32 when dense)
+  Tensor table_scale;  // E8M0 [rows, engram_head_dim/32] (undefined when dense)
+  ops::QWeight wkv;    // FP8 [dim*(hc+1), n_cols*engram_head_dim]
+  Tensor q_weight, k_weight;  // [hc, dim]
+};
+
+struct LayerWeightsV41 {
+  Tensor hc_attn_fn, hc_attn_base, hc_attn_scale;
+  Tensor hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  Tensor attn_norm, ffn_norm;
+  AttentionWeightsV41 attn;
+  MoeWeights ffn;
+  bool has_engram = false;
+  EngramWeights engram;
+};
+
+struct ModelWeightsV41 {
+  Tensor embed, head, norm;
+  std::vector<LayerWeightsV41> layers;
+};
+
+ModelWeightsV41 load_weights_v41(Checkpoint& ckpt, const ModelConfig& cfg);
 
 // Binds every tensor of a V4 checkpoint; throws deepinfer::Error naming the tensor on any mismatch,
 // and on tensors the model does not use (MTP `mtp.*` tensors are accepted and skipped).

@@ -165,7 +165,7 @@ TEST(Engine, GreedyEqualsTheOneSequenceForward) {
   EngineCore engine(args);
   std::vector<RequestOutput> outs = engine.generate(prompts, {p});
 
-  auto model = ModelV4::load(tiny_checkpoint());
+  auto model = Model::load(tiny_checkpoint());
   ForwardOptions fo{ops::Numerics{}, false, nullptr};
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto state = model->new_sequence();

@@ -2,6 +2,8 @@
 // every rejection (include/deepinfer/model_config.h).
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <nlohmann/json.hpp>
 
 #include "deepinfer/error.h"
@@ -123,8 +125,15 @@ const char* kV41HF = R"({
     "compress_rope_theta": 160000, "sliding_window": 128,
     "compress_ratios": [0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
                         1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
-    "kv_source_layer_ids": [2, 8, 14, 20], "index_n_heads": 32, "index_head_dim": 128, "index_topk": 512,
-    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "num_nextn_predict_layers": 3
+    "kv_source_layer_ids": [2, 8, 14, 20], "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
+    "index_n_heads": 32, "index_head_dim": 128, "index_topk": 512, "candidate_source_layer_id": 20,
+    "candidate_topk_blocks": 2048, "candidate_block_size": 8,
+    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "num_nextn_predict_layers": 3,
+    "engram_layer_ids": [1, 14], "engram_num_embeddings": [384006168, 384016682], "engram_max_ngram_size": 4,
+    "engram_vocab_size": 16000000, "engram_n_heads": 8, "engram_head_dim": 256, "engram_pad_token_id": 2,
+    "engram_compressed_vocab_size": 99092, "dspark_block_size": 5, "dspark_noise_token_id": 128799,
+    "dspark_target_layer_ids": [37, 38, 39], "dspark_markov_rank": 256, "dspark_n_routed_experts": 128,
+    "dspark_num_experts_per_tok": 3
   },
   "vision_config": {"model_type": "deepseek_v41_vision"}
 })";
@@ -241,7 +250,49 @@ TEST(ModelConfig, V41TextConfig) {
   EXPECT_EQ(c.fp8_block, 32);
   EXPECT_TRUE(c.weights_fp8);
   EXPECT_TRUE(c.expert_fp4);
-  EXPECT_EQ(c.n_hash_layers, 3);  // HF default (text_config sets none)
+  EXPECT_EQ(c.n_hash_layers, 0);  // V4.1 has no hash-routed layers
+  // Layer roles (§1.2 table).
+  EXPECT_EQ(c.kv_source_layers, (std::vector<int64_t>{2, 8, 14, 20}));
+  EXPECT_TRUE(c.is_kv_source(14) && !c.is_kv_source(15) && c.is_index_source(28) && !c.is_index_source(29));
+  EXPECT_EQ(c.kv_source_of(7), 2);
+  EXPECT_EQ(c.kv_source_of(39), 20);
+  EXPECT_EQ(c.index_source_of(31), 28);
+  EXPECT_EQ(c.index_source_of(21), 20);
+  EXPECT_EQ(c.candidate_source_layer, 20);
+  EXPECT_EQ(c.candidate_topk_blocks, 2048);
+  EXPECT_EQ(c.candidate_block_size, 8);
+  EXPECT_EQ(c.gate_temp, 1.0f);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.engram_layer_ids, (std::vector<int64_t>{1, 14}));
+  EXPECT_EQ(c.engram_index(14), 1);
+  EXPECT_EQ(c.engram_index(2), -1);
+  EXPECT_EQ(c.engram_num_embeddings[1], 384016682);
+  EXPECT_EQ(c.engram_compressed_vocab_size, 99092);
+  EXPECT_EQ(c.engram_head_dim, 256);
+  EXPECT_EQ(c.engram_pad_id, 2);
+  const FamilyNumerics f = family_numerics(c.family);
+  EXPECT_FALSE(f.q_head_renorm);
+  EXPECT_TRUE(f.staggered_hc && f.window_quant_rope_dims);
+  EXPECT_EQ(f.window_quant_block, 32);
+
+  // Role rules: a kv source must index; a compressed layer needs a source of its ratio below it.
+  auto v41_error = [](const std::function<void(json&)>& edit) {
+    json j = json::parse(kV41HF);
+    edit(j["text_config"]);
+    return parse_error(j.dump(), "v41/config.json");
+  };
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["index_source_layer_ids"] = {8, 14, 20}; }),
+                      {"kv source layer 2", "index source"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["kv_source_layer_ids"] = {8, 14, 20}; }), {"layer 2", "no kv source"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["kv_source_layer_ids"] = {2, 8, 14}; }), {"layer 20", "ratio 2"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["kv_source_layer_ids"] = {2, 14, 8, 20}; }), {"ascending"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["index_source_layer_ids"] = {2, 8, 14, 20, 24, 40}; }),
+                      {"index_source_layers[5]", "40"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["candidate_source_layer_id"] = 21; }), {"candidate_source_layer 21"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["engram_num_embeddings"] = {1}; }), {"engram_num_embeddings"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["engram_head_dim"] = 100; }), {"engram_head_dim 100"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t.erase("engram_vocab_size"); }), {"engram_vocab_size"}));
+  EXPECT_TRUE(has_all(v41_error([](json& t) { t["norm_topk_prob"] = 1; }), {"norm_topk_prob"}));
 
   json j = json::parse(kV41HF);
   j.erase("text_config");

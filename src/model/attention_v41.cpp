@@ -1,0 +1,269 @@
+// V4.1 "CSA2" attention (docs/v4-architecture.md §2.6): shared-KV MQA over this layer's sliding
+// window plus top-k compressed entries of the latest kv source at or below the layer.
+//
+// Order inside a layer follows the reference: the compressor's new latents (pre-RoPE) first give
+// the index keys, then the indexer scores, then the latents are rotated, FP4-quantised and
+// appended to the compressed cache. Index lists follow the reference's layouts: prefill rows list
+// the window positions oldest first then -1; a decode row lists the ring slots oldest first, so
+// the empty slots (-1) lead while the ring fills; compressed picks follow, ascending, then -1.
+// The indexer always reads its own kv source's keys (the corrected §2.6 behaviour).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/debug_dump.h"
+#include "deepinfer/error.h"
+#include "model/layers_v41.h"
+
+namespace deepinfer {
+
+namespace {
+
+// The compressor of a kv source: latents (after norm, before RoPE) of the groups the chunk
+// completes, [n, head_dim], with their group ids.
+Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const Tensor& x, int64_t start_pos,
+                      std::vector<int64_t>& groups, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = x.size(0), r = w.ratio, D = cfg.head_dim;
+  if (r == 1) {  // every token is its own entry: a plain BF16 projection
+    for (int64_t i = 0; i < T; ++i) groups.push_back(start_pos + i);
+    return ops::rms_norm(linear_bf16(x, w.wkv, c), w.norm, cfg.norm_eps, c.num.bf16);
+  }
+  // Ratio 2: FP32 projections; each complete pair is pooled per channel by a softmax over its gates.
+  Tensor kv = linear_f32(x, w.wkv), score = linear_f32(x, w.wgate);
+  std::vector<float> pooled;
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t pos = start_pos + i, slot = pos % r;
+    std::memcpy(&st.cur_kv[slot * D], kv.data<float>() + i * D, D * sizeof(float));
+    std::memcpy(&st.cur_score[slot * D], score.data<float>() + i * D, D * sizeof(float));
+    st.cur_count = slot + 1;
+    if (slot != r - 1) continue;
+    groups.push_back(pos / r);
+    pooled.resize(pooled.size() + D);
+    float* out = pooled.data() + pooled.size() - D;
+    for (int64_t ch = 0; ch < D; ++ch) {
+      float m = -INFINITY;
+      for (int64_t j = 0; j < r; ++j) m = std::max(m, st.cur_score[j * D + ch]);
+      float e[8], sum = 0.0f;
+      for (int64_t j = 0; j < r; ++j) sum += (e[j] = std::exp(st.cur_score[j * D + ch] - m));
+      float acc = 0.0f;
+      for (int64_t j = 0; j < r; ++j) acc += st.cur_kv[j * D + ch] * (e[j] / sum);
+      out[ch] = acc;
+    }
+    st.cur_count = 0;
+  }
+  const int64_t n = static_cast<int64_t>(groups.size());
+  Tensor lat = Tensor::empty({n, D}, DType::kF32);
+  if (n == 0) return lat;
+  std::memcpy(lat.data<float>(), pooled.data(), n * D * sizeof(float));
+  ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
+  return ops::rms_norm(lat, w.norm, cfg.norm_eps, c.num.bf16);
+}
+
+// Level one of the two-level selection: per row, the candidate_topk_blocks blocks of
+// candidate_block_size entries with the best max score, the block of the newest visible entry
+// pinned in, blocks with no finite score never kept. Writes the entry mask and the trace row.
+void select_candidate_blocks(const float* score, int64_t width, int64_t visible, const ModelConfig& cfg, uint8_t* mask,
+                             int32_t* trace_row) {
+  const int64_t bs = cfg.candidate_block_size, nb = (width + bs - 1) / bs;
+  std::vector<float> block(nb, -INFINITY);
+  for (int64_t j = 0; j < width; ++j) block[j / bs] = std::max(block[j / bs], score[j]);
+  if (visible > 0) block[(visible - 1) / bs] = INFINITY;
+  std::vector<int32_t> keep(std::min(cfg.candidate_topk_blocks, nb));
+  const int64_t m = ops::topk(block.data(), nb, static_cast<int64_t>(keep.size()), keep.data());
+  std::fill(mask, mask + width, 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = keep[i] * bs; j < std::min(width, (keep[i] + 1) * bs); ++j) mask[j] = 1;
+  if (trace_row) {
+    std::sort(keep.begin(), keep.begin() + m);
+    std::fill(trace_row, trace_row + cfg.candidate_topk_blocks, -1);
+    std::copy(keep.begin(), keep.begin() + m, trace_row);
+  }
+}
+
+// The indexer of an index source: scores every key of its kv source for every query, applies
+// visibility (and the candidate mask on layers after the candidate source), keeps the top
+// k = min(index_topk, keys) by (score desc, index asc) and publishes them ascending.
+void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, const RowPages& keys,
+                 const std::vector<int64_t>& positions, int64_t ratio, SharedAttnV41& shared, const ops::RopeFreqs& rope,
+                 const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = x.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, n = keys.rows();
+  const bool bf = c.num.bf16;
+  auto rd = [&](float v) { return bf ? round_bf16(v) : v; };
+  Tensor q = linear_q(qr, w.wq_b, c);  // [T, nh*hd]
+  ops::apply_rope(q, hd, cfg.rope_head_dim, positions.data(), rope, false, bf);
+  if (c.num.simulate_qat) ops::fake_quant_fp4(q, 32);
+  Tensor wts = linear_bf16(x, w.weights_proj, c);  // [T, nh]
+  const float wscale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
+  float* wp = wts.data<float>();
+  for (int64_t i = 0; i < wts.numel(); ++i) wp[i] = rd(wp[i] * wscale);
+
+  const bool source = c.layer == cfg.candidate_source_layer;
+  const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
+  if (source) {
+    shared.candidates.assign(T * n, 0);
+    shared.candidate_width = n;
+  }
+  if (filtered)
+    DI_CHECK(shared.candidate_width == n, "layer {}: candidate mask of width {} for {} index keys", c.layer,
+             shared.candidate_width, n);
+  const int64_t k = std::min(cfg.index_topk, n);
+  shared.k = k;
+  shared.picks.assign(T * k, -1);
+  std::vector<int32_t> trace_picks, trace_cand;
+  if (c.trace) {
+    trace_picks.assign(T * cfg.index_topk, -1);
+    if (source) trace_cand.assign(T * cfg.candidate_topk_blocks, -1);
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t visible = (positions[t] + 1) / ratio;
+    std::vector<float> score(n, -INFINITY);
+    const float* qt = q.data<float>() + t * nh * hd;
+    for (int64_t j = 0; j < visible; ++j) {
+      const float* kj = keys.row(j);
+      double total = 0;
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* qh = qt + h * hd;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < hd; ++i) dot += qh[i] * kj[i];
+        dot = rd(dot);
+        if (dot > 0) total += rd(dot * wp[t * nh + h]);
+      }
+      score[j] = rd(static_cast<float>(total));
+    }
+    if (source)
+      select_candidate_blocks(score.data(), n, visible, cfg, shared.candidates.data() + t * n,
+                              c.trace ? trace_cand.data() + t * cfg.candidate_topk_blocks : nullptr);
+    if (filtered) {
+      const uint8_t* mask = shared.candidates.data() + t * n;
+      for (int64_t j = 0; j < n; ++j)
+        if (!mask[j]) score[j] = -INFINITY;
+    }
+    int32_t* out = shared.picks.data() + t * k;
+    const int64_t m = ops::topk(score.data(), n, k, out);
+    std::sort(out, out + m);
+    if (c.trace) std::copy(out, out + m, trace_picks.data() + t * cfg.index_topk);
+  }
+  if (c.trace) {
+    auto& rec = c.trace->indexer[c.layer];
+    rec.insert(rec.end(), trace_picks.begin(), trace_picks.end());
+    if (source) {
+      auto& cr = c.trace->candidates[c.layer];
+      cr.insert(cr.end(), trace_cand.begin(), trace_cand.end());
+    }
+  }
+}
+
+// One row of window indices (positions, -1 = empty) in the reference's layout; see the file comment.
+int64_t window_row(int64_t p, int64_t start_pos, int64_t T, int64_t W, int64_t width, int64_t* row) {
+  const int64_t lo = std::max<int64_t>(0, p - W + 1), count = p - lo + 1;
+  int64_t n = 0;
+  const bool decode = start_pos > 0 && T == 1;
+  if (decode)
+    while (n < width - count) row[n++] = -1;
+  for (int64_t s = lo; s <= p; ++s) row[n++] = s;
+  while (n < width) row[n++] = -1;
+  return n;
+}
+
+}  // namespace
+
+Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, SequenceState& seq,
+                     SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const FamilyNumerics fam = family_numerics(cfg.family);
+  const int64_t T = x.size(0), H = cfg.n_heads, D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
+  const bool bf = c.num.bf16;
+  LayerState& st = seq.layers[c.layer];
+  std::vector<int64_t> positions(T);
+  for (int64_t i = 0; i < T; ++i) positions[i] = start_pos + i;
+
+  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
+  Tensor qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
+  Tensor q = linear_q(qr, w.wq_b, c);  // [T, H*D]
+  ops::apply_rope(q, D, rd, positions.data(), rope, false, bf);
+  dump("q", c.layer, q);
+
+  // Window KV: RoPE, then FP8 fake quant over the whole vector (RoPE tail included), block 32.
+  Tensor kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
+  ops::apply_rope(kv, D, rd, positions.data(), rope, false, bf);
+  if (c.num.simulate_qat) ops::fake_quant_fp8(kv, 0, fam.window_quant_rope_dims ? D : D - rd, fam.window_quant_block);
+  dump("kv", c.layer, kv);
+
+  const int64_t ratio = cfg.compress_ratio(c.layer);
+  const int64_t n_comp = ratio > 0 ? (start_pos + T) / ratio : 0;  // entries visible to the chunk's last query
+  if (ratio > 0) {
+    LayerState& src = seq.layers[cfg.kv_source_of(c.layer)];
+    Tensor lat;
+    std::vector<int64_t> gpos;
+    if (w.kv_source) {
+      std::vector<int64_t> groups;
+      lat = compressor_v41(w.compressor, st.compressor, x, start_pos, groups, c);
+      for (int64_t g : groups) gpos.push_back(g * ratio);  // entry j stands at its group's first token
+      if (!groups.empty() && w.indexer.owns_keys) {
+        Tensor k = ops::rms_norm(linear_bf16(lat, w.indexer.wk, c), w.indexer.k_norm, cfg.norm_eps, bf);
+        ops::apply_rope(k, cfg.index_head_dim, rd, gpos.data(), rope, false, bf);
+        if (c.num.simulate_qat) ops::fake_quant_fp4(k, 32);
+        for (int64_t i = 0; i < k.size(0); ++i)
+          std::memcpy(st.index_keys.append(), k.data<float>() + i * cfg.index_head_dim, cfg.index_head_dim * sizeof(float));
+      }
+    }
+    DI_CHECK(src.index_keys.rows() == n_comp, "layer {}: kv source {} holds {} index keys, expected {}", c.layer,
+             cfg.kv_source_of(c.layer), src.index_keys.rows(), n_comp);
+    if (w.index_source) {
+      if (n_comp == 0) {
+        shared.k = 0;
+        shared.picks.clear();
+      } else {
+        indexer_v41(w.indexer, x, qr, src.index_keys, positions, ratio, shared, rope, c);
+      }
+    }
+    if (w.kv_source && !gpos.empty()) {
+      ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
+      if (c.num.simulate_qat) ops::fake_quant_fp4_e4m3_scale(lat, 16);
+      for (int64_t i = 0; i < lat.size(0); ++i) std::memcpy(st.compressed.append(), lat.data<float>() + i * D, D * sizeof(float));
+    }
+    DI_CHECK(src.compressed.rows() == n_comp, "layer {}: kv source holds {} compressed entries, expected {}", c.layer,
+             src.compressed.rows(), n_comp);
+  }
+  const LayerState* src = ratio > 0 ? &seq.layers[cfg.kv_source_of(c.layer)] : nullptr;
+  const int64_t k = ratio > 0 ? shared.k : 0;
+  DI_CHECK(ratio == 0 || static_cast<int64_t>(shared.picks.size()) == T * k,
+           "layer {}: no top-k list from an index source for this chunk", c.layer);
+
+  // The KV table: window rows for positions wstart..start_pos+T-1, then the compressed entries.
+  const int64_t wstart = std::max<int64_t>(0, start_pos - W + 1);
+  const int64_t nwin = start_pos + T - wstart;
+  Tensor table = Tensor::empty({nwin + n_comp, D}, DType::kF32);
+  for (int64_t p = wstart; p < start_pos + T; ++p) {
+    const float* srow = p < start_pos ? st.window.slot(p) : kv.data<float>() + (p - start_pos) * D;
+    std::memcpy(table.data<float>() + (p - wstart) * D, srow, D * sizeof(float));
+  }
+  for (int64_t j = 0; j < n_comp; ++j) std::memcpy(table.data<float>() + (nwin + j) * D, src->compressed.row(j), D * sizeof(float));
+
+  const int64_t wcols = start_pos == 0 ? std::min(T, W) : W;
+  Tensor idx = Tensor::empty({T, wcols + k}, DType::kI32);
+  std::vector<int64_t> wrow(wcols);
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* row = idx.data<int32_t>() + t * (wcols + k);
+    window_row(positions[t], start_pos, T, W, wcols, wrow.data());
+    for (int64_t i = 0; i < wcols; ++i) row[i] = wrow[i] < 0 ? -1 : static_cast<int32_t>(wrow[i] - wstart);
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t j = shared.picks[t * k + i];
+      row[wcols + i] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
+    }
+  }
+  Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, w.attn_sink, 1.0f / std::sqrt(static_cast<float>(D)),
+                                    bf, bf);
+  // Slide the window ring forward over this chunk.
+  for (int64_t p = std::max(start_pos, start_pos + T - W); p < start_pos + T; ++p)
+    std::memcpy(st.window.slot(p), kv.data<float>() + (p - start_pos) * D, D * sizeof(float));
+
+  Tensor o2 = o.view({T, H * D});
+  dump("o", c.layer, o2);
+  return attention_output(o2, w.wo_a, w.wo_b, positions.data(), rope, c);
+}
+
+}  // namespace deepinfer

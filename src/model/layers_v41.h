@@ -1,0 +1,33 @@
+// The V4.1 sublayers, one function per block of docs/v4-architecture.md §2.6 and §2.9. The linear
+// contracts, the attention output and the MoE are shared with V4 (layers_v4.h).
+#pragma once
+
+#include <vector>
+
+#include "model/layers_v4.h"
+
+namespace deepinfer {
+
+// What the source layers of one forward hand down to the later layers of the same sequence (the
+// reference's SharedAttentionRuntime, kept per sequence): the latest index source's picks and the
+// candidate source's entry mask. Rebuilt every forward; nothing here outlives it.
+struct SharedAttnV41 {
+  std::vector<int32_t> picks;  // [T, k]: compressed-entry ids ascending, then -1
+  int64_t k = 0;
+  std::vector<uint8_t> candidates;  // [T, candidate_width]: 1 = entry inside a kept block
+  int64_t candidate_width = 0;
+};
+
+// CSA2 attention of one layer over the chunk x [T, dim] (collapsed and normalised) at positions
+// start_pos..start_pos+T-1 of `seq`: window KV of this layer; kv sources compress and publish
+// compressed KV and index keys; index sources score and publish top-k lists (the candidate source
+// also its candidate blocks); every compressed layer attends to the latest list. Returns [T, dim].
+Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, SequenceState& seq,
+                     SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c);
+
+// Engram (§2.9): stream [T, hc, dim] plus the gated n-gram lookup; rows [T, n_cols] are the table
+// rows of every token. Returns the new stream.
+Tensor engram_forward(const EngramWeights& w, const Tensor& stream, const std::vector<int64_t>& rows, int64_t n_cols,
+                      const LayerCtx& c);
+
+}  // namespace deepinfer

@@ -1,0 +1,80 @@
+// What both families share: loading by family, batch stacking, the embedding and the RoPE tables.
+#include "model/model.h"
+
+#include <cstring>
+
+#include "cpu/threads.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+std::unique_ptr<Model> Model::load(const std::string& dir) {
+  const ModelConfig cfg = load_model_config(dir);
+  if (cfg.family == ModelFamily::kV41) return ModelV41::load(dir);
+  return ModelV4::load(dir);
+}
+
+Tensor Model::forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const {
+  SeqChunk chunk{&state, tokens, true, opts.all_logits};
+  return forward_batch({chunk}, opts);
+}
+
+void Model::init_rope() {
+  const ModelConfig& cfg = cfg_;
+  rope_.clear();
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    // Compressed layers use compress_rope_theta with YaRN; window-only layers plain rope_theta.
+    if (cfg.compress_ratio(l) > 0)
+      rope_.push_back(ops::rope_freqs(cfg.rope_head_dim, cfg.compress_rope_theta, cfg.rope_factor, cfg.original_seq_len,
+                                      cfg.beta_fast, cfg.beta_slow));
+    else
+      rope_.push_back(ops::rope_freqs(cfg.rope_head_dim, cfg.rope_theta, 1.0, 0, cfg.beta_fast, cfg.beta_slow));
+  }
+}
+
+std::vector<int32_t> Model::stack_batch(const std::vector<SeqChunk>& batch, std::vector<int64_t>& offset) const {
+  DI_CHECK(!batch.empty(), "forward: empty batch");
+  offset.assign(batch.size() + 1, 0);
+  std::vector<int32_t> tokens;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SeqChunk& c = batch[b];
+    DI_CHECK(c.state != nullptr && !c.tokens.empty(), "forward: sequence {} of the batch has no state or no tokens", b);
+    DI_CHECK(static_cast<int64_t>(c.state->layers.size()) == cfg_.n_layers, "forward: state is for another model");
+    for (size_t o = 0; o < b; ++o)
+      DI_CHECK(batch[o].state != c.state, "forward: the same sequence appears twice in one batch");
+    for (size_t i = 0; i < c.tokens.size(); ++i)
+      DI_CHECK(c.tokens[i] >= 0 && c.tokens[i] < cfg_.vocab_size,
+               "token id {} at index {} of sequence {} is outside the vocabulary [0, {})", c.tokens[i], i, b,
+               cfg_.vocab_size);
+    offset[b + 1] = offset[b] + static_cast<int64_t>(c.tokens.size());
+    tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+  }
+  return tokens;
+}
+
+std::vector<int64_t> Model::wanted_rows(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offset) {
+  std::vector<int64_t> rows;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    if (batch[b].all_logits)
+      for (int64_t r = offset[b]; r < offset[b + 1]; ++r) rows.push_back(r);
+    else if (batch[b].want_logits)
+      rows.push_back(offset[b + 1] - 1);
+  }
+  return rows;
+}
+
+Tensor Model::embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const {
+  const int64_t T = static_cast<int64_t>(tokens.size()), hc = cfg_.hc_mult, dim = cfg_.dim;
+  Tensor stream = Tensor::empty({T, hc, dim}, DType::kF32);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = tokens[t];
+    float* dst = stream.data<float>() + t * hc * dim;
+    for (int64_t d = 0; d < dim; ++d)
+      dst[d] = embed.dtype() == DType::kBF16 ? bf16_to_f32(embed.data<uint16_t>()[row * dim + d])
+                                             : embed.data<float>()[row * dim + d];
+    for (int64_t j = 1; j < hc; ++j) std::memcpy(dst + j * dim, dst, dim * sizeof(float));
+  }
+  return stream;
+}
+
+}  // namespace deepinfer
