@@ -199,6 +199,30 @@ def dequantize_fp4_rows(packed: np.ndarray, scales: np.ndarray, group: int = 32)
     return (vals * s).astype(np.float32)
 
 
+def quantize_fp8_rows(w: np.ndarray, group: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """[rows, d] float -> (e4m3 codes uint8 [rows, d], e8m0 bytes uint8 [rows, d/group]): one scale per
+    row per `group` consecutive values (V4.1 Engram tables), scale = 2^ceil(log2(amax_group / 448))."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, d = w.shape
+    if d % group:
+        raise ValueError(f"row FP8 needs d % {group} == 0, got {d}")
+    codes = np.empty((rows, d), dtype=np.uint8)
+    scales = np.empty((rows, d // group), dtype=np.uint8)
+    step = 1 << 14  # rows per chunk (memory only; rows are independent)
+    for r0 in range(0, rows, step):
+        blk = w[r0:r0 + step].astype(np.float64).reshape(-1, d // group, group)
+        exp = ue8m0_exponent(np.abs(blk).max(axis=2), E4M3_MAX)
+        scales[r0:r0 + step] = e8m0_encode(exp)
+        q = np.clip(blk * np.ldexp(1.0, -exp)[..., None], -E4M3_MAX, E4M3_MAX)
+        codes[r0:r0 + step] = encode_e4m3(q).reshape(-1, d)
+    return codes, scales
+
+
+def dequantize_fp8_rows(codes: np.ndarray, scales: np.ndarray, group: int = 32) -> np.ndarray:
+    s = np.repeat(e8m0_decode(scales), group, axis=1)
+    return (decode_e4m3(codes) * s).astype(np.float32)
+
+
 # ---------------------------------------------------------------------------------------------
 # safetensors
 
@@ -213,19 +237,25 @@ def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
     return n
 
 
-def storage_order(entries: dict[str, tuple[str, list[int]]]) -> list[str]:
+def storage_order(entries: dict[str, tuple[str, list[int]]], last: Iterable[str] = ()) -> list[str]:
     """Data-section order: widest dtype first, then by name (what safetensors' own serializer does).
 
     With an 8-byte aligned header every tensor is then naturally aligned for mmap readers, and the
-    buffer has no holes. The JSON header lists tensors by name.
+    buffer has no holes. The JSON header lists tensors by name. Names in `last` (1-byte dtypes only,
+    so alignment holds) go after everything else, in name order (V4.1 Engram tables: a sparse file
+    can then leave them as one trailing hole).
     """
-    return sorted(entries, key=lambda n: (-DTYPE_ITEMSIZE[entries[n][0]], n))
+    last = set(last)
+    for n in last:
+        if DTYPE_ITEMSIZE[entries[n][0]] != 1:
+            raise ValueError(f"{n}: only 1-byte tensors can be moved last")
+    return sorted(entries, key=lambda n: (n in last, -DTYPE_ITEMSIZE[entries[n][0]], n))
 
 
-def build_header(entries: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None
-                 ) -> tuple[bytes, list[str]]:
+def build_header(entries: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None,
+                 last: Iterable[str] = ()) -> tuple[bytes, list[str]]:
     """-> (8-byte length + padded JSON header, tensor names in data order)."""
-    order = storage_order(entries)
+    order = storage_order(entries, last)
     offsets, pos = {}, 0
     for name in order:
         dtype, shape = entries[name]
@@ -246,16 +276,28 @@ def build_header(entries: dict[str, tuple[str, list[int]]], metadata: dict[str, 
 
 def write_safetensors(path: str, entries: dict[str, tuple[str, list[int]]],
                       produce: Callable[[str], Iterator[bytes]],
-                      metadata: dict[str, str] | None = None) -> int:
+                      metadata: dict[str, str] | None = None, last: Iterable[str] = (),
+                      holes: Iterable[str] = ()) -> int:
     """Streams a safetensors file. `produce(name)` yields the tensor's bytes (any chunking), called
-    once per tensor in data order. Returns the data-section size."""
-    head, order = build_header(entries, metadata)
+    once per tensor in data order. Returns the data-section size.
+
+    `last`: names stored after all others (see storage_order). `holes`: names (a subset of `last`)
+    whose data is all-zero bytes and is not written (seek past, then truncate to the full size), so
+    on file systems with sparse files those bytes take no disk space."""
+    holes = set(holes)
+    if not holes <= set(last):
+        raise ValueError("holes must be a subset of last")
+    head, order = build_header(entries, metadata, last)
     total = 0
     tmp = path + ".partial"
     with open(tmp, "wb") as f:
         f.write(head)
         for name in order:
             want = tensor_nbytes(*entries[name])
+            if name in holes:  # skipped: a hole once the file is extended past it
+                f.seek(want, os.SEEK_CUR)
+                total += want
+                continue
             got = 0
             for chunk in produce(name):
                 f.write(chunk)
@@ -263,6 +305,8 @@ def write_safetensors(path: str, entries: dict[str, tuple[str, list[int]]],
             if got != want:
                 raise RuntimeError(f"{name}: produced {got} bytes, header says {want}")
             total += got
+        if holes:
+            f.truncate(len(head) + total)
     os.replace(tmp, path)
     return total
 

@@ -4,9 +4,11 @@
 Usage
 -----
     python3 tools/make_checkpoint.py --family v4 --preset tiny|small|flash-shape --seed N --out DIR [--dense]
+    python3 tools/make_checkpoint.py --family v41 --preset tiny|small|engram-huge --seed N --out DIR [--dense]
 
-(`--family v41` is accepted by the parser and exits with "v41 not implemented yet".)
-Needs numpy; the tokenizer step also needs the `tokenizers` package. No torch, no safetensors.
+Needs numpy; the tokenizer step also needs the `tokenizers` package (and --family v41 also sympy,
+for the Engram primes). No torch, no safetensors. The V4.1 family is described in its own section
+at the end of this docstring; everything up to there is the V4 family.
 
 What DIR receives
 -----------------
@@ -113,6 +115,74 @@ Presets
 All share: rope_head_dim 64, rope_theta 1e4, compress_rope_theta 1.6e5, YaRN factor 16 / original
 65536 / beta 32,1, route_scale 1.5, swiglu_limit 10, hc_mult 4, 20 Sinkhorn iterations,
 eps 1e-6, max_position_embeddings 1048576, sqrtsoftplus scoring, 1 shared expert.
+
+V4.1 family (--family v41; docs/v4-architecture.md §1.2, §1.3, §2.6-§2.10, §3)
+---------------------------------------------------------------------------
+Same random streams, draw rules, init scales, tokenizer and safetensors writer as V4; differences:
+* `config.json`: architectures DeepseekV41ForCausalLM, model_type deepseek_v41, top-level
+  quantization_config {quant_method fp8, activation_scheme dynamic, weight_block_size [32, 32],
+  scale_fmt ue8m0, expert_dtype fp4} (omitted with --dense) and `text_config` (model_type
+  deepseek_v41_text) with the §1.2 keys: the V4 ones without num_hash_layers, plus
+  kv_source_layer_ids, index_source_layer_ids, candidate_source_layer_id, candidate_topk_blocks,
+  candidate_block_size, engram_layer_ids, engram_num_embeddings, engram_max_ngram_size,
+  engram_vocab_size, engram_n_heads, engram_head_dim, engram_pad_token_id,
+  engram_compressed_vocab_size, rms_norm_eps 1e-20, num_nextn_predict_layers 0, and gate_temp only
+  when the preset sets it. compress_ratios has exactly num_hidden_layers entries (no MTP layers).
+* `inference/config.json`: DeepSeek's V4.1 ModelArgs names only (dim, n_layers, n_mtp_layers 0, ...,
+  kv_source_layers, index_source_layers, candidate_source_layer, engram_pad_id, gate_temp,
+  norm_topk_prob, dtype fp8|bf16, expert_dtype fp4|null); no scale_fmt (a module constant in V4.1).
+* `engram_hash.safetensors`: token_map I32 [vocab], multipliers I64 [G, max_ngram], primes I64
+  [G, max_ngram-1, n_heads], layer_ids I64 [G] (tools/engram/hash_data.py; checked against the
+  config: the compressed vocabulary of the generated tokenizer and the prime sums are what the
+  configs carry as engram_compressed_vocab_size / engram_num_embeddings).
+* Weights (`model.safetensors`, one file):
+    top level  embed.weight, head.weight [vocab, dim] BF16; norm.weight [dim] BF16; no hc_head_*
+    layer l    hc_{attn,ffn}_{fn,base,scale} F32 as V4; attn_norm/ffn_norm.weight BF16;
+               attn.{wq_a,wq_b,wkv,wo_a,wo_b}.weight F8_E4M3 + .scale F8_E8M0 with 32x32 tiles
+                 (wo_a [o_groups*o_lora_rank, n_heads*head_dim/o_groups]);
+               attn.q_norm/kv_norm.weight BF16; attn.attn_sink [n_heads] F32;
+               kv sources: attn.compressor.wkv.weight BF16 [head_dim, dim], ratio 2 also
+                 attn.compressor.wgate.weight BF16 [head_dim, dim]; attn.compressor.norm.weight
+                 [head_dim]; attn.indexer.wk.weight BF16 [index_head_dim, head_dim],
+                 attn.indexer.k_norm.weight [index_head_dim] (no ape, no indexer compressor);
+               index sources: attn.indexer.wq_b FP8 [index_heads*index_head_dim, q_lora] + scale,
+                 attn.indexer.weights_proj.weight BF16 [index_heads, dim];
+               ffn.gate.weight BF16 [E, dim], ffn.gate.bias F32 [E], ffn.gate.bias_vl F32 [E]
+                 (every layer: no hash layers, no tid2eid);
+               ffn.experts.e.w{1,2,3} FP4 I8 + E8M0 per 32 (as V4); ffn.shared_experts FP8 32x32;
+               Engram layers: engram.embed.weight F8_E4M3 [rows, engram_head_dim] +
+                 engram.embed.scale F8_E8M0 [rows, engram_head_dim/32] (one scale per row per 32
+                 values; rows = that layer's prime sum), engram.wkv.weight F8_E4M3
+                 [dim*(hc+1), (max_ngram-1)*engram_n_heads*engram_head_dim] + 32x32 scale,
+                 engram.q_weight, engram.k_weight BF16 [hc, dim].
+  The Engram tables are stored after every other tensor in the data section (still naturally
+  aligned, no holes); with `sparse_engram` (preset engram-huge) their bytes are not written at all:
+  the file is extended with truncate, so they read as zero codes and zero scales (valid values,
+  2^-127 scales) and occupy no disk blocks on file systems with sparse files.
+  --dense writes every FP8/FP4 weight as its exact BF16 dequantisation, except the Engram tables,
+  which stay FP8 + E8M0 (an embedding the reference dequantises per lookup in either mode).
+* Quantisation: FP8 tiles of 32x32 and per-tile power-of-two gains on 32x32 tiles; Engram tables:
+  per row per 32 values, scale 2^ceil(log2(amax/448)), gains per row x 32 values; init normal 1
+  (like embed). engram.q_weight / k_weight: one_plus 0.1; gate.bias_vl: normal 0.1.
+* Presets (all: rope_head_dim 64, head_dim multiple of 32, every FP8-GEMM input width a multiple
+  of 32, norm_eps 1e-20, hc_eps 1e-6, route_scale 1.5, swiglu_limit 10, YaRN 16/65536/32/1,
+  compress_rope_theta 1.6e5, 1 shared expert, engram_max_ngram_size 4, engram_pad_id 2):
+    tiny        vocab 1024, dim 256, 10 layers ratios [0,0,2,2,2,2,1,1,1,1]: kv sources 2, 4, 6;
+                index sources 2, 4, 6, 8; candidate source 6 (blocks of 2, top 4 blocks); so
+                0 window, 1 window + Engram, 2 ratio-2 source, 3 reuse, 4 ratio-2 source + Engram,
+                5 reuse, 6 ratio-1 kv/index/candidate source, 7 reuse, 8 reindex (keys of 6,
+                candidates of 6), 9 reuse. 4 heads x 128, q_lora 128, o_groups 2 x 64, 8 experts
+                top-2 x inter 128, window 8, indexer 8 heads x 128 top-6; Engram layers 1, 4,
+                4 heads x 32, engram_vocab_size 1000 (rows 12458, 13416). ~13 MB.
+    small       vocab 4096, dim 512, 12 layers [0,0,2,2,2,2,2,1,1,1,1,1]: kv sources 2, 5, 7;
+                index sources 2, 5, 7, 9, 11; candidate source 7 (blocks of 4, top 6); Engram
+                layers 1, 5 (8 heads x 64, engram_vocab_size 4000); 8 heads x 256, q_lora 256,
+                o_groups 4 x 128, 32 experts top-4 x inter 128, window 16, indexer 16 x 128 top-16,
+                gate_temp 1.5. ~97 MB.
+    engram-huge memory test: tiny-sized model (6 layers [0,0,2,2,1,1], no candidates) with one
+                Engram table (layer 1, 4 heads x 64, engram_vocab_size 44,000,000) of 528,001,060
+                rows x 66 bytes = 34.86e9 bytes (> 32 GiB) written as a sparse-file hole; the file
+                takes ~8 MB of disk. No golden.
 """
 
 from __future__ import annotations
@@ -198,7 +268,11 @@ PRESETS = {
 
 
 def check_preset(p: Preset) -> None:
-    """The constraints the formats and kernels impose; raises ValueError."""
+    """The constraints the formats and kernels impose; raises ValueError. (V4.1 presets: see
+    check_preset_v41, which this forwards to.)"""
+    if isinstance(p, PresetV41):
+        return check_preset_v41(p)
+
     def need(cond, msg):
         if not cond:
             raise ValueError(f"preset {p.name}: {msg}")
@@ -225,10 +299,12 @@ def check_preset(p: Preset) -> None:
 class Logical:
     """One logical tensor; FP8/FP4 ones are stored as .weight + .scale (or one BF16 with --dense)."""
     key: str         # stored name of the value tensor (the RNG key)
-    kind: str        # bf16 | f32 | fp8 | fp4 | tid2eid
+    kind: str        # bf16 | f32 | fp8 | fp4 | tid2eid | fp8row (V4.1 Engram table: e4m3 + e8m0 per row per 32)
     shape: tuple     # logical shape
     init: tuple      # ("normal", std) | ("one_plus", std) | ("uniform", lo, hi) | ("tid2eid", E)
     stored: dict = field(default_factory=dict)  # stored name -> (dtype, shape, part)
+    block: int = FP8_BLOCK  # FP8 tile edge (128 V4, 32 V4.1)
+    hole: bool = False      # fp8row only: written as a sparse-file hole (all-zero bytes), never drawn
 
 
 def _lin(out_dim: int, in_dim: int) -> tuple:
@@ -394,7 +470,7 @@ def quant_master(seed: int, t: Logical) -> np.ndarray:
     g = 2^(floor(3u) - 1); the product is renormalised by 1/sqrt(1.75) to keep the variance."""
     x = master(seed, t).astype(np.float64)
     out_dim, in_dim = t.shape
-    bo, bi = (FP8_BLOCK, FP8_BLOCK) if t.kind == "fp8" else (1, FP4_GROUP)
+    bo, bi = (t.block, t.block) if t.kind == "fp8" else (1, FP4_GROUP)
     no, ni = -(-out_dim // bo), -(-in_dim // bi)
     k = np.floor(tensor_rng(seed, t.key + "#gain").random((no, ni)) * 3.0).astype(np.int64) - 1
     g = np.ldexp(GAIN_NORM, k)
@@ -416,13 +492,17 @@ def tid2eid(seed: int, t: Logical) -> np.ndarray:
 
 def quantize(t: Logical, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if t.kind == "fp8":
-        return cf.quantize_fp8_block(w, FP8_BLOCK)
+        return cf.quantize_fp8_block(w, t.block)
+    if t.kind == "fp8row":
+        return cf.quantize_fp8_rows(w, FP4_GROUP)
     return cf.quantize_fp4_rows(w, FP4_GROUP)
 
 
 def dequantize(t: Logical, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     if t.kind == "fp8":
-        return cf.dequantize_fp8_block(codes, scales, FP8_BLOCK)
+        return cf.dequantize_fp8_block(codes, scales, t.block)
+    if t.kind == "fp8row":
+        return cf.dequantize_fp8_rows(codes, scales, FP4_GROUP)
     return cf.dequantize_fp4_rows(codes, scales, FP4_GROUP)
 
 
@@ -765,13 +845,469 @@ def tokenizer_config() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# V4.1 family (docs/v4-architecture.md §1.2, §1.3, §2.6-§2.10, §3)
+
+FP8_BLOCK_V41 = 32
+ENGRAM_GROUP = 32  # Engram table rows: one E8M0 scale per 32 values
+HASH_FILE = "engram_hash.safetensors"
+
+
+@dataclass(frozen=True)
+class PresetV41:
+    name: str
+    vocab_size: int
+    dim: int
+    compress_ratios: tuple       # one per backbone layer (0 window only, 2, 1)
+    kv_source_layers: tuple
+    index_source_layers: tuple
+    candidate_source_layer: int
+    candidate_topk_blocks: int
+    candidate_block_size: int
+    n_heads: int
+    head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    moe_inter_dim: int
+    n_routed_experts: int
+    n_activated_experts: int
+    window_size: int
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    engram_layer_ids: tuple
+    engram_max_ngram_size: int
+    engram_vocab_size: int
+    engram_n_heads: int
+    engram_head_dim: int
+    engram_pad_id: int = 2
+    gate_temp: float | None = None       # None: not written to the HF config (reference default 1.0)
+    norm_topk_prob: bool | None = None   # None: true, written as true
+    sparse_engram: bool = False          # Engram tables written as a sparse-file hole (all zero)
+    n_shared_experts: int = 1
+    rope_head_dim: int = 64
+    route_scale: float = 1.5
+    swiglu_limit: float = 10.0
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_factor: float = 16.0
+    original_seq_len: int = 65536
+    beta_fast: int = 32
+    beta_slow: int = 1
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    norm_eps: float = 1e-20
+    max_position_embeddings: int = 1048576
+    sharded: bool = False
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.compress_ratios)
+
+
+PRESETS_V41 = {
+    # 10 layers: 0 window, 1 window + Engram, 2 ratio-2 kv/index source, 3 reuse, 4 ratio-2 kv/index
+    # source + Engram (like the real layer 14), 5 reuse, 6 ratio-1 kv/index/candidate source, 7 reuse,
+    # 8 ratio-1 reindex (index source using candidates, keys of 6), 9 reuse.
+    "tiny": PresetV41(
+        name="tiny", vocab_size=1024, dim=256, compress_ratios=(0, 0, 2, 2, 2, 2, 1, 1, 1, 1),
+        kv_source_layers=(2, 4, 6), index_source_layers=(2, 4, 6, 8), candidate_source_layer=6,
+        candidate_topk_blocks=4, candidate_block_size=2, n_heads=4, head_dim=128, q_lora_rank=128,
+        o_groups=2, o_lora_rank=64, moe_inter_dim=128, n_routed_experts=8, n_activated_experts=2,
+        window_size=8, index_n_heads=8, index_head_dim=128, index_topk=6, engram_layer_ids=(1, 4),
+        engram_max_ngram_size=4, engram_vocab_size=1000, engram_n_heads=4, engram_head_dim=32),
+    # 12 layers: 0 window, 1 window + Engram, 2 r2 source, 3-4 reuse, 5 r2 source + Engram, 6 reuse,
+    # 7 r1 kv/index/candidate source, 8 reuse, 9 reindex, 10 reuse, 11 reindex; gate_temp 1.5.
+    "small": PresetV41(
+        name="small", vocab_size=4096, dim=512, compress_ratios=(0, 0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1),
+        kv_source_layers=(2, 5, 7), index_source_layers=(2, 5, 7, 9, 11), candidate_source_layer=7,
+        candidate_topk_blocks=6, candidate_block_size=4, n_heads=8, head_dim=256, q_lora_rank=256,
+        o_groups=4, o_lora_rank=128, moe_inter_dim=128, n_routed_experts=32, n_activated_experts=4,
+        window_size=16, index_n_heads=16, index_head_dim=128, index_topk=16, engram_layer_ids=(1, 5),
+        engram_max_ngram_size=4, engram_vocab_size=4000, engram_n_heads=8, engram_head_dim=64,
+        gate_temp=1.5),
+    # Memory test: tiny everywhere except one Engram table of 528,001,060 rows x (64 + 2) bytes
+    # (> 34e9 bytes, > 32 GiB) written as a sparse-file hole (all-zero codes and scales).
+    "engram-huge": PresetV41(
+        name="engram-huge", vocab_size=1024, dim=256, compress_ratios=(0, 0, 2, 2, 1, 1),
+        kv_source_layers=(2, 4), index_source_layers=(2, 4), candidate_source_layer=-1,
+        candidate_topk_blocks=0, candidate_block_size=0, n_heads=4, head_dim=128, q_lora_rank=128,
+        o_groups=2, o_lora_rank=64, moe_inter_dim=128, n_routed_experts=8, n_activated_experts=2,
+        window_size=8, index_n_heads=8, index_head_dim=128, index_topk=6, engram_layer_ids=(1,),
+        engram_max_ngram_size=4, engram_vocab_size=44_000_000, engram_n_heads=4, engram_head_dim=64,
+        sparse_engram=True),
+}
+
+
+def latest_at_or_before(layers, l: int) -> int:
+    c = [s for s in layers if s <= l]
+    return max(c) if c else -1
+
+
+_ENGRAM_CACHE: dict = {}
+
+
+def engram_derived(p: PresetV41) -> tuple[int, list[int], np.ndarray]:
+    """(engram_compressed_vocab_size from the generated tokenizer, engram_num_embeddings, primes)."""
+    key = (p.vocab_size, len(p.engram_layer_ids), p.engram_max_ngram_size, p.engram_n_heads,
+           p.engram_vocab_size)
+    if key not in _ENGRAM_CACHE:
+        from tokenizers import Tokenizer
+        hd = _hash_data()
+        _, cv = hd.compressed_token_map(Tokenizer.from_str(build_tokenizer_json(p.vocab_size)))
+        pr = hd.primes(len(p.engram_layer_ids), p.engram_max_ngram_size, p.engram_n_heads, p.engram_vocab_size)
+        _ENGRAM_CACHE[key] = (cv, [int(x) for x in pr.sum(axis=(1, 2))], pr)
+    return _ENGRAM_CACHE[key]
+
+
+def _hash_data():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engram", "hash_data.py")
+    name = "deepinfer_engram_hash_data"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def check_preset_v41(p: PresetV41) -> None:
+    """The constraints the formats, the reference and the kernels impose; raises ValueError."""
+    def need(cond, msg):
+        if not cond:
+            raise ValueError(f"preset v41/{p.name}: {msg}")
+    B = FP8_BLOCK_V41
+    n_cols = (p.engram_max_ngram_size - 1) * p.engram_n_heads
+    for what, v in (("dim", p.dim), ("q_lora_rank", p.q_lora_rank), ("moe_inter_dim", p.moe_inter_dim),
+                    ("head_dim", p.head_dim), ("n_heads*head_dim/o_groups", p.n_heads * p.head_dim // p.o_groups),
+                    ("o_groups*o_lora_rank", p.o_groups * p.o_lora_rank), ("index_head_dim", p.index_head_dim),
+                    ("engram_head_dim", p.engram_head_dim), ("engram wkv input", n_cols * p.engram_head_dim)):
+        need(v % B == 0 and v > 0, f"{what}={v} must be a positive multiple of {B} (FP8 GEMM input / tiles)")
+    need(p.n_heads % p.o_groups == 0, "n_heads must be a multiple of o_groups")
+    need(p.rope_head_dim == 64, "rope_head_dim must be 64")
+    need(p.head_dim > p.rope_head_dim and p.head_dim % 16 == 0, "head_dim > rope_head_dim, multiple of 16")
+    need(p.index_head_dim >= p.rope_head_dim, "index_head_dim must be >= rope_head_dim")
+    need(p.index_n_heads >= 1 and p.index_topk >= 1, "bad indexer shape")
+    need(p.n_shared_experts == 1, "the reference needs exactly one shared expert")
+    need(p.n_activated_experts <= p.n_routed_experts, "top-k larger than the expert count")
+    need(p.vocab_size >= 300, "vocab_size must be >= 300")
+    need(0 <= p.engram_pad_id < p.vocab_size, "engram_pad_id outside the vocabulary")
+    need(p.window_size >= 1, "window_size must be >= 1")
+    R = p.compress_ratios
+    need(all(r in (0, 1, 2) for r in R), "V4.1 compress ratios are 0, 1 or 2")
+    need(list(p.kv_source_layers) == sorted(set(p.kv_source_layers)), "kv sources must be sorted, distinct")
+    need(list(p.index_source_layers) == sorted(set(p.index_source_layers)), "index sources sorted, distinct")
+    for s in p.kv_source_layers:
+        need(0 <= s < p.n_layers and R[s] > 0, f"kv source {s} must be a compressed layer")
+        need(s in p.index_source_layers, f"kv source {s} must also be an index source (it owns index keys)")
+    for l, r in enumerate(R):
+        if r == 0:
+            continue
+        ks = latest_at_or_before(p.kv_source_layers, l)
+        ix = latest_at_or_before(p.index_source_layers, l)
+        need(ks >= 0 and R[ks] == r, f"layer {l}: latest kv source <= l must exist with the same ratio")
+        need(ix >= 0 and R[ix] == r and ix >= ks, f"layer {l}: latest index source must share its kv source")
+    for s in p.index_source_layers:
+        need(0 <= s < p.n_layers and R[s] > 0, f"index source {s} must be a compressed layer")
+    c = p.candidate_source_layer
+    if c >= 0:
+        need(c in p.index_source_layers and c in p.kv_source_layers, "candidate source: kv and index source")
+        need(p.candidate_topk_blocks >= 1 and p.candidate_block_size >= 1, "bad candidate block settings")
+        for s in p.index_source_layers:
+            if s > c:
+                need(s not in p.kv_source_layers and R[s] == R[c],
+                     f"index source {s} after the candidate source must reuse its keys")
+    need(len(p.engram_layer_ids) >= 1 and all(0 <= l < p.n_layers for l in p.engram_layer_ids),
+         "engram layers outside the model")
+    need(p.engram_max_ngram_size >= 2 and p.engram_n_heads >= 1, "bad Engram n-gram shape")
+    need((p.dim * (p.hc_mult + 1)) % B == 0, "engram wkv output")
+
+
+def plan_logical_v41(p: PresetV41) -> list[Logical]:
+    """Every logical tensor of a V4.1 checkpoint (§1.3), in a fixed order (no effect on values)."""
+    d, hc = p.dim, p.hc_mult
+    mix = (2 + hc) * hc
+    norm = ("one_plus", 0.05)
+    T: list[Logical] = []
+
+    def add(key, kind, shape, init, **kw):
+        T.append(Logical(key, kind, tuple(int(s) for s in shape), init, **kw))
+
+    def lin(key, kind, out_dim, in_dim):
+        add(key, kind, (out_dim, in_dim), _lin(out_dim, in_dim), block=FP8_BLOCK_V41)
+
+    add("embed.weight", "bf16", (p.vocab_size, d), ("normal", 1.0))
+    add("head.weight", "bf16", (p.vocab_size, d), ("normal", 3.0 / math.sqrt(d)))
+    add("norm.weight", "bf16", (d,), norm)
+
+    _, rows, _ = engram_derived(p)
+    n_cols = (p.engram_max_ngram_size - 1) * p.engram_n_heads
+    inter = p.moe_inter_dim
+    for l, ratio in enumerate(p.compress_ratios):
+        pre = f"layers.{l}."
+        for s in ("attn", "ffn"):
+            add(f"{pre}hc_{s}_fn", "f32", (mix, hc * d), ("normal", 1.0 / math.sqrt(hc * d)))
+            add(f"{pre}hc_{s}_base", "f32", (mix,), ("normal", 1.0))
+            add(f"{pre}hc_{s}_scale", "f32", (3,), ("uniform", 0.1, 1.0))
+        add(f"{pre}attn_norm.weight", "bf16", (d,), norm)
+        add(f"{pre}ffn_norm.weight", "bf16", (d,), norm)
+
+        a = pre + "attn."
+        lin(a + "wq_a.weight", "fp8", p.q_lora_rank, d)
+        add(a + "q_norm.weight", "bf16", (p.q_lora_rank,), norm)
+        lin(a + "wq_b.weight", "fp8", p.n_heads * p.head_dim, p.q_lora_rank)
+        lin(a + "wkv.weight", "fp8", p.head_dim, d)
+        add(a + "kv_norm.weight", "bf16", (p.head_dim,), norm)
+        lin(a + "wo_a.weight", "fp8", p.o_groups * p.o_lora_rank, p.n_heads * p.head_dim // p.o_groups)
+        lin(a + "wo_b.weight", "fp8", d, p.o_groups * p.o_lora_rank)
+        add(a + "attn_sink", "f32", (p.n_heads,), ("normal", 1.0))
+        kv_src = l in p.kv_source_layers
+        if kv_src:
+            lin(a + "compressor.wkv.weight", "bf16", p.head_dim, d)
+            if ratio == 2:
+                lin(a + "compressor.wgate.weight", "bf16", p.head_dim, d)
+            add(a + "compressor.norm.weight", "bf16", (p.head_dim,), norm)
+        if l in p.index_source_layers:
+            ix = a + "indexer."
+            lin(ix + "wq_b.weight", "fp8", p.index_n_heads * p.index_head_dim, p.q_lora_rank)
+            lin(ix + "weights_proj.weight", "bf16", p.index_n_heads, d)
+            if kv_src:
+                lin(ix + "wk.weight", "bf16", p.index_head_dim, p.head_dim)
+                add(ix + "k_norm.weight", "bf16", (p.index_head_dim,), norm)
+
+        f = pre + "ffn."
+        lin(f + "gate.weight", "bf16", p.n_routed_experts, d)
+        add(f + "gate.bias", "f32", (p.n_routed_experts,), ("normal", 0.1))
+        add(f + "gate.bias_vl", "f32", (p.n_routed_experts,), ("normal", 0.1))
+        for e in range(p.n_routed_experts):
+            lin(f"{f}experts.{e}.w1.weight", "fp4", inter, d)
+            lin(f"{f}experts.{e}.w2.weight", "fp4", d, inter)
+            lin(f"{f}experts.{e}.w3.weight", "fp4", inter, d)
+        lin(f + "shared_experts.w1.weight", "fp8", inter, d)
+        lin(f + "shared_experts.w2.weight", "fp8", d, inter)
+        lin(f + "shared_experts.w3.weight", "fp8", inter, d)
+
+        if l in p.engram_layer_ids:
+            g = pre + "engram."
+            add(g + "embed.weight", "fp8row", (rows[p.engram_layer_ids.index(l)], p.engram_head_dim),
+                ("normal", 1.0), hole=p.sparse_engram)
+            lin(g + "wkv.weight", "fp8", d * (hc + 1), n_cols * p.engram_head_dim)
+            add(g + "q_weight", "bf16", (hc, d), ("one_plus", 0.1))
+            add(g + "k_weight", "bf16", (hc, d), ("one_plus", 0.1))
+    return T
+
+
+def plan_v41(p: PresetV41, dense: bool) -> list[Logical]:
+    """plan_logical_v41 + stored tensors. --dense densifies FP8/FP4 weights to BF16; the Engram
+    tables stay FP8 + E8M0 (an embedding table, dequantised per lookup by the reference in both modes)."""
+    T = plan_logical_v41(p)
+    for t in T:
+        base = t.key[:-len(".weight")] if t.key.endswith(".weight") else None
+        if t.kind == "bf16":
+            t.stored[t.key] = ("BF16", t.shape, "value")
+        elif t.kind == "f32":
+            t.stored[t.key] = ("F32", t.shape, "value")
+        elif t.kind == "fp8row":
+            rows, dd = t.shape
+            t.stored[t.key] = ("F8_E4M3", t.shape, "codes")
+            t.stored[base + ".scale"] = ("F8_E8M0", (rows, dd // ENGRAM_GROUP), "scales")
+        elif dense:
+            t.stored[t.key] = ("BF16", t.shape, "dense")
+        elif t.kind == "fp8":
+            o, i = t.shape
+            t.stored[t.key] = ("F8_E4M3", t.shape, "codes")
+            t.stored[base + ".scale"] = ("F8_E8M0", (-(-o // t.block), -(-i // t.block)), "scales")
+        elif t.kind == "fp4":
+            o, i = t.shape
+            t.stored[t.key] = ("I8", (o, i // 2), "codes")
+            t.stored[base + ".scale"] = ("F8_E8M0", (o, i // FP4_GROUP), "scales")
+        else:
+            raise AssertionError(t.kind)
+    return T
+
+
+def hf_config_v41(p: PresetV41, dense: bool) -> dict:
+    cv, rows, _ = engram_derived(p)
+    text = {
+        "model_type": "deepseek_v41_text",
+        "vocab_size": p.vocab_size,
+        "hidden_size": p.dim,
+        "num_hidden_layers": p.n_layers,
+        "num_attention_heads": p.n_heads,
+        "num_key_value_heads": 1,
+        "head_dim": p.head_dim,
+        "qk_rope_head_dim": p.rope_head_dim,
+        "q_lora_rank": p.q_lora_rank,
+        "o_lora_rank": p.o_lora_rank,
+        "o_groups": p.o_groups,
+        "moe_intermediate_size": p.moe_inter_dim,
+        "n_routed_experts": p.n_routed_experts,
+        "n_shared_experts": p.n_shared_experts,
+        "num_experts_per_tok": p.n_activated_experts,
+        "scoring_func": "sqrtsoftplus",
+        "topk_method": "noaux_tc",
+        "norm_topk_prob": True if p.norm_topk_prob is None else bool(p.norm_topk_prob),
+        "routed_scaling_factor": p.route_scale,
+        "swiglu_limit": p.swiglu_limit,
+        "hidden_act": "silu",
+        "rms_norm_eps": p.norm_eps,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": p.max_position_embeddings,
+        "rope_theta": p.rope_theta,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": p.rope_factor,
+            "beta_fast": p.beta_fast,
+            "beta_slow": p.beta_slow,
+            "original_max_position_embeddings": p.original_seq_len,
+        },
+        "compress_rope_theta": p.compress_rope_theta,
+        "sliding_window": p.window_size,
+        "compress_ratios": list(p.compress_ratios),  # num_hidden_layers + 0 MTP entries
+        "kv_source_layer_ids": list(p.kv_source_layers),
+        "index_source_layer_ids": list(p.index_source_layers),
+        "index_n_heads": p.index_n_heads,
+        "index_head_dim": p.index_head_dim,
+        "index_topk": p.index_topk,
+        "candidate_source_layer_id": p.candidate_source_layer,
+        "candidate_topk_blocks": p.candidate_topk_blocks,
+        "candidate_block_size": p.candidate_block_size,
+        "hc_mult": p.hc_mult,
+        "hc_sinkhorn_iters": p.hc_sinkhorn_iters,
+        "hc_eps": p.hc_eps,
+        "engram_layer_ids": list(p.engram_layer_ids),
+        "engram_num_embeddings": rows,
+        "engram_max_ngram_size": p.engram_max_ngram_size,
+        "engram_vocab_size": p.engram_vocab_size,
+        "engram_n_heads": p.engram_n_heads,
+        "engram_head_dim": p.engram_head_dim,
+        "engram_pad_token_id": p.engram_pad_id,
+        "engram_compressed_vocab_size": cv,
+        "num_nextn_predict_layers": 0,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "torch_dtype": "bfloat16",
+    }
+    if p.gate_temp is not None:
+        text["gate_temp"] = p.gate_temp
+    cfg = {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    if not dense:
+        cfg["quantization_config"] = {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [FP8_BLOCK_V41, FP8_BLOCK_V41],
+            "scale_fmt": "ue8m0",
+            "expert_dtype": "fp4",
+        }
+    cfg["text_config"] = text
+    return cfg
+
+
+def inference_config_v41(p: PresetV41, dense: bool) -> dict:
+    """DeepSeek's flat ModelArgs form; every key is a ModelArgs field of the V4.1 reference."""
+    cv, rows, _ = engram_derived(p)
+    return {
+        "vocab_size": p.vocab_size,
+        "dim": p.dim,
+        "moe_inter_dim": p.moe_inter_dim,
+        "n_layers": p.n_layers,
+        "n_mtp_layers": 0,
+        "n_heads": p.n_heads,
+        "n_routed_experts": p.n_routed_experts,
+        "n_shared_experts": p.n_shared_experts,
+        "n_activated_experts": p.n_activated_experts,
+        "score_func": "sqrtsoftplus",
+        "gate_temp": 1.0 if p.gate_temp is None else p.gate_temp,
+        "norm_topk_prob": True if p.norm_topk_prob is None else bool(p.norm_topk_prob),
+        "route_scale": p.route_scale,
+        "swiglu_limit": p.swiglu_limit,
+        "q_lora_rank": p.q_lora_rank,
+        "head_dim": p.head_dim,
+        "rope_head_dim": p.rope_head_dim,
+        "norm_eps": p.norm_eps,
+        "o_groups": p.o_groups,
+        "o_lora_rank": p.o_lora_rank,
+        "window_size": p.window_size,
+        "compress_ratios": list(p.compress_ratios),  # n_layers + n_mtp_layers (0) entries
+        "kv_source_layers": list(p.kv_source_layers),
+        "index_source_layers": list(p.index_source_layers),
+        "compress_rope_theta": p.compress_rope_theta,
+        "original_seq_len": p.original_seq_len,
+        "rope_theta": p.rope_theta,
+        "rope_factor": p.rope_factor,
+        "beta_fast": p.beta_fast,
+        "beta_slow": p.beta_slow,
+        "index_n_heads": p.index_n_heads,
+        "index_head_dim": p.index_head_dim,
+        "index_topk": p.index_topk,
+        "candidate_source_layer": p.candidate_source_layer,
+        "candidate_topk_blocks": p.candidate_topk_blocks,
+        "candidate_block_size": p.candidate_block_size,
+        "hc_mult": p.hc_mult,
+        "hc_sinkhorn_iters": p.hc_sinkhorn_iters,
+        "hc_eps": p.hc_eps,
+        "engram_layer_ids": list(p.engram_layer_ids),
+        "engram_num_embeddings": rows,
+        "engram_max_ngram_size": p.engram_max_ngram_size,
+        "engram_vocab_size": p.engram_vocab_size,
+        "engram_n_heads": p.engram_n_heads,
+        "engram_head_dim": p.engram_head_dim,
+        "engram_pad_id": p.engram_pad_id,
+        "engram_compressed_vocab_size": cv,
+        "dtype": "bf16" if dense else "fp8",
+        "expert_dtype": None if dense else "fp4",
+    }
+
+
+def generate_v41(preset: str, seed: int, out: str, dense: bool = False, tokenizer: bool = True) -> dict:
+    p = PRESETS_V41[preset]
+    check_preset_v41(p)
+    if seed < 0:
+        raise ValueError("seed must be >= 0")
+    os.makedirs(os.path.join(out, "inference"), exist_ok=True)
+    tok_text = build_tokenizer_json(p.vocab_size)
+    hf = hf_config_v41(p, dense)
+    write_json(os.path.join(out, "config.json"), hf)
+    write_json(os.path.join(out, "inference", "config.json"), inference_config_v41(p, dense))
+    if tokenizer:
+        with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(tok_text)
+        write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
+    # Engram hash data (token map, multipliers, primes), checked against the config just written.
+    from tokenizers import Tokenizer
+    hd = _hash_data()
+    hd.write(os.path.join(out, HASH_FILE), hd.build(Tokenizer.from_str(tok_text), hf))
+
+    logicals = plan_v41(p, dense)
+    entries = {name: (dt, list(shape)) for t in logicals for name, (dt, shape, _) in t.stored.items()}
+    tables = [n for t in logicals if t.kind == "fp8row" for n in t.stored]
+    holes = [n for t in logicals if t.kind == "fp8row" and t.hole for n in t.stored]
+    produce = Producer(seed, logicals)
+    total = cf.write_safetensors(os.path.join(out, "model.safetensors"), entries, produce, {"format": "pt"},
+                                 last=tables, holes=holes)
+    assert not produce.cache, "unpaired quantised tensors"
+    return {"tensors": len(entries), "bytes": total, "files": ["model.safetensors", HASH_FILE]}
+
+
+# ---------------------------------------------------------------------------------------------
 # Driver
 
 
 def generate(preset: str, seed: int, out: str, dense: bool = False, family: str = "v4",
              tokenizer: bool = True) -> dict:
+    if family == "v41":
+        return generate_v41(preset, seed, out, dense=dense, tokenizer=tokenizer)
     if family != "v4":
-        raise NotImplementedError(f"{family} not implemented yet")
+        raise ValueError(f"unknown family {family}")
     p = PRESETS[preset]
     check_preset(p)
     if seed < 0:
@@ -814,16 +1350,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["v4", "v41"], default="v4")
-    ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    ap.add_argument("--preset", choices=sorted(set(PRESETS) | set(PRESETS_V41)), required=True,
+                    help="v4: " + ", ".join(PRESETS) + "; v41: " + ", ".join(PRESETS_V41))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--dense", action="store_true",
                     help="write every FP8/FP4 weight as its exact BF16 dequantisation")
     ap.add_argument("--no-tokenizer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.family == "v41":
-        print("v41 not implemented yet", file=sys.stderr)
-        return 2
+    presets = PRESETS_V41 if args.family == "v41" else PRESETS
+    if args.preset not in presets:
+        ap.error(f"preset {args.preset!r} is not a {args.family} preset (choose from {', '.join(presets)})")
     info = generate(args.preset, args.seed, args.out, dense=args.dense, family=args.family,
                     tokenizer=not args.no_tokenizer)
     print(f"{args.family}/{args.preset} seed {args.seed}{' dense' if args.dense else ''}: "

@@ -1,5 +1,6 @@
 // `deepinfer logits`: float32 little-endian logits [n_tokens, vocab] for every position, by one
-// prefill forward or (--decode) one token at a time; --trace dumps routed experts and indexer picks.
+// prefill forward or (--decode) one token at a time; --trace dumps routed experts, indexer picks and
+// (V4.1) candidate blocks.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,8 @@ Runner add_logits(CLI::App& app) {
         write_file(o->trace + "/experts.L" + std::to_string(l) + ".i32", v.data(), v.size() * 4);
       for (const auto& [l, v] : trace.indexer)
         write_file(o->trace + "/indexer.L" + std::to_string(l) + ".i32", v.data(), v.size() * 4);
+      for (const auto& [l, v] : trace.candidates)
+        write_file(o->trace + "/candidates.L" + std::to_string(l) + ".i32", v.data(), v.size() * 4);
     }
     std::fprintf(stderr, "wrote %zu x %lld logits to %s\n", total, static_cast<long long>(cfg.vocab_size),
                  o->out.c_str());

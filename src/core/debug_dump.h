@@ -12,4 +12,9 @@ namespace deepinfer {
 bool dump_enabled();
 void dump(const std::string& name, int64_t layer, const Tensor& t);
 
+// Teacher forcing, for layer-by-layer comparison with a reference: when DEEPINFER_FORCE_DIR is set
+// and holds <name>.L<layer>.f32 with exactly t's element count, t's values are replaced by the
+// file's (so the next sublayer starts from the reference's input). Returns whether it replaced.
+bool force(const std::string& name, int64_t layer, Tensor& t);
+
 }  // namespace deepinfer

@@ -19,6 +19,8 @@ const std::vector<EnvVar>& env_vars() {
        "batches use OpenBLAS",
        true},
       {"DEEPINFER_DUMP_DIR", "", "debugging: write named intermediate tensors of each forward there", true},
+      {"DEEPINFER_FORCE_DIR", "", "debugging: replace named V4.1 stream tensors by the files there (teacher forcing)",
+       true},
       {"DEEPINFER_V4_TOKENIZER", "", "tests: path of the DeepSeek-V4 tokenizer.json", true},
       {"DEEPINFER_BUILD_DIR", "build", "tests: the CMake build directory", true},
       {"DEEPINFER_TEST_GPU", "0", "tests: 1 runs the tests marked gpu", true},
@@ -27,10 +29,18 @@ const std::vector<EnvVar>& env_vars() {
       {"DEEPINFER_ENABLE_MTP_VARLEN", "0", "DSpark speculative decoding with confidence-scheduled verification",
        false},
       {"DEEPINFER_USE_NEXTN_DECODE", "5", "maximum DSpark draft length", false},
-      {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact", "V4.1 decoder SWA bounded replay", false},
-      {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140", "tokens the V4.1 decoder replays (window + margin)", false},
+      {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact",
+       "V4.1 SWA bounded replay: compact = decoder layers prefill only the last KEEP_TOKENS; off = exact", true},
+      {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140", "tokens the V4.1 decoder replays (window + margin)", true},
   };
   return vars;
+}
+
+std::string env_value(const char* name) {
+  if (const char* v = std::getenv(name)) return v;
+  for (const EnvVar& v : env_vars())
+    if (std::strcmp(v.name, name) == 0) return v.default_value;
+  throw std::logic_error(std::string("env_value: ") + name + " is not in the DEEPINFER_* table");
 }
 
 void check_env() {

@@ -19,5 +19,7 @@ struct EnvVar {
 const std::vector<EnvVar>& env_vars();
 void check_env();
 std::string env_table();  // the table as text, with each variable's current value
+// The variable's value when set, else its default from the table (name must be in the table).
+std::string env_value(const char* name);
 
 }  // namespace deepinfer

@@ -1,13 +1,14 @@
 #include "engine/cpu_model_runner.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "deepinfer/error.h"
 
 namespace deepinfer {
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics)
-    : model_(std::move(model)) {
+CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens)
+    : model_(std::move(model)), replay_keep_(replay_keep_tokens) {
   DI_CHECK(model_ != nullptr, "CpuModelRunner: no model");
   opts_.numerics = numerics;
   opts_.all_logits = false;
@@ -32,7 +33,12 @@ ModelRunnerOutput CpuModelRunner::execute(const SchedulerOutput& out) {
     DI_CHECK(st != nullptr && st->num_tokens == s.start_pos,
              "model runner: sequence {} is scheduled from position {} but its state holds {} tokens", s.seq_id,
              s.start_pos, st ? st->num_tokens : -1);
-    batch.push_back(SeqChunk{st.get(), s.tokens, s.want_logits, s.want_prompt_logits});
+    SeqChunk chunk{st.get(), s.tokens, s.want_logits, s.want_prompt_logits};
+    // Bounded replay: a prefill's decoder layers run only its last replay_keep_ tokens (never when
+    // every row's logits are wanted).
+    if (replay_keep_ > 0 && !s.want_prompt_logits && model_->config().family == ModelFamily::kV41)
+      chunk.replay_from = std::max<int64_t>(0, s.num_known_tokens - replay_keep_);
+    batch.push_back(std::move(chunk));
     if (s.want_logits) result.seq_ids.push_back(s.seq_id);
   }
   Tensor logits = model_->forward_batch(batch, opts_);

@@ -12,7 +12,8 @@ namespace deepinfer {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics);
+  // replay_keep_tokens > 0: V4.1 bounded replay (SeqChunk::replay_from) for prefill chunks.
+  CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens = 0);
 
   ModelRunnerOutput execute(const SchedulerOutput& out) override;
   void free(int64_t seq_id) override { states_.erase(seq_id); }
@@ -25,6 +26,7 @@ class CpuModelRunner final : public ModelRunner {
  private:
   std::unique_ptr<Model> model_;
   ForwardOptions opts_;
+  int64_t replay_keep_ = 0;
   std::unordered_map<int64_t, std::unique_ptr<SequenceState>> states_;
 };
 

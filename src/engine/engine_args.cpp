@@ -16,6 +16,22 @@ ops::Numerics EngineArgs::numerics() const {
   return n;
 }
 
+int64_t EngineArgs::replay_keep_tokens() const {
+  DI_CHECK(prefill_truncation == "compact" || prefill_truncation == "off",
+           "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE must be 'compact' or 'off' (got '{}')", prefill_truncation);
+  if (prefill_truncation == "off") return 0;
+  int64_t keep = 0;
+  size_t used = 0;
+  try {
+    keep = std::stoll(prefill_keep_tokens, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DI_CHECK(used == prefill_keep_tokens.size() && used > 0 && keep >= 1,
+           "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS must be a positive integer (got '{}')", prefill_keep_tokens);
+  return keep;
+}
+
 int64_t read_max_position_embeddings(const std::string& model_dir) {
   namespace fs = std::filesystem;
   for (const char* rel : {"config.json", "inference/config.json"}) {

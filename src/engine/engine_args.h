@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/env.h"
+
 #include "ops/ops.h"
 
 namespace deepinfer {
@@ -20,6 +22,13 @@ struct EngineArgs {
   bool enable_chunked_prefill = true;
   std::string dtype = "bfloat16";  // "bfloat16": round activations where the reference does; "float32"
   bool simulate_qat = true;        // FP8/FP4 fake-quantisation sites
+  // V4.1 SWA bounded replay (DeepInfer's DEEPINFER_YOCO_PREFILL_* switches): "compact" runs the
+  // decoder layers of a prefill only over its last prefill_keep_tokens tokens; "off" is exact.
+  std::string prefill_truncation = env_value("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE");
+  std::string prefill_keep_tokens = env_value("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS");
+
+  // Throws deepinfer::Error naming the field: 0 when bounded replay is off, else the kept tokens.
+  int64_t replay_keep_tokens() const;
 
   // Throws deepinfer::Error naming the field.
   ops::Numerics numerics() const;

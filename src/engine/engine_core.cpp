@@ -30,9 +30,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const EngineArgs& args) {
 EngineCore::EngineCore(const EngineArgs& args) {
   DI_CHECK(!args.model.empty(), "engine: no model directory given");
   const ops::Numerics numerics = args.numerics();
+  const int64_t replay_keep = args.replay_keep_tokens();
   std::unique_ptr<Model> model = Model::load(args.model);
   config_ = model->config();
-  runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics);
+  runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics, replay_keep);
   tokenizer_ = load_tokenizer(args);
   EngineArgs a = args;
   if (a.max_model_len == 0) a.max_model_len = read_max_position_embeddings(args.model);

@@ -157,8 +157,8 @@ void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, 
 }
 
 // One row of window indices (positions, -1 = empty) in the reference's layout; see the file comment.
-int64_t window_row(int64_t p, int64_t start_pos, int64_t T, int64_t W, int64_t width, int64_t* row) {
-  const int64_t lo = std::max<int64_t>(0, p - W + 1), count = p - lo + 1;
+int64_t window_row(int64_t p, int64_t start_pos, int64_t T, int64_t W, int64_t floor, int64_t width, int64_t* row) {
+  const int64_t lo = std::max<int64_t>({0, p - W + 1, floor}), count = p - lo + 1;
   int64_t n = 0;
   const bool decode = start_pos > 0 && T == 1;
   if (decode)
@@ -170,8 +170,8 @@ int64_t window_row(int64_t p, int64_t start_pos, int64_t T, int64_t W, int64_t w
 
 }  // namespace
 
-Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, SequenceState& seq,
-                     SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
+Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, int64_t window_floor,
+                     SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const FamilyNumerics fam = family_numerics(cfg.family);
   const int64_t T = x.size(0), H = cfg.n_heads, D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
@@ -234,7 +234,9 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
            "layer {}: no top-k list from an index source for this chunk", c.layer);
 
   // The KV table: window rows for positions wstart..start_pos+T-1, then the compressed entries.
-  const int64_t wstart = std::max<int64_t>(0, start_pos - W + 1);
+  DI_CHECK(window_floor <= start_pos, "layer {}: window floor {} above the chunk start {}", c.layer, window_floor,
+           start_pos);
+  const int64_t wstart = std::max<int64_t>({0, start_pos - W + 1, window_floor});
   const int64_t nwin = start_pos + T - wstart;
   Tensor table = Tensor::empty({nwin + n_comp, D}, DType::kF32);
   for (int64_t p = wstart; p < start_pos + T; ++p) {
@@ -248,7 +250,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
   std::vector<int64_t> wrow(wcols);
   for (int64_t t = 0; t < T; ++t) {
     int32_t* row = idx.data<int32_t>() + t * (wcols + k);
-    window_row(positions[t], start_pos, T, W, wcols, wrow.data());
+    window_row(positions[t], start_pos, T, W, window_floor, wcols, wrow.data());
     for (int64_t i = 0; i < wcols; ++i) row[i] = wrow[i] < 0 ? -1 : static_cast<int32_t>(wrow[i] - wstart);
     for (int64_t i = 0; i < k; ++i) {
       const int32_t j = shared.picks[t * k + i];

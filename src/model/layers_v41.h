@@ -22,8 +22,9 @@ struct SharedAttnV41 {
 // start_pos..start_pos+T-1 of `seq`: window KV of this layer; kv sources compress and publish
 // compressed KV and index keys; index sources score and publish top-k lists (the candidate source
 // also its candidate blocks); every compressed layer attends to the latest list. Returns [T, dim].
-Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, SequenceState& seq,
-                     SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c);
+// window_floor: the first position whose window KV this layer holds (bounded replay; else 0).
+Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, int64_t window_floor,
+                     SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c);
 
 // Engram (§2.9): stream [T, hc, dim] plus the gated n-gram lookup; rows [T, n_cols] are the table
 // rows of every token. Returns the new stream.

@@ -39,6 +39,10 @@ struct SeqChunk {
   std::vector<int32_t> tokens;
   bool want_logits = true;   // the logits of the chunk's last token
   bool all_logits = false;   // ... or of every token of the chunk (prompt logprobs, verification)
+  // V4.1 SWA bounded replay (§5): positions below this skip the decoder layers (those after the
+  // last kv source); their window attention starts here. 0: exact full prefill. Rows whose logits
+  // are wanted must not be skipped.
+  int64_t replay_from = 0;
 };
 
 // A loaded model of either family. One forward serves prefill, chunked prefill and one-token

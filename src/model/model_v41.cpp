@@ -3,6 +3,7 @@
 // input is collapsed with the incoming pre-mix (the previous FFN's, one-hot before layer 0), the
 // FFN input with this layer's attention pre-mix; after the last layer the stream is collapsed with
 // the last FFN's pre-mix, normed and projected by the FP32 head.
+#include <algorithm>
 #include <cstring>
 
 #include "core/debug_dump.h"
@@ -11,6 +12,46 @@
 #include "model/layers_v41.h"
 
 namespace deepinfer {
+
+namespace {
+
+// Drops the first drop[b] rows of every sequence b from the stacked per-row data and re-bases the
+// offsets (bounded replay: those rows skip the decoder layers).
+void compact_rows(const std::vector<int64_t>& drop, std::vector<int64_t>& offset, Tensor& stream, Tensor& pre,
+                  std::vector<int32_t>& tokens, std::vector<std::vector<int64_t>>& engram_rows, int64_t cols,
+                  std::vector<SharedAttnV41>& shared) {
+  const size_t B = drop.size();
+  std::vector<int64_t> keep;
+  std::vector<int64_t> next(B + 1, 0);
+  for (size_t b = 0; b < B; ++b) {
+    for (int64_t r = offset[b] + drop[b]; r < offset[b + 1]; ++r) keep.push_back(r);
+    next[b + 1] = next[b] + (offset[b + 1] - offset[b] - drop[b]);
+    SharedAttnV41& s = shared[b];
+    s.picks.erase(s.picks.begin(), s.picks.begin() + std::min<int64_t>(s.picks.size(), drop[b] * s.k));
+    s.candidates.erase(s.candidates.begin(),
+                       s.candidates.begin() + std::min<int64_t>(s.candidates.size(), drop[b] * s.candidate_width));
+  }
+  const int64_t R = static_cast<int64_t>(keep.size());
+  const int64_t row = stream.numel() / stream.size(0), hc = pre.size(1);
+  Tensor st = Tensor::empty({R, stream.size(1), stream.size(2)}, DType::kF32), pr = Tensor::empty({R, hc}, DType::kF32);
+  std::vector<int32_t> tk(R);
+  for (auto& rows : engram_rows) {
+    std::vector<int64_t> kept(R * cols);
+    for (int64_t i = 0; i < R; ++i) std::copy_n(rows.begin() + keep[i] * cols, cols, kept.begin() + i * cols);
+    rows.swap(kept);
+  }
+  for (int64_t i = 0; i < R; ++i) {
+    std::memcpy(st.data<float>() + i * row, stream.data<float>() + keep[i] * row, row * sizeof(float));
+    std::memcpy(pr.data<float>() + i * hc, pre.data<float>() + keep[i] * hc, hc * sizeof(float));
+    tk[i] = tokens[keep[i]];
+  }
+  stream = st;
+  pre = pr;
+  tokens.swap(tk);
+  offset.swap(next);
+}
+
+}  // namespace
 
 std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir) {
   cpu::configure_threads();
@@ -34,7 +75,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   const int64_t hc = cfg.hc_mult, dim = cfg.dim;
   std::vector<int64_t> offset;
   const std::vector<int32_t> tokens = stack_batch(batch, offset);
-  const int64_t T = offset.back();
+  const int64_t T = offset.back();  // before any bounded-replay compaction
   const size_t B = batch.size();
 
   // Engram rows of every token for every engram layer, from each sequence's compressed history.
@@ -54,27 +95,61 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     }
   }
 
+  // Bounded replay: how many leading rows of each chunk skip the decoder layers.
+  const int64_t last_source = cfg.kv_source_layers.empty() ? -1 : cfg.kv_source_layers.back();
+  std::vector<int64_t> start(B), drop(B, 0);
+  bool replay = false;
+  for (size_t b = 0; b < B; ++b) {
+    const SeqChunk& c = batch[b];
+    start[b] = c.state->num_tokens;
+    if (last_source < 0 || c.replay_from <= start[b]) continue;
+    const int64_t n = offset[b + 1] - offset[b];
+    drop[b] = std::min(c.replay_from - start[b], n);
+    DI_CHECK(!c.all_logits && !(c.want_logits && drop[b] == n),
+             "forward: bounded replay from position {} would skip rows whose logits are wanted", c.replay_from);
+    DI_CHECK(c.replay_from >= c.state->replay_floor, "forward: bounded replay from {} is below the earlier floor {}",
+             c.replay_from, c.state->replay_floor);
+    replay = true;
+  }
+
   Tensor stream = embed_stream(w_.embed, tokens);
   // The incoming pre-mix of layer 0 selects copy 0.
   Tensor pre = Tensor::zeros({T, hc}, DType::kF32);
   for (int64_t t = 0; t < T; ++t) pre.data<float>()[t * hc] = 1.0f;
   std::vector<SharedAttnV41> shared(B);
 
+  std::vector<int32_t> layer_tokens = tokens;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeightsV41& L = w_.layers[l];
     const LayerCtx ctx{cfg, num, l, opts.trace};
+    if (replay && l == last_source + 1) {
+      // The decoder layers run only the kept (trailing) rows of each chunk.
+      compact_rows(drop, offset, stream, pre, layer_tokens, engram_rows, cols, shared);
+      for (size_t b = 0; b < B; ++b) {
+        if (drop[b] == 0) continue;
+        start[b] += drop[b];
+        batch[b].state->replay_floor = batch[b].replay_from;
+      }
+    }
+    const int64_t T = offset.back();
     if (L.has_engram) {
       stream = engram_forward(L.engram, stream, engram_rows[cfg.engram_index(l)], cols, ctx);
       dump("engram_stream", l, stream);
+      force("engram_stream", l, stream);
     }
     ops::HcMix attn_mix = ops::hc_mixes(stream, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc,
                                         cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps);
+    dump("attn_post", l, attn_mix.post);
+    dump("attn_comb", l, attn_mix.comb);
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
+    force("attn_in", l, x);
     Tensor y = Tensor::empty({T, dim}, DType::kF32);
     for (size_t b = 0; b < B; ++b) {  // attention reads and writes each sequence's own state
+      if (offset[b + 1] == offset[b]) continue;  // every row of this chunk skipped (bounded replay)
       Tensor xb = x.slice(0, offset[b], offset[b + 1]);
-      Tensor yb = attention_v41(L.attn, xb, batch[b].state->num_tokens, *batch[b].state, shared[b], rope_[l], ctx);
+      const int64_t floor = l > last_source ? batch[b].state->replay_floor : 0;
+      Tensor yb = attention_v41(L.attn, xb, start[b], floor, *batch[b].state, shared[b], rope_[l], ctx);
       std::memcpy(y.data<float>() + offset[b] * dim, yb.data<float>(), yb.numel() * sizeof(float));
     }
     dump("attn_out", l, y);
@@ -82,13 +157,19 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
 
     ops::HcMix ffn_mix = ops::hc_mixes(stream, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters,
                                        cfg.hc_eps, cfg.norm_eps);
+    dump("attn_stream", l, stream);
+    force("attn_stream", l, stream);
+    dump("ffn_post", l, ffn_mix.post);
+    dump("ffn_comb", l, ffn_mix.comb);
     x = ops::rms_norm(ops::hc_collapse(stream, attn_mix.pre, num.bf16), L.ffn_norm, cfg.norm_eps, num.bf16);
     dump("ffn_in", l, x);
-    y = moe(L.ffn, x, tokens, ctx);
+    force("ffn_in", l, x);
+    y = moe(L.ffn, x, layer_tokens, ctx);
     dump("ffn_out", l, y);
     stream = ops::hc_expand(y, stream, ffn_mix.post, ffn_mix.comb, num.bf16);
     pre = ffn_mix.pre;
     dump("stream", l, stream);
+    force("stream", l, stream);
   }
   for (const SeqChunk& c : batch) c.state->num_tokens += static_cast<int64_t>(c.tokens.size());
 

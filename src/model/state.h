@@ -74,6 +74,8 @@ struct SequenceState {
   // V4.1 Engram: the compressed token id of every processed position (one history serves all
   // engram layers; only the last max_ngram_size - 1 are read, §2.7).
   std::vector<int32_t> engram_ids;
+  // V4.1 bounded replay: the decoder layers hold window KV only from this position on.
+  int64_t replay_floor = 0;
   explicit SequenceState(const ModelConfig& cfg);
 };
 

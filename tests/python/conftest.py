@@ -66,9 +66,9 @@ def _show(cmd: Sequence[str], limit: int = 120) -> str:
 
 
 def _generator_hash() -> str:
-    """sha256 over the generator and the modules beside it that it imports (tools/*.py)."""
+    """sha256 over the generator and the modules it imports (tools/*.py, tools/engram/*.py)."""
     h = hashlib.sha256()
-    for p in sorted(GENERATOR.parent.glob("*.py")):
+    for p in sorted(GENERATOR.parent.glob("*.py")) + sorted((GENERATOR.parent / "engram").glob("*.py")):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
