@@ -31,7 +31,7 @@ endif
 export DEEPINFER_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 DEPS_STAMP := $(BUILD_DIR)/.deps-stamp
-MODEL_DIR := $(BUILD_DIR)/models/tiny-v4
+MODEL_DIR := $(BUILD_DIR)/models/tiny-v41
 BIN := $(BUILD_DIR)/src/deepinfer
 FORMAT_DIRS := src include tests bench
 
@@ -73,11 +73,11 @@ test: build
 run: build $(MODEL_DIR)/config.json
 	./$(BIN) generate --model $(MODEL_DIR) --prompt-ids 0,17,42,7 --max-tokens 16
 
-# The default model: tiny random-weight DeepSeek-V4, regenerated when the generator changes.
+# The default model: tiny random-weight DeepSeek-V4.1, regenerated when the generator changes.
 # Written to a temporary directory first so an interrupted run never leaves a half model.
-$(MODEL_DIR)/config.json: $(wildcard tools/*.py) | deps
+$(MODEL_DIR)/config.json: $(wildcard tools/*.py tools/engram/*.py) | deps
 	@rm -rf $(MODEL_DIR).tmp
-	$(PYTHON) tools/make_checkpoint.py --family v4 --preset tiny --seed 0 --out $(MODEL_DIR).tmp
+	$(PYTHON) tools/make_checkpoint.py --family v41 --preset tiny --seed 0 --out $(MODEL_DIR).tmp
 	@rm -rf $(MODEL_DIR) && mv $(MODEL_DIR).tmp $(MODEL_DIR) && touch $@
 
 # ---- benchmarks -----------------------------------------------------------------------------------

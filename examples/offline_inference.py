@@ -5,7 +5,7 @@
 
 DIR is a DeepSeek-V4 checkpoint directory (config.json, safetensors, tokenizer.json). Without
 --model: $DEEPINFER_HF_MODEL_DIR, else the default model that `make run` generates
-(build/models/tiny-v4). Run from the repository root after `make build` (PYTHONPATH=python).
+(build/models/tiny-v41). Run from the repository root after `make build` (PYTHONPATH=python).
 """
 import argparse
 import os
@@ -26,7 +26,7 @@ def main():
     if not model and os.environ.get("DEEPINFER_HF_MODEL_DIR"):
         model, source = os.environ["DEEPINFER_HF_MODEL_DIR"], "DEEPINFER_HF_MODEL_DIR"
     if not model:
-        model, source = str(ROOT / "build" / "models" / "tiny-v4"), "the default generated model (make run)"
+        model, source = str(ROOT / "build" / "models" / "tiny-v41"), "the default generated model (make run)"
     if not (Path(model) / "config.json").exists():
         sys.exit(f"no model at {model} ({source}); run `make run` once to generate the default model")
     print(f"model: {model} (from {source})")
