@@ -39,7 +39,12 @@ void Scheduler::add_request(std::shared_ptr<const Request> request) {
     seq->seq_id = next_seq_id_++;
     seq->request = request;
     seq->child_index = i;
-    seq->seed = r.params.n == 1 ? r.seed : child_seed(r.seed, static_cast<uint64_t>(i));
+    // seq_seed (DeepInfer) pins each sequence's draw stream directly: child i uses seq_seed + i, so
+    // any child can be reproduced alone as an n = 1 request with seq_seed + i.
+    if (r.params.seq_seed)
+      seq->seed = *r.params.seq_seed + static_cast<uint64_t>(i);
+    else
+      seq->seed = r.params.n == 1 ? r.seed : child_seed(r.seed, static_cast<uint64_t>(i));
     ids.push_back(seq->seq_id);
     waiting_.push_back(seq.get());
     seqs_.emplace(seq->seq_id, std::move(seq));

@@ -27,7 +27,7 @@ struct SamplingParams {
   int logprobs = -1;             // -1 = none; k >= 0: the sampled token's logprob + top-k
   int prompt_logprobs = -1;
   std::optional<uint64_t> seed;  // request seed; unseeded requests get one drawn at arrival
-  std::optional<uint64_t> seq_seed;  // DeepInfer: per-sequence seed override (n > 1)
+  std::optional<uint64_t> seq_seed;  // DeepInfer: sequence i of the request samples with seq_seed + i (overrides seed)
   bool skip_special_tokens = true;
   nlohmann::json so_args;        // structured output (wired by its own issue); null = none
 

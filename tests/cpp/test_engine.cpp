@@ -19,28 +19,27 @@
 namespace deepinfer {
 namespace {
 
-// The tiny checkpoint, written once per process; empty when python3/numpy are missing.
-const std::string& tiny_checkpoint() {
+// The tiny checkpoint of a family ("v4" or "v41"), written once per process; empty when
+// python3/numpy are missing.
+const std::string& tiny_checkpoint(const std::string& family = "v4") {
   static st_test::TempDir dir;
-  static const std::string path = [] {
-    const std::string out = (dir / "tiny-v4").string();
-    const std::string cmd = "python3 " DEEPINFER_SOURCE_DIR
-                            "/tools/make_checkpoint.py --family v4 --preset tiny "
-                            "--seed 0 --out " +
-                            out + " > /dev/null 2>&1";
-    return std::system(cmd.c_str()) == 0 ? out : std::string();
-  }();
-  return path;
+  static std::map<std::string, std::string> paths;
+  auto it = paths.find(family);
+  if (it != paths.end()) return it->second;
+  const std::string out = (dir / ("tiny-" + family)).string();
+  const std::string cmd = "python3 " DEEPINFER_SOURCE_DIR "/tools/make_checkpoint.py --family " + family +
+                          " --preset tiny --seed 0 --out " + out + " > /dev/null 2>&1";
+  return paths[family] = std::system(cmd.c_str()) == 0 ? out : std::string();
 }
 
 #define REQUIRE_CHECKPOINT()                                        \
-  if (tiny_checkpoint().empty())                                    \
+  if (tiny_checkpoint().empty() || tiny_checkpoint("v41").empty())  \
   GTEST_SKIP() << "python3 with numpy is needed to write the tiny " \
                   "checkpoint (tools/make_checkpoint.py)"
 
-EngineArgs tiny_args() {
+EngineArgs tiny_args(const std::string& family = "v4") {
   EngineArgs a;
-  a.model = tiny_checkpoint();
+  a.model = tiny_checkpoint(family);
   a.max_model_len = 128;
   return a;
 }
@@ -101,13 +100,13 @@ std::vector<Tokens> run_all(EngineCore& engine, const std::vector<Case>& cases, 
   return result;
 }
 
-TEST(Engine, SeededRequestsGiveTheSameTokensAloneBatchedShuffledChunkedAndPreempted) {
-  REQUIRE_CHECKPOINT();
-  const std::vector<Case> cases = random_cases(200, 1234, 40, 12);
+// Every seeded request gives the same tokens alone, batched, shuffled, chunked and preempted.
+void check_seeded_determinism(const std::string& family, int n_cases) {
+  const std::vector<Case> cases = random_cases(n_cases, 1234, 40, 12);
   std::vector<size_t> order(cases.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
 
-  EngineArgs args = tiny_args();
+  EngineArgs args = tiny_args(family);
   args.max_model_len = 64;
   EngineCore engine(args);
   std::vector<Tokens> alone(cases.size());
@@ -145,12 +144,48 @@ TEST(Engine, SeededRequestsGiveTheSameTokensAloneBatchedShuffledChunkedAndPreemp
   EXPECT_EQ(preempting.runner().num_states(), 0);
 }
 
+TEST(Engine, SeededRequestsGiveTheSameTokensAloneBatchedShuffledChunkedAndPreempted) {
+  REQUIRE_CHECKPOINT();
+  check_seeded_determinism("v4", 200);
+}
+
+// V4.1: ratio-2 pairs, shared compressed KV, the Engram history and the candidate source all cross
+// chunk and preemption boundaries.
+TEST(Engine, SeededRequestsGiveTheSameTokensV41) {
+  REQUIRE_CHECKPOINT();
+  check_seeded_determinism("v41", 200);
+}
+
 int32_t argmax(const Tensor& logits) {
   const float* p = logits.data<float>();
   int64_t best = 0;
   for (int64_t i = 1; i < logits.numel(); ++i)
     if (p[i] > p[best]) best = i;
   return static_cast<int32_t>(best);
+}
+
+// seq_seed pins each sequence's draw stream: child i of an n = 3 request equals an n = 1 request
+// with seq_seed + i, in any batch; without seq_seed the children follow `seed`.
+TEST(Engine, SeqSeedPinsEachSequence) {
+  REQUIRE_CHECKPOINT();
+  EngineCore engine(tiny_args());
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.max_tokens = 12;
+  p.ignore_eos = true;
+  p.n = 3;
+  p.seq_seed = 1000;
+  const std::vector<int32_t> prompt = {5, 17, 42, 7, 300};
+  std::vector<RequestOutput> outs = engine.generate({prompt, {9, 9, 9}}, {p, p});
+  ASSERT_EQ(outs[0].outputs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams one = p;
+    one.n = 1;
+    one.seq_seed = 1000 + static_cast<uint64_t>(i);
+    std::vector<RequestOutput> alone = engine.generate({prompt}, {one});
+    EXPECT_EQ(alone[0].outputs[0].token_ids, outs[0].outputs[static_cast<size_t>(i)].token_ids) << "child " << i;
+  }
+  EXPECT_NE(outs[0].outputs[0].token_ids, outs[0].outputs[1].token_ids);
 }
 
 TEST(Engine, GreedyEqualsTheOneSequenceForward) {
