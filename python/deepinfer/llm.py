@@ -33,8 +33,8 @@ class LLM:
     """An offline engine over a DeepSeek-V4 checkpoint directory (config.json + safetensors).
 
     Engine arguments use vLLM's names: max_num_batched_tokens, max_num_seqs, max_model_len,
-    kv_cache_memory (bytes), seed, enable_chunked_prefill, dtype ("bfloat16" | "float32"),
-    simulate_qat, tokenizer, skip_tokenizer_init.
+    kv_cache_memory (bytes), seed, enable_chunked_prefill, async_scheduling (default True),
+    dtype ("bfloat16" | "float32"), simulate_qat, tokenizer, skip_tokenizer_init.
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any):

@@ -25,6 +25,8 @@ void EngineFlags::add(CLI::App* cmd) {
   cmd->add_option("--kv-cache-memory", kv_cache_memory, "bytes of per-sequence state (suffixes K, M, G: 1024-based)")
       ->transform(CLI::AsSizeValue(false));
   cmd->add_option("--seed", seed, "engine seed (draws the seeds of unseeded requests)");
+  cmd->add_flag("--no-async-scheduling", no_async_scheduling,
+                "process each step's outputs before the next step's model work instead of during it");
   num.add(cmd);
 }
 
@@ -36,6 +38,7 @@ EngineArgs EngineFlags::args(const std::string& model) const {
   a.max_model_len = max_model_len;
   a.kv_cache_memory = kv_cache_memory;
   a.seed = seed;
+  a.async_scheduling = !no_async_scheduling;
   a.dtype = num.dtype;
   a.simulate_qat = !num.no_qat;
   return a;

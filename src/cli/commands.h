@@ -19,6 +19,7 @@ Runner add_generate(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_perplexity(CLI::App& app);
 Runner add_chat(CLI::App& app);
+Runner add_serve(CLI::App& app);
 
 // Shared numerics flags: --dtype bfloat16|float32, --no-simulate-qat.
 struct NumericsFlags {
@@ -29,13 +30,14 @@ struct NumericsFlags {
 };
 
 // Shared engine flags (vLLM names): --max-num-batched-tokens, --max-num-seqs, --max-model-len,
-// --kv-cache-memory, --seed, plus the numerics flags. Defined in cmd_bench.cpp.
+// --kv-cache-memory, --seed, --no-async-scheduling, plus the numerics flags. Defined in cmd_bench.cpp.
 struct EngineFlags {
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
   int64_t max_model_len = 0;  // 0: the config's max_position_embeddings
   int64_t kv_cache_memory = int64_t{4} << 30;
   uint64_t seed = 0;
+  bool no_async_scheduling = false;
   NumericsFlags num;
   void add(CLI::App* cmd);
   EngineArgs args(const std::string& model) const;

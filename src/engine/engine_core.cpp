@@ -68,6 +68,14 @@ void EngineCore::init(const EngineArgs& args) {
   scheduler_ = std::make_unique<Scheduler>(sc, *kv_);
   outputs_ = std::make_unique<OutputProcessor>(tokenizer_.get());
   seed_rng_.seed(args.seed);
+  async_ = args.async_scheduling;
+  if (async_) worker_ = std::make_unique<StepWorker>();
+}
+
+void EngineCore::process_updates(const std::vector<SeqUpdate>& updates, std::vector<RequestOutput>& outputs) {
+  OutputProcessor::Result r = outputs_->process(updates);
+  for (int64_t id : r.stopped_seq_ids) scheduler_->finish_sequence(id, FinishReason::kStop);
+  for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
 }
 
 void EngineCore::add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
@@ -94,11 +102,22 @@ void EngineCore::add_request(const std::string& request_id, std::vector<int32_t>
 }
 
 void EngineCore::abort_request(const std::string& request_id) {
+  // The last step's tokens come first (async scheduling holds them until the next step).
+  if (unprocessed_) {
+    process_updates(*unprocessed_, pending_);
+    unprocessed_.reset();
+  }
   OutputProcessor::Result r = outputs_->process(scheduler_->abort_request(request_id));
-  for (RequestOutput& o : r.outputs) pending_.push_back(std::move(o));
+  for (RequestOutput& o : r.outputs) {
+    // Outputs are cumulative snapshots: the abort's supersedes an earlier one of the same request.
+    std::erase_if(pending_, [&](const RequestOutput& p) { return p.request_id == o.request_id; });
+    pending_.push_back(std::move(o));
+  }
 }
 
-bool EngineCore::has_unfinished() const { return scheduler_->has_unfinished() || !pending_.empty(); }
+bool EngineCore::has_unfinished() const {
+  return scheduler_->has_unfinished() || !pending_.empty() || unprocessed_.has_value();
+}
 
 // Raw logprob of each prompt token given its prefix (vLLM's prompt_logprobs), from the rows the
 // runner returned for prefill chunks; entry 0 stays empty.
@@ -153,14 +172,35 @@ std::vector<RequestOutput> EngineCore::step() {
     DI_CHECK(!so.empty(), "engine: the scheduler could not schedule any of {} waiting sequences (internal error)",
              scheduler_->num_waiting());
     const auto t1 = clock::now();
-    const ModelRunnerOutput ro = runner_->execute(so);
+    ModelRunnerOutput ro;
+    std::vector<int64_t> stopped_before;  // by a stop string in the previous step's tokens
+    double overlap_s = 0;
+    if (async_) {
+      worker_->submit([&] { ro = runner_->execute(so); });
+      if (unprocessed_) {  // overlaps the model
+        const auto p0 = clock::now();
+        OutputProcessor::Result r = outputs_->process(*unprocessed_);
+        unprocessed_.reset();
+        stopped_before = std::move(r.stopped_seq_ids);
+        for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
+        overlap_s = std::chrono::duration<double>(clock::now() - p0).count();
+      }
+      worker_->wait();
+    } else {
+      ro = runner_->execute(so);
+    }
     const auto t2 = clock::now();
     record_prompt_logprobs(ro);
+    // A sequence that a stop string ended has run one step too many: finishing it first drops the token.
+    for (int64_t id : stopped_before) scheduler_->finish_sequence(id, FinishReason::kStop);
     const std::vector<SampledToken> sampled = sample_rows(ro);
     const auto t3 = clock::now();
-    OutputProcessor::Result r = outputs_->process(scheduler_->update_from_output(so, sampled));
-    for (int64_t id : r.stopped_seq_ids) scheduler_->finish_sequence(id, FinishReason::kStop);
-    for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
+    std::vector<SeqUpdate> updates = scheduler_->update_from_output(so, sampled);
+    if (async_)
+      unprocessed_ = std::move(updates);
+    else
+      process_updates(updates, outputs);
+    stats_.output_s += overlap_s;
     ++num_steps_;
     const auto t4 = clock::now();
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -170,6 +210,9 @@ std::vector<RequestOutput> EngineCore::step() {
     stats_.output_s += secs(t3, t4);
     stats_.steps += 1;
     stats_.tokens += so.num_scheduled_tokens;
+  } else if (unprocessed_) {  // async: the last step's tokens, with nothing left to overlap them with
+    process_updates(*unprocessed_, outputs);
+    unprocessed_.reset();
   }
   for (int64_t id : scheduler_->take_freed_seq_ids()) runner_->free(id);
   // Prompt logprobs go with every output of their request, aborted ones included, and are dropped

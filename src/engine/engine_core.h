@@ -9,6 +9,12 @@
 // Because every draw depends only on (sequence seed, output position) and the kernels are batch
 // invariant, a request's tokens do not depend on what else runs, the token budget, the order of
 // arrival or preemption.
+//
+// Async scheduling (EngineArgs::async_scheduling, on by default): the model executes step N on a
+// worker thread while the engine thread runs the output processor (detokenising, stop strings) on
+// step N-1's tokens; a sequence that a stop string ends there has already been scheduled into step
+// N, and its token from step N is dropped. Outputs are identical either way; each output arrives one
+// step() call later.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,7 @@
 #include "engine/output_processor.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/step_worker.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
@@ -87,6 +94,11 @@ class EngineCore {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<OutputProcessor> outputs_;
   std::vector<RequestOutput> pending_;  // finished outside step() (abort), returned by the next step
+  bool async_ = true;
+  std::optional<std::vector<SeqUpdate>> unprocessed_;  // async: the last step's updates, not yet processed
+  std::unique_ptr<StepWorker> worker_;
+  // Runs the output processor on `updates`, finishing the sequences that stop strings end.
+  void process_updates(const std::vector<SeqUpdate>& updates, std::vector<RequestOutput>& outputs);
   std::mt19937_64 seed_rng_;
   int64_t num_steps_ = 0;
   int64_t num_generate_calls_ = 0;

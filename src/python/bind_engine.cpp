@@ -42,6 +42,7 @@ EngineArgs make_args(const std::string& model, const py::kwargs& kw) {
     else if (k == "enable_chunked_prefill") a.enable_chunked_prefill = py::cast<bool>(v);
     else if (k == "dtype") a.dtype = py::cast<std::string>(v);
     else if (k == "simulate_qat") a.simulate_qat = py::cast<bool>(v);
+    else if (k == "async_scheduling") a.async_scheduling = py::cast<bool>(v);
     else throw py::type_error("unknown engine argument '" + k + "'");
   }
   return a;

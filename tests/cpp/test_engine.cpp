@@ -188,6 +188,47 @@ TEST(Engine, SeqSeedPinsEachSequence) {
   EXPECT_NE(outs[0].outputs[0].token_ids, outs[0].outputs[1].token_ids);
 }
 
+// Async scheduling (output processing of step N-1 during the model of step N) changes nothing in
+// the outputs, stop strings included (they end sequences that already ran one more step).
+TEST(Engine, AsyncSchedulingGivesTheSameOutputs) {
+  REQUIRE_CHECKPOINT();
+  std::vector<Case> cases = random_cases(60, 77, 30, 16);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (i % 3 == 0) cases[i].params.stop = {"a", "e", " "};  // common enough to end early
+  }
+  std::vector<size_t> order(cases.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (const std::string family : {"v4", "v41"}) {
+    EngineArgs sync_args = tiny_args(family), async_args = tiny_args(family);
+    sync_args.async_scheduling = false;
+    sync_args.max_model_len = async_args.max_model_len = 64;
+    EngineCore sync_engine(sync_args), async_engine(async_args);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> params;
+    for (const Case& c : cases) {
+      prompts.push_back(c.prompt);
+      params.push_back(c.params);
+    }
+    const std::vector<RequestOutput> s = sync_engine.generate(prompts, params);
+    const std::vector<RequestOutput> y = async_engine.generate(prompts, params);
+    int stopped = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      ASSERT_EQ(s[i].outputs.size(), y[i].outputs.size());
+      for (size_t k = 0; k < s[i].outputs.size(); ++k) {
+        EXPECT_EQ(s[i].outputs[k].token_ids, y[i].outputs[k].token_ids) << family << " request " << i;
+        EXPECT_EQ(s[i].outputs[k].text, y[i].outputs[k].text) << family << " request " << i;
+        EXPECT_EQ(s[i].outputs[k].finish_reason, y[i].outputs[k].finish_reason) << family << " request " << i;
+        stopped += s[i].outputs[k].finish_reason == "stop";
+      }
+    }
+    EXPECT_GT(stopped, 0) << "no request ended on a stop string: the test does not exercise the overlap";
+    // A sequence ended by a stop string computes at most one token more than without the overlap.
+    EXPECT_LE(async_engine.stats().tokens, sync_engine.stats().tokens + stopped) << family;
+    EXPECT_EQ(async_engine.kv_cache().usage().used_bytes, 0);
+    EXPECT_EQ(async_engine.runner().num_states(), 0);
+  }
+}
+
 TEST(Engine, GreedyEqualsTheOneSequenceForward) {
   REQUIRE_CHECKPOINT();
   const std::vector<std::vector<int32_t>> prompts = {{0, 17, 42, 7}, {5}, {3, 9, 200, 11, 600, 8, 8, 1000, 44, 2}};
