@@ -11,6 +11,7 @@ requirements="$repo_root/requirements-dev.txt"
 apt_packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev libpcre2-dev
+  libboost-dev
 )
 
 log() { echo "install-deps: $*"; }

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   auto bench = deepinfer::cli::add_bench(app);
   auto perplexity = deepinfer::cli::add_perplexity(app);
   auto chat = deepinfer::cli::add_chat(app);
+  auto serve = deepinfer::cli::add_serve(app);
   app.add_subcommand("env", "list the DEEPINFER_* environment variables and what this build supports");
   try {
     app.parse(argc, argv);
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) return bench();
     if (app.got_subcommand("perplexity")) return perplexity();
     if (app.got_subcommand("chat")) return chat();
+    if (app.got_subcommand("serve")) return serve();
   } catch (const deepinfer::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -7,9 +7,19 @@
 
 namespace deepinfer {
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens)
+CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens,
+                               int64_t state_budget_bytes)
     : model_(std::move(model)), replay_keep_(replay_keep_tokens) {
   DI_CHECK(model_ != nullptr, "CpuModelRunner: no model");
+  if (state_budget_bytes > 0) {
+    const ModelConfig& cfg = model_->config();
+    auto pool = [&](int64_t page_floats) {
+      return std::make_shared<PagePool>(page_floats, state_budget_bytes / (page_floats * 4));
+    };
+    pools_.window = pool(cfg.window_size * cfg.head_dim);
+    pools_.compressed = pool(RowPages::kRowsPerPage * cfg.head_dim);
+    pools_.index_keys = pool(RowPages::kRowsPerPage * cfg.index_head_dim);
+  }
   opts_.numerics = numerics;
   opts_.all_logits = false;
 }
@@ -29,7 +39,7 @@ ModelRunnerOutput CpuModelRunner::execute(const SchedulerOutput& out) {
   batch.reserve(out.seqs.size());
   for (const ScheduledSeq& s : out.seqs) {
     std::unique_ptr<SequenceState>& st = states_[s.seq_id];
-    if (s.start_pos == 0) st = model_->new_sequence();
+    if (s.start_pos == 0) st = model_->new_sequence(pools_);
     DI_CHECK(st != nullptr && st->num_tokens == s.start_pos,
              "model runner: sequence {} is scheduled from position {} but its state holds {} tokens", s.seq_id,
              s.start_pos, st ? st->num_tokens : -1);

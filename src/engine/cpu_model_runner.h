@@ -13,7 +13,12 @@ namespace deepinfer {
 class CpuModelRunner final : public ModelRunner {
  public:
   // replay_keep_tokens > 0: V4.1 bounded replay (SeqChunk::replay_from) for prefill chunks.
-  CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens = 0);
+  // state_budget_bytes > 0: sequences take their window rings, compressed entries and index keys
+  // from page pools that never grow past that many bytes each (the KvCacheManager's budget);
+  // 0: every sequence allocates its own.
+  CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens = 0,
+                 int64_t state_budget_bytes = 0);
+  const StatePools& pools() const { return pools_; }
 
   ModelRunnerOutput execute(const SchedulerOutput& out) override;
   void free(int64_t seq_id) override { states_.erase(seq_id); }
@@ -27,6 +32,7 @@ class CpuModelRunner final : public ModelRunner {
   std::unique_ptr<Model> model_;
   ForwardOptions opts_;
   int64_t replay_keep_ = 0;
+  StatePools pools_;  // declared before states_: outlives them
   std::unordered_map<int64_t, std::unique_ptr<SequenceState>> states_;
 };
 

@@ -33,7 +33,7 @@ EngineCore::EngineCore(const EngineArgs& args) {
   const int64_t replay_keep = args.replay_keep_tokens();
   std::unique_ptr<Model> model = Model::load(args.model);
   config_ = model->config();
-  runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics, replay_keep);
+  runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics, replay_keep, args.kv_cache_memory);
   tokenizer_ = load_tokenizer(args);
   EngineArgs a = args;
   if (a.max_model_len == 0) a.max_model_len = read_max_position_embeddings(args.model);

@@ -55,7 +55,9 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& dir);
 
   const ModelConfig& config() const { return cfg_; }
-  std::unique_ptr<SequenceState> new_sequence() const { return std::make_unique<SequenceState>(cfg_); }
+  std::unique_ptr<SequenceState> new_sequence(const StatePools& pools = {}) const {
+    return std::make_unique<SequenceState>(cfg_, pools);
+  }
   // Returns float32 logits [T or 1, vocab].
   Tensor forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const;
   // Several sequences in one forward: their tokens are stacked into one batch for every GEMM and

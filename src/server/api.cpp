@@ -43,8 +43,7 @@ std::string random_hex(size_t n) {
 }
 
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 OJson parse_body(const std::string& body) {
@@ -54,7 +53,8 @@ OJson parse_body(const std::string& body) {
   } catch (const nlohmann::json::exception& e) {
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
   }
-  if (!j.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got JSON {}", j.type_name()));
+  if (!j.is_object())
+    throw ApiError(400, fmt::format("the request body must be a JSON object, got JSON {}", j.type_name()));
   return j;
 }
 
@@ -100,7 +100,8 @@ void check_model(const OJson& j, const ServerContext& ctx) {
   expect_type(j, "model", j.at("model").is_string(), "a string");
   const std::string m = j.at("model").get<std::string>();
   if (m != ctx.served_model_name && m != ctx.model_path)
-    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves `{}`)", m, ctx.served_model_name),
+    throw ApiError(404,
+                   fmt::format("The model `{}` does not exist (this server serves `{}`)", m, ctx.served_model_name),
                    "model", "model_not_found");
 }
 
@@ -160,18 +161,917 @@ Delta advance(ChildState& st, const CompletionOutput& c, size_t holdback) {
   if (st.done) return d;
   const std::string& t = c.text;
   const bool fin = c.finished();
-  size_t end = fin ? t.size() : (t.size() > holdback ? t.size() - holdback : 0);
+  const size_t end = fin ? t.size() : (t.size() > holdback ? t.size() - holdback : 0);
   std::string chunk;
   if (end > st.sent && st.sent <= t.size()) chunk = t.substr(st.sent, end - st.sent);
   st.sent = std::max(st.sent, end);
   if (st.parser) {
     auto a = st.parser->feed(chunk);
-    d.reasoning = st.rc.push(a.reasoning);
-    d.content = st.cc.push(a.content);
-    d.calls = std::move(a.calls_placeholder_do_not_use);
+    d.reasoning = std::move(a.reasoning);
+    d.content = std::move(a.content);
+    d.calls = std::move(a.tool_calls);
+    if (fin) {
+      auto b = st.parser->finish();
+      d.reasoning += b.reasoning;
+      d.content += b.content;
+      for (auto& call : b.tool_calls) d.calls.push_back(std::move(call));
+    }
+    d.reasoning = st.rc.push(d.reasoning);
+  } else {
+    d.content = std::move(chunk);
+  }
+  d.content = st.cc.push(d.content);
+  if (fin) {
+    d.reasoning += st.rc.finish();
+    d.content += st.cc.finish();
+  }
+  d.tok_from = st.tokens_seen;
+  d.tok_to = c.token_ids.size();
+  st.tokens_seen = d.tok_to;
+  st.num_tokens = c.token_ids.size();
+  st.reasoning += d.reasoning;
+  st.content += d.content;
+  for (const ToolCall& call : d.calls) st.calls.push_back(call);
+  if (fin) {
+    st.done = true;
+    d.finished = true;
+    st.finish_reason = *c.finish_reason;
+    st.stop_reason = c.stop_reason;
   }
   return d;
 }
 
+OJson stop_reason_json(const ChildState& st) {
+  if (std::holds_alternative<int32_t>(st.stop_reason)) return std::get<int32_t>(st.stop_reason);
+  if (std::holds_alternative<std::string>(st.stop_reason)) return std::get<std::string>(st.stop_reason);
+  return nullptr;
+}
+
+std::string sse(const OJson& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse_event(const char* event, const OJson& j) {
+  return std::string("event: ") + event + "\ndata: " + dump(j) + "\n\n";
+}
+
+// Shared state of the three builders.
+class BuilderBase : public ResponseBuilder {
+ public:
+  BuilderBase(const ServerContext& ctx, std::string id, int n, bool stream, const SamplingParams& p, bool chat_parser,
+              bool thinking)
+      : ctx_(ctx),
+        id_(std::move(id)),
+        created_(unix_now()),
+        stream_(stream),
+        holdback_(stop_holdback(p)),
+        logprobs_(p.logprobs),
+        thinking_(thinking) {
+    kids_.resize(static_cast<size_t>(n));
+    const auto fam = ctx.family == ModelFamily::kV41 ? parsers::Family::kV41 : parsers::Family::kV4;
+    if (chat_parser) {
+      for (auto& k : kids_)
+        k.parser =
+            std::make_unique<parsers::ChatOutputParser>(fam, thinking, [](size_t) { return "call_" + random_hex(24); });
+    }
+  }
+
+  void set_prompt_tokens(int64_t n) override { prompt_tokens_ = n; }
+
+ protected:
+  int64_t completion_tokens() const {
+    int64_t s = 0;
+    for (const auto& k : kids_) s += static_cast<int64_t>(k.num_tokens);
+    return s;
+  }
+  int64_t reasoning_tokens() const {
+    int64_t s = 0;
+    if (!ctx_.tokenizer) return 0;
+    for (const auto& k : kids_)
+      if (!k.reasoning.empty())  // re-encoding may split differently: never more than were generated
+        s += static_cast<int64_t>(std::min(ctx_.tokenizer->encode(k.reasoning, false).size(), k.num_tokens));
+    return s;
+  }
+  OJson usage() const {
+    const int64_t c = completion_tokens();
+    OJson u = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", c}, {"total_tokens", prompt_tokens_ + c}};
+    u["prompt_tokens_details"] = {{"cached_tokens", 0}};
+    u["completion_tokens_details"] = {{"reasoning_tokens", reasoning_tokens()}};
+    u["prompt_cache_hit_tokens"] = 0;
+    u["prompt_cache_miss_tokens"] = prompt_tokens_;
+    return u;
+  }
+  std::string token_text(int32_t id) const {
+    if (!ctx_.tokenizer || id < 0 || id >= ctx_.tokenizer->vocab_size()) return "";
+    return ctx_.tokenizer->token_bytes(id);
+  }
+  // OpenAI chat logprobs entries of tokens [from, to).
+  OJson chat_logprobs(const CompletionOutput& c, size_t from, size_t to) const {
+    OJson arr = OJson::array();
+    auto entry = [&](int32_t tok, float lp) {
+      const std::string s = token_text(tok);
+      OJson bytes = OJson::array();
+      for (unsigned char ch : s) bytes.push_back(static_cast<int>(ch));
+      return OJson{{"token", s}, {"logprob", lp}, {"bytes", bytes}};
+    };
+    for (size_t i = from; i < to && i < c.logprobs.size(); ++i) {
+      OJson e = entry(c.logprobs[i].token, c.logprobs[i].logprob);
+      OJson top = OJson::array();
+      for (const auto& [tok, lp] : c.logprobs[i].top) top.push_back(entry(tok, lp));
+      e["top_logprobs"] = top;
+      arr.push_back(e);
+    }
+    return OJson{{"content", arr}};
+  }
+
+  const ServerContext& ctx_;
+  std::string id_;
+  int64_t created_;
+  bool stream_;
+  size_t holdback_;
+  int logprobs_;
+  bool thinking_;
+  int64_t prompt_tokens_ = 0;
+  std::vector<ChildState> kids_;
+  RequestOutput last_;
+};
+
+// ---- chat completions ---------------------------------------------------------------------------
+
+class ChatBuilder : public BuilderBase {
+ public:
+  ChatBuilder(const ServerContext& ctx, std::string id, const SamplingParams& p, bool stream, bool include_usage,
+              bool thinking)
+      : BuilderBase(ctx, std::move(id), p.n, stream, p, true, thinking), include_usage_(include_usage) {}
+
+  std::string stream_start() override {
+    std::string s;
+    for (size_t i = 0; i < kids_.size(); ++i) {
+      OJson delta = {{"role", "assistant"}, {"content", ""}};
+      if (thinking_) delta["reasoning_content"] = "";
+      s += sse(chunk(i, delta, nullptr, nullptr));
+    }
+    return s;
+  }
+
+  std::string on_output(const RequestOutput& out) override {
+    prompt_tokens_ = static_cast<int64_t>(out.prompt_token_ids.size());
+    std::string s;
+    for (const CompletionOutput& c : out.outputs) {
+      const size_t i = static_cast<size_t>(c.index);
+      if (i >= kids_.size()) continue;
+      Delta d = advance(kids_[i], c, holdback_);
+      if (!stream_) continue;
+      const bool lp = logprobs_ >= 0 && d.tok_to > d.tok_from;
+      if (d.any_text() || lp) {
+        OJson delta = OJson::object();
+        if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+        if (!d.content.empty()) delta["content"] = d.content;
+        if (!d.calls.empty()) {
+          OJson calls = OJson::array();
+          for (const ToolCall& call : d.calls)
+            calls.push_back({{"index", call.index},
+                             {"id", call.id},
+                             {"type", "function"},
+                             {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+          delta["tool_calls"] = calls;
+        }
+        s += sse(chunk(i, delta, lp ? chat_logprobs(c, d.tok_from, d.tok_to) : OJson(nullptr), nullptr));
+      }
+      if (d.finished) s += sse(chunk(i, OJson::object(), nullptr, finish_reason(kids_[i])));
+    }
+    if (out.finished) {
+      last_ = out;
+      if (stream_) {
+        if (include_usage_) {
+          OJson j = base("chat.completion.chunk");
+          j["choices"] = OJson::array();
+          j["usage"] = usage();
+          s += sse(j);
+        }
+        s += "data: [DONE]\n\n";
+      }
+    }
+    return s;
+  }
+
+  OJson final_body() override {
+    OJson j = base("chat.completion");
+    OJson choices = OJson::array();
+    for (size_t i = 0; i < kids_.size(); ++i) {
+      const ChildState& k = kids_[i];
+      OJson msg = {{"role", "assistant"}, {"content", k.content}};
+      if (thinking_) msg["reasoning_content"] = k.reasoning;
+      if (!k.calls.empty()) {
+        OJson calls = OJson::array();
+        for (const ToolCall& call : k.calls)
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        msg["tool_calls"] = calls;
+      }
+      OJson lp = nullptr;
+      if (logprobs_ >= 0 && i < last_.outputs.size())
+        lp = chat_logprobs(last_.outputs[i], 0, last_.outputs[i].logprobs.size());
+      choices.push_back({{"index", i},
+                         {"message", msg},
+                         {"logprobs", lp},
+                         {"finish_reason", finish_reason(k)},
+                         {"stop_reason", stop_reason_json(k)}});
+    }
+    j["choices"] = choices;
+    j["usage"] = usage();
+    return j;
+  }
+
+  std::string stream_error(const std::string& message) override {
+    return sse(openai_error_body(500, message)) + "data: [DONE]\n\n";
+  }
+
+ private:
+  static std::string finish_reason(const ChildState& k) {
+    if (k.finish_reason == "stop" && !k.calls.empty()) return "tool_calls";
+    return k.finish_reason;
+  }
+  OJson base(const char* object) const {
+    return OJson{{"id", id_},
+                 {"object", object},
+                 {"created", created_},
+                 {"model", ctx_.served_model_name},
+                 {"system_fingerprint", "deepinfer"}};
+  }
+  OJson chunk(size_t index, OJson delta, OJson logprobs, OJson finish) const {
+    OJson j = base("chat.completion.chunk");
+    j["choices"] = OJson::array({OJson{{"index", index},
+                                       {"delta", std::move(delta)},
+                                       {"logprobs", std::move(logprobs)},
+                                       {"finish_reason", std::move(finish)}}});
+    return j;
+  }
+
+  bool include_usage_;
+};
+
+// ---- completions --------------------------------------------------------------------------------
+
+class CompletionBuilder : public BuilderBase {
+ public:
+  CompletionBuilder(const ServerContext& ctx, std::string id, const SamplingParams& p, bool stream, bool include_usage)
+      : BuilderBase(ctx, std::move(id), p.n, stream, p, false, false), include_usage_(include_usage) {}
+
+  std::string stream_start() override { return ""; }
+
+  std::string on_output(const RequestOutput& out) override {
+    prompt_tokens_ = static_cast<int64_t>(out.prompt_token_ids.size());
+    std::string s;
+    for (const CompletionOutput& c : out.outputs) {
+      const size_t i = static_cast<size_t>(c.index);
+      if (i >= kids_.size()) continue;
+      Delta d = advance(kids_[i], c, holdback_);
+      if (!stream_) continue;
+      const bool lp = logprobs_ >= 0 && d.tok_to > d.tok_from;
+      if (!d.content.empty() || lp || d.finished) {
+        OJson j = base();
+        OJson fr = d.finished ? OJson(kids_[i].finish_reason) : OJson(nullptr);
+        j["choices"] = OJson::array({OJson{{"index", i},
+                                           {"text", d.content},
+                                           {"logprobs", lp ? logprobs_json(c, d.tok_from, d.tok_to) : OJson(nullptr)},
+                                           {"finish_reason", fr},
+                                           {"stop_reason", d.finished ? stop_reason_json(kids_[i]) : OJson(nullptr)}}});
+        s += sse(j);
+      }
+    }
+    if (out.finished) {
+      last_ = out;
+      if (stream_) {
+        if (include_usage_) {
+          OJson j = base();
+          j["choices"] = OJson::array();
+          j["usage"] = usage();
+          s += sse(j);
+        }
+        s += "data: [DONE]\n\n";
+      }
+    }
+    return s;
+  }
+
+  OJson final_body() override {
+    OJson j = base();
+    OJson choices = OJson::array();
+    for (size_t i = 0; i < kids_.size(); ++i) {
+      OJson lp = nullptr;
+      if (logprobs_ >= 0 && i < last_.outputs.size())
+        lp = logprobs_json(last_.outputs[i], 0, last_.outputs[i].logprobs.size());
+      choices.push_back({{"index", i},
+                         {"text", kids_[i].content},
+                         {"logprobs", lp},
+                         {"finish_reason", kids_[i].finish_reason},
+                         {"stop_reason", stop_reason_json(kids_[i])}});
+    }
+    j["choices"] = choices;
+    j["usage"] = usage();
+    j["usage"].erase("completion_tokens_details");
+    return j;
+  }
+
+  std::string stream_error(const std::string& message) override {
+    return sse(openai_error_body(500, message)) + "data: [DONE]\n\n";
+  }
+
+ private:
+  OJson base() const {
+    return OJson{{"id", id_},
+                 {"object", "text_completion"},
+                 {"created", created_},
+                 {"model", ctx_.served_model_name},
+                 {"system_fingerprint", "deepinfer"}};
+  }
+  OJson logprobs_json(const CompletionOutput& c, size_t from, size_t to) {
+    OJson tokens = OJson::array(), lps = OJson::array(), tops = OJson::array(), offs = OJson::array();
+    for (size_t i = from; i < to && i < c.logprobs.size(); ++i) {
+      const std::string t = token_text(c.logprobs[i].token);
+      tokens.push_back(t);
+      lps.push_back(c.logprobs[i].logprob);
+      OJson top = OJson::object();
+      for (const auto& [tok, lp] : c.logprobs[i].top) top[token_text(tok)] = lp;
+      tops.push_back(top);
+      offs.push_back(text_offset_);
+      text_offset_ += static_cast<int64_t>(t.size());
+    }
+    return OJson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  }
+  bool include_usage_;
+  int64_t text_offset_ = 0;
+};
+
+// ---- Anthropic messages -------------------------------------------------------------------------
+
+class MessagesBuilder : public BuilderBase {
+ public:
+  MessagesBuilder(const ServerContext& ctx, std::string id, const SamplingParams& p, bool stream, bool thinking)
+      : BuilderBase(ctx, std::move(id), 1, stream, p, true, thinking) {}
+
+  std::string stream_start() override {
+    OJson msg = {{"id", id_},
+                 {"type", "message"},
+                 {"role", "assistant"},
+                 {"model", ctx_.served_model_name},
+                 {"content", OJson::array()},
+                 {"stop_reason", nullptr},
+                 {"stop_sequence", nullptr},
+                 {"usage", {{"input_tokens", prompt_tokens_}, {"output_tokens", 0}}}};
+    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}});
+  }
+
+  std::string on_output(const RequestOutput& out) override {
+    prompt_tokens_ = static_cast<int64_t>(out.prompt_token_ids.size());
+    std::string s;
+    if (out.outputs.empty()) return s;
+    Delta d = advance(kids_[0], out.outputs[0], holdback_);
+    if (!d.reasoning.empty()) {
+      s += open("thinking");
+      s += sse_event("content_block_delta", {{"type", "content_block_delta"},
+                                             {"index", block_},
+                                             {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
+      blocks_.back()["thinking"] = blocks_.back()["thinking"].get<std::string>() + d.reasoning;
+    }
+    if (!d.content.empty()) {
+      s += open("text");
+      s += sse_event("content_block_delta", {{"type", "content_block_delta"},
+                                             {"index", block_},
+                                             {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
+      blocks_.back()["text"] = blocks_.back()["text"].get<std::string>() + d.content;
+    }
+    for (const ToolCall& call : d.calls) {
+      s += close();
+      OJson input = OJson::parse(call.arguments, nullptr, false);
+      if (input.is_discarded() || !input.is_object()) input = OJson::object();
+      OJson start = {{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", OJson::object()}};
+      blocks_.push_back({{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", input}});
+      block_ = static_cast<int>(blocks_.size()) - 1;
+      s += sse_event("content_block_start",
+                     {{"type", "content_block_start"}, {"index", block_}, {"content_block", start}});
+      s += sse_event("content_block_delta",
+                     {{"type", "content_block_delta"},
+                      {"index", block_},
+                      {"delta", {{"type", "input_json_delta"}, {"partial_json", call.arguments}}}});
+      current_ = "tool_use";
+      s += close();
+    }
+    if (out.finished) {
+      last_ = out;
+      s += close();
+      s += sse_event("message_delta", {{"type", "message_delta"},
+                                       {"delta", {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}}},
+                                       {"usage", {{"output_tokens", completion_tokens()}}}});
+      s += sse_event("message_stop", {{"type", "message_stop"}});
+    }
+    return stream_ ? s : std::string();
+  }
+
+  OJson final_body() override {
+    OJson content = OJson::array();
+    for (const OJson& b : blocks_) content.push_back(b);
+    return OJson{{"id", id_},
+                 {"type", "message"},
+                 {"role", "assistant"},
+                 {"model", ctx_.served_model_name},
+                 {"content", content},
+                 {"stop_reason", stop_reason()},
+                 {"stop_sequence", stop_sequence()},
+                 {"usage", {{"input_tokens", prompt_tokens_}, {"output_tokens", completion_tokens()}}}};
+  }
+
+  std::string stream_error(const std::string& message) override {
+    return sse_event("error", anthropic_error_body(500, message));
+  }
+
+ private:
+  std::string open(const char* type) {
+    if (current_ == type) return "";
+    std::string s = close();
+    OJson block = {{"type", type}};
+    if (std::string(type) == "thinking") {
+      block["thinking"] = "";
+      block["signature"] = "";
+    } else {
+      block["text"] = "";
+    }
+    blocks_.push_back(block);
+    block_ = static_cast<int>(blocks_.size()) - 1;
+    current_ = type;
+    return s + sse_event("content_block_start",
+                         {{"type", "content_block_start"}, {"index", block_}, {"content_block", block}});
+  }
+  std::string close() {
+    if (current_.empty()) return "";
+    current_.clear();
+    return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", block_}});
+  }
+  OJson stop_reason() const {
+    const ChildState& k = kids_[0];
+    if (k.finish_reason.empty()) return nullptr;
+    if (k.finish_reason == "length") return "max_tokens";
+    if (!k.calls.empty()) return "tool_use";
+    if (std::holds_alternative<std::string>(k.stop_reason)) return "stop_sequence";
+    return "end_turn";
+  }
+  OJson stop_sequence() const {
+    const ChildState& k = kids_[0];
+    if (std::holds_alternative<std::string>(k.stop_reason)) return std::get<std::string>(k.stop_reason);
+    return nullptr;
+  }
+
+  std::vector<OJson> blocks_;
+  std::string current_;
+  int block_ = -1;
+};
+
+// ---- prompts ------------------------------------------------------------------------------------
+
+// V4 accepts null | "high" | "max"; V4.1 null | "low" | "high" | "max" | 1..100. OpenAI's other
+// levels map as the official API does (minimal -> low, medium/xhigh -> high, ultra -> max).
+OJson map_effort(const OJson& e, ModelFamily fam, const char* field) {
+  if (e.is_null()) return nullptr;
+  if (e.is_number_integer() && fam == ModelFamily::kV41) {
+    const int64_t v = e.get<int64_t>();
+    if (v < 1 || v > 100)
+      throw ApiError(400, fmt::format("{} must be in 1..100 when an integer, got {}", field, v), field);
+    return v;
+  }
+  if (!e.is_string()) throw ApiError(400, fmt::format("{} must be a string (low | high | max)", field), field);
+  std::string s = e.get<std::string>();
+  if (s == "minimal") s = "low";
+  if (s == "medium" || s == "xhigh") s = "high";
+  if (s == "ultra") s = "max";
+  if (s != "low" && s != "high" && s != "max")
+    throw ApiError(400, fmt::format("{} must be one of low, high, max; got '{}'", field, s), field);
+  if (fam == ModelFamily::kV4) return s == "max" ? OJson("max") : OJson("high");
+  return s;
+}
+
+// Messages of an OpenAI chat request -> the encoder's format. Throws ApiError on a malformed message.
+OJson normalize_messages(const OJson& msgs, ModelFamily fam) {
+  if (!msgs.is_array()) throw ApiError(400, "field 'messages' must be a list of message objects", "messages");
+  if (msgs.empty()) throw ApiError(400, "field 'messages' must not be empty", "messages");
+  OJson out = OJson::array();
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const OJson& m = msgs[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object())
+      throw ApiError(400, fmt::format("{} must be an object, got JSON {}", where, m.type_name()), where);
+    if (!m.contains("role") || !m["role"].is_string())
+      throw ApiError(400, fmt::format("{}.role must be a string", where), where + ".role");
+    std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool")
+      throw ApiError(400,
+                     fmt::format("{}.role '{}' is not one of system, developer, user, assistant, tool", where, role),
+                     where + ".role");
+    OJson n = m;
+    if (role == "developer" && fam == ModelFamily::kV41) n["role"] = "system";
+    if (n.contains("content")) {
+      OJson& c = n["content"];
+      if (c.is_array()) {
+        // Text parts are joined; other parts are kept for V4.1 (images) and rejected for V4.
+        bool all_text = true;
+        std::string text;
+        for (const OJson& part : c) {
+          if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+            throw ApiError(400, fmt::format("{}.content parts must be objects with a 'type'", where),
+                           where + ".content");
+          if (part["type"] == "text") {
+            if (!part.contains("text") || !part["text"].is_string())
+              throw ApiError(400, fmt::format("{}.content text parts need a string 'text'", where), where + ".content");
+            text += part["text"].get<std::string>();
+          } else {
+            all_text = false;
+          }
+        }
+        if (all_text) {
+          c = text;
+        } else if (fam == ModelFamily::kV4) {
+          throw ApiError(400, fmt::format("{}.content: only text parts are supported by this model", where),
+                         where + ".content");
+        }
+      } else if (!c.is_string() && !c.is_null()) {
+        throw ApiError(400, fmt::format("{}.content must be a string, a list of parts or null", where),
+                       where + ".content");
+      }
+    }
+    if (role == "assistant") {
+      if (n.contains("tool_calls") && !n["tool_calls"].is_null() && !n["tool_calls"].is_array())
+        throw ApiError(400, fmt::format("{}.tool_calls must be a list", where), where + ".tool_calls");
+      if (n.contains("reasoning_content") && !n["reasoning_content"].is_null() && !n["reasoning_content"].is_string())
+        throw ApiError(400, fmt::format("{}.reasoning_content must be a string", where), where + ".reasoning_content");
+      if (get_bool(n, "prefix", false)) {
+        n["wo_eos"] = true;
+        n.erase("prefix");
+      }
+    }
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+std::string render_chat(const OJson& req, const ServerContext& ctx, bool thinking) {
+  EncodeOptions enc;
+  enc.family = ctx.family == ModelFamily::kV41 ? EncodingFamily::kV41 : EncodingFamily::kV4;
+  enc.thinking = thinking;
+  if (has(req, "reasoning_effort"))
+    enc.reasoning_effort = map_effort(req["reasoning_effort"], ctx.family, "reasoning_effort");
+  OJson messages = normalize_messages(req.contains("messages") ? req["messages"] : OJson(), ctx.family);
+  OJson tools = nullptr;
+  if (has(req, "tools")) {
+    expect_type(req, "tools", req["tools"].is_array(), "a list of tools");
+    for (const OJson& t : req["tools"]) {
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string())
+        throw ApiError(400, "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}", "tools");
+    }
+    if (!req["tools"].empty()) tools = req["tools"];
+  }
+  if (has(req, "tool_choice")) {
+    const OJson& tc = req["tool_choice"];
+    if (tc.is_string() && tc == "none") {
+      tools = nullptr;
+    } else if (!(tc.is_string() && tc == "auto")) {
+      throw ApiError(400, "tool_choice: only \"auto\" and \"none\" are supported", "tool_choice");
+    }
+  }
+  if (!tools.is_null()) {
+    if (messages[0]["role"] != "system" && messages[0]["role"] != "developer")
+      messages.insert(messages.begin(), OJson{{"role", "system"}, {"content", ""}});
+    enc.tools = tools;
+  }
+  if (has(req, "response_format")) {
+    const OJson& rf = req["response_format"];
+    if (!rf.is_object()) throw ApiError(400, "response_format must be an object", "response_format");
+    if (rf.value("type", "") != "text") enc.response_format = rf;
+  }
+  try {
+    return encode_messages(messages, enc);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+}
+
+bool chat_thinking(const OJson& req) {
+  bool thinking = true;
+  if (has(req, "thinking")) {
+    const OJson& t = req["thinking"];
+    if (t.is_boolean()) {
+      thinking = t.get<bool>();
+    } else if (t.is_object() && t.contains("type") && t["type"].is_string()) {
+      const std::string ty = t["type"].get<std::string>();
+      if (ty != "enabled" && ty != "disabled")
+        throw ApiError(400, fmt::format("thinking.type must be \"enabled\" or \"disabled\", got \"{}\"", ty),
+                       "thinking");
+      thinking = ty == "enabled";
+    } else {
+      throw ApiError(400, "thinking must be {\"type\": \"enabled\" | \"disabled\"}", "thinking");
+    }
+  }
+  if (has(req, "chat_template_kwargs") && req["chat_template_kwargs"].is_object()) {
+    const OJson& k = req["chat_template_kwargs"];
+    for (const char* key : {"thinking", "enable_thinking"})
+      if (k.contains(key) && k[key].is_boolean()) thinking = k[key].get<bool>();
+  }
+  return thinking;
+}
+
+std::vector<int32_t> tokenize(const ServerContext& ctx, const std::string& text, bool add_special) {
+  if (!ctx.tokenizer) throw ApiError(400, "this server has no tokenizer: send token ids");
+  try {
+    return ctx.tokenizer->encode(text, add_special);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "prompt");
+  }
+}
+
+void check_ids(const std::vector<int32_t>& ids, const ServerContext& ctx, const char* param) {
+  const int32_t vocab = ctx.tokenizer ? ctx.tokenizer->vocab_size() : INT32_MAX;
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab), param);
+}
+
+std::vector<int32_t> ids_from_json(const OJson& a, const ServerContext& ctx, const char* param) {
+  std::vector<int32_t> ids;
+  for (const OJson& v : a) {
+    if (!v.is_number_integer()) throw ApiError(400, fmt::format("{} must hold integers (token ids)", param), param);
+    const int64_t x = v.get<int64_t>();
+    if (x < 0 || x > INT32_MAX) throw ApiError(400, fmt::format("token id {} is out of range", x), param);
+    ids.push_back(static_cast<int32_t>(x));
+  }
+  check_ids(ids, ctx, param);
+  return ids;
+}
+
+bool stream_flags(const OJson& req, bool* include_usage) {
+  const bool stream = get_bool(req, "stream", false);
+  *include_usage = false;
+  if (has(req, "stream_options")) {
+    expect_type(req, "stream_options", req["stream_options"].is_object(), "an object");
+    *include_usage = get_bool(req["stream_options"], "include_usage", false);
+  }
+  return stream;
+}
+
+std::string next_id(const char* prefix) { return std::string(prefix) + random_hex(24); }
+
 }  // namespace
+
+ApiError::ApiError(int s, std::string message, std::string p, std::string c, std::string t)
+    : std::runtime_error(std::move(message)), status(s), param(std::move(p)), code(std::move(c)), type(std::move(t)) {}
+
+OJson openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code,
+                        const std::string& type) {
+  return OJson{{"error",
+                {{"message", message},
+                 {"type", type.empty() ? default_type(status) : type},
+                 {"param", param.empty() ? OJson(nullptr) : OJson(param)},
+                 {"code", code.empty() ? OJson(status) : OJson(code)}}}};
+}
+
+OJson anthropic_error_body(int status, const std::string& message) {
+  return OJson{{"type", "error"}, {"error", {{"type", default_type(status)}, {"message", message}}}};
+}
+
+std::string dump(const OJson& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+Job prepare_chat(const std::string& body, const ServerContext& ctx) {
+  OJson req = parse_body(body);
+  check_model(req, ctx);
+  if (!req.contains("messages")) throw ApiError(400, "field 'messages' is required", "messages");
+  bool include_usage = false;
+  Job job;
+  job.stream = stream_flags(req, &include_usage);
+  const bool thinking = chat_thinking(req);
+  // Chat text keeps special tokens: the reasoning and tool-call markers are parsed from it.
+  if (!has(req, "skip_special_tokens")) req["skip_special_tokens"] = false;
+  job.params = sampling_from(req);
+  job.prompt = tokenize(ctx, render_chat(req, ctx, thinking), false);
+  finish_params(job.params, has(req, "max_tokens") || has(req, "max_completion_tokens"), 0, job.prompt.size(), ctx);
+  job.request_id = next_id("chatcmpl-");
+  job.builder = std::make_unique<ChatBuilder>(ctx, job.request_id, job.params, job.stream, include_usage, thinking);
+  return job;
+}
+
+Job prepare_completion(const std::string& body, const ServerContext& ctx, bool fim) {
+  OJson req = parse_body(body);
+  check_model(req, ctx);
+  if (!req.contains("prompt")) throw ApiError(400, "field 'prompt' is required", "prompt");
+  const OJson& p = req["prompt"];
+  Job job;
+  if (get_bool(req, "echo", false)) throw ApiError(400, "echo is not supported", "echo");
+  if (has(req, "best_of")) {
+    expect_type(req, "best_of", req["best_of"].is_number_integer(), "an integer");
+    if (req["best_of"].get<int64_t>() != req.value("n", 1))
+      throw ApiError(400, "best_of other than n is not supported", "best_of");
+  }
+  std::string suffix;
+  if (has(req, "suffix")) {
+    expect_type(req, "suffix", req["suffix"].is_string(), "a string");
+    suffix = req["suffix"].get<std::string>();
+    if (!fim && !suffix.empty())
+      throw ApiError(400, "suffix (fill in the middle) is served at POST /beta/completions", "suffix");
+  }
+  if (p.is_string()) {
+    if (fim) {
+      const std::string b =
+          "<\xef\xbd\x9c"
+          "fim\xe2\x96\x81"
+          "begin\xef\xbd\x9c>";
+      const std::string h =
+          "<\xef\xbd\x9c"
+          "fim\xe2\x96\x81"
+          "hole\xef\xbd\x9c>";
+      const std::string e =
+          "<\xef\xbd\x9c"
+          "fim\xe2\x96\x81"
+          "end\xef\xbd\x9c>";
+      if (!ctx.tokenizer || !ctx.tokenizer->token_to_id(b) || !ctx.tokenizer->token_to_id(h) ||
+          !ctx.tokenizer->token_to_id(e))
+        throw ApiError(400, "this model's tokenizer has no fill-in-the-middle tokens");
+      const std::string bos =
+          "<\xef\xbd\x9c"
+          "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+      job.prompt = tokenize(ctx, bos + b + p.get<std::string>() + h + suffix + e, false);
+    } else {
+      job.prompt = tokenize(ctx, p.get<std::string>(), true);
+    }
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    job.prompt = ids_from_json(p, ctx, "prompt");
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    job.prompt = tokenize(ctx, p[0].get<std::string>(), true);
+  } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
+    job.prompt = ids_from_json(p[0], ctx, "prompt");
+  } else if (p.is_array() && p.size() > 1) {
+    throw ApiError(400, "batched prompts (a list of several prompts) are not supported: send one request per prompt",
+                   "prompt");
+  } else {
+    throw ApiError(400, "field 'prompt' must be a string, a list of token ids, or a one-element list of either",
+                   "prompt");
+  }
+  bool include_usage = false;
+  job.stream = stream_flags(req, &include_usage);
+  job.params = sampling_from(req);
+  finish_params(job.params, has(req, "max_tokens") || has(req, "max_completion_tokens"), 16, job.prompt.size(), ctx);
+  job.request_id = next_id("cmpl-");
+  job.builder = std::make_unique<CompletionBuilder>(ctx, job.request_id, job.params, job.stream, include_usage);
+  return job;
+}
+
+Job prepare_messages(const std::string& body, const ServerContext& ctx) {
+  OJson req = parse_body(body);
+  check_model(req, ctx);
+  if (!has(req, "max_tokens")) throw ApiError(400, "max_tokens: Field required", "max_tokens");
+  if (!req.contains("messages") || !req["messages"].is_array() || req["messages"].empty())
+    throw ApiError(400, "messages: must be a non-empty list", "messages");
+  // Anthropic -> OpenAI chat messages.
+  OJson msgs = OJson::array();
+  if (has(req, "system")) {
+    const OJson& s = req["system"];
+    std::string text;
+    if (s.is_string()) {
+      text = s.get<std::string>();
+    } else if (s.is_array()) {
+      for (const OJson& b : s)
+        if (b.is_object() && b.value("type", "") == "text" && b.contains("text") && b["text"].is_string())
+          text += b["text"].get<std::string>();
+    } else {
+      throw ApiError(400, "system: must be a string or a list of text blocks", "system");
+    }
+    msgs.push_back({{"role", "system"}, {"content", text}});
+  }
+  for (size_t i = 0; i < req["messages"].size(); ++i) {
+    const OJson& m = req["messages"][i];
+    const std::string where = fmt::format("messages.{}", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw ApiError(400, where + ": must be an object with a string 'role'", where);
+    const std::string role = m["role"].get<std::string>();
+    if (role != "user" && role != "assistant")
+      throw ApiError(400, where + ".role: must be 'user' or 'assistant'", where);
+    const OJson c = m.contains("content") ? m["content"] : OJson("");
+    if (c.is_string()) {
+      msgs.push_back({{"role", role}, {"content", c}});
+      continue;
+    }
+    if (!c.is_array()) throw ApiError(400, where + ".content: must be a string or a list of blocks", where);
+    std::string text, thinking;
+    OJson calls = OJson::array();
+    for (const OJson& b : c) {
+      if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+        throw ApiError(400, where + ".content: every block needs a 'type'", where);
+      const std::string ty = b["type"].get<std::string>();
+      if (ty == "text") {
+        text += b.value("text", "");
+      } else if (ty == "thinking") {
+        thinking += b.value("thinking", "");
+      } else if (ty == "redacted_thinking") {
+      } else if (ty == "tool_use" && role == "assistant") {
+        calls.push_back(
+            {{"id", b.value("id", "")},
+             {"type", "function"},
+             {"function", {{"name", b.value("name", "")}, {"arguments", dump(b.value("input", OJson::object()))}}}});
+      } else if (ty == "tool_result" && role == "user") {
+        if (!text.empty()) {
+          msgs.push_back({{"role", "user"}, {"content", text}});
+          text.clear();
+        }
+        std::string result;
+        const OJson rc = b.contains("content") ? b["content"] : OJson("");
+        if (rc.is_string()) {
+          result = rc.get<std::string>();
+        } else if (rc.is_array()) {
+          for (const OJson& rb : rc)
+            if (rb.is_object() && rb.value("type", "") == "text") result += rb.value("text", "");
+        }
+        msgs.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")}, {"content", result}});
+      } else {
+        throw ApiError(400, fmt::format("{}.content: block type '{}' is not supported here", where, ty), where);
+      }
+    }
+    if (role == "assistant") {
+      OJson a = {{"role", "assistant"}, {"content", text}};
+      if (!thinking.empty()) a["reasoning_content"] = thinking;
+      if (!calls.empty()) a["tool_calls"] = calls;
+      msgs.push_back(a);
+    } else if (!text.empty()) {
+      msgs.push_back({{"role", "user"}, {"content", text}});
+    }
+  }
+  OJson oa = {{"messages", msgs}};
+  if (has(req, "tools")) {
+    if (!req["tools"].is_array()) throw ApiError(400, "tools: must be a list", "tools");
+    OJson tools = OJson::array();
+    for (const OJson& t : req["tools"]) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
+        throw ApiError(400, "tools: every tool needs a string 'name'", "tools");
+      tools.push_back({{"type", "function"},
+                       {"function",
+                        {{"name", t["name"]},
+                         {"description", t.value("description", "")},
+                         {"parameters", t.value("input_schema", OJson::object())}}}});
+    }
+    if (!tools.empty()) oa["tools"] = tools;
+  }
+  if (has(req, "tool_choice") && req["tool_choice"].is_object()) {
+    const std::string ty = req["tool_choice"].value("type", "auto");
+    if (ty == "none")
+      oa.erase("tools");
+    else if (ty != "auto")
+      throw ApiError(400, "tool_choice: only auto and none are supported", "tool_choice");
+  }
+  if (has(req, "thinking")) oa["thinking"] = req["thinking"];
+  if (has(req, "output_config") && req["output_config"].is_object() && req["output_config"].contains("effort"))
+    oa["reasoning_effort"] = req["output_config"]["effort"];
+  const bool thinking = chat_thinking(oa);
+  // Sampling fields under their OpenAI names.
+  OJson sp = {{"max_tokens", req["max_tokens"]}, {"skip_special_tokens", false}};
+  for (const char* k : {"temperature", "top_p", "top_k", "seed"})
+    if (has(req, k)) sp[k] = req[k];
+  if (has(req, "stop_sequences")) sp["stop"] = req["stop_sequences"];
+  Job job;
+  job.stream = get_bool(req, "stream", false);
+  job.params = sampling_from(sp);
+  job.prompt = tokenize(ctx, render_chat(oa, ctx, thinking), false);
+  finish_params(job.params, true, 0, job.prompt.size(), ctx);
+  job.request_id = next_id("msg_");
+  job.builder = std::make_unique<MessagesBuilder>(ctx, job.request_id, job.params, job.stream, thinking);
+  job.builder->set_prompt_tokens(static_cast<int64_t>(job.prompt.size()));
+  return job;
+}
+
+OJson models_body(const ServerContext& ctx) {
+  OJson m = {{"id", ctx.served_model_name},       {"object", "model"},      {"created", ctx.created},
+             {"owned_by", "deepinfer"},           {"root", ctx.model_path}, {"parent", nullptr},
+             {"max_model_len", ctx.max_model_len}};
+  return OJson{{"object", "list"}, {"data", OJson::array({m})}};
+}
+
+OJson tokenize_body(const std::string& body, const ServerContext& ctx) {
+  OJson req = parse_body(body);
+  check_model(req, ctx);
+  std::vector<int32_t> ids;
+  if (req.contains("messages")) {
+    ids = tokenize(ctx, render_chat(req, ctx, chat_thinking(req)), false);
+  } else if (req.contains("prompt") && req["prompt"].is_string()) {
+    ids = tokenize(ctx, req["prompt"].get<std::string>(), get_bool(req, "add_special_tokens", true));
+  } else {
+    throw ApiError(400, "give 'prompt' (a string) or 'messages' (a chat)", "prompt");
+  }
+  OJson toks = OJson::array();
+  for (int32_t id : ids) toks.push_back(id);
+  return OJson{{"count", ids.size()}, {"max_model_len", ctx.max_model_len}, {"tokens", toks}};
+}
+
+OJson detokenize_body(const std::string& body, const ServerContext& ctx) {
+  OJson req = parse_body(body);
+  check_model(req, ctx);
+  if (!req.contains("tokens") || !req["tokens"].is_array())
+    throw ApiError(400, "field 'tokens' must be a list of token ids", "tokens");
+  const std::vector<int32_t> ids = ids_from_json(req["tokens"], ctx, "tokens");
+  if (!ctx.tokenizer) throw ApiError(400, "this server has no tokenizer");
+  return OJson{{"prompt", ctx.tokenizer->decode(ids, false)}};
+}
+
 }  // namespace deepinfer::server

@@ -4,10 +4,9 @@
 // server turns into an OpenAI- (or Anthropic-) shaped error response.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,8 +20,7 @@ namespace deepinfer::server {
 using OJson = nlohmann::ordered_json;
 
 struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string param = "", std::string code = "",
-           std::string type = "");
+  ApiError(int status, std::string message, std::string param = "", std::string code = "", std::string type = "");
   int status;
   std::string param, code, type;
 };
@@ -58,6 +56,8 @@ class ResponseBuilder {
   // Consumes a cumulative output snapshot. Streaming: returns the SSE text to send now (after the
   // final snapshot it includes the closing events). Non-streaming: returns "".
   virtual std::string on_output(const RequestOutput& out) = 0;
+  // The prompt's length, known before the first output (Anthropic's message_start reports it).
+  virtual void set_prompt_tokens(int64_t n) = 0;
   // Non-streaming: the response body, after the final snapshot.
   virtual OJson final_body() = 0;
   // Streaming: an error event that ends the stream.

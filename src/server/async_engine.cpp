@@ -9,9 +9,7 @@
 namespace deepinfer::server {
 
 namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 AsyncEngine::AsyncEngine(std::unique_ptr<EngineCore> engine, Metrics* metrics)

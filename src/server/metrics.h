@@ -35,9 +35,9 @@ struct Metrics {
   std::atomic<int64_t> num_running{0};
   std::atomic<int64_t> num_waiting{0};
   std::atomic<int64_t> engine_steps{0};
-  Histogram ttft;   // arrival -> first output token (seconds)
-  Histogram tpot;   // mean time per output token after the first (seconds)
-  Histogram e2e;    // arrival -> finished (seconds)
+  Histogram ttft;  // arrival -> first output token (seconds)
+  Histogram tpot;  // mean time per output token after the first (seconds)
+  Histogram e2e;   // arrival -> finished (seconds)
 
   void count_http(const std::string& route, int status);
   void count_finished(const std::string& finish_reason);

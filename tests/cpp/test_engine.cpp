@@ -384,27 +384,43 @@ TEST(Engine, RejectsBadRequestsAbortsAndStaysUsable) {
   EXPECT_THROW(EngineCore{tiny}, Error);
 }
 
+// The manager's page counts are the pages the sequences really hold, and those come from the
+// runner's pools: in use while the sequence lives, back in the pool (reused, not reallocated) after.
 TEST(Engine, KvAccountingMatchesTheRunnerState) {
   REQUIRE_CHECKPOINT();
-  EngineCore engine(tiny_args());
-  SamplingParams p;
-  p.max_tokens = 100;
-  p.ignore_eos = true;
-  engine.add_request("a", std::vector<int32_t>(20, 9), p);
-  const auto& runner = dynamic_cast<const CpuModelRunner&>(engine.runner());
-  for (int step = 0; step < 90; ++step) {  // the 100th token would finish it
-    engine.step();
-    const SequenceState* st = runner.state(0);
-    ASSERT_NE(st, nullptr);
-    const KvPages want = engine.kv_cache().pages_for_tokens(st->num_tokens);
-    int64_t compressed = 0, index = 0;
-    for (const LayerState& l : st->layers) {
-      compressed += l.compressed.num_pages();
-      index += l.index_keys.num_pages();
+  for (const std::string family : {"v4", "v41"}) {
+    EngineCore engine(tiny_args(family));
+    SamplingParams p;
+    p.max_tokens = 100;
+    p.ignore_eos = true;
+    engine.add_request("a", std::vector<int32_t>(20, 9), p);
+    const auto& runner = dynamic_cast<const CpuModelRunner&>(engine.runner());
+    const StatePools& pools = runner.pools();
+    ASSERT_TRUE(pools.window && pools.compressed && pools.index_keys);
+    for (int step = 0; step < 90; ++step) {  // the 100th token would finish it
+      engine.step();
+      const SequenceState* st = runner.state(0);
+      ASSERT_NE(st, nullptr);
+      const KvPages want = engine.kv_cache().pages_for_tokens(st->num_tokens);
+      int64_t compressed = 0, index = 0;
+      for (const LayerState& l : st->layers) {
+        compressed += l.compressed.num_pages();
+        index += l.index_keys.num_pages();
+      }
+      ASSERT_EQ(compressed, want.num_pages[static_cast<int>(KvPool::kCompressed)]) << family << st->num_tokens;
+      ASSERT_EQ(index, want.num_pages[static_cast<int>(KvPool::kIndexKeys)]) << family << st->num_tokens;
+      ASSERT_EQ(pools.compressed->in_use(), compressed) << family;
+      ASSERT_EQ(pools.index_keys->in_use(), index) << family;
+      ASSERT_EQ(pools.window->in_use(), want.num_pages[static_cast<int>(KvPool::kWindow)]) << family;
+      ASSERT_GE(engine.kv_cache().usage().used_bytes, want.num_bytes);
     }
-    ASSERT_EQ(compressed, want.num_pages[static_cast<int>(KvPool::kCompressed)]) << st->num_tokens << " tokens";
-    ASSERT_EQ(index, want.num_pages[static_cast<int>(KvPool::kIndexKeys)]) << st->num_tokens << " tokens";
-    ASSERT_GE(engine.kv_cache().usage().used_bytes, want.num_bytes);
+    while (engine.has_unfinished()) engine.step();
+    EXPECT_EQ(pools.window->in_use() + pools.compressed->in_use() + pools.index_keys->in_use(), 0) << family;
+    // A second request reuses the freed pages: the pools do not grow.
+    const int64_t allocated = pools.compressed->allocated() + pools.window->allocated();
+    engine.add_request("b", std::vector<int32_t>(20, 7), p);
+    while (engine.has_unfinished()) engine.step();
+    EXPECT_EQ(pools.compressed->allocated() + pools.window->allocated(), allocated) << family;
   }
 }
 
