@@ -3,9 +3,12 @@
 
     python examples/offline_inference.py --model DIR
 
-DIR is a DeepSeek-V4 checkpoint directory (config.json, safetensors, tokenizer.json). Without
---model: $DEEPINFER_HF_MODEL_DIR, else the default model that `make run` generates
-(build/models/tiny-v41). Run from the repository root after `make build` (PYTHONPATH=python).
+DIR is a DeepSeek-V4.1 (or V4) checkpoint directory (config.json, safetensors, tokenizer.json).
+Without --model: $DEEPINFER_HF_MODEL_DIR, else the Hugging Face cache entry of
+deepseek-ai/DeepSeek-V4.1-Flash-1017 (its newest snapshot under $HF_HUB_CACHE, $HF_HOME/hub or
+~/.cache/huggingface/hub), else the default model that `make run` generates
+(build/models/tiny-v41). It says which one it used. Run from the repository root after
+`make build` (PYTHONPATH=python).
 """
 import argparse
 import os
@@ -17,6 +20,18 @@ sys.path.insert(0, str(ROOT / "python"))
 import deepinfer  # noqa: E402
 
 
+HF_REPO = "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+
+
+def hf_cache_model(repo: str = HF_REPO):
+    """The newest complete snapshot of `repo` in the Hugging Face cache, or None."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
+    snaps = Path(hub) / ("models--" + repo.replace("/", "--")) / "snapshots"
+    found = [d for d in snaps.glob("*") if (d / "config.json").exists()] if snaps.is_dir() else []
+    return str(max(found, key=lambda d: d.stat().st_mtime)) if found else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -25,6 +40,8 @@ def main():
     model, source = args.model, "--model"
     if not model and os.environ.get("DEEPINFER_HF_MODEL_DIR"):
         model, source = os.environ["DEEPINFER_HF_MODEL_DIR"], "DEEPINFER_HF_MODEL_DIR"
+    if not model and hf_cache_model():
+        model, source = hf_cache_model(), f"the Hugging Face cache ({HF_REPO})"
     if not model:
         model, source = str(ROOT / "build" / "models" / "tiny-v41"), "the default generated model (make run)"
     if not (Path(model) / "config.json").exists():
