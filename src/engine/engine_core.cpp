@@ -1,5 +1,7 @@
 #include "engine/engine_core.h"
 
+#include "core/logging.h"
+
 #include <chrono>
 #include <filesystem>
 #include <unordered_map>
@@ -162,6 +164,25 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
   return sampled;
 }
 
+// A model step that throws leaves the states of its sequences half advanced: their requests end
+// with finish_reason "abort" and the error, their states are dropped, and every other request goes on.
+void EngineCore::fail_batch(const SchedulerOutput& so, const std::string& message, std::vector<RequestOutput>& outputs) {
+  log_warn("engine: a model step failed; aborting the {} sequences it ran: {}", so.seqs.size(), message);
+  std::vector<std::string> ids;
+  for (const ScheduledSeq& s : so.seqs)
+    if (const Sequence* seq = scheduler_->sequence(s.seq_id))
+      if (std::find(ids.begin(), ids.end(), seq->request->request_id) == ids.end())
+        ids.push_back(seq->request->request_id);
+  for (const std::string& id : ids) {
+    OutputProcessor::Result r = outputs_->process(scheduler_->abort_request(id));
+    for (RequestOutput& o : r.outputs) {
+      o.error = "the model step failed: " + message;
+      std::erase_if(outputs, [&](const RequestOutput& p) { return p.request_id == o.request_id; });
+      outputs.push_back(std::move(o));
+    }
+  }
+}
+
 std::vector<RequestOutput> EngineCore::step() {
   std::vector<RequestOutput> outputs = std::move(pending_);
   pending_.clear();
@@ -175,19 +196,39 @@ std::vector<RequestOutput> EngineCore::step() {
     ModelRunnerOutput ro;
     std::vector<int64_t> stopped_before;  // by a stop string in the previous step's tokens
     double overlap_s = 0;
+    std::optional<std::string> failure;  // the model step threw: its requests fail, the engine goes on
     if (async_) {
       worker_->submit([&] { ro = runner_->execute(so); });
-      if (unprocessed_) {  // overlaps the model
-        const auto p0 = clock::now();
-        OutputProcessor::Result r = outputs_->process(*unprocessed_);
-        unprocessed_.reset();
-        stopped_before = std::move(r.stopped_seq_ids);
-        for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
-        overlap_s = std::chrono::duration<double>(clock::now() - p0).count();
+      try {
+        if (unprocessed_) {  // overlaps the model
+          const auto p0 = clock::now();
+          OutputProcessor::Result r = outputs_->process(*unprocessed_);
+          unprocessed_.reset();
+          stopped_before = std::move(r.stopped_seq_ids);
+          for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
+          overlap_s = std::chrono::duration<double>(clock::now() - p0).count();
+        }
+      } catch (...) {
+        worker_->wait();
+        throw;
       }
-      worker_->wait();
+      try {
+        worker_->wait();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
     } else {
-      ro = runner_->execute(so);
+      try {
+        ro = runner_->execute(so);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    if (failure) {
+      for (int64_t id : stopped_before) scheduler_->finish_sequence(id, FinishReason::kStop);
+      fail_batch(so, *failure, outputs);
+      for (int64_t id : scheduler_->take_freed_seq_ids()) runner_->free(id);
+      return outputs;
     }
     const auto t2 = clock::now();
     record_prompt_logprobs(ro);

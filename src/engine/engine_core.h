@@ -61,7 +61,8 @@ class EngineCore {
   // Unknown or finished ids are ignored.
   void abort_request(const std::string& request_id);
 
-  // One engine step; returns a cumulative snapshot of every request that changed.
+  // One engine step; returns a cumulative snapshot of every request that changed. If the model
+  // step throws, the requests it ran end with finish_reason "abort" and `error` set; the others go on.
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
 
@@ -99,6 +100,7 @@ class EngineCore {
   std::unique_ptr<StepWorker> worker_;
   // Runs the output processor on `updates`, finishing the sequences that stop strings end.
   void process_updates(const std::vector<SeqUpdate>& updates, std::vector<RequestOutput>& outputs);
+  void fail_batch(const SchedulerOutput& so, const std::string& message, std::vector<RequestOutput>& outputs);
   std::mt19937_64 seed_rng_;
   int64_t num_steps_ = 0;
   int64_t num_generate_calls_ = 0;

@@ -229,6 +229,54 @@ TEST(Engine, AsyncSchedulingGivesTheSameOutputs) {
   }
 }
 
+// A runner that fails on its n-th execute (an internal error in the model step).
+class FailingRunner final : public ModelRunner {
+ public:
+  FailingRunner(std::unique_ptr<ModelRunner> inner, int fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
+  ModelRunnerOutput execute(const SchedulerOutput& out) override {
+    if (++calls_ == fail_at_) {
+      ModelRunnerOutput half = inner_->execute(out);  // the states advance, then the step "fails"
+      throw Error("injected failure");
+    }
+    return inner_->execute(out);
+  }
+  void free(int64_t seq_id) override { inner_->free(seq_id); }
+  int64_t num_states() const override { return inner_->num_states(); }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  int fail_at_, calls_ = 0;
+};
+
+// A failed model step ends the requests it ran (abort + error) and nothing else: a request that was
+// waiting runs afterwards and gives the tokens it gives on a healthy engine; no state leaks.
+TEST(Engine, AFailedStepAbortsItsRequestsAndTheEngineGoesOn) {
+  REQUIRE_CHECKPOINT();
+  for (const bool async : {false, true}) {
+    EngineArgs args = tiny_args("v41");
+    args.max_num_seqs = 2;
+    args.async_scheduling = async;
+    const ModelConfig cfg = load_model_config(args.model);
+    auto inner = std::make_unique<CpuModelRunner>(Model::load(args.model), args.numerics());
+    EngineCore engine(args, cfg, std::make_unique<FailingRunner>(std::move(inner), 3));
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.seed = 5;
+    p.max_tokens = 8;
+    p.ignore_eos = true;
+    const std::vector<std::vector<int32_t>> prompts = {{5, 6, 7}, {8, 9}, {10, 11, 12, 13}};
+    std::vector<RequestOutput> outs = engine.generate(prompts, {p});
+    EXPECT_TRUE(outs[0].error.has_value() && outs[1].error.has_value()) << async;
+    EXPECT_NE(outs[0].error.value_or("").find("injected failure"), std::string::npos);
+    EXPECT_EQ(outs[0].outputs[0].finish_reason, "abort");
+    ASSERT_FALSE(outs[2].error.has_value()) << outs[2].error.value_or("");
+    EngineCore healthy(tiny_args("v41"));
+    EXPECT_EQ(outs[2].outputs[0].token_ids, healthy.generate({prompts[2]}, {p})[0].outputs[0].token_ids) << async;
+    EXPECT_EQ(engine.runner().num_states(), 0);
+    EXPECT_EQ(engine.kv_cache().usage().used_bytes, 0);
+  }
+}
+
 TEST(Engine, GreedyEqualsTheOneSequenceForward) {
   REQUIRE_CHECKPOINT();
   const std::vector<std::vector<int32_t>> prompts = {{0, 17, 42, 7}, {5}, {3, 9, 200, 11, 600, 8, 8, 1000, 44, 2}};
