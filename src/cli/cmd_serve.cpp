@@ -40,6 +40,10 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--drain-timeout", o->srv.drain_timeout_s, "seconds to finish in-flight requests on SIGTERM/SIGINT")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--header-timeout", o->srv.header_timeout_s,
+                  "seconds a connection may idle or take to send a request's headers before it is closed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   o->eng.add(cmd);
   return [o] {
     const std::filesystem::path dir(o->model);

@@ -12,7 +12,7 @@ inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // mixes[t, m] = (fn[m] . flat(stream[t])) * rsqrt(mean(flat^2) + norm_eps), FP32.
 std::vector<float> project(const Tensor& stream, const Tensor& fn, float norm_eps) {
-  const int64_t T = stream.size(0), width = stream.numel() / T, M = fn.size(0);
+  const int64_t T = stream.size(0), width = T > 0 ? stream.numel() / T : 0, M = fn.size(0);
   DI_CHECK(fn.size(1) == width && fn.dtype() == DType::kF32, "hc: fn {} does not match stream rows of {}",
            fn.describe(), width);
   std::vector<float> mixes(T * M);

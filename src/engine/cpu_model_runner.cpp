@@ -44,10 +44,12 @@ ModelRunnerOutput CpuModelRunner::execute(const SchedulerOutput& out) {
              "model runner: sequence {} is scheduled from position {} but its state holds {} tokens", s.seq_id,
              s.start_pos, st ? st->num_tokens : -1);
     SeqChunk chunk{st.get(), s.tokens, s.want_logits, s.want_prompt_logits};
-    // Bounded replay: a prefill's decoder layers run only its last replay_keep_ tokens (never when
-    // every row's logits are wanted).
+    // Bounded replay: the prompt's decoder layers run only over its last replay_keep_ tokens (never
+    // when every row's logits are wanted). Counted from the prompt, not from what is known now, so
+    // the re-prefill of a preempted sequence (prompt + outputs) rebuilds exactly the state it had:
+    // its outputs went through every layer when they were decoded.
     if (replay_keep_ > 0 && !s.want_prompt_logits && model_->config().family == ModelFamily::kV41)
-      chunk.replay_from = std::max<int64_t>(0, s.num_known_tokens - replay_keep_);
+      chunk.replay_from = std::max<int64_t>(0, s.num_prompt_tokens - replay_keep_);
     batch.push_back(std::move(chunk));
     if (s.want_logits) result.seq_ids.push_back(s.seq_id);
   }

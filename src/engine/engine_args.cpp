@@ -19,7 +19,6 @@ ops::Numerics EngineArgs::numerics() const {
 int64_t EngineArgs::replay_keep_tokens() const {
   DI_CHECK(prefill_truncation == "compact" || prefill_truncation == "off",
            "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE must be 'compact' or 'off' (got '{}')", prefill_truncation);
-  if (prefill_truncation == "off") return 0;
   int64_t keep = 0;
   size_t used = 0;
   try {
@@ -29,7 +28,7 @@ int64_t EngineArgs::replay_keep_tokens() const {
   }
   DI_CHECK(used == prefill_keep_tokens.size() && used > 0 && keep >= 1,
            "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS must be a positive integer (got '{}')", prefill_keep_tokens);
-  return keep;
+  return prefill_truncation == "off" ? 0 : keep;
 }
 
 int64_t read_max_position_embeddings(const std::string& model_dir) {

@@ -58,7 +58,7 @@ ScheduledSeq Scheduler::make_scheduled(const Sequence& seq, int64_t num_new_toke
   s.tokens.reserve(static_cast<size_t>(num_new_tokens));
   for (int64_t i = 0; i < num_new_tokens; ++i) s.tokens.push_back(seq.token_at(seq.num_computed_tokens + i));
   s.want_logits = seq.num_computed_tokens + num_new_tokens == seq.num_tokens();
-  s.num_known_tokens = seq.num_tokens();
+  s.num_prompt_tokens = static_cast<int64_t>(seq.prompt().size());
   // Prompt logprobs come from the first child's prefill (a re-prefill after preemption recomputes
   // the same values).
   s.want_prompt_logits = seq.request->params.prompt_logprobs >= 0 && seq.child_index == 0 &&

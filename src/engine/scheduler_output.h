@@ -20,7 +20,7 @@ struct ScheduledSeq {
   std::vector<int32_t> tokens;  // the tokens to run, at positions start_pos ...
   bool want_logits = false;     // the chunk reaches the end of the known tokens: sample after it
   bool want_prompt_logits = false;  // every row of the chunk, for prompt_logprobs
-  int64_t num_known_tokens = 0;     // prompt + outputs known when scheduled (the prefill target)
+  int64_t num_prompt_tokens = 0;    // the request's prompt (bounded replay counts back from its end)
 };
 
 struct SchedulerOutput {

@@ -132,6 +132,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
       }
     }
     const int64_t T = offset.back();
+    if (T == 0) break;  // bounded replay skipped every row of this forward in the decoder layers
     if (L.has_engram) {
       stream = engram_forward(L.engram, stream, engram_rows[cfg.engram_index(l)], cols, ctx);
       dump("engram_stream", l, stream);

@@ -665,6 +665,9 @@ OJson normalize_messages(const OJson& msgs, ModelFamily fam) {
       throw ApiError(400,
                      fmt::format("{}.role '{}' is not one of system, developer, user, assistant, tool", where, role),
                      where + ".role");
+    if (role == "tool" && !(m.contains("tool_call_id") && m["tool_call_id"].is_string()))
+      throw ApiError(400, fmt::format("{}.tool_call_id must be a string (the id of the tool call it answers)", where),
+                     where + ".tool_call_id");
     OJson n = m;
     if (role == "developer" && fam == ModelFamily::kV41) n["role"] = "system";
     if (n.contains("content")) {

@@ -91,6 +91,15 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(sh_.opts.max_body_bytes);
     parser_->header_limit(1 << 16);
+    // The request line and headers (and the keep-alive idle wait before them) must arrive within
+    // header_timeout_s, so a slow-loris client cannot hold a connection for long; the body gets 600 s.
+    stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(sh_.opts.header_timeout_s * 1000)));
+    http::async_read_header(stream_, buf_, *parser_,
+                            beast::bind_front_handler(&Session::on_header, shared_from_this()));
+  }
+
+  void on_header(beast::error_code ec, std::size_t n) {
+    if (ec) return on_read(ec, n);
     stream_.expires_after(std::chrono::seconds(600));
     http::async_read(stream_, buf_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
   }

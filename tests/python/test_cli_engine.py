@@ -1,10 +1,14 @@
-"""The engine-backed subcommands: `deepinfer bench`, `deepinfer perplexity`, `deepinfer chat`."""
+"""The engine-backed subcommands: `deepinfer bench`, `deepinfer perplexity`, `deepinfer chat`, for both
+model families (V4 tiny, V4.1 tiny), and the V4.1 bounded-replay variables (DEEPINFER_YOCO_PREFILL_*)
+through them."""
 import math
 import re
 import shutil
 
 import numpy as np
 import pytest
+
+FAMILIES = ["v4", "v41"]
 
 TEXT = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a "
         "single step. To be, or not to be, that is the question.\n")
@@ -31,9 +35,10 @@ def _table(stdout):
 
 # --- bench ----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("concurrency", [None, 2])
-def test_bench_table(make_checkpoint, run_cli, concurrency):
-    model = make_checkpoint("tiny", seed=0)
+def test_bench_table(make_checkpoint, run_cli, concurrency, family):
+    model = make_checkpoint("tiny", seed=0, family=family)
     args = ["bench", "--model", model, "--input-len", "12", "--output-len", "5", "--num-prompts", "4",
             "--max-model-len", "256"]
     if concurrency:
@@ -102,8 +107,9 @@ def _numpy_nll(run_cli, model, windows, tmp_path):
     return nll, count
 
 
-def test_perplexity_matches_numpy(make_checkpoint, run_cli, tmp_path):
-    model = make_checkpoint("tiny", seed=0)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_perplexity_matches_numpy(make_checkpoint, run_cli, tmp_path, family):
+    model = make_checkpoint("tiny", seed=0, family=family)
     f = tmp_path / "text.txt"
     f.write_text(TEXT)
     ids, vals = _ppl(run_cli, model, f)
@@ -115,8 +121,9 @@ def test_perplexity_matches_numpy(make_checkpoint, run_cli, tmp_path):
     assert float(vals["perplexity"]) == pytest.approx(math.exp(mean), rel=1e-4)
 
 
-def test_perplexity_windows_stride(make_checkpoint, run_cli, tmp_path):
-    model = make_checkpoint("tiny", seed=0)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_perplexity_windows_stride(make_checkpoint, run_cli, tmp_path, family):
+    model = make_checkpoint("tiny", seed=0, family=family)
     f = tmp_path / "text.txt"
     f.write_text(TEXT)
     W, S = 16, 8
@@ -158,8 +165,9 @@ def test_perplexity_bad_input(make_checkpoint, run_cli, tmp_path):
 
 # --- chat -----------------------------------------------------------------------------------------
 
-def test_chat_piped(make_checkpoint, run_cli):
-    model = make_checkpoint("tiny", seed=0)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chat_piped(make_checkpoint, run_cli, family):
+    model = make_checkpoint("tiny", seed=0, family=family)
     r = run_cli(["chat", "--model", model, "--max-tokens", "6", "--seed", "1", "--max-model-len", "512"],
                 input="Hello there\nHow are you?\n", timeout=120)
     assert r.returncode == 0
@@ -171,8 +179,9 @@ def test_chat_piped(make_checkpoint, run_cli):
     assert r2.stdout == r.stdout
 
 
-def test_chat_thinking_and_exit(make_checkpoint, run_cli):
-    model = make_checkpoint("tiny", seed=0)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chat_thinking_and_exit(make_checkpoint, run_cli, family):
+    model = make_checkpoint("tiny", seed=0, family=family)
     r = run_cli(["chat", "--model", model, "--thinking", "--reasoning-effort", "high", "--max-tokens", "6",
                  "--temperature", "0", "--max-model-len", "512"],
                 input="first question\n/exit\nnever read\n", timeout=120)
@@ -194,3 +203,34 @@ def test_chat_bad_input(make_checkpoint, run_cli, tmp_path):
     _fails(run_cli, ["chat", "--model", no_tok], "tokenizer.json", input="hi\n")
     _fails(run_cli, ["chat", "--model", model, "--reasoning-effort", "bogus", "--max-model-len", "512"],
            input="hi\n")
+
+
+# --- V4.1 bounded replay variables ----------------------------------------------------------------
+
+@pytest.mark.parametrize("var,value", [("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "bogus"),
+                                       ("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "0"),
+                                       ("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "abc")])
+def test_bounded_replay_bad_values(make_checkpoint, run_cli, var, value):
+    """A bad DEEPINFER_YOCO_PREFILL_* value is an error naming the variable and the value, before any
+    work (bench and chat), not a crash."""
+    model = make_checkpoint("tiny", seed=0, family="v41")
+    env = {var: value, "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": "compact"} if "KEEP" in var else {var: value}
+    for args, stdin in ((["bench", "--model", model, "--input-len", "4", "--output-len", "2", "--num-prompts", "1",
+                          "--max-model-len", "64"], None),
+                        (["chat", "--model", model, "--max-tokens", "2", "--max-model-len", "64"], "hi\n")):
+        r = run_cli(args, check=False, input=stdin, env=env)
+        assert r.returncode != 0, f"{args[0]}: expected failure, got rc 0: {r.stdout}"
+        assert r.returncode < 128 and r.returncode > 0, f"{args[0]}: crashed ({r.returncode}): {r.stderr}"
+        assert var in r.stderr and f"'{value}'" in r.stderr, f"{args[0]}: {r.stderr}"
+        assert "Traceback" not in r.stderr
+
+
+def test_bounded_replay_off_and_compact_bench(make_checkpoint, run_cli):
+    """`bench` on V4.1 runs in both modes, with prompts longer than KEEP in compact mode."""
+    model = make_checkpoint("tiny", seed=0, family="v41")
+    for env in ({"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": "off"},
+                {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": "compact", "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": "12"}):
+        r = run_cli(["bench", "--model", model, "--input-len", "40", "--output-len", "3", "--num-prompts", "3",
+                     "--max-model-len", "256"], env=env, timeout=120)
+        t = _table(r.stdout)
+        assert int(t["requests"]) == 3 and int(t["output tokens"]) == 9, (env, r.stdout)
