@@ -35,7 +35,7 @@ MODEL_DIR := $(BUILD_DIR)/models/tiny-v41
 BIN := $(BUILD_DIR)/src/deepinfer
 FORMAT_DIRS := src include tests bench
 
-.PHONY: deps build test run bench clean format format-check
+.PHONY: deps build test test-cuda run bench clean format format-check
 
 # ---- dependencies ---------------------------------------------------------------------------------
 deps: $(DEPS_STAMP)
@@ -68,6 +68,10 @@ test: build
 	[ $$prc -eq 0 ] || rc=1; \
 	if [ $$rc -ne 0 ]; then echo "make test: FAILED (ctest and/or pytest, see above)"; fi; \
 	exit $$rc
+
+# GPU checks of the CUDA kernels against the CPU ops (needs a Hopper GPU; never run by CI).
+test-cuda: build
+	./$(BUILD_DIR)/src/cuda/deepinfer_cuda_tests
 
 # ---- run ----------------------------------------------------------------------------------------------
 run: build $(MODEL_DIR)/config.json

@@ -5,6 +5,7 @@
 #include "cpu/cpu_ops.h"
 #include "deepinfer/error.h"
 #if DEEPINFER_HAS_CUDA
+#include "cuda/linear.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
 #endif
@@ -13,13 +14,15 @@ namespace deepinfer::ops {
 
 namespace {
 [[noreturn]] void no_kernel(const char* op, const Tensor& t) {
-  fail("ops::{}: no {} kernel for {} (this op runs on the CPU only so far)", op, device_name(t.device()),
-       t.describe());
+  fail("ops::{}: no {} kernel for {} (this op runs on the CPU only so far)", op, device_name(t.device()), t.describe());
 }
 bool on_cuda(const Tensor& t) { return t.defined() && t.device() == Device::kCUDA; }
 }  // namespace
 
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::linear(x, w, opts);
+#endif
   if (on_cuda(x)) no_kernel("linear", x);
   return cpu::linear(x, w, opts);
 }

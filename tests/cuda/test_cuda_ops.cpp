@@ -16,6 +16,7 @@
 #include <string>
 
 #include "cuda/device.h"
+#include "cuda/linear.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
 #include "deepinfer/dtype.h"
@@ -211,6 +212,131 @@ void test_rms_norm() {
   }
 }
 
+// ---- linear ----------------------------------------------------------------------------------------------
+// Random weights of each format (no e4m3 NaN codes unless asked), scales around 2^-6 .. 2^2.
+di::ops::QWeight random_weight(di::DType dt, int64_t N, int64_t K, int64_t block, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  di::ops::QWeight q;
+  auto scales = [&](int64_t rows, int64_t cols, int lo, int hi) {
+    std::uniform_int_distribution<int> e(lo, hi);
+    di::Tensor s = di::Tensor::empty({rows, cols}, di::DType::kE8M0);
+    for (int64_t i = 0; i < rows * cols; ++i) s.data<uint8_t>()[i] = static_cast<uint8_t>(e(rng));
+    return s;
+  };
+  if (dt == di::DType::kE4M3) {
+    q.w = di::Tensor::empty({N, K}, dt);
+    uint8_t* p = q.w.data<uint8_t>();
+    for (int64_t i = 0; i < N * K; ++i) {
+      int c = byte(rng);
+      while ((c & 0x7f) == 0x7f) c = byte(rng);
+      p[i] = static_cast<uint8_t>(c);
+    }
+    q.block = block;
+    q.scale = scales((N + block - 1) / block, (K + block - 1) / block, 115, 125);
+  } else if (dt == di::DType::kE2M1x2) {
+    q.w = di::Tensor::empty({N, K}, dt);
+    uint8_t* p = static_cast<uint8_t*>(q.w.raw());
+    for (int64_t i = 0; i < N * K / 2; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+    q.scale = scales(N, K / 32, 118, 128);
+  } else {
+    q.w = di::Tensor::empty({N, K}, di::DType::kBF16);
+    for (int64_t i = 0; i < N * K; ++i) q.w.data<uint16_t>()[i] = di::f32_to_bf16(normal(rng));
+  }
+  return q;
+}
+
+di::ops::QWeight to_device(const di::ops::QWeight& q) {
+  di::ops::QWeight d = q;
+  d.w = di::cuda::copy_to_device(q.w);
+  if (q.scale.defined()) d.scale = di::cuda::copy_to_device(q.scale);
+  return d;
+}
+
+// Exact comparison that also reports the largest difference (in bf16 steps when rounding).
+std::string compare_linear(const di::Tensor& want, const di::Tensor& got, std::string& stats) {
+  const int64_t n = want.numel();
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  int64_t bad = 0;
+  double maxabs = 0.0, maxrel = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (bits(a[i]) != bits(b[i])) {
+      ++bad;
+      const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+      maxabs = std::max(maxabs, d);
+      maxrel = std::max(maxrel, d / std::max(1e-30, std::fabs(static_cast<double>(a[i]))));
+    }
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "differ %lld/%lld max|d| %.3g maxrel %.3g", static_cast<long long>(bad),
+                static_cast<long long>(n), maxabs, maxrel);
+  stats = buf;
+  return bad == 0 ? "" : stats;
+}
+
+void test_linear() {
+  struct Case {
+    const char* what;
+    di::DType dt;
+    int64_t K, N, block, act;
+    bool round;
+  };
+  const Case cases[] = {
+      {"v4.1 wq_a-like", di::DType::kE4M3, 5120, 1280, 32, 128, true},
+      {"v4.1 wq_b-like", di::DType::kE4M3, 1280, 32768, 32, 128, false},
+      {"v4.1 wkv-like", di::DType::kE4M3, 5120, 512, 32, 128, true},
+      {"v4.1 wo-like", di::DType::kE4M3, 8192, 5120, 32, 128, false},
+      {"v4.1 expert w1", di::DType::kE2M1x2, 5120, 2304, 32, 128, true},
+      {"v4.1 expert w2", di::DType::kE2M1x2, 2304, 5120, 32, 128, false},
+      {"v4 block 128", di::DType::kE4M3, 5120, 1280, 128, 128, false},
+      {"v4 block 128 wo-like", di::DType::kE4M3, 8192, 5120, 128, 128, true},
+      {"fp8 no act quant", di::DType::kE4M3, 5120, 1280, 128, 0, false},
+      {"bf16", di::DType::kBF16, 5120, 1280, 0, 0, false},
+      {"bf16 rounded", di::DType::kBF16, 1280, 4096, 0, 0, true},
+      {"fp8 ragged N", di::DType::kE4M3, 4160, 1000, 128, 128, false},
+  };
+  uint32_t seed = 5000;
+  for (const Case& c : cases) {
+    const di::ops::QWeight wh = random_weight(c.dt, c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    for (int64_t M : {1, 4, 16, 64}) {
+      char name[200];
+      std::snprintf(name, sizeof name, "linear %s %s K=%lld N=%lld B=%lld act=%lld round=%d M=%lld", c.what,
+                    di::dtype_name(c.dt), static_cast<long long>(c.K), static_cast<long long>(c.N),
+                    static_cast<long long>(c.block), static_cast<long long>(c.act), c.round ? 1 : 0,
+                    static_cast<long long>(M));
+      run_case(name, [&] {
+        di::Tensor x = random_rows(M, c.K, seed++);
+        di::ops::round_bf16(x, true);  // activations live on the bf16 grid
+        di::ops::LinearOpts o;
+        o.act_quant_block = c.act;
+        o.round_out_bf16 = c.round;
+        const di::Tensor want = di::ops::linear(x, wh, o);
+        di::Tensor got = di::ops::linear(di::cuda::copy_to_device(x), wd, o);  // the op layer's dispatch
+        std::string stats;
+        const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
+        std::printf("     %s\n", stats.c_str());
+        return r;
+      });
+    }
+  }
+  // A NaN code makes the row NaN, as on the CPU.
+  run_case("linear fp8 NaN code", [&] {
+    di::ops::QWeight wh = random_weight(di::DType::kE4M3, 64, 512, 128, seed++);
+    wh.w.data<uint8_t>()[3 * 512 + 100] = 0x7f;
+    di::Tensor x = random_rows(2, 512, seed++);
+    di::ops::round_bf16(x, true);
+    di::ops::LinearOpts o;
+    std::string stats;
+    return compare_linear(di::ops::linear(x, wh, o),
+                          di::cuda::copy_to_host(di::ops::linear(di::cuda::copy_to_device(x), to_device(wh), o)),
+                          stats);
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -228,6 +354,7 @@ int main() {
   test_fake_quant_fp8();
   test_round_bf16();
   test_rms_norm();
+  test_linear();
   try {
     di::cuda::synchronize();
   } catch (const std::exception& e) {
