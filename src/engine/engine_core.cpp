@@ -10,6 +10,7 @@
 #include "engine/cpu_model_runner.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "structured/structured.h"
 
 namespace deepinfer {
 
@@ -83,7 +84,33 @@ void EngineCore::process_updates(const std::vector<SeqUpdate>& updates, std::vec
 void EngineCore::add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
                              const SamplingParams& params) {
   params.validate();
-  DI_CHECK(params.so_args.is_null(), "request '{}': structured output (so_args) is not supported yet", request_id);
+  std::optional<SoRequest> so;
+  if (!params.so_args.is_null()) {
+    DI_CHECK(tokenizer_ != nullptr, "request '{}': so_args needs a tokenizer (the engine has none)", request_id);
+    DI_CHECK(params.min_tokens == 0, "request '{}': min_tokens cannot be combined with so_args", request_id);
+    const std::string key = params.so_args.dump();
+    auto it = so_grammars_.find(key);
+    if (it == so_grammars_.end()) {
+      structured::StructuredSpec spec;
+      try {
+        spec = structured::compile_so_args(params.so_args);
+      } catch (const Error& e) {
+        fail("request '{}': {}", request_id, e.what());
+      }
+      if (!so_vocab_) {
+        so_vocab_ = structured::TokenVocab::from_tokenizer(*tokenizer_, config_.vocab_size,
+                                                          static_cast<int32_t>(config_.eos_token_id));
+        think_open_ = tokenizer_->token_to_id("<think>").value_or(-1);
+        think_close_ = tokenizer_->token_to_id("</think>").value_or(-1);
+      }
+      if (so_grammars_.size() >= 64) so_grammars_.clear();  // bounded: compiled grammars are cheap to redo
+      it = so_grammars_.emplace(key, std::make_shared<structured::CompiledGrammar>(spec.grammar, so_vocab_)).first;
+      so = SoRequest{it->second, spec.after_think};
+    } else {
+      so = SoRequest{it->second, std::nullopt};
+      if (params.so_args.contains("after_think")) so->after_think = params.so_args["after_think"].get<bool>();
+    }
+  }
   DI_CHECK(params.stop.empty() || tokenizer_ != nullptr,
            "request '{}': stop strings need a tokenizer (the engine has none; use stop_token_ids)", request_id);
   for (size_t i = 0; i < prompt_token_ids.size(); ++i)
@@ -101,6 +128,7 @@ void EngineCore::add_request(const std::string& request_id, std::vector<int32_t>
   req->seed = params.seed.value_or(drawn);
   scheduler_->add_request(req);  // throws (changing nothing) on length or a live id
   outputs_->add_request(req);
+  if (so) so_requests_[request_id] = std::move(*so);
 }
 
 void EngineCore::abort_request(const std::string& request_id) {
@@ -158,6 +186,8 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
     in.prompt_ids = &seq->prompt();
     in.output_ids = &seq->output_token_ids;
     in.eos_id = static_cast<int32_t>(config_.eos_token_id);
+    auto m = so_masks_.find(seq->seq_id);
+    if (m != so_masks_.end()) in.allowed_mask = &m->second;
     SampleResult r = sample(in);
     sampled.push_back(SampledToken{seq->seq_id, r.token, r.logprob, std::move(r.top_logprobs)});
   }
@@ -183,6 +213,72 @@ void EngineCore::fail_batch(const SchedulerOutput& so, const std::string& messag
   }
 }
 
+EngineCore::SoSeq* EngineCore::so_seq(const Sequence& seq) {
+  auto it = so_seqs_.find(seq.seq_id);
+  if (it != so_seqs_.end()) return &it->second;
+  auto r = so_requests_.find(seq.request->request_id);
+  if (r == so_requests_.end()) return nullptr;
+  SoSeq s;
+  s.matcher = std::make_unique<structured::GrammarMatcher>(r->second.grammar);
+  if (r->second.after_think) {
+    s.waiting_think = *r->second.after_think && think_close_ >= 0;
+  } else if (think_open_ >= 0 && think_close_ >= 0) {  // does the prompt end inside <think>?
+    const std::vector<int32_t>& p = seq.prompt();
+    for (auto i = p.rbegin(); i != p.rend(); ++i) {
+      if (*i == think_close_) break;
+      if (*i == think_open_) {
+        s.waiting_think = true;
+        break;
+      }
+    }
+  }
+  // Tokens generated before the matcher existed (none normally; kept for safety) are replayed.
+  for (int32_t t : seq.output_token_ids) {
+    if (s.waiting_think) {
+      s.waiting_think = t != think_close_;
+      continue;
+    }
+    s.matcher->accept_token(t);
+  }
+  return &so_seqs_.emplace(seq.seq_id, std::move(s)).first->second;
+}
+
+void EngineCore::prepare_masks(const SchedulerOutput& so) {
+  so_masks_.clear();
+  if (so_requests_.empty()) return;
+  for (const ScheduledSeq& s : so.seqs) {
+    if (!s.want_logits) continue;
+    const Sequence* seq = scheduler_->sequence(s.seq_id);
+    if (!seq || seq->is_finished()) continue;
+    SoSeq* c = so_seq(*seq);
+    if (!c || c->waiting_think) continue;
+    so_masks_[s.seq_id] = c->matcher->next_token_bitmask();
+  }
+}
+
+void EngineCore::accept_structured(std::vector<SeqUpdate>& updates) {
+  if (so_seqs_.empty()) return;
+  for (SeqUpdate& u : updates) {
+    auto it = so_seqs_.find(u.seq_id);
+    if (it == so_seqs_.end()) continue;
+    SoSeq& c = it->second;
+    if (u.token) {
+      if (c.waiting_think) {
+        c.waiting_think = u.token->token != think_close_;
+      } else {
+        const bool ok = c.matcher->accept_token(u.token->token);
+        // EOS at a complete sentence (or a token the grammar cannot take, which the mask prevents)
+        // ends the sequence, even under ignore_eos.
+        if ((!ok || c.matcher->is_terminated()) && !u.finish_reason) {
+          u.finish_reason = FinishReason::kStop;
+          scheduler_->finish_sequence(u.seq_id, FinishReason::kStop);
+        }
+      }
+    }
+    if (u.finish_reason) so_seqs_.erase(it);
+  }
+}
+
 std::vector<RequestOutput> EngineCore::step() {
   std::vector<RequestOutput> outputs = std::move(pending_);
   pending_.clear();
@@ -199,6 +295,7 @@ std::vector<RequestOutput> EngineCore::step() {
     std::optional<std::string> failure;  // the model step threw: its requests fail, the engine goes on
     if (async_) {
       worker_->submit([&] { ro = runner_->execute(so); });
+      prepare_masks(so);  // overlaps the model
       try {
         if (unprocessed_) {  // overlaps the model
           const auto p0 = clock::now();
@@ -237,6 +334,7 @@ std::vector<RequestOutput> EngineCore::step() {
     const std::vector<SampledToken> sampled = sample_rows(ro);
     const auto t3 = clock::now();
     std::vector<SeqUpdate> updates = scheduler_->update_from_output(so, sampled);
+    accept_structured(updates);
     if (async_)
       unprocessed_ = std::move(updates);
     else
@@ -264,6 +362,13 @@ std::vector<RequestOutput> EngineCore::step() {
     o.prompt_logprobs = it->second;
     if (o.finished) prompt_logprobs_.erase(it);
   }
+  for (const RequestOutput& o : outputs)
+    if (o.finished) so_requests_.erase(o.request_id);
+  if (!so_seqs_.empty())  // aborted or stopped sequences
+    std::erase_if(so_seqs_, [&](const auto& kv) {
+      const Sequence* q = scheduler_->sequence(kv.first);
+      return q == nullptr || q->is_finished();
+    });
   return outputs;
 }
 

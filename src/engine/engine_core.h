@@ -15,6 +15,13 @@
 // step N-1's tokens; a sequence that a stop string ends there has already been scheduled into step
 // N, and its token from step N is dropped. Outputs are identical either way; each output arrives one
 // step() call later.
+//
+// Structured outputs (SamplingParams::so_args, src/structured): add_request compiles the grammar
+// (errors throw there); each sequence gets a GrammarMatcher; the allowed-token masks of a step are
+// computed before sampling (under async scheduling on the engine thread while the model runs) and
+// passed to the sampler; every sampled token advances its matcher right after update_from_output,
+// and a matcher that accepted EOS (grammar complete) finishes its sequence with "stop". When the
+// prompt ends inside <think> (or so_args "after_think": true) the constraint starts after </think>.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +40,7 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/step_worker.h"
+#include "structured/token_matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
@@ -86,6 +94,24 @@ class EngineCore {
   void init(const EngineArgs& args);
   std::vector<SampledToken> sample_rows(const ModelRunnerOutput& ro) const;
   void record_prompt_logprobs(const ModelRunnerOutput& ro);
+  // Structured outputs.
+  struct SoRequest {
+    std::shared_ptr<structured::CompiledGrammar> grammar;
+    std::optional<bool> after_think;
+  };
+  struct SoSeq {
+    std::unique_ptr<structured::GrammarMatcher> matcher;
+    bool waiting_think = false;  // the constraint starts after the </think> token
+  };
+  SoSeq* so_seq(const Sequence& seq);
+  void prepare_masks(const SchedulerOutput& so);
+  void accept_structured(std::vector<SeqUpdate>& updates);
+  std::shared_ptr<const structured::TokenVocab> so_vocab_;
+  std::unordered_map<std::string, std::shared_ptr<structured::CompiledGrammar>> so_grammars_;  // by so_args text
+  std::unordered_map<std::string, SoRequest> so_requests_;  // by request id
+  std::unordered_map<int64_t, SoSeq> so_seqs_;              // by sequence id
+  std::unordered_map<int64_t, std::vector<uint32_t>> so_masks_;  // the masks of the step being sampled
+  int32_t think_open_ = -1, think_close_ = -1;
 
   ModelConfig config_;
   std::unique_ptr<ModelRunner> runner_;

@@ -1,0 +1,303 @@
+// Structured outputs: grammar core, EBNF / regex / JSON Schema front ends, the token matcher.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "deepinfer/error.h"
+#include "structured/structured.h"
+#include "structured/token_matcher.h"
+
+using namespace deepinfer;
+using namespace deepinfer::structured;
+using nlohmann::json;
+
+namespace {
+bool M(const Grammar& g, std::string_view s) {
+  PdaMatcher m(std::make_shared<const Grammar>(g));
+  return m.matches(s);
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(StructuredEbnf, BasicsAndQuantifiers) {
+  Grammar g = ebnf_grammar(R"(
+    # a comment
+    root ::= "a" b* ("x" | 'y')? c{2,3} [0-9]+
+    b ::= [bB]
+    c ::= "c"
+  )");
+  EXPECT_TRUE(M(g, "acc1"));
+  EXPECT_TRUE(M(g, "abBbxccc42"));
+  EXPECT_FALSE(M(g, "acccc1"));
+  EXPECT_FALSE(M(g, "ac1"));
+  EXPECT_FALSE(M(g, "abcc"));
+  EXPECT_FALSE(M(g, "axycc1"));
+}
+
+TEST(StructuredEbnf, EscapesUnicodeAndNegation) {
+  Grammar g = ebnf_grammar(R"(root ::= "\"" [^"\\\n]* "\"" "\u00e9" [\u4e00-\u9fff]{1,2})");
+  EXPECT_TRUE(M(g, "\"hi there\"é中"));
+  EXPECT_TRUE(M(g, "\"ü€\"é中文"));
+  EXPECT_FALSE(M(g, "\"a\"b\"é中"));
+  EXPECT_FALSE(M(g, "\"\"éa"));
+  Grammar any = ebnf_grammar("root ::= .{3}");
+  EXPECT_TRUE(M(any, "a😀b"));
+  EXPECT_FALSE(M(any, "ab"));
+}
+
+TEST(StructuredEbnf, Recursion) {
+  Grammar g = ebnf_grammar(R"g(root ::= "(" root ")" | "")g");
+  EXPECT_TRUE(M(g, ""));
+  EXPECT_TRUE(M(g, "((()))"));
+  EXPECT_FALSE(M(g, "(()"));
+  // Right recursion and nullable repetition are fine.
+  Grammar r = ebnf_grammar(R"(root ::= "a" root | "b"
+  x ::= ("a"?)*)");
+  EXPECT_TRUE(M(r, "aaab"));
+}
+
+TEST(StructuredEbnf, Errors) {
+  EXPECT_NE(error_of([] { ebnf_grammar("root ::= foo"); }).find("'foo' is used but never defined"), std::string::npos);
+  EXPECT_NE(error_of([] { ebnf_grammar("root ::= \"abc"); }).find("unterminated string literal at line 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ebnf_grammar("x ::= \"a\""); }).find("no 'root' rule"), std::string::npos);
+  EXPECT_NE(error_of([] { ebnf_grammar("root ::= root \"a\" | \"b\""); }).find("left-recursive"), std::string::npos);
+  EXPECT_NE(error_of([] { ebnf_grammar("root ::= \"a\"{1000000}"); }).find("exceeds the limit"), std::string::npos);
+  EXPECT_NE(error_of([] { ebnf_grammar("root ::= \"a\"\n\nroot ::= \"b\""); }).find("defined twice at line 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ebnf_grammar("root ::= [z-a]"); }).find("bad character range"), std::string::npos);
+  GrammarLimits small;
+  small.max_elements = 100;
+  EXPECT_NE(error_of([&] { ebnf_grammar("root ::= (\"abc\"{100}){100}", "root", small); }).find("too large"),
+            std::string::npos);
+}
+
+TEST(StructuredRegex, AgainstStdRegex) {
+  const std::vector<std::string> patterns = {
+      "abc", "a|b|cd", "a*b+c?", "[a-c]{2,3}x", "(ab|cd){1,2}", "\\d{3}-\\d{4}", "[^a-z]+", "a.c",
+      "(?:x|y)*z", "\\w+@\\w+\\.com", "[+-]?(0|[1-9][0-9]*)(\\.[0-9]+)?", "^ab$", "a{2}b{0,1}c{1,}", "\\s?\\S\\D\\W"};
+  const std::vector<std::string> inputs = {
+      "", "abc", "a", "cd", "b", "aab", "bbc", "abcx", "acx", "abcdx", "ab", "abcd", "cdcd", "abab",
+      "123-4567", "12-4567", "ABC", "abc1", "a-c", "a\nc", "z", "xyxz", "w", "me@site.com", "me@site.org",
+      "-12.5", "0", "01", "3.", "+7", "aabcc", "aac", "aab", " a1_", "xa-!", "aa"};
+  for (const std::string& p : patterns) {
+    Grammar g = regex_grammar(p);
+    std::regex re(p, std::regex::ECMAScript);
+    for (const std::string& s : inputs)
+      EXPECT_EQ(M(g, s), std::regex_match(s, re)) << "pattern " << p << " input '" << s << "'";
+  }
+}
+
+TEST(StructuredRegex, Errors) {
+  EXPECT_NE(error_of([] { regex_grammar("(ab"); }).find("missing ')'"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("ab)"); }).find("unbalanced ')' at position 2"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("*a"); }).find("nothing to repeat at position 0"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("(a)\\1"); }).find("backreferences"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("(?=a)"); }).find("lookaround"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("[abc"); }).find("unterminated character class"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("a{5,2}"); }).find("min > max"), std::string::npos);
+  EXPECT_NE(error_of([] { regex_grammar("a{99999}"); }).find("exceeds the limit"), std::string::npos);
+}
+
+TEST(StructuredChoice, OneOfN) {
+  Grammar g = choice_grammar({"yes", "no", "maybe", "yes!"});
+  EXPECT_TRUE(M(g, "yes"));
+  EXPECT_TRUE(M(g, "yes!"));
+  EXPECT_FALSE(M(g, "ye"));
+  EXPECT_FALSE(M(g, "nope"));
+}
+
+struct SchemaCase {
+  const char* schema;
+  std::vector<const char*> accept, reject;
+};
+
+TEST(StructuredJsonSchema, AcceptReject) {
+  const std::vector<SchemaCase> cases = {
+      {R"({"type":"string"})", {R"("")", R"("a\"b\\c\u00e9\n")", "\"é中\""}, {"\"a", "1", R"("a"b")", "\"\x01\""}},
+      {R"({"type":"integer"})", {"0", "-5", "1234"}, {"01", "-0x", "1.5", "+1", ""}},
+      {R"({"type":"number"})", {"0", "-1.25", "3e10", "2.5E-3"}, {"1.", ".5", "--1", "1e"}},
+      {R"({"type":"boolean"})", {"true", "false"}, {"True", "1"}},
+      {R"({"type":"null"})", {"null"}, {"nil"}},
+      {R"({"type":["integer","null"]})", {"5", "null"}, {"\"5\""}},
+      {R"({"enum":["a",1,null,{"k":[true]}]})", {"\"a\"", "1", "null", R"({"k":[true]})"}, {"\"b\"", "2"}},
+      {R"({"const":"x"})", {"\"x\""}, {"\"y\""}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["b"]})",
+       {R"({"a":1,"b":"x"})", R"({"b":"x"})"},
+       {R"({"a":1})", R"({"b":"x","a":1})", R"({"b":"x","c":1})", "{}"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"boolean"}})",
+       {"{}", R"({"a":1,"zz":true})", R"({"q":false})"},
+       {R"({"q":1})"}},
+      {R"({"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"integer"}}})",
+       {"{}", R"({"x":1})", R"({"y":2})", R"({"x":1,"y":2})"},
+       {R"({,"y":2})", R"({"x":1,})"}},
+      {R"({"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":3})",
+       {"[1,2]", "[1,2,3]"},
+       {"[]", "[1]", "[1,2,3,4]", "[1,]"}},
+      {R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false})",
+       {"[]", R"(["a"])", R"(["a",1])"},
+       {R"(["a",1,2])", "[1]"}},
+      {R"({"type":"array"})", {"[]", R"([1,"a",{"b":null},[true]])"}, {"[1,]"}},
+      {R"({"type":"string","minLength":2,"maxLength":3})", {"\"ab\"", "\"abc\"", R"("\n\t")"}, {"\"a\"", "\"abcd\""}},
+      {R"({"type":"string","pattern":"^[A-Z]{2}\\d+$"})", {"\"AB1\"", "\"ZZ123\""}, {"\"A1\"", "\"AB\""}},
+      {R"({"type":"string","pattern":"a\"b"})", {R"("a\"b")"}, {R"("a"b")"}},
+      {R"({"type":"string","format":"date"})", {"\"2024-02-29\""}, {"\"2024-13-01\"", "\"24-01-01\""}},
+      {R"({"type":"string","format":"uuid"})", {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123\""}},
+      {R"({"type":"string","format":"ipv4"})", {"\"192.168.0.1\""}, {"\"256.1.1.1\"", "\"1.2.3\""}},
+      {R"({"type":"string","format":"date-time"})", {"\"2024-01-02T03:04:05Z\"", "\"2024-01-02T03:04:05.123+01:00\""},
+       {"\"2024-01-02 03:04:05\""}},
+      {R"({"type":"integer","minimum":-12,"maximum":305})",
+       {"-12", "-1", "0", "9", "10", "99", "100", "305", "299"},
+       {"-13", "306", "310", "1000", "-0"}},
+      {R"({"type":"integer","exclusiveMinimum":0,"exclusiveMaximum":10})", {"1", "9"}, {"0", "10", "-1"}},
+      {R"({"type":"integer","minimum":7})", {"7", "8", "10", "123456789012"}, {"6", "0", "-7"}},
+      {R"({"type":"integer","maximum":-3})", {"-3", "-4", "-100"}, {"-2", "0", "5"}},
+      {R"({"type":"number","minimum":0,"maximum":1})", {"0", "1", "0.5", "0.001"}, {"-0.5", "1.5", "2", "-1"}},
+      {R"({"type":"number","minimum":-90,"maximum":90})", {"-90", "-89.99", "0", "45.5", "90"}, {"-90.5", "90.1", "91"}},
+      {R"({"type":"number","exclusiveMinimum":0})", {"0.1", "5", "1.5"}, {"0", "-1"}},
+      {R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":1}]})", {"3", "\"a\""}, {"\"ab\"", "true"}},
+      {R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+                   {"properties":{"b":{"type":"boolean"}},"required":["b"]}]})",
+       {R"({"a":1,"b":true})"},
+       {R"({"a":1})", R"({"b":true})"}},
+      {R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"next":{"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]}},"required":["v","next"]}},"$ref":"#/$defs/node"})",
+       {R"({"v":1,"next":null})", R"({"v":1,"next":{"v":2,"next":{"v":3,"next":null}}})"},
+       {R"({"v":1,"next":{"v":2}})"}},
+      {R"({"type":"object","properties":{"children":{"type":"array","items":{"$ref":"#"}}},"required":["children"]})",
+       {R"({"children":[]})", R"({"children":[{"children":[]},{"children":[{"children":[]}]}]})"},
+       {R"({"children":[{}]})"}},
+      {R"({})", {"1", "\"x\"", "[]", "{\"a\":[1,{}]}"}, {"", "[1,]"}},
+  };
+  for (const SchemaCase& c : cases) {
+    Grammar g = json_schema_grammar(nlohmann::ordered_json::parse(c.schema));
+    for (const char* a : c.accept) EXPECT_TRUE(M(g, a)) << c.schema << " should accept " << a;
+    for (const char* r : c.reject) EXPECT_FALSE(M(g, r)) << c.schema << " should reject " << r;
+  }
+}
+
+TEST(StructuredJsonSchema, FlexibleWhitespaceAndJsonObject) {
+  JsonOptions o;
+  o.flexible_whitespace = true;
+  Grammar g = json_schema_grammar(json::parse(R"({"type":"object","properties":{"a":{"type":"array"}},"required":["a"]})"), o);
+  EXPECT_TRUE(M(g, "{ \"a\" : [ 1 , 2 ] }"));
+  Grammar obj = json_object_grammar();
+  EXPECT_TRUE(M(obj, R"({"a":[1,2.5,"x"],"b":{}})"));
+  EXPECT_FALSE(M(obj, "[1]"));
+  EXPECT_FALSE(M(obj, "\"x\""));
+}
+
+TEST(StructuredJsonSchema, Errors) {
+  auto e = [](const char* s) { return error_of([&] { json_schema_grammar(json::parse(s)); }); };
+  EXPECT_NE(e(R"({"type":"object","properties":{"a":{"not":{}}}})").find("keyword 'not' is not supported at $.properties.a"),
+            std::string::npos);
+  EXPECT_NE(e(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
+  EXPECT_NE(e(R"({"type":"strng"})").find("unknown type 'strng'"), std::string::npos);
+  EXPECT_NE(e(R"({"type":"string","pattern":"(a"})").find("$.pattern"), std::string::npos);
+  EXPECT_NE(e(R"({"type":"integer","minimum":5,"maximum":1})").find("leave no value"), std::string::npos);
+  EXPECT_NE(e(R"({"type":"array","uniqueItems":true})").find("uniqueItems"), std::string::npos);
+  EXPECT_NE(e(R"({"allOf":[{"type":"string"},{"type":"integer"}]})").find("cannot merge"), std::string::npos);
+  EXPECT_NE(e(R"({"type":"string","minLength":100000})").find("limit"), std::string::npos);
+  EXPECT_NE(error_of([] { compile_so_args(json{{"type", "regex"}, {"value", 5}}); }).find("must be a string"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { compile_so_args(json{{"type", "xml"}}); }).find("unknown type 'xml'"), std::string::npos);
+}
+
+namespace {
+// A byte-level vocabulary: 0 BOS (special), 1 EOS, 2 a special, then all 256 single bytes and some merges.
+std::shared_ptr<const TokenVocab> small_vocab() {
+  std::vector<std::string> t = {"<s>", "</s>", "<think>"};
+  for (int b = 0; b < 256; ++b) t.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* m : {"{\"", "\":", "\"}", "true", "false", "null", "12", "ab", "abc", "\",\"", "}", "  ", "xyz"})
+    t.push_back(m);
+  return std::make_shared<TokenVocab>(t, std::vector<int32_t>{0, 2}, 1);
+}
+int32_t id_of(const TokenVocab& v, const std::string& s) {
+  for (int32_t i = 3; i < v.size(); ++i)
+    if (v.bytes(i) == s) return i;
+  return -1;
+}
+bool allowed(const std::vector<uint32_t>& m, int32_t id) { return (m[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1; }
+}  // namespace
+
+TEST(StructuredTokenMatcher, MaskMatchesBruteForce) {
+  auto v = small_vocab();
+  for (const char* schema : {R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"string"}},"required":["a"]})",
+                             R"({"type":"array","items":{"type":"integer"}})"}) {
+    auto g = std::make_shared<const Grammar>(json_schema_grammar(json::parse(schema)));
+    auto cg = std::make_shared<CompiledGrammar>(g, v);
+    GrammarMatcher m(cg);
+    PdaMatcher ref(g);
+    std::string text;
+    // Walk a few greedy steps: at each one, the mask must equal "prefix + token is a viable prefix".
+    for (int step = 0; step < 12 && !m.is_terminated(); ++step) {
+      const std::vector<uint32_t> mask = m.next_token_bitmask();
+      int32_t pick = -1;
+      for (int32_t id = 0; id < v->size(); ++id) {
+        bool want;
+        if (id == 1) {
+          MatchState s = ref.initial();
+          want = ref.advance_bytes(s, text) && s.accepting;
+        } else if (v->is_special(id)) {
+          want = false;
+        } else {
+          MatchState s = ref.initial();
+          want = ref.advance_bytes(s, text + v->bytes(id));
+        }
+        ASSERT_EQ(allowed(mask, id), want) << "step " << step << " token " << id << " '" << v->bytes(id) << "'";
+        if (want && (pick < 0 || v->bytes(id).size() > v->bytes(pick).size())) pick = id;
+      }
+      ASSERT_GE(pick, 0);
+      ASSERT_TRUE(m.accept_token(pick));
+      if (pick != 1) text += v->bytes(pick);
+    }
+  }
+}
+
+TEST(StructuredTokenMatcher, AcceptRollbackEosAndForced) {
+  auto v = small_vocab();
+  auto g = std::make_shared<const Grammar>(regex_grammar("abc(d|xyz)"));
+  GrammarMatcher m(std::make_shared<CompiledGrammar>(g, v));
+  EXPECT_EQ(m.forced_bytes(), "abc");
+  EXPECT_FALSE(m.accept_token(1));  // EOS not allowed yet
+  EXPECT_FALSE(m.accept_token(0));  // specials never
+  EXPECT_TRUE(m.accept_token(id_of(*v, "ab")));
+  EXPECT_FALSE(m.accept_token(id_of(*v, "d")));
+  EXPECT_TRUE(m.accept_token(id_of(*v, "c")));
+  EXPECT_FALSE(m.is_completed());
+  EXPECT_TRUE(m.accept_token(id_of(*v, "xyz")));
+  EXPECT_TRUE(m.is_completed());
+  const auto& mask = m.next_token_bitmask();
+  int n = 0;
+  for (int32_t id = 0; id < v->size(); ++id) n += allowed(mask, id);
+  EXPECT_EQ(n, 1);  // only EOS: forced
+  EXPECT_TRUE(allowed(mask, 1));
+  EXPECT_EQ(m.num_accepted(), 3);
+  m.rollback(1);
+  EXPECT_FALSE(m.is_completed());
+  EXPECT_TRUE(m.accept_token(id_of(*v, "d")));
+  EXPECT_TRUE(m.accept_token(1));
+  EXPECT_TRUE(m.is_terminated());
+  m.rollback(2);
+  EXPECT_EQ(m.num_accepted(), 2);
+  EXPECT_FALSE(m.is_terminated());
+  EXPECT_THROW(m.rollback(3), Error);
+}
+
+TEST(StructuredTokenMatcher, CacheHitsInsideStrings) {
+  auto v = small_vocab();
+  auto cg = std::make_shared<CompiledGrammar>(std::make_shared<const Grammar>(json_schema_grammar(json::parse(R"({"type":"string"})"))), v);
+  GrammarMatcher m(cg);
+  ASSERT_TRUE(m.accept_token(id_of(*v, "\"")));
+  for (int i = 0; i < 5; ++i) {
+    m.next_token_bitmask();
+    ASSERT_TRUE(m.accept_token(id_of(*v, "ab")));
+  }
+  EXPECT_GE(cg->stats.cache_hits, 4);
+}
