@@ -840,6 +840,30 @@ OJson anthropic_error_body(int status, const std::string& message) {
 
 std::string dump(const OJson& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
+// response_format json_object / json_schema is enforced through the structured-output engine (the
+// official API only asks the model): so_args {"type": "json_object"} or {"type": "json_schema",
+// "value": <the schema as JSON text, so its property order is kept>}. The constraint starts after
+// the reasoning when thinking is on (the engine starts it after </think>).
+void apply_response_format(const OJson& req, SamplingParams& params) {
+  if (!has(req, "response_format")) return;
+  const OJson& rf = req["response_format"];
+  if (!rf.is_object()) throw ApiError(400, "response_format must be an object", "response_format");
+  const std::string type = rf.value("type", "");
+  if (type == "text") return;
+  if (!params.so_args.is_null())
+    throw ApiError(400, "give either response_format or so_args, not both", "response_format");
+  if (type == "json_object") {
+    params.so_args = {{"type", "json_object"}};
+  } else if (type == "json_schema") {
+    if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema"))
+      throw ApiError(400, "response_format json_schema needs json_schema.schema", "response_format.json_schema");
+    params.so_args = {{"type", "json_schema"}, {"value", dump(rf["json_schema"]["schema"])}};
+  } else {
+    throw ApiError(400, fmt::format("response_format type '{}' is not one of text, json_object, json_schema", type),
+                   "response_format.type");
+  }
+}
+
 Job prepare_chat(const std::string& body, const ServerContext& ctx) {
   OJson req = parse_body(body);
   check_model(req, ctx);
@@ -851,6 +875,7 @@ Job prepare_chat(const std::string& body, const ServerContext& ctx) {
   // Chat text keeps special tokens: the reasoning and tool-call markers are parsed from it.
   if (!has(req, "skip_special_tokens")) req["skip_special_tokens"] = false;
   job.params = sampling_from(req);
+  apply_response_format(req, job.params);
   job.prompt = tokenize(ctx, render_chat(req, ctx, thinking), false);
   finish_params(job.params, has(req, "max_tokens") || has(req, "max_completion_tokens"), 0, job.prompt.size(), ctx);
   job.request_id = next_id("chatcmpl-");

@@ -323,3 +323,32 @@ def test_chat_tools_and_history(client):
     r = client.chat.completions.create(model="tiny", messages=history, tools=tools, max_tokens=3, temperature=0,
                                        extra_body={"reasoning_effort": "max"})
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+# response_format is enforced by the structured-output engine (the official API only asks the model):
+# a random-weight model at temperature 1 produces schema-valid JSON only because of the mask.
+def test_response_format_is_enforced(client):
+    import jsonschema
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    finished = 0
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model="tiny", messages=MSGS, max_tokens=60, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+            extra_body={"thinking": {"type": "disabled"}})
+        if r.choices[0].finish_reason == "stop":
+            finished += 1
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    assert finished >= 2
+    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=60, temperature=1.0, seed=7,
+                                       response_format={"type": "json_object"},
+                                       extra_body={"thinking": {"type": "disabled"}})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=4,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": {"type": "bogus"}}})
+    assert "bogus" in str(e.value)
