@@ -311,10 +311,32 @@ def _lin(out_dim: int, in_dim: int) -> tuple:
     return ("normal", 1.0 / math.sqrt(in_dim))
 
 
+def _plan_block_common(add, lin, p, pre: str) -> str:
+    """The tensors every block of both families has, in their fixed order: the hc mixes, the two
+    norms and the attention projections. Returns the attention prefix."""
+    d, hc = p.dim, p.hc_mult
+    mix, norm = (2 + hc) * hc, ("one_plus", 0.05)
+    for s in ("attn", "ffn"):
+        add(f"{pre}hc_{s}_fn", "f32", (mix, hc * d), ("normal", 1.0 / math.sqrt(hc * d)))
+        add(f"{pre}hc_{s}_base", "f32", (mix,), ("normal", 1.0))
+        add(f"{pre}hc_{s}_scale", "f32", (3,), ("uniform", 0.1, 1.0))
+    add(f"{pre}attn_norm.weight", "bf16", (d,), norm)
+    add(f"{pre}ffn_norm.weight", "bf16", (d,), norm)
+    a = pre + "attn."
+    lin(a + "wq_a.weight", "fp8", p.q_lora_rank, d)
+    add(a + "q_norm.weight", "bf16", (p.q_lora_rank,), norm)
+    lin(a + "wq_b.weight", "fp8", p.n_heads * p.head_dim, p.q_lora_rank)
+    lin(a + "wkv.weight", "fp8", p.head_dim, d)
+    add(a + "kv_norm.weight", "bf16", (p.head_dim,), norm)
+    lin(a + "wo_a.weight", "fp8", p.o_groups * p.o_lora_rank, p.n_heads * p.head_dim // p.o_groups)
+    lin(a + "wo_b.weight", "fp8", d, p.o_groups * p.o_lora_rank)
+    add(a + "attn_sink", "f32", (p.n_heads,), ("normal", 1.0))
+    return a
+
+
 def plan_logical(p: Preset) -> list[Logical]:
     """Every logical tensor of the checkpoint, in a fixed order (the order has no effect on values)."""
     d, hc = p.dim, p.hc_mult
-    mix = (2 + hc) * hc
     norm = ("one_plus", 0.05)
     T: list[Logical] = []
 
@@ -335,22 +357,7 @@ def plan_logical(p: Preset) -> list[Logical]:
     shared_inter = p.n_shared_experts * p.moe_inter_dim
     for l, ratio in enumerate(p.compress_ratios):
         pre = f"layers.{l}."
-        for s in ("attn", "ffn"):
-            add(f"{pre}hc_{s}_fn", "f32", (mix, hc * d), ("normal", 1.0 / math.sqrt(hc * d)))
-            add(f"{pre}hc_{s}_base", "f32", (mix,), ("normal", 1.0))
-            add(f"{pre}hc_{s}_scale", "f32", (3,), ("uniform", 0.1, 1.0))
-        add(f"{pre}attn_norm.weight", "bf16", (d,), norm)
-        add(f"{pre}ffn_norm.weight", "bf16", (d,), norm)
-
-        a = pre + "attn."
-        lin(a + "wq_a.weight", "fp8", p.q_lora_rank, d)
-        add(a + "q_norm.weight", "bf16", (p.q_lora_rank,), norm)
-        lin(a + "wq_b.weight", "fp8", p.n_heads * p.head_dim, p.q_lora_rank)
-        lin(a + "wkv.weight", "fp8", p.head_dim, d)
-        add(a + "kv_norm.weight", "bf16", (p.head_dim,), norm)
-        lin(a + "wo_a.weight", "fp8", p.o_groups * p.o_lora_rank, p.n_heads * p.head_dim // p.o_groups)
-        lin(a + "wo_b.weight", "fp8", d, p.o_groups * p.o_lora_rank)
-        add(a + "attn_sink", "f32", (p.n_heads,), ("normal", 1.0))
+        a = _plan_block_common(add, lin, p, pre)
         if ratio:
             c = 2 if ratio == 4 else 1
             lin(a + "compressor.wkv.weight", "bf16", c * p.head_dim, d)
@@ -1028,7 +1035,6 @@ def check_preset_v41(p: PresetV41) -> None:
 def plan_logical_v41(p: PresetV41) -> list[Logical]:
     """Every logical tensor of a V4.1 checkpoint (§1.3), in a fixed order (no effect on values)."""
     d, hc = p.dim, p.hc_mult
-    mix = (2 + hc) * hc
     norm = ("one_plus", 0.05)
     T: list[Logical] = []
 
@@ -1047,22 +1053,7 @@ def plan_logical_v41(p: PresetV41) -> list[Logical]:
     inter = p.moe_inter_dim
     for l, ratio in enumerate(p.compress_ratios):
         pre = f"layers.{l}."
-        for s in ("attn", "ffn"):
-            add(f"{pre}hc_{s}_fn", "f32", (mix, hc * d), ("normal", 1.0 / math.sqrt(hc * d)))
-            add(f"{pre}hc_{s}_base", "f32", (mix,), ("normal", 1.0))
-            add(f"{pre}hc_{s}_scale", "f32", (3,), ("uniform", 0.1, 1.0))
-        add(f"{pre}attn_norm.weight", "bf16", (d,), norm)
-        add(f"{pre}ffn_norm.weight", "bf16", (d,), norm)
-
-        a = pre + "attn."
-        lin(a + "wq_a.weight", "fp8", p.q_lora_rank, d)
-        add(a + "q_norm.weight", "bf16", (p.q_lora_rank,), norm)
-        lin(a + "wq_b.weight", "fp8", p.n_heads * p.head_dim, p.q_lora_rank)
-        lin(a + "wkv.weight", "fp8", p.head_dim, d)
-        add(a + "kv_norm.weight", "bf16", (p.head_dim,), norm)
-        lin(a + "wo_a.weight", "fp8", p.o_groups * p.o_lora_rank, p.n_heads * p.head_dim // p.o_groups)
-        lin(a + "wo_b.weight", "fp8", d, p.o_groups * p.o_lora_rank)
-        add(a + "attn_sink", "f32", (p.n_heads,), ("normal", 1.0))
+        a = _plan_block_common(add, lin, p, pre)
         kv_src = l in p.kv_source_layers
         if kv_src:
             lin(a + "compressor.wkv.weight", "bf16", p.head_dim, d)

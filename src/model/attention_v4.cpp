@@ -119,7 +119,6 @@ std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Ten
   float* wp = wts.data<float>();
   for (int64_t i = 0; i < wts.numel(); ++i) wp[i] = bf ? round_bf16(wp[i] * wscale) : wp[i] * wscale;
 
-  auto rd = [&](float v) { return bf ? round_bf16(v) : v; };
   std::vector<int32_t> picks(T * kcomp, -1);
   std::vector<int32_t> trace_rows;
   const int64_t ktop = cfg.index_topk;
@@ -129,18 +128,7 @@ std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Ten
     const int64_t visible = (positions[t] + 1) / r;
     std::vector<float> score(visible);
     const float* qt = q.data<float>() + t * nh * hd;
-    for (int64_t j = 0; j < visible; ++j) {
-      const float* k = keys.row(j);
-      double total = 0;
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = qt + h * hd;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < hd; ++i) dot += qh[i] * k[i];
-        dot = rd(dot);
-        if (dot > 0) total += rd(dot * wp[t * nh + h]);
-      }
-      score[j] = rd(static_cast<float>(total));
-    }
+    for (int64_t j = 0; j < visible; ++j) score[j] = index_score(qt, keys.row(j), wp + t * nh, nh, hd, bf);
     int32_t* out = picks.data() + t * kcomp;
     const int64_t m = ops::topk(score.data(), visible, std::min(ktop, kcomp), out);
     if (c.trace) {

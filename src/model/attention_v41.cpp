@@ -121,18 +121,7 @@ void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, 
     const int64_t visible = (positions[t] + 1) / ratio;
     std::vector<float> score(n, -INFINITY);
     const float* qt = q.data<float>() + t * nh * hd;
-    for (int64_t j = 0; j < visible; ++j) {
-      const float* kj = keys.row(j);
-      double total = 0;
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = qt + h * hd;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < hd; ++i) dot += qh[i] * kj[i];
-        dot = rd(dot);
-        if (dot > 0) total += rd(dot * wp[t * nh + h]);
-      }
-      score[j] = rd(static_cast<float>(total));
-    }
+    for (int64_t j = 0; j < visible; ++j) score[j] = index_score(qt, keys.row(j), wp + t * nh, nh, hd, bf);
     if (source)
       select_candidate_blocks(score.data(), n, visible, cfg, shared.candidates.data() + t * n,
                               c.trace ? trace_cand.data() + t * cfg.candidate_topk_blocks : nullptr);

@@ -30,6 +30,23 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
 Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
                         const ops::RopeFreqs& rope, const LayerCtx& c);
 
+// The indexer score of one query against one index key (§2.5, §2.6): per head a BF16 dot product,
+// relu, times the head's BF16 weight rounded to BF16, summed over heads and rounded to BF16 (each
+// rounding only when bf16). q: [n_heads * head_dim], w: [n_heads].
+inline float index_score(const float* q, const float* key, const float* w, int64_t n_heads, int64_t head_dim,
+                         bool bf16) {
+  auto rd = [&](float v) { return bf16 ? round_bf16(v) : v; };
+  double total = 0;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* qh = q + h * head_dim;
+    float dot = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) dot += qh[i] * key[i];
+    dot = rd(dot);
+    if (dot > 0) total += rd(dot * w[h]);
+  }
+  return rd(static_cast<float>(total));
+}
+
 // MoE of one layer (both families, §2.8). tokens are the chunk's ids (V4 hash routing). Returns [T, dim].
 Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);
 
