@@ -277,6 +277,64 @@ TEST(Engine, AFailedStepAbortsItsRequestsAndTheEngineGoesOn) {
   }
 }
 
+// Batch invariance at the model: a target sequence's logits (every row) are bitwise identical alone
+// and in 50 random batch compositions (1-4 other sequences of random lengths, random order, prefill
+// in random chunk sizes so prefill and decode rows of different sequences mix), for both families.
+TEST(Model, BatchInvarianceOverFiftyRandomCompositions) {
+  REQUIRE_CHECKPOINT();
+  for (const std::string family : {"v4", "v41"}) {
+    auto model = Model::load(tiny_checkpoint(family));
+    ForwardOptions fo;
+    std::mt19937_64 rng(42);
+    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    std::vector<int32_t> target;
+    for (int i = 0; i < 37; ++i) target.push_back(uni(3, 1023));
+    // Runs the sequences with the given chunk size; returns every row of sequence `who`.
+    auto run = [&](const std::vector<std::vector<int32_t>>& seqs, size_t who, int chunk) {
+      std::vector<std::unique_ptr<SequenceState>> st;
+      for (size_t b = 0; b < seqs.size(); ++b) st.push_back(model->new_sequence());
+      std::vector<float> rows;
+      size_t longest = 0;
+      for (const auto& q : seqs) longest = std::max(longest, q.size());
+      for (size_t i = 0; i < longest; i += static_cast<size_t>(chunk)) {
+        std::vector<SeqChunk> batch;
+        std::vector<size_t> members;
+        for (size_t b = 0; b < seqs.size(); ++b) {
+          if (i >= seqs[b].size()) continue;
+          std::vector<int32_t> part(seqs[b].begin() + static_cast<std::ptrdiff_t>(i),
+                                    seqs[b].begin() + static_cast<std::ptrdiff_t>(std::min(seqs[b].size(), i + chunk)));
+          batch.push_back(SeqChunk{st[b].get(), std::move(part), true, true});
+          members.push_back(b);
+        }
+        Tensor out = model->forward_batch(batch, fo);
+        const int64_t V = out.size(1);
+        int64_t row = 0;
+        for (size_t k = 0; k < batch.size(); ++k) {
+          const int64_t n = static_cast<int64_t>(batch[k].tokens.size());
+          if (members[k] == who)
+            rows.insert(rows.end(), out.data<float>() + row * V, out.data<float>() + (row + n) * V);
+          row += n;
+        }
+      }
+      return rows;
+    };
+    const std::vector<float> alone = run({target}, 0, static_cast<int>(target.size()));
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<std::vector<int32_t>> seqs;
+      const int others = uni(1, 4);
+      for (int o = 0; o < others; ++o) {
+        std::vector<int32_t> q(static_cast<size_t>(uni(1, 45)));
+        for (auto& t : q) t = uni(3, 1023);
+        seqs.push_back(q);
+      }
+      const size_t who = static_cast<size_t>(uni(0, others));
+      seqs.insert(seqs.begin() + static_cast<std::ptrdiff_t>(who), target);
+      const int chunk = trial % 5 == 0 ? 64 : uni(1, 12);
+      ASSERT_EQ(run(seqs, who, chunk), alone) << family << " trial " << trial << " chunk " << chunk;
+    }
+  }
+}
+
 TEST(Engine, GreedyEqualsTheOneSequenceForward) {
   REQUIRE_CHECKPOINT();
   const std::vector<std::vector<int32_t>> prompts = {{0, 17, 42, 7}, {5}, {3, 9, 200, 11, 600, 8, 8, 1000, 44, 2}};
