@@ -37,6 +37,9 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--max-n", o->max_n, "largest n (choices per request)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--max-queued-requests", o->srv.max_queued_requests,
+                  "requests admitted and not finished (running + waiting); more are answered 429")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--drain-timeout", o->srv.drain_timeout_s, "seconds to finish in-flight requests on SIGTERM/SIGINT")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

@@ -132,6 +132,9 @@ void AsyncEngine::loop() {
         live.last_token = t;
         live.tokens = tokens;
       }
+      // Capacity is given back before the final output goes out: a client that sends its next
+      // request on seeing the end must not find this one still counted.
+      if (out.finished) in_flight_.fetch_sub(1);
       live.cb(out);
       if (out.finished) {
         metrics_->e2e.observe(t - live.arrival);
@@ -140,7 +143,6 @@ void AsyncEngine::loop() {
         std::string reason = out.outputs.empty() ? "abort" : out.outputs[0].finish_reason.value_or("abort");
         metrics_->count_finished(reason);
         live_.erase(it);
-        in_flight_.fetch_sub(1);
       }
     }
     metrics_->num_running = static_cast<int64_t>(engine_->scheduler().num_running());

@@ -193,6 +193,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- generation ---------------------------------------------------------------------------------
   void generate(Job job) {
     if (sh_.draining) return send_error(503, "the server is shutting down");
+    if (sh_.engine->num_in_flight() >= sh_.opts.max_queued_requests)
+      return send_error(429,
+                        fmt::format("the server is at capacity ({} requests in flight, --max-queued-requests); retry "
+                                    "later",
+                                    sh_.engine->num_in_flight()),
+                        "", "rate_limit_exceeded", "rate_limit_error");
     request_id_ = job.request_id;
     builder_ = std::move(job.builder);
     streaming_ = job.stream;

@@ -26,6 +26,7 @@ struct ServerOptions {
   int http_threads = 2;
   double drain_timeout_s = 60.0;
   double header_timeout_s = 30.0;  // idle keep-alive wait + request line + headers; then the connection is closed
+  int64_t max_queued_requests = 1024;  // requests admitted and unfinished; more get 429
 };
 
 // Serves until SIGINT/SIGTERM; returns the process exit code. Throws deepinfer::Error when the

@@ -352,3 +352,27 @@ def test_response_format_is_enforced(client):
                                        response_format={"type": "json_schema",
                                                         "json_schema": {"name": "x", "schema": {"type": "bogus"}}})
     assert "bogus" in str(e.value)
+
+
+# Past --max-queued-requests the server answers 429 (OpenAI's rate-limit shape) instead of queueing
+# without bound; the request in flight is not disturbed and capacity comes back when it ends.
+def test_queue_full_is_429(deepinfer_bin, make_checkpoint):
+    srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"),
+                 ["--api-key", API_KEY, "--max-queued-requests", "1"])
+    try:
+        c = openai.OpenAI(base_url=srv.base + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        stream = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=200, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        first = next(iter(stream))  # the long request is in flight
+        assert first.id
+        status, _, body = srv.request("POST", "/v1/chat/completions",
+                                      {"model": "tiny", "messages": MSGS, "max_tokens": 2})
+        assert status == 429
+        err = json.loads(body)["error"]
+        assert err["code"] == "rate_limit_exceeded" and "max-queued-requests" in err["message"]
+        text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        assert isinstance(text, str)
+        r = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+    finally:
+        assert srv.stop() == 0
