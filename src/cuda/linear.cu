@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
@@ -17,48 +18,74 @@ namespace {
 
 enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
 
-constexpr int kSlab = 512;  // bytes of each weight row per pipeline stage
-constexpr int kStages = 4;
-constexpr int kLanes = 32;  // threads per weight row: one warp, thread 8j + l owns accumulator v[j][l]
+constexpr int kRows = 8;  // weight rows per thread block (divides every E4M3 tile size, so one scale row)
 
-// ---- x pre-pass: optional FP8 fake quantisation, transposed into xt[tile][K][MT] ---------------------
-__global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT, int64_t group, bool quant, float* xt) {
+// Programmatic dependent launch: the x pre-pass lets the GEMV start at once; the GEMV streams its
+// first weight slabs in, then waits for the pre-pass (griddepcontrol.wait) before it reads x.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// ---- x pre-pass: optional FP8 fake quantisation into the padded x layout ---------------------------------
+// x of rows [t*MT, t*MT + MT) lives at xt + t * tile_floats: groups of gk = 32 * G columns (G = the
+// E4M3 tile in chunks; 1 for FP4 / BF16), each group [gk][MT] floats followed by 4 pad floats, so
+// that threads reading consecutive groups hit different shared-memory banks.
+__global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT, int gk, int xg, int64_t tile_floats,
+                              int64_t group, bool quant, float* xt) {
+  pdl_launch_dependents();
   const int m = blockIdx.y;
   const int64_t c0 = blockIdx.x * group;
   const int64_t c1 = min(c0 + group, static_cast<int64_t>(K));
-  float* out = xt + (static_cast<int64_t>(m / MT) * K) * MT + m % MT;
+  float* out = xt + static_cast<int64_t>(m / MT) * tile_floats + m % MT;
+  auto at = [&](int64_t c) -> float& { return out[(c / gk) * xg + (c % gk) * MT]; };
   if (m >= M) {  // padding rows of the last tile
-    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) out[c * MT] = 0.0f;
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = 0.0f;
     return;
   }
   const float* p = x + m * ldx;
   if (!quant) {
-    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) out[c * MT] = p[c];
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = p[c];
     return;
   }
   float amax = 0.0f;  // as fake_quant_fp8_kernel (quant.cu), bit for bit the CPU op
   for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) amax = fmaxf(amax, fabsf(p[c]));
   amax = block_reduce(amax, MaxOp{}, 0.0f);
   const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
-  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) out[c * MT] = e4m3_rne(p[c] / s) * s;
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = e4m3_rne(p[c] / s) * s;
 }
 
 // ---- decoders -------------------------------------------------------------------------------------------
-// e4m3 code -> e4m3 * 2^-8 exactly, through the fp16 bits the CPU uses (sign-extend, << 7, clear bit 14).
-__device__ __forceinline__ float e4m3_f16(uint32_t code) {
-  const uint16_t h = static_cast<uint16_t>((static_cast<int32_t>(static_cast<int8_t>(code)) << 7) & 0xbfff);
-  return __half2float(__ushort_as_half(h));
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
 }
-// e2m1 code (0..15) -> value.
-__device__ __forceinline__ float e2m1_f32(uint32_t c) {
-  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  float v = e != 0 ? __uint_as_float(((e + 126u) << 23) | (m << 22)) : (m != 0 ? 0.5f : 0.0f);
-  return (c & 8u) != 0 ? -v : v;
+__device__ __forceinline__ float half_bits(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
+// Four e4m3 codes (bytes of w) -> e4m3 * 2^-8 exactly, through the fp16 bits the CPU uses
+// (sign-extend, << 7, clear bit 14): two codes per 32-bit word, each half an fp16. NaN codes are not
+// handled here (see nan_bits).
+__device__ __forceinline__ void e4m3x4(uint32_t w, float* f) {
+  const uint32_t a = (prmt(w, 0u, 0xA280u) << 7) & 0xbf80bfffu;  // [b0, sign b0, b2, sign b2] -> codes 0, 2
+  const uint32_t b = (prmt(w, 0u, 0xB391u) << 7) & 0xbf80bfffu;  // codes 1, 3
+  f[0] = half_bits(a);
+  f[1] = half_bits(b);
+  f[2] = half_bits(a >> 16);
+  f[3] = half_bits(b >> 16);
+}
+// Bit 7 of a byte is set iff that byte is an e4m3 NaN code (S.1111.111).
+__device__ __forceinline__ uint32_t nan_bits(uint32_t w) { return (w & 0x7f7f7f7fu) + 0x01010101u; }
+
 __device__ __forceinline__ float e8m0_f32(uint32_t e) {
   if (e == 255u) return __uint_as_float(0x7fc00000u);
   if (e == 0u) return __uint_as_float(0x00400000u);  // 2^-127, subnormal
   return __uint_as_float(e << 23);
+}
+// e2m1 code in bits 28..31 of t -> its value times 2^-126 (an exact fp32, subnormal for 0.5).
+__device__ __forceinline__ float e2m1_top(uint32_t t) {
+  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(t) >> 6) & 0x81c00000u);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -72,157 +99,368 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 template <int MT>
-__device__ __forceinline__ void load_x(const float* p, float (&v)[MT]) {
-  if constexpr (MT % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < MT / 4; ++i) {
-      const float4 q = reinterpret_cast<const float4*>(p)[i];
-      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
-    }
-  } else if constexpr (MT == 2) {
+__device__ __forceinline__ void load_x2(const float* p, float (&v)[2 * MT]) {  // 2 * MT consecutive floats
+  if constexpr (MT == 1) {
     const float2 q = *reinterpret_cast<const float2*>(p);
     v[0] = q.x, v[1] = q.y;
   } else {
-    v[0] = *p;
+#pragma unroll
+    for (int i = 0; i < MT / 2; ++i) {
+      const float4 q = reinterpret_cast<const float4*>(p)[i];
+      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+    }
   }
 }
 
-// ---- the GEMV: blockDim.x = rows * 8; grid (ceil(N / rows), M tiles) ------------------------------------
-template <int FMT, int MT>
-__global__ void __launch_bounds__(256)
-    linear_kernel(const uint8_t* __restrict__ w, int64_t ldw, const uint8_t* __restrict__ sc, int64_t lds, int B, int N,
-                  int K, const float* __restrict__ xt, float* __restrict__ y, int M, bool round) {
+// Streams rows [n0, n0 + kRows) of W (clamped to N - 1) and the matching x groups through `stages`
+// shared-memory stages with 16-byte cp.async; slab i = row bytes [i * slab, ...) and x groups
+// [i * gps, ...). Every thread of the block calls these.
+struct Stream {
+  const uint8_t* w;
+  int64_t ldw, row_bytes;
+  int n0, N, slab, rp, stage_bytes;
+  const float* xtile;
+  int xg, gps, ngroups, nslab;
+  uint8_t* smem;
+  int stages;
+  // kFull: 16-byte pieces of a full slab row when known at compile time (0: not known), so that the
+  // piece -> (row, offset) split of full slabs is a shift rather than a division.
+  template <int kFull>
+  __device__ __forceinline__ void weights(int i, int tid, int nt) const {
+    if (i >= nslab) return;
+    uint8_t* st = smem + (i % stages) * stage_bytes;
+    const int64_t k0 = static_cast<int64_t>(i) * slab;
+    const int pieces = static_cast<int>(min(static_cast<int64_t>(slab), row_bytes - k0)) >> 4;
+    auto copy = [&](int p, int r) {
+      const int o = (p - r * pieces) << 4;
+      const int n = min(n0 + r, N - 1);
+      cp_async16(st + r * rp + o, w + n * ldw + k0 + o);
+    };
+    if (kFull > 0 && pieces == kFull) {
+      for (int p = tid; p < kRows * kFull; p += nt) copy(p, p / (kFull > 0 ? kFull : 1));
+    } else {
+      for (int p = tid; p < kRows * pieces; p += nt) copy(p, p / pieces);
+    }
+  }
+  __device__ __forceinline__ void x(int i, int tid, int nt) const {
+    if (i >= nslab) return;
+    uint8_t* st = smem + (i % stages) * stage_bytes + kRows * rp;
+    const int pieces = min(gps, ngroups - i * gps) * xg / 4;
+    const auto* src = reinterpret_cast<const uint8_t*>(xtile + static_cast<int64_t>(i) * gps * xg);
+    for (int p = tid; p < pieces; p += nt) cp_async16(st + p * 16, src + p * 16);
+  }
+};
+
+// ---- FP8 (E4M3 + E8M0 tiles of B = 32 G): one thread per (row, tile) ------------------------------------
+// A tile's sums s[l] = ((v0 + v1) + v2) + v3 do not depend on other tiles, so the 8 rows x TPS tiles
+// of a slab are computed by TPS * 8 threads at once (thread: row tid % 8, tile tid / 8; for G > 1 the
+// v[j][l] chains run over the tile's G chunks in the thread). They go to shared memory, and 64 * MT
+// threads (row, m, l) fold them into tot[l] = fma(s, 2^(e-119), tot) in tile order, one slab behind.
+template <int MT, bool T32>
+struct Fp8Cfg {
+  static constexpr int kTps = T32 ? 32 : 16;  // tiles per slab
+  static constexpr int kThreads = kRows * kTps;
+  static constexpr int kStages = (T32 && MT < 4) ? 4 : 3;
+  static constexpr int kLP = kTps + 4;          // fold buffer floats per (row, m, l)
+  static constexpr int kRP = MT * 8 * kLP + 4;  // fold buffer floats per row
+};
+
+template <int MT, bool T32>
+__global__ void __launch_bounds__(Fp8Cfg<MT, T32>::kThreads)
+    fp8_kernel(const uint8_t* __restrict__ w, int64_t ldw, const uint8_t* __restrict__ sc, int64_t lds, int B, int N,
+               int K, const float* __restrict__ xt, int64_t tile_floats, float* __restrict__ y, int M, bool round) {
+  using C = Fp8Cfg<MT, T32>;
+  constexpr int TPS = C::kTps, NT = C::kThreads, ST = C::kStages, LP = C::kLP, RP = C::kRP;
+  constexpr int LG = 4 / MT;  // l values per float4 of x
+  constexpr int kFullPieces = T32 ? TPS * 32 / 16 : 0;
   extern __shared__ __align__(16) uint8_t smem[];
-  const int rows = blockDim.x / kLanes;
-  const int r = threadIdx.x / kLanes, t = threadIdx.x % kLanes, j = t >> 3, l = t & 7;
-  const int n0 = blockIdx.x * rows;
-  const int n = min(n0 + r, N - 1);  // rows past N compute a copy of row N-1 and write nothing
-  const int tile = blockIdx.y;
-  const float* xtile = xt + static_cast<int64_t>(tile) * K * MT;
+  const int tid = threadIdx.x;
+  const int G = T32 ? 1 : B / 32;
+  const int T = (K + B - 1) / B;
+  Stream s;
+  s.w = w, s.ldw = ldw, s.row_bytes = K, s.n0 = blockIdx.x * kRows, s.N = N;
+  s.slab = TPS * B, s.rp = s.slab + 16, s.xg = G * 32 * MT + 4;
+  s.stage_bytes = kRows * s.rp + TPS * s.xg * 4;
+  s.xtile = xt + blockIdx.y * tile_floats, s.gps = TPS, s.ngroups = T, s.nslab = (T + TPS - 1) / TPS;
+  s.smem = smem, s.stages = ST;
+  const int n0 = s.n0, nslab = s.nslab, xg = s.xg;
 
-  constexpr int kChunkBytes = FMT == kFp8 ? 32 : (FMT == kFp4 ? 16 : 64);
-  constexpr int kChunksPerSlab = kSlab / kChunkBytes;
-  constexpr int kXSlab = kChunksPerSlab * 32 * MT * 4;  // bytes of x per stage
-  const int stage_bytes = rows * kSlab + kXSlab;
-  const int64_t row_bytes = FMT == kFp8 ? K : (FMT == kFp4 ? K / 2 : 2 * static_cast<int64_t>(K));
-  const int nslab = static_cast<int>((row_bytes + kSlab - 1) / kSlab);
-  const int nchunks = K / 32;
-  const int64_t x_bytes = static_cast<int64_t>(K) * MT * 4;
+  // Only min(ST, nslab) stages are ever used (slab i lives in stage i % ST): the others are not allocated.
+  float* sbuf = reinterpret_cast<float*>(smem + min(ST, nslab) * s.stage_bytes);  // [2][kRows][RP]
+  float* fac = sbuf + 2 * kRows * RP;                                             // [nslab * TPS]
+  int* nanrow = reinterpret_cast<int*>(fac + nslab * TPS);                        // [kRows]
 
-  // Scales, loaded once: FP8 the one scale row of this block's rows (rows divides B), FP4 [rows][K/32].
-  uint8_t* ssm = smem + kStages * stage_bytes;
-  if constexpr (FMT == kFp8) {
-    const int kb = (K + B - 1) / B;
-    for (int i = threadIdx.x; i < kb; i += blockDim.x) ssm[i] = sc[static_cast<int64_t>(n0 / B) * lds + i];
-  } else if constexpr (FMT == kFp4) {
-    for (int i = threadIdx.x; i < rows * nchunks; i += blockDim.x)
-      ssm[i] = sc[static_cast<int64_t>(min(n0 + i / nchunks, N - 1)) * lds + i % nchunks];
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) s.template weights<kFullPieces>(i, tid, NT);
+  const uint8_t* srow = sc + static_cast<int64_t>(n0 / B) * lds;
+  for (int i = tid; i < nslab * TPS; i += NT) {
+    float f = 0.0f;
+    if (i < T) {  // 2^(e-119): the CPU's factor for the 2^-8-scaled codes (e > 246: see linear.cuh)
+      const uint32_t e = srow[i];
+      f = e <= 246u ? __uint_as_float((e + 8u) << 23) : e8m0_f32(e) * 256.0f;
+    }
+    fac[i] = f;
+  }
+  if (tid < kRows) nanrow[tid] = 0;
+  pdl_wait();
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    s.x(i, tid, NT);
+    cp_async_commit();
   }
 
-  auto load_slab = [&](int i) {
-    if (i < nslab) {
-      uint8_t* st = smem + (i % kStages) * stage_bytes;
-      for (int p = threadIdx.x; p < rows * (kSlab / 16); p += blockDim.x) {
-        const int rr = p / (kSlab / 16);
-        const int64_t off = static_cast<int64_t>(i) * kSlab + (p % (kSlab / 16)) * 16;
-        if (off < row_bytes) {
-          const int nn = min(n0 + rr, N - 1);
-          cp_async16(st + rr * kSlab + (off - static_cast<int64_t>(i) * kSlab), w + nn * ldw + off);
-        }
-      }
-      const auto* xs = reinterpret_cast<const uint8_t*>(xtile) + static_cast<int64_t>(i) * kXSlab;
-      for (int p = threadIdx.x; p < kXSlab / 16; p += blockDim.x) {
-        if (static_cast<int64_t>(i) * kXSlab + p * 16 < x_bytes) cp_async16(st + rows * kSlab + p * 16, xs + p * 16);
-      }
-    }
-    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
-  };
-
-  float v[MT], tot[MT];
+  const int cr = tid & 7, ct = tid >> 3;                       // compute: row, tile in the slab
+  const int fl = tid & 7, fr = (tid >> 3) & 7, fm = tid >> 6;  // fold: l, row, m
+  const bool folder = tid < 64 * MT;
+  float tot = 0.0f;
+  uint32_t nanacc = 0;
+  auto fold = [&](int j) {
+    const float* sp = sbuf + (j & 1) * kRows * RP + fr * RP + (fm * 8 + fl) * LP;
+    const float* fp = fac + j * TPS;
+    const int nt = min(TPS, T - j * TPS);
+    if (nt == TPS) {
 #pragma unroll
-  for (int m = 0; m < MT; ++m) v[m] = tot[m] = 0.0f;
-  bool nan = false;
-  // s = ((v0 + v1) + v2) + v3 from the threads j = 0..3 of lane l; tot = fma(s, fac, tot) (meaningful in j == 0).
-  auto flush = [&](float fac) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const float v1 = __shfl_down_sync(0xffffffffu, v[m], 8);
-      const float v2 = __shfl_down_sync(0xffffffffu, v[m], 16);
-      const float v3 = __shfl_down_sync(0xffffffffu, v[m], 24);
-      const float s = ((v[m] + v1) + v2) + v3;
-      tot[m] = __fmaf_rn(s, fac, tot[m]);
-      v[m] = 0.0f;
+      for (int q = 0; q < TPS / 4; ++q) {
+        const float4 v = reinterpret_cast<const float4*>(sp)[q];
+        const float4 f = reinterpret_cast<const float4*>(fp)[q];
+        tot = __fmaf_rn(v.x, f.x, tot);
+        tot = __fmaf_rn(v.y, f.y, tot);
+        tot = __fmaf_rn(v.z, f.z, tot);
+        tot = __fmaf_rn(v.w, f.w, tot);
+      }
+    } else {
+      for (int t = 0; t < nt; ++t) tot = __fmaf_rn(sp[t], fp[t], tot);
     }
   };
 
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) load_slab(i);
   for (int i = 0; i < nslab; ++i) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // slab i (and the scales) visible to all; everyone is done with slab i - 1's stage
-    load_slab(i + kStages - 1);
-    const uint8_t* rowp = smem + (i % kStages) * stage_bytes + r * kSlab;
-    const float* xsm = reinterpret_cast<const float*>(smem + (i % kStages) * stage_bytes + rows * kSlab);
-    const int cend = min(kChunksPerSlab, nchunks - i * kChunksPerSlab);
-#pragma unroll 4
-    for (int c = 0; c < cend; ++c) {
-      const int gc = i * kChunksPerSlab + c;
-      const int k0 = gc * 32;
-      float wv;
-      int kk;  // k within the slab
-      if constexpr (FMT == kFp8) {
-        const uint32_t code = rowp[c * 32 + t];
-        nan |= (code & 0x7fu) == 0x7fu;
-        wv = e4m3_f16(code);
-        kk = c * 32 + t;
-      } else if constexpr (FMT == kFp4) {
-        // v0: low nibble of byte l (k = 2l), v1: low nibble of byte 8 + l (16 + 2l), v2 / v3: the high nibbles.
-        const uint32_t b = rowp[c * 16 + l + 8 * (j & 1)];
-        const float f = e8m0_f32(ssm[r * nchunks + gc]);
-        wv = e2m1_f32((j & 2) != 0 ? (b >> 4) : (b & 15u)) * f;
-        kk = c * 32 + 16 * (j & 1) + 2 * l + (j >> 1);
-      } else {
-        wv = __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(rowp + c * 64)[t]) << 16);
-        kk = c * 32 + t;
-      }
-      {
-        float xv[MT];
-        load_x<MT>(xsm + kk * MT, xv);
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // slab i landed for everyone; slab i-1's stage and fold buffer (i+1)&1 are free
+    s.template weights<kFullPieces>(i + ST - 1, tid, NT);
+    s.x(i + ST - 1, tid, NT);
+    cp_async_commit();
+    if (i > 0 && folder) fold(i - 1);
+    const int tile = i * TPS + ct;
+    if (tile < T) {
+      const uint8_t* st = smem + (i % ST) * s.stage_bytes;
+      const uint8_t* wp = st + cr * s.rp + ct * B;
+      const float* xp = reinterpret_cast<const float*>(st + kRows * s.rp) + ct * xg;
+      float* so = sbuf + (i & 1) * kRows * RP + cr * RP + ct;
+      if constexpr (T32) {
+        const uint4 a = reinterpret_cast<const uint4*>(wp)[0], b = reinterpret_cast<const uint4*>(wp)[1];
+        const uint32_t wd[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float wf[32];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) v[m] = __fmaf_rn(wv, xv[m], v[m]);
-      }
-      if constexpr (FMT == kFp8) {
-        if ((k0 + 32) % B == 0 || k0 + 32 >= K) {  // end of a scale tile
-          const uint32_t e = ssm[k0 / B];
-          // 2^(e-119): the CPU's factor for the 2^-8-scaled codes (e > 246: see linear.cuh).
-          const float fac = e <= 246u ? __uint_as_float((e + 8u) << 23) : e8m0_f32(e) * 256.0f;
-          flush(fac);
+        for (int q = 0; q < 8; ++q) {
+          nanacc |= nan_bits(wd[q]);
+          e4m3x4(wd[q], wf + 4 * q);
         }
+#pragma unroll
+        for (int l0 = 0; l0 < 8; l0 += LG) {
+          float xv[4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float4 q = *reinterpret_cast<const float4*>(xp + (8 * j + l0) * MT);
+            xv[j][0] = q.x, xv[j][1] = q.y, xv[j][2] = q.z, xv[j][3] = q.w;
+          }
+#pragma unroll
+          for (int d = 0; d < LG; ++d) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              const int l = l0 + d;
+              const float p0 = __fmaf_rn(wf[l], xv[0][d * MT + m], 0.0f);
+              const float p1 = __fmaf_rn(wf[8 + l], xv[1][d * MT + m], 0.0f);
+              const float p2 = __fmaf_rn(wf[16 + l], xv[2][d * MT + m], 0.0f);
+              const float p3 = __fmaf_rn(wf[24 + l], xv[3][d * MT + m], 0.0f);
+              so[(m * 8 + l) * LP] = __fadd_rn(__fadd_rn(__fadd_rn(p0, p1), p2), p3);
+            }
+          }
+        }
+      } else {
+        const int nch = min(G, (K - tile * B) / 32);
+        float v[MT][32];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int e = 0; e < 32; ++e) v[m][e] = 0.0f;
+        for (int q = 0; q < nch; ++q) {
+          const uint4 a = reinterpret_cast<const uint4*>(wp + q * 32)[0];
+          const uint4 b = reinterpret_cast<const uint4*>(wp + q * 32)[1];
+          const uint32_t wd[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          float wf[32];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            nanacc |= nan_bits(wd[u]);
+            e4m3x4(wd[u], wf + 4 * u);
+          }
+          const float* xq = xp + q * 32 * MT;
+#pragma unroll
+          for (int l0 = 0; l0 < 8; l0 += LG) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float4 x4 = *reinterpret_cast<const float4*>(xq + (8 * j + l0) * MT);
+              const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+              for (int d = 0; d < LG; ++d)
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                  const int e = 8 * j + l0 + d;
+                  v[m][e] = __fmaf_rn(wf[e], xv[d * MT + m], v[m][e]);
+                }
+            }
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int l = 0; l < 8; ++l)
+            so[(m * 8 + l) * LP] = __fadd_rn(__fadd_rn(__fadd_rn(v[m][l], v[m][8 + l]), v[m][16 + l]), v[m][24 + l]);
       }
     }
   }
   cp_async_wait<0>();
-  if constexpr (FMT != kFp8) flush(1.0f);
-
-  // hsum over tot[l] of threads 0..7 of the row's warp, in the CPU's order.
-  const bool row_nan = __any_sync(0xffffffffu, nan);
-  float out[MT];
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    float h = tot[m] + __shfl_down_sync(0xffffffffu, tot[m], 4, 8);  // l = 0..3: tot[l] + tot[l + 4]
-    h = h + __shfl_down_sync(0xffffffffu, h, 2, 8);                  // l = 0..1: h[0] + h[2], h[1] + h[3]
-    h = h + __shfl_down_sync(0xffffffffu, h, 1, 8);                  // l = 0
-    out[m] = h + 0.0f;                                               // + the (empty) scalar tail
+  if ((nanacc & 0x80808080u) != 0) nanrow[cr] = 1;
+  __syncthreads();
+  if (folder) {
+    fold(nslab - 1);
+    // hsum over tot[l] in the CPU's order: ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)), + the empty tail.
+    float h = __fadd_rn(tot, __shfl_down_sync(0xffffffffu, tot, 4, 8));
+    h = __fadd_rn(h, __shfl_down_sync(0xffffffffu, h, 2, 8));
+    h = __fadd_rn(h, __shfl_down_sync(0xffffffffu, h, 1, 8));
+    const float out = __fadd_rn(h, 0.0f);
+    const int n = n0 + fr, mm = blockIdx.y * MT + fm;
+    if (fl == 0 && n < N && mm < M) {
+      const float o = nanrow[fr] != 0 ? __uint_as_float(0x7fc00000u) : out;
+      y[static_cast<int64_t>(mm) * N + n] = round ? round_to_bf16(o) : o;
+    }
   }
-  if (t == 0 && n0 + r < N) {
+}
+
+// ---- FP4 / BF16: the v[j][l] chains run over all of K ---------------------------------------------------
+// 16 threads per row, 8 rows per 128-thread block; thread q of a row owns two chains: BF16 elements
+// 2q, 2q + 1 of each 32-chunk ((j, l) = (q / 4, 2 (q % 4) + {0, 1})); FP4 byte q of each 16-byte chunk
+// (low nibble = element 2q: chain (q / 8, q % 8); high nibble: chain (2 + q / 8, q % 8)).
+template <int FMT, int MT>
+struct ChainCfg {
+  static constexpr int kCps = FMT == kBf16 ? 16 : 32;  // chunks per slab
+  static constexpr int kChunkBytes = FMT == kBf16 ? 64 : 16;
+  static constexpr int kThreads = 128;
+  static constexpr int kStages = MT >= 4 ? 3 : 4;
+};
+
+template <int FMT, int MT>
+__global__ void __launch_bounds__(128)
+    chain_kernel(const uint8_t* __restrict__ w, int64_t ldw, const uint8_t* __restrict__ sc, int64_t lds, int N, int K,
+                 const float* __restrict__ xt, int64_t tile_floats, float* __restrict__ y, int M, bool round) {
+  using C = ChainCfg<FMT, MT>;
+  constexpr int CPS = C::kCps, CB = C::kChunkBytes, NT = C::kThreads, ST = C::kStages;
+  constexpr int kFullPieces = CPS * CB / 16;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x;
+  const int nchunks = K / 32;
+  Stream s;
+  s.w = w, s.ldw = ldw, s.row_bytes = static_cast<int64_t>(nchunks) * CB, s.n0 = blockIdx.x * kRows, s.N = N;
+  s.slab = CPS * CB, s.rp = s.slab + 64, s.xg = 32 * MT + 4;
+  s.stage_bytes = kRows * s.rp + CPS * s.xg * 4;
+  s.xtile = xt + blockIdx.y * tile_floats, s.gps = CPS, s.ngroups = nchunks, s.nslab = (nchunks + CPS - 1) / CPS;
+  s.smem = smem, s.stages = ST;
+  const int n0 = s.n0, nslab = s.nslab, xg = s.xg;
+  uint8_t* ssm = smem + min(ST, nslab) * s.stage_bytes;  // FP4 scales [kRows][nchunks] (after the used stages)
+
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const int mm = tile * MT + m;
-      if (mm < M) {
-        float o = row_nan ? __uint_as_float(0x7fc00000u) : out[m];
-        y[static_cast<int64_t>(mm) * N + n0 + r] = round ? round_to_bf16(o) : o;
+  for (int i = 0; i < ST - 1; ++i) s.template weights<kFullPieces>(i, tid, NT);
+  if constexpr (FMT == kFp4) {
+    for (int i = tid; i < kRows * nchunks; i += NT) {
+      const int r = i / nchunks;
+      ssm[i] = sc[static_cast<int64_t>(min(n0 + r, N - 1)) * lds + (i - r * nchunks)];
+    }
+  }
+  pdl_wait();
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    s.x(i, tid, NT);
+    cp_async_commit();
+  }
+
+  const int r = tid >> 4, q = tid & 15;
+  float v0[MT], v1[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) v0[m] = v1[m] = 0.0f;
+
+  for (int i = 0; i < nslab; ++i) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();
+    s.template weights<kFullPieces>(i + ST - 1, tid, NT);
+    s.x(i + ST - 1, tid, NT);
+    cp_async_commit();
+    const uint8_t* st = smem + (i % ST) * s.stage_bytes;
+    const uint8_t* wp = st + r * s.rp;
+    const float* xs = reinterpret_cast<const float*>(st + kRows * s.rp) + 2 * q * MT;
+    const int cend = min(CPS, nchunks - i * CPS);
+#pragma unroll 4
+    for (int c = 0; c < cend; ++c) {
+      float f0, f1;
+      if constexpr (FMT == kBf16) {
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(wp + c * 64 + 4 * q);
+        f0 = __uint_as_float(u << 16);
+        f1 = __uint_as_float(u & 0xffff0000u);
+      } else {
+        const uint32_t b = wp[c * 16 + q];
+        const uint32_t e = ssm[r * nchunks + i * CPS + c];
+        const float lo = e2m1_top(b << 28), hi = e2m1_top(b << 24);  // e2m1 * 2^-126
+        if (e <= 128u) {  // one rounding of e2m1 * 2^(e-127), as the CPU's f16(e2m1) * scale
+          const float g = __uint_as_float((e + 126u) << 23);  // 2^(e-1)
+          f0 = __fmul_rn(lo, g);
+          f1 = __fmul_rn(hi, g);
+        } else {
+          const float sf = e8m0_f32(e);
+          f0 = __fmul_rn(__fmul_rn(lo, 0x1p126f), sf);
+          f1 = __fmul_rn(__fmul_rn(hi, 0x1p126f), sf);
+        }
+      }
+      float xv[2 * MT];
+      load_x2<MT>(xs + c * xg, xv);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        v0[m] = __fmaf_rn(f0, xv[m], v0[m]);
+        v1[m] = __fmaf_rn(f1, xv[MT + m], v1[m]);
       }
     }
+  }
+  cp_async_wait<0>();
+
+  const int n = n0 + r;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float out;
+    if constexpr (FMT == kBf16) {
+      // s[l] = ((v[0][l] + v[1][l]) + v[2][l]) + v[3][l]: threads q, q + 4, q + 8, q + 12; lanes q < 4 keep
+      // tot[2q] (a) and tot[2q + 1] (b); then the CPU's hsum order.
+      float a = __fadd_rn(__fadd_rn(__fadd_rn(v0[m], __shfl_down_sync(0xffffffffu, v0[m], 4, 16)),
+                                    __shfl_down_sync(0xffffffffu, v0[m], 8, 16)),
+                          __shfl_down_sync(0xffffffffu, v0[m], 12, 16));
+      float b = __fadd_rn(__fadd_rn(__fadd_rn(v1[m], __shfl_down_sync(0xffffffffu, v1[m], 4, 16)),
+                                    __shfl_down_sync(0xffffffffu, v1[m], 8, 16)),
+                          __shfl_down_sync(0xffffffffu, v1[m], 12, 16));
+      a = __fmaf_rn(a, 1.0f, 0.0f);
+      b = __fmaf_rn(b, 1.0f, 0.0f);
+      a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2, 16));  // q = 0: t0 + t4, q = 1: t2 + t6
+      b = __fadd_rn(b, __shfl_down_sync(0xffffffffu, b, 2, 16));  // q = 0: t1 + t5, q = 1: t3 + t7
+      a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1, 16));
+      b = __fadd_rn(b, __shfl_down_sync(0xffffffffu, b, 1, 16));
+      out = __fadd_rn(__fadd_rn(a, b), 0.0f);
+    } else {
+      // s[l] = ((lo_l + lo_{l+8}) + hi_l) + hi_{l+8} in threads q = l < 8, then hsum over l.
+      float t = __fadd_rn(__fadd_rn(__fadd_rn(v0[m], __shfl_down_sync(0xffffffffu, v0[m], 8, 16)), v1[m]),
+                          __shfl_down_sync(0xffffffffu, v1[m], 8, 16));
+      t = __fmaf_rn(t, 1.0f, 0.0f);
+      float h = __fadd_rn(t, __shfl_down_sync(0xffffffffu, t, 4, 16));
+      h = __fadd_rn(h, __shfl_down_sync(0xffffffffu, h, 2, 16));
+      h = __fadd_rn(h, __shfl_down_sync(0xffffffffu, h, 1, 16));
+      out = __fadd_rn(h, 0.0f);
+    }
+    const int mm = blockIdx.y * MT + m;
+    if (q == 0 && n < N && mm < M) y[static_cast<int64_t>(mm) * N + n] = round ? round_to_bf16(out) : out;
   }
 }
 
@@ -253,49 +491,69 @@ float* workspace_for(size_t bytes) {
   return ws.p;
 }
 
-int sm_count() {
+int smem_optin() {
   static const int n = [] {
     int dev = 0, v = 0;
     DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     return v;
   }();
   return n;
 }
 
-template <int FMT, int MT>
-void launch(dim3 grid, int threads, const uint8_t* w, int64_t ldw, const uint8_t* s, int64_t lds, int B, int N, int K,
-            const float* xt, float* y, int M, bool round, cudaStream_t stream) {
-  constexpr int kChunkBytes = FMT == kFp8 ? 32 : (FMT == kFp4 ? 16 : 64);
-  const int rows = threads / kLanes;
-  const int64_t scale_bytes = FMT == kFp8 ? (K + B - 1) / B : (FMT == kFp4 ? static_cast<int64_t>(rows) * (K / 32) : 0);
-  const int64_t smem = kStages * (rows * kSlab + (kSlab / kChunkBytes) * 32 * MT * 4) + scale_bytes;
-  static int optin = 0;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int dev = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    DI_CUDA_CHECK(cudaFuncSetAttribute(linear_kernel<FMT, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  });
-  DI_CHECK(smem <= optin, "cuda::linear: {} bytes of shared memory needed, {} available (K = {})", smem, optin, K);
-  linear_kernel<FMT, MT>
-      <<<grid, threads, static_cast<size_t>(smem), stream>>>(w, ldw, s, lds, B, N, K, xt, y, M, round);
+// Launches `kernel` with programmatic stream serialisation (it may start while the x pre-pass runs;
+// it waits for it with griddepcontrol.wait before reading x).
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-template <int FMT>
-void launch_mt(int MT, dim3 grid, int threads, const uint8_t* w, int64_t ldw, const uint8_t* s, int64_t lds, int B,
-               int N, int K, const float* xt, float* y, int M, bool round, cudaStream_t stream) {
-  switch (MT) {
-    case 1:
-      return launch<FMT, 1>(grid, threads, w, ldw, s, lds, B, N, K, xt, y, M, round, stream);
-    case 2:
-      return launch<FMT, 2>(grid, threads, w, ldw, s, lds, B, N, K, xt, y, M, round, stream);
-    case 4:
-      return launch<FMT, 4>(grid, threads, w, ldw, s, lds, B, N, K, xt, y, M, round, stream);
-    default:
-      return launch<FMT, 8>(grid, threads, w, ldw, s, lds, B, N, K, xt, y, M, round, stream);
-  }
+template <typename F>
+void allow_smem(F* kernel, int64_t smem, int K) {
+  const int optin = smem_optin();
+  DI_CHECK(smem <= optin, "cuda::linear: {} bytes of shared memory needed, {} available (K = {})", smem, optin, K);
+  DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+}
+
+template <int MT, bool T32>
+void launch_fp8(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, int64_t lds, int B, int N, int K,
+                const float* xt, int64_t tile_floats, float* y, int M, bool round, cudaStream_t stream) {
+  using C = Fp8Cfg<MT, T32>;
+  const int G = B / 32;
+  const int64_t T = (K + B - 1) / B, nslab = (T + C::kTps - 1) / C::kTps;
+  const int64_t stage = kRows * (C::kTps * B + 16) + C::kTps * (G * 32 * MT + 4) * 4;
+  const int64_t smem =
+      std::min<int64_t>(C::kStages, nslab) * stage + 2 * kRows * C::kRP * 4 + nslab * C::kTps * 4 + kRows * 4;
+  static std::once_flag once;
+  std::call_once(once, [&] { allow_smem(fp8_kernel<MT, T32>, smem, K); });
+  DI_CHECK(smem <= smem_optin(), "cuda::linear: {} bytes of shared memory needed (K = {}, B = {})", smem, K, B);
+  launch_pdl(fp8_kernel<MT, T32>, grid, C::kThreads, smem, stream, w, ldw, s, lds, B, N, K, xt, tile_floats, y, M,
+             round);
+}
+
+template <int FMT, int MT>
+void launch_chain(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, int64_t lds, int N, int K,
+                  const float* xt, int64_t tile_floats, float* y, int M, bool round, cudaStream_t stream) {
+  using C = ChainCfg<FMT, MT>;
+  const int64_t stage = kRows * (C::kCps * C::kChunkBytes + 64) + C::kCps * (32 * MT + 4) * 4;
+  const int64_t nslab = (K / 32 + C::kCps - 1) / C::kCps;
+  const int64_t smem =
+      std::min<int64_t>(C::kStages, nslab) * stage + (FMT == kFp4 ? (kRows * (K / 32) + 15) / 16 * 16 : 0);
+  static std::once_flag once;
+  std::call_once(once, [&] { allow_smem(chain_kernel<FMT, MT>, smem, K); });
+  DI_CHECK(smem <= smem_optin(), "cuda::linear: {} bytes of shared memory needed (K = {})", smem, K);
+  launch_pdl(chain_kernel<FMT, MT>, grid, C::kThreads, smem, stream, w, ldw, s, lds, N, K, xt, tile_floats, y, M,
+             round);
 }
 
 }  // namespace
@@ -365,10 +623,15 @@ void linear_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts&
   DI_CHECK(reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 && ldw % 16 == 0,
            "{}: the CUDA kernel needs 16-byte aligned weight rows, got {}", op, w.describe());
 
-  const int MT = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8;
+  // x rows per pass: MT <= 4 (<= 2 for E4M3 tiles above 32, whose chains keep 32 MT accumulators).
+  const int mt_max = fmt == kFp8 && B != 32 ? 2 : 4;
+  const int MT = M <= 1 ? 1 : (M <= 2 ? 2 : mt_max);
   const int64_t tiles = (M + MT - 1) / MT;
   DI_CHECK(tiles * MT < 65536, "{}: M = {} is too large for one launch", op, M);
-  float* xt = workspace_for(static_cast<size_t>(tiles * MT * K) * sizeof(float));
+  const int gk = fmt == kFp8 ? B : 32;  // x group: one E4M3 tile, else one 32-chunk
+  const int xg = gk * MT + 4;
+  const int64_t tile_floats = (K + gk - 1) / gk * xg;
+  float* xt = workspace_for(static_cast<size_t>(tiles * tile_floats) * sizeof(float));
 
   // x pre-pass: one block per (row, group).
   const bool quant = opts.act_quant_block > 0;
@@ -376,25 +639,44 @@ void linear_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts&
   const int64_t groups = (K + group - 1) / group;
   DI_CHECK(groups < (int64_t{1} << 31), "{}: too many activation groups", op);
   prep_x_kernel<<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(tiles * MT)), threads_for(group, 256), 0,
-                  stream>>>(x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), MT, group, quant,
-                            xt);
+                  stream>>>(x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), MT, gk, xg,
+                            tile_floats, group, quant, xt);
   DI_CUDA_CHECK(cudaGetLastError());
 
-  // Rows (warps) per block: 8, halved while that leaves fewer than two blocks per multiprocessor.
-  int rows = 8;
-  while (rows > 1 && ((N + rows - 1) / rows) * tiles < 2 * sm_count()) rows /= 2;
-  const dim3 grid(static_cast<unsigned>((N + rows - 1) / rows), static_cast<unsigned>(tiles));
+  const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows), static_cast<unsigned>(tiles));
   const auto* wp = static_cast<const uint8_t*>(w.raw());
   float* yp = y.data<float>();
   const int Ni = static_cast<int>(N), Ki = static_cast<int>(K), Mi = static_cast<int>(M);
-  const int threads = rows * kLanes;
-  if (fmt == kFp8)
-    launch_mt<kFp8>(MT, grid, threads, wp, ldw, s, lds, B, Ni, Ki, xt, yp, Mi, opts.round_out_bf16, stream);
-  else if (fmt == kFp4)
-    launch_mt<kFp4>(MT, grid, threads, wp, ldw, s, lds, B, Ni, Ki, xt, yp, Mi, opts.round_out_bf16, stream);
-  else
-    launch_mt<kBf16>(MT, grid, threads, wp, ldw, s, lds, B, Ni, Ki, xt, yp, Mi, opts.round_out_bf16, stream);
-  DI_CUDA_CHECK(cudaGetLastError());
+  const bool rnd = opts.round_out_bf16;
+  if (fmt == kFp8) {
+    if (B == 32) {
+      if (MT == 1)
+        launch_fp8<1, true>(grid, wp, ldw, s, lds, B, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+      else if (MT == 2)
+        launch_fp8<2, true>(grid, wp, ldw, s, lds, B, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+      else
+        launch_fp8<4, true>(grid, wp, ldw, s, lds, B, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+    } else {
+      if (MT == 1)
+        launch_fp8<1, false>(grid, wp, ldw, s, lds, B, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+      else
+        launch_fp8<2, false>(grid, wp, ldw, s, lds, B, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+    }
+  } else {
+    auto go = [&](auto fmt_c) {
+      constexpr int F = decltype(fmt_c)::value;
+      if (MT == 1)
+        launch_chain<F, 1>(grid, wp, ldw, s, lds, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+      else if (MT == 2)
+        launch_chain<F, 2>(grid, wp, ldw, s, lds, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+      else
+        launch_chain<F, 4>(grid, wp, ldw, s, lds, Ni, Ki, xt, tile_floats, yp, Mi, rnd, stream);
+    };
+    if (fmt == kFp4)
+      go(std::integral_constant<int, kFp4>{});
+    else
+      go(std::integral_constant<int, kBf16>{});
+  }
 }
 
 Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts) {

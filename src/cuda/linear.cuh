@@ -11,15 +11,20 @@
 // Known gap: an E8M0 tile scale above 2^119 (code > 246, never seen in checkpoints) takes the
 // CPU's scalar path, which this kernel does not replay (results then agree to rounding only).
 //
-// Kernel shape. One warp per weight row, 1..8 rows per thread block; thread 8j + l owns
-// accumulator v[j][l] (so it reads byte 32c + 8j + l: consecutive across the warp), the four j
-// meet through shuffles at each tile end, and lanes 0..7 hold tot[l] for the final sum. The
-// weight rows stream through shared memory in 512-byte-per-row slabs with 16-byte cp.async, four
-// stages deep, together with the matching slab of x, so the loads in flight do not depend on the
-// number of threads; the block's scales are read into shared memory once. x is quantised once (a
-// small pre-pass) into a [M/MT][K][MT] fp32 workspace, read as MT-wide vectors; a thread handles
-// MT <= 8 rows of x, larger M is tiled over MT (grid.y), re-reading the weight (from L2 when it
-// fits). Requirements: K % 32 == 0, E4M3 tile size a multiple of 32, 16-byte aligned rows.
+// Kernel shape. Every block owns 8 weight rows and streams them, with the matching x, through
+// shared memory (16-byte cp.async, 3-4 stages; rows padded so that reads are bank-conflict free).
+//  * E4M3: tiles are independent until tot, so one thread per (row, tile) computes the tile's s[l]
+//    from its whole 32-byte chunks in registers (codes decoded two per 32-bit word, as the CPU's fp16
+//    bits); the s[l] go to shared memory and 64 * MT threads (row, m, l) fold them into tot[l] in tile
+//    order, one slab behind the compute. 256 threads per block (128 for tiles above 32).
+//  * FP4 / BF16: the v[j][l] chains run over all of K, so 16 threads per row each own two chains
+//    (BF16 elements 2q, 2q + 1; FP4 byte q = both nibbles) and walk K; shuffles give s and the hsum.
+// x is quantised once (a small pre-pass) into a padded fp32 workspace, [tile of MT rows][group of
+// one E4M3 tile or 32 columns][column][MT] + 4 pad floats per group; MT <= 4 rows of x per pass (2
+// for E4M3 tiles above 32), larger M is tiled over grid.y, re-reading the weight (from L2 when it
+// fits). The GEMV is launched with programmatic dependent launch: it streams its first weight slabs
+// while the pre-pass runs and waits for it (griddepcontrol.wait) before touching x.
+// Requirements: K % 32 == 0, E4M3 tile size a multiple of 32, 16-byte aligned rows.
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,7 @@ void bind_tokenizer(pybind11::module_& m);
 void bind_encoding(pybind11::module_& m);
 void bind_parsers(pybind11::module_& m);
 void bind_engine(pybind11::module_& m);
+void bind_structured(pybind11::module_& m);
 }  // namespace deepinfer::python
 
 PYBIND11_MODULE(_deepinfer, m) {
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_deepinfer, m) {
   deepinfer::python::bind_encoding(m);
   deepinfer::python::bind_parsers(m);
   deepinfer::python::bind_engine(m);
+  deepinfer::python::bind_structured(m);
 }

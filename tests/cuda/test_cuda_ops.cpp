@@ -297,12 +297,16 @@ void test_linear() {
       {"bf16", di::DType::kBF16, 5120, 1280, 0, 0, false},
       {"bf16 rounded", di::DType::kBF16, 1280, 4096, 0, 0, true},
       {"fp8 ragged N", di::DType::kE4M3, 4160, 1000, 128, 128, false},
+      {"fp8 block 64, ragged slabs and N", di::DType::kE4M3, 2112, 333, 64, 128, true},
+      {"fp8 block 32, short K, ragged N", di::DType::kE4M3, 96, 37, 32, 0, false},
+      {"fp4 short K, ragged N", di::DType::kE2M1x2, 96, 37, 32, 0, false},
+      {"bf16 short K, ragged N", di::DType::kBF16, 96, 37, 0, 0, true},
   };
   uint32_t seed = 5000;
   for (const Case& c : cases) {
     const di::ops::QWeight wh = random_weight(c.dt, c.N, c.K, c.block, seed++);
     const di::ops::QWeight wd = to_device(wh);
-    for (int64_t M : {1, 4, 16, 64}) {
+    for (int64_t M : {1, 2, 3, 4, 16, 64}) {
       char name[200];
       std::snprintf(name, sizeof name, "linear %s %s K=%lld N=%lld B=%lld act=%lld round=%d M=%lld", c.what,
                     di::dtype_name(c.dt), static_cast<long long>(c.K), static_cast<long long>(c.N),
