@@ -25,6 +25,7 @@ Runner add_logits(CLI::App& app) {
     std::string model, ids, out, trace;
     bool decode = false;
     int chunk = 0;
+    int decode_from = 0;
     NumericsFlags num;
   };
   auto o = std::make_shared<Opts>();
@@ -37,6 +38,9 @@ Runner add_logits(CLI::App& app) {
   cmd->add_option("--trace", o->trace, "directory for routed experts / indexer picks (int32 files)");
   cmd->add_flag("--decode", o->decode, "run one token per forward through the decode path");
   cmd->add_option("--chunk", o->chunk, "chunked prefill: at most this many tokens per forward")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-from", o->decode_from,
+                  "prefill the first N tokens in one forward, then decode the rest one token per forward")
       ->check(CLI::PositiveNumber);
   o->num.add(cmd);
   return [o] {
@@ -58,8 +62,10 @@ Runner add_logits(CLI::App& app) {
     for (size_t b = 0; b < seqs.size(); ++b) states.push_back(model->new_sequence());
     size_t longest = 0;
     for (const auto& s : seqs) longest = std::max(longest, s.size());
-    const size_t step = o->decode ? 1 : (o->chunk > 0 ? static_cast<size_t>(o->chunk) : longest);
-    for (size_t i = 0; i < longest; i += step) {
+    DI_CHECK(o->decode_from == 0 || (!o->decode && o->chunk == 0), "--decode-from takes neither --decode nor --chunk");
+    const size_t chunk = o->decode ? 1 : (o->chunk > 0 ? static_cast<size_t>(o->chunk) : longest);
+    for (size_t i = 0, step = o->decode_from > 0 ? static_cast<size_t>(o->decode_from) : chunk; i < longest;
+         i += step, step = o->decode_from > 0 ? 1 : chunk) {
       std::vector<SeqChunk> batch;
       std::vector<size_t> who;
       for (size_t b = 0; b < seqs.size(); ++b) {

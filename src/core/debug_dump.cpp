@@ -32,11 +32,23 @@ static const char* force_dir() {
   return d;
 }
 
+static int64_t force_call = -1;
+
+void force_begin_forward() {
+  if (force_dir() != nullptr) ++force_call;
+}
+
 bool force(const std::string& name, int64_t layer, Tensor& t) {
   if (force_dir() == nullptr || t.dtype() != DType::kF32 || t.device() != Device::kCPU || !t.is_contiguous())
     return false;
-  std::string path = std::string(force_dir()) + "/" + name + (layer >= 0 ? ".L" + std::to_string(layer) : "") + ".f32";
+  const std::string file = name + (layer >= 0 ? ".L" + std::to_string(layer) : "") + ".f32";
+  // The forward's own folder (<dir>/<call index>/) first, then the shared one.
+  std::string path = std::string(force_dir()) + "/" + std::to_string(force_call) + "/" + file;
   FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    path = std::string(force_dir()) + "/" + file;
+    f = std::fopen(path.c_str(), "rb");
+  }
   if (f == nullptr) return false;
   std::fseek(f, 0, SEEK_END);
   const long bytes = std::ftell(f);

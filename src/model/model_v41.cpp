@@ -76,6 +76,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   std::vector<int64_t> offset;
   const std::vector<int32_t> tokens = stack_batch(batch, offset);
   const int64_t T = offset.back();  // before any bounded-replay compaction
+  force_begin_forward();
   const size_t B = batch.size();
 
   // Engram rows of every token for every engram layer, from each sequence's compressed history.

@@ -59,19 +59,32 @@ def test_layers_teacher_forced(golden, make_checkpoint, run_cli, tmp_path):
     z = np.load(golden)
     model = _checkpoint(z, make_checkpoint)
     force, dump, trace = tmp_path / "force", tmp_path / "dump", tmp_path / "trace"
-    force.mkdir()
+    (force / "0").mkdir(parents=True)
     dump.mkdir()
+    # Forward 0 is the prefill; forward i + 1 decodes tokens[i] (DEEPINFER_FORCE_DIR/<k>/ per forward).
+    S = len(z["tokens"]) if "tokens" in z.files else 0
     for key in z.files:
         name, _, layer = key.rpartition("_L")
         if name in STREAMS:
-            _f32(z[key]).tofile(force / f"{name}.L{layer}.f32")
-    ids = z["input_ids"].tolist()
+            _f32(z[key]).tofile(force / "0" / f"{name}.L{layer}.f32")
+        elif name.startswith("dec_") and name[4:] in STREAMS:
+            rows = _f32(z[key])
+            for i in range(S):
+                (force / str(i + 1)).mkdir(exist_ok=True)
+                rows[i:i + 1].tofile(force / str(i + 1) / f"{name[4:]}.L{layer}.f32")
+    prompt = z["input_ids"].tolist()
+    P = len(prompt)
+    ids = prompt + (z["tokens"].tolist() if S else [])
     env = dict(os.environ, DEEPINFER_FORCE_DIR=str(force), DEEPINFER_DUMP_DIR=str(dump))
+    # The prefill alone first (the dumps then hold its sublayer outputs), then prefill + decode steps.
+    run_cli(["logits", "--model", model, "--input-ids", ",".join(map(str, prompt)), "--out", tmp_path / "p.bin"],
+            env=env, timeout=600)
     run_cli(["logits", "--model", model, "--input-ids", ",".join(map(str, ids)), "--out", tmp_path / "l.bin",
-             "--trace", trace], env=env, timeout=600)
+             "--trace", trace, "--decode-from", str(P)], env=dict(env, DEEPINFER_DUMP_DIR=str(tmp_path / "d2")),
+            timeout=600)
+    (tmp_path / "d2").mkdir(exist_ok=True)
 
     n_layers = 1 + max(int(k.rpartition("_L")[2]) for k in z.files if k.startswith("stream_L"))
-    P = len(ids)
     for layer in range(n_layers):
         for name in STREAMS + OUTPUTS:
             key = f"{name}_L{layer}"
@@ -87,17 +100,25 @@ def test_layers_teacher_forced(golden, make_checkpoint, run_cli, tmp_path):
             # Isolated BF16 rounding flips (an FP32 summation-order difference): few rows, small.
             assert rows <= max(2, P // 4), f"{key}: {rows} of {P} rows differ"
             assert diff.max() <= 2.0**-5 * np.abs(ref).max(), f"{key}: max |delta| {diff.max():.3g}"
-    # The discrete decisions on identical input: identical.
+    # The discrete decisions on identical input: identical, in the prefill and at every decode step.
     for key in z.files:
         kind, _, layer = key.rpartition("_L")
-        if kind in ("experts", "indexer", "candidates"):
-            got = np.fromfile(trace / f"{kind}.L{layer}.i32", dtype=np.int32).reshape(z[key].shape)
-            bad = np.nonzero((got != z[key]).any(-1))[0]
-            assert bad.size == 0, f"{key}: {bad.size} positions differ, first at {bad[:5]}"
-    ours = np.fromfile(tmp_path / "l.bin", dtype=np.float32).reshape(P, -1)
+        for prefix, rows in (("", slice(0, P)), ("dec_", slice(P, P + S))):
+            if kind.startswith(prefix) and kind[len(prefix):] in ("experts", "indexer", "candidates"):
+                name = kind[len(prefix):]
+                width = z[key].shape[1]
+                got = np.fromfile(trace / f"{name}.L{layer}.i32", dtype=np.int32).reshape(-1, width)[rows]
+                bad = np.nonzero((got != z[key]).any(-1))[0]
+                assert bad.size == 0, f"{key}: {bad.size} rows differ, first at {bad[:5]}"
+    ours = np.fromfile(tmp_path / "l.bin", dtype=np.float32).reshape(len(ids), -1)
     ref = z["prefill_logits"]
-    assert np.abs(ours - ref).max() <= 2e-3 * np.abs(ref).max()
-    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+    assert np.abs(ours[:P] - ref).max() <= 2e-3 * np.abs(ref).max()
+    assert (ours[:P].argmax(-1) == ref.argmax(-1)).all()
+    if S:  # one-token decode: the same greedy tokens, logits within the same bound
+        steps = z["step_logits"]
+        got = ours[P - 1:P + S]
+        assert np.abs(got - steps).max() <= 2e-3 * np.abs(steps).max()
+        assert (got[:-1].argmax(-1) == z["tokens"]).all(), "greedy tokens differ"
 
 
 FREE_KL_MEAN = 0.8

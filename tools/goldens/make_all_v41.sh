@@ -10,10 +10,11 @@
 #   ref41_tiny_s2.npz   tiny seed 2, prompt 128 ids (seed 2), 64 greedy steps
 #   ref41_tiny_s3.npz   tiny seed 3, prompt  97 ids (seed 3), 64 greedy steps
 #   ref41_small_s1.npz  small seed 1, prompt 161 ids (seed 1), 64 greedy steps
-# then tools/goldens/ref_v41_layers.py (prefill, every sublayer's input and output, for teacher
+# then tools/goldens/ref_v41_layers.py (prefill and decode steps, every sublayer's input and output, for teacher
 # forcing; ties resolved as (score desc, index asc)):
-#   ref41layers_tiny_s1.npz   tiny seed 1, prompt 64    ref41layers_tiny_s2.npz  tiny seed 2, prompt 41
-#   ref41layers_small_s1.npz  small seed 1, prompt 40
+#   ref41layers_tiny_s1.npz   tiny seed 1, prompt 64 + 64 greedy decode steps
+#   ref41layers_tiny_s2.npz   tiny seed 2, prompt 41 + 16 steps
+#   ref41layers_small_s1.npz  small seed 1, prompt 40 + 8 steps
 # and adds / updates their entries in OUTDIR/manifest.json (other entries are left unchanged).
 # Prompt lengths: odd and even (the ratio-2 compressors' trailing partial group), all longer than
 # the window, index_topk and the candidate budget. --only NAME (repeatable) restricts the set.
@@ -71,8 +72,8 @@ for spec in "ref41_tiny_s1 tiny 1 121" "ref41_tiny_s2 tiny 2 128" "ref41_tiny_s3
 done
 
 # Layer-by-layer (teacher-forcing) goldens: prefill only, every sublayer's input and output.
-for spec in "ref41layers_tiny_s1 tiny 1 64" "ref41layers_tiny_s2 tiny 2 41" "ref41layers_small_s1 small 1 40"; do
-  read -r name preset seed n_prompt <<<"$spec"
+for spec in "ref41layers_tiny_s1 tiny 1 64 64" "ref41layers_tiny_s2 tiny 2 41 16" "ref41layers_small_s1 small 1 40 8"; do
+  read -r name preset seed n_prompt n_steps <<<"$spec"
   wanted "$name" || continue
   dir="$tmp/${preset}_s${seed}"
   gen="tools/make_checkpoint.py --family v41 --preset $preset --seed $seed"
@@ -81,7 +82,7 @@ for spec in "ref41layers_tiny_s1 tiny 1 64" "ref41layers_tiny_s2 tiny 2 41" "ref
   "$py" tools/goldens/ref_v41_layers.py --ref-dir "$ref_dir" --ckpt "$dir" \
     --ckpt-info "generator=$gen" --ckpt-info "family=v41" --ckpt-info "preset=$preset" \
     --ckpt-info "seed=$seed" --ckpt-info "dense=0" \
-    --input-ids-seed "$seed" --n-prompt "$n_prompt" --out "$out/$name.npz"
+    --input-ids-seed "$seed" --n-prompt "$n_prompt" --n-steps "$n_steps" --out "$out/$name.npz"
   made+=("$name.npz")
 done
 

@@ -10,7 +10,7 @@ its input is replaced by the reference's, so each sublayer's output is compared 
 Runs the same reference and loading as ref_v41.py (tools/goldens/ref_v41.py: the V4.1 reference
 copy in .ref/v41, the indexer-key fix of docs §2.6) with one more documented choice: torch.topk's
 order among exactly tied scores is implementation-defined (docs §6.3), so the run resolves ties as
-(score desc, index asc), the rule our engine uses, through a stable descending sort. Prefill only.
+(score desc, index asc), the rule our engine uses, through a stable descending sort. Prefill, then optionally greedy one-token decode steps (--n-steps).
 
 Saves (np.savez_compressed); P prompt length, V vocab; tensors of BF16 values are stored as their
 uint16 bit patterns (exact), stream tensors as [P, hc*dim], others [P, dim]:
@@ -24,6 +24,11 @@ uint16 bit patterns (exact), stream tensors as [P, hc*dim], others [P, dim]:
   stream_L{l}            uint16          the block output
   experts_L{l}, indexer_L{l}, candidates_L{c}  as in ref_v41.py (prefill)
   prefill_logits         float32 [P, V]
+  with --n-steps S: greedy one-token decode steps after the prefill (token = first argmax):
+  tokens                 int64 [S]
+  step_logits            float32 [S+1, V] row 0 after the prefill, row i+1 after feeding tokens[i]
+  dec_<name>_L{l}        uint16 [S, width] the same tensors as above for each decode step
+  dec_experts_L{l}, dec_indexer_L{l}, dec_candidates_L{c}   [S, ...] per decode step
   meta                   JSON string     as ref_v41.py, plus "tie_rule"
 
 Usage:
@@ -64,6 +69,7 @@ def main(argv=None):
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--input-ids-seed", type=int, required=True)
     ap.add_argument("--n-prompt", type=int, required=True)
+    ap.add_argument("--n-steps", type=int, default=0, help="greedy one-token decode steps after the prefill")
     ap.add_argument("--ckpt-info", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True)
@@ -73,8 +79,8 @@ def main(argv=None):
     torch.set_grad_enabled(False)
     ref, pil_stub = rv.import_reference(os.path.abspath(args.ref_dir))
     flat = gc.read_json(os.path.join(args.ckpt, "inference", "config.json"))
-    P = args.n_prompt
-    margs, arg_values = rv.build_args(ref, flat, max(rv.DEFAULT_MAX_SEQ_LEN, P))
+    P, S = args.n_prompt, args.n_steps
+    margs, arg_values = rv.build_args(ref, flat, max(rv.DEFAULT_MAX_SEQ_LEN, P + S))
     torch.set_default_dtype(torch.bfloat16)
     torch.manual_seed(0)
     model = ref.Transformer(margs, rv.MinimalTokenizer(os.path.join(args.ckpt, "tokenizer.json")))
@@ -85,11 +91,16 @@ def main(argv=None):
     cap = rv.Capture(ref, model, margs, fix=True)
 
     arrays = {}
+    dec = {}  # decode steps: key -> list of [1, width] rows
+    phase = ["prefill"]
     hc = margs.hc_mult
 
     def put(name, l, t):
         a = bf16_bits(t[0])
-        arrays[f"{name}_L{l}"] = a.reshape(P, -1)
+        if phase[0] == "prefill":
+            arrays[f"{name}_L{l}"] = a.reshape(P, -1)
+        else:
+            dec.setdefault(f"dec_{name}_L{l}", []).append(a.reshape(1, -1))
 
     def hook(l, in_name, out_name):
         def fn(module, inputs, output):  # returns None: the output is left unchanged
@@ -114,7 +125,14 @@ def main(argv=None):
 
     V = margs.vocab_size
     ids_np = gc.make_input_ids(args.input_ids_seed, P, V)
-    model(torch.from_numpy(ids_np).view(1, P), 0)
+    _, last, _ = model(torch.from_numpy(ids_np).view(1, P), 0)
+    step_logits = [last[0].float().numpy()]
+    phase[0] = cap.phase = "decode"  # cap keeps the prefill's all-row logits
+    tokens = []
+    for i in range(S):  # greedy (first maximum), one token per forward
+        tokens.append(int(np.argmax(step_logits[-1])))
+        _, lg, _ = model(torch.tensor([[tokens[-1]]], dtype=torch.long), P + i)
+        step_logits.append(lg[0].float().numpy())
 
     arrays["input_ids"] = ids_np
     arrays["prefill_logits"] = cap.full_logits.astype(np.float32)
@@ -128,6 +146,19 @@ def main(argv=None):
     for l in range(margs.n_layers):
         for name in ("attn_in", "attn_out", "attn_stream", "ffn_in", "ffn_out", "stream"):
             assert f"{name}_L{l}" in arrays, (name, l)
+    if S:
+        arrays["tokens"] = np.array(tokens, dtype=np.int64)
+        arrays["step_logits"] = np.stack(step_logits).astype(np.float32)
+        for key, rows in dec.items():
+            assert len(rows) == S, (key, len(rows))
+            arrays[key] = np.concatenate(rows, axis=0)
+        for l in range(margs.n_layers):
+            arrays[f"dec_experts_L{l}"] = np.concatenate(cap.experts[l][1:], axis=0).astype(np.int32)
+        for l in sorted(cap.picks):
+            arrays[f"dec_indexer_L{l}"] = np.concatenate([gc.pad_sorted(x, T) for x in cap.picks[l][1:]], axis=0)
+        for l, masks in sorted(cap.cands.items()):
+            arrays[f"dec_candidates_L{l}"] = np.concatenate(
+                [rv.kept_blocks(m, margs.candidate_block_size, margs.candidate_topk_blocks) for m in masks[1:]], axis=0)
 
     meta = {
         "kind": "ref_v41 layer-by-layer prefill golden (teacher forcing)",
@@ -144,6 +175,7 @@ def main(argv=None):
         "pil_stub": pil_stub,
         "input_ids_seed": args.input_ids_seed,
         "n_prompt": P,
+        "n_steps": S,
         "hc_mult": hc,
     }
     n = gc.save_golden(args.out, arrays, meta)
