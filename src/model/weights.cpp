@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "core/progress.h"
 #include "deepinfer/error.h"
 #include "model/weight_binder.h"
 
@@ -96,8 +97,10 @@ ModelWeights load_weights_v4(Checkpoint& ckpt, const ModelConfig& cfg) {
   w.hc_head_base = b.take("hc_head_base", {hc}, {DType::kF32});
   w.hc_head_scale = b.take("hc_head_scale", {1}, {DType::kF32});
   w.layers.reserve(cfg.n_layers);
+  ProgressBar bar("binding weights (layers)", cfg.n_layers);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     w.layers.push_back(b.layer(l));
+    bar.step();
     if (cfg.is_hash_layer(l)) check_tid2eid(w.layers.back().ffn.tid2eid, cfg, l);
   }
   reject_unused(ckpt, cfg, "V4", {"mtp."});  // MTP: the speculative module

@@ -1,6 +1,7 @@
 // Weight binding for DeepSeek-V4.1 checkpoints (docs/v4-architecture.md §1.3): sources own the
 // compressor and index-key projections, every layer has the V4.1 gate (bias, optional bias_vl),
 // engram layers add the hash table (kept in the mapping, never copied) and its projections.
+#include "core/progress.h"
 #include "deepinfer/error.h"
 #include "model/weight_binder.h"
 
@@ -109,7 +110,11 @@ ModelWeightsV41 load_weights_v41(Checkpoint& ckpt, const ModelConfig& cfg) {
   w.head = b.take("head.weight", {cfg.vocab_size, cfg.dim}, {DType::kBF16, DType::kF32});
   w.norm = b.norm_weight("norm.weight", cfg.dim);
   w.layers.reserve(cfg.n_layers);
-  for (int64_t l = 0; l < cfg.n_layers; ++l) w.layers.push_back(b.layer(l));
+  ProgressBar bar("binding weights (layers)", cfg.n_layers);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    w.layers.push_back(b.layer(l));
+    bar.step();
+  }
   // DSpark stages (mtp.*) are the speculative module; the vision tower (vision.*, aligner.*, image_*)
   // serves image inputs, which this engine does not take yet.
   reject_unused(ckpt, cfg, "V4.1", {"mtp.", "vision.", "aligner.", "image_start", "image_end", "image_newline"});
