@@ -13,8 +13,8 @@ Two kinds of comparison:
 * Free running (ref41_*): prompt + 64 greedy steps, teacher-forced on the reference's tokens,
   through our prefill and our one-token decode path. Elementwise agreement is not a meaningful
   bar: one flipped BF16 rounding (FP32 summation order, e.g. in the hc projection GEMM) feeds an
-  FP8 fake-quantisation step and spreads through these random-weight models. Measured (see
-  tools/goldens/README.md): the reference against itself with only the hc projection accumulated in
+  FP8 fake-quantisation step and spreads through these random-weight models. Measured
+  (tools/goldens/ref_v41_noise.py): the reference against itself with only the hc projection accumulated in
   FP64 differs from its golden by mean KL 0.15-0.35 and argmax agreement 0.52-0.74; we differ by
   mean KL 0.12-0.54 and argmax 0.43-0.75 (1/vocab is chance). The bounds below sit outside that
   noise while a wrong formula (a missed rounding, scale or selection rule) gives KL O(1) and argmax
