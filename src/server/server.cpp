@@ -1,5 +1,9 @@
 #include "server/server.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 #include <fmt/format.h>
 
 #include <atomic>
@@ -226,9 +230,16 @@ class Session : public std::enable_shared_from_this<Session> {
     const uint64_t gen = gen_;
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen](beast::error_code ec) {
       if (gen != self->gen_ || !self->in_request_) return;
-      beast::error_code ec2;
-      const std::size_t avail = self->stream_.socket().available(ec2);
-      if (ec || ec2 || (avail == 0 && self->buf_.size() == 0)) self->client_gone();
+      if (ec == net::error::operation_aborted) return;  // we closed the socket ourselves
+      if (!ec) {
+        // A wait can complete without the peer having done anything (the reactor's readiness is
+        // edge-triggered and may be stale): peek to tell EOF from "nothing to read".
+        char c;
+        const ssize_t r = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r > 0) return;  // the client sent more (a pipelined request): it is there
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_disconnect();
+      }
+      self->client_gone();  // EOF, reset or another socket error
     });
   }
 
