@@ -145,7 +145,7 @@ std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Ten
 Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_pos, LayerState& st,
                     const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = x.size(0), H = cfg.n_heads, D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
+  const int64_t T = x.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
   std::vector<int64_t> positions(T);
   for (int64_t i = 0; i < T; ++i) positions[i] = start_pos + i;
@@ -229,15 +229,8 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
     for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(idx.data<int32_t>()[i]);
     dump("idx", c.layer, fi);
   }
-  Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, w.attn_sink, 1.0f / std::sqrt(static_cast<float>(D)),
-                                    bf, bf);
-  // Slide the window ring forward over this chunk.
-  for (int64_t p = std::max(start_pos, start_pos + T - W); p < start_pos + T; ++p)
-    std::memcpy(st.window.slot(p), kv.data<float>() + (p - start_pos) * D, D * sizeof(float));
-
-  Tensor o2 = o.view({T, H * D});
-  dump("o", c.layer, o2);
-  return attention_output(o2, w.wo_a, w.wo_b, positions.data(), rope, c);
+  return attend_and_project(q, table, idx, kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b, positions.data(), rope,
+                            c);
 }
 
 }  // namespace deepinfer

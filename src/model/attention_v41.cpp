@@ -163,7 +163,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
                      SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const FamilyNumerics fam = family_numerics(cfg.family);
-  const int64_t T = x.size(0), H = cfg.n_heads, D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
+  const int64_t T = x.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
   LayerState& st = seq.layers[c.layer];
   std::vector<int64_t> positions(T);
@@ -246,15 +246,8 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
       row[wcols + i] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
     }
   }
-  Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, w.attn_sink, 1.0f / std::sqrt(static_cast<float>(D)),
-                                    bf, bf);
-  // Slide the window ring forward over this chunk.
-  for (int64_t p = std::max(start_pos, start_pos + T - W); p < start_pos + T; ++p)
-    std::memcpy(st.window.slot(p), kv.data<float>() + (p - start_pos) * D, D * sizeof(float));
-
-  Tensor o2 = o.view({T, H * D});
-  dump("o", c.layer, o2);
-  return attention_output(o2, w.wo_a, w.wo_b, positions.data(), rope, c);
+  return attend_and_project(q, table, idx, kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b, positions.data(), rope,
+                            c);
 }
 
 }  // namespace deepinfer

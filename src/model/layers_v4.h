@@ -25,10 +25,12 @@ Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_pos, LayerState& st,
                     const ops::RopeFreqs& rope, const LayerCtx& c);
 
-// The attention output (§2.4): conjugate RoPE at the query positions, the grouped BF16 wo_a, then
-// wo_b. o is [T, n_heads*head_dim]; modified in place.
-Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
-                        const ops::RopeFreqs& rope, const LayerCtx& c);
+// The end of both families' attention (§2.4): sparse attention of q [T, H*D] over the KV table by
+// idx with the per-head sink, the chunk's window KV kv [T, D] written into the ring, then the output:
+// conjugate RoPE at the query positions, the grouped BF16 wo_a, then wo_b. Returns [T, dim].
+Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
+                          int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
+                          const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c);
 
 // The indexer score of one query against one index key (§2.5, §2.6): per head a BF16 dot product,
 // relu, times the head's BF16 weight rounded to BF16, summed over heads and rounded to BF16 (each

@@ -1,5 +1,7 @@
 // The three linear contracts of docs/v4-architecture.md §2.1 and the attention output projection,
 // shared by the sublayers of both families.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/debug_dump.h"
@@ -15,11 +17,19 @@ Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
 }
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
 
-Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
-                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
+                          int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
+                          const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = o.size(0), H = cfg.n_heads, D = cfg.head_dim;
-  ops::apply_rope(o, D, cfg.rope_head_dim, positions, rope, true, c.num.bf16);
+  const int64_t T = q.size(0), H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const bool bf = c.num.bf16;
+  Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf)
+                 .view({T, H * D});
+  // Slide the window ring forward over this chunk.
+  for (int64_t p = std::max(start_pos, start_pos + T - W); p < start_pos + T; ++p)
+    std::memcpy(ring.slot(p), kv.data<float>() + (p - start_pos) * D, D * sizeof(float));
+  dump("o", c.layer, o);
+  ops::apply_rope(o, D, cfg.rope_head_dim, positions, rope, true, bf);
   dump("o_derot", c.layer, o);
   // wo_a is block-diagonal over groups: group g projects only its own heads' outputs.
   const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;

@@ -10,8 +10,18 @@ namespace deepinfer {
 
 std::unique_ptr<Model> Model::load(const std::string& dir) {
   const ModelConfig cfg = load_model_config(dir);
-  if (cfg.family == ModelFamily::kV41) return ModelV41::load(dir);
-  return ModelV4::load(dir);
+  if (cfg.family == ModelFamily::kV41) return ModelV41::load(dir, cfg);
+  return ModelV4::load(dir, cfg);
+}
+
+void Model::open(const std::string& dir, const ModelConfig& cfg) {
+  cpu::configure_threads();
+  cfg_ = cfg;
+  DI_CHECK(!cfg.weights_fp8 || cfg.o_lora_rank % cfg.fp8_block == 0,
+           "{}: o_lora_rank {} must be a multiple of the FP8 block {} (wo_a is split per group)", cfg.source,
+           cfg.o_lora_rank, cfg.fp8_block);
+  ckpt_ = Checkpoint::open(dir);
+  init_rope();
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const {

@@ -78,12 +78,15 @@ class Model {
   ModelConfig cfg_;
   Checkpoint ckpt_;  // owns the mappings the weights borrow
   std::vector<ops::RopeFreqs> rope_;  // per layer
+  // What every family's load does first: threads, the config checks the forward relies on, the
+  // checkpoint mapping and the RoPE tables (the weights are bound by the family).
+  void open(const std::string& dir, const ModelConfig& cfg);
   void init_rope();
 };
 
 class ModelV4 final : public Model {
  public:
-  static std::unique_ptr<ModelV4> load(const std::string& dir);
+  static std::unique_ptr<ModelV4> load(const std::string& dir, const ModelConfig& cfg);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
 
  private:
@@ -92,7 +95,7 @@ class ModelV4 final : public Model {
 
 class ModelV41 final : public Model {
  public:
-  static std::unique_ptr<ModelV41> load(const std::string& dir);
+  static std::unique_ptr<ModelV41> load(const std::string& dir, const ModelConfig& cfg);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
 
  private:

@@ -4,24 +4,16 @@
 #include <cstring>
 
 #include "core/debug_dump.h"
-#include "cpu/threads.h"
 #include "deepinfer/error.h"
 #include "model/layers_v4.h"
 
 namespace deepinfer {
 
-std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir) {
-  cpu::configure_threads();
+std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir, const ModelConfig& cfg) {
+  DI_CHECK(cfg.family == ModelFamily::kV4, "{}: not a DeepSeek-V4 config", cfg.source);
   auto m = std::unique_ptr<ModelV4>(new ModelV4());
-  m->cfg_ = load_model_config(dir);
-  const ModelConfig& cfg = m->cfg_;
-  DI_CHECK(cfg.family == ModelFamily::kV4, "{}: this build runs DeepSeek-V4 models only so far", cfg.source);
-  DI_CHECK(!cfg.weights_fp8 || cfg.o_lora_rank % cfg.fp8_block == 0,
-           "{}: o_lora_rank {} must be a multiple of the FP8 block {} (wo_a is split per group)", cfg.source,
-           cfg.o_lora_rank, cfg.fp8_block);
-  m->ckpt_ = Checkpoint::open(dir);
+  m->open(dir, cfg);
   m->w_ = load_weights_v4(m->ckpt_, cfg);
-  m->init_rope();
   return m;
 }
 

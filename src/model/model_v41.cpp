@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "core/debug_dump.h"
-#include "cpu/threads.h"
 #include "deepinfer/error.h"
 #include "model/layers_v41.h"
 
@@ -53,19 +52,12 @@ void compact_rows(const std::vector<int64_t>& drop, std::vector<int64_t>& offset
 
 }  // namespace
 
-std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir) {
-  cpu::configure_threads();
-  auto m = std::unique_ptr<ModelV41>(new ModelV41());
-  m->cfg_ = load_model_config(dir);
-  const ModelConfig& cfg = m->cfg_;
+std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir, const ModelConfig& cfg) {
   DI_CHECK(cfg.family == ModelFamily::kV41, "{}: not a DeepSeek-V4.1 config", cfg.source);
-  DI_CHECK(!cfg.weights_fp8 || cfg.o_lora_rank % cfg.fp8_block == 0,
-           "{}: o_lora_rank {} must be a multiple of the FP8 block {} (wo_a is split per group)", cfg.source,
-           cfg.o_lora_rank, cfg.fp8_block);
-  m->ckpt_ = Checkpoint::open(dir);
+  auto m = std::unique_ptr<ModelV41>(new ModelV41());
+  m->open(dir, cfg);
   m->w_ = load_weights_v41(m->ckpt_, cfg);
   m->engram_ = EngramHash::load(dir, cfg);
-  m->init_rope();
   return m;
 }
 
