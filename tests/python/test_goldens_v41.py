@@ -97,6 +97,7 @@ def test_layers_teacher_forced(golden, make_checkpoint, run_cli, tmp_path):
             if name == "ffn_out":  # the MoE on identical input: bitwise (our GEMMs keep the reference's K order)
                 assert rows == 0, f"{key}: {rows} rows differ"
                 continue
+            print(f"{golden.stem} {key}: {rows} rows differ, max |delta| {diff.max():.3g}")  # pytest -s
             # Isolated BF16 rounding flips (an FP32 summation-order difference): few rows, small.
             assert rows <= max(2, P // 4), f"{key}: {rows} of {P} rows differ"
             assert diff.max() <= 2.0**-5 * np.abs(ref).max(), f"{key}: max |delta| {diff.max():.3g}"
@@ -112,11 +113,14 @@ def test_layers_teacher_forced(golden, make_checkpoint, run_cli, tmp_path):
                 assert bad.size == 0, f"{key}: {bad.size} rows differ, first at {bad[:5]}"
     ours = np.fromfile(tmp_path / "l.bin", dtype=np.float32).reshape(len(ids), -1)
     ref = z["prefill_logits"]
+    print(f"{golden.stem} prefill logits: max |delta| {np.abs(ours[:P] - ref).max():.3g}, max |logit| "
+          f"{np.abs(ref).max():.3g}")
     assert np.abs(ours[:P] - ref).max() <= 2e-3 * np.abs(ref).max()
     assert (ours[:P].argmax(-1) == ref.argmax(-1)).all()
     if S:  # one-token decode: the same greedy tokens, logits within the same bound
         steps = z["step_logits"]
         got = ours[P - 1:P + S]
+        print(f"{golden.stem} {S} decode steps: max |delta| {np.abs(got - steps).max():.3g}")
         assert np.abs(got - steps).max() <= 2e-3 * np.abs(steps).max()
         assert (got[:-1].argmax(-1) == z["tokens"]).all(), "greedy tokens differ"
 
@@ -140,5 +144,6 @@ def test_free_running(golden, path, make_checkpoint, run_cli, tmp_path):
                            ("decode steps", z["logits"], ours[P - 1:])):
         kl = (np.exp(_log_softmax(ref)) * (_log_softmax(ref) - _log_softmax(got))).sum(-1)
         agree = (ref.argmax(-1) == got.argmax(-1)).mean()
+        print(f"{golden.stem} {path} {name}: mean KL {kl.mean():.3f}, argmax agreement {agree:.3f}")  # pytest -s
         assert kl.mean() <= FREE_KL_MEAN, f"{name}: mean KL {kl.mean():.3g}"
         assert agree >= FREE_ARGMAX_MIN, f"{name}: argmax agreement {agree:.2f}"
