@@ -105,8 +105,12 @@ void bind_structured(py::module_& m) {
            "Seconds per next_token_bitmask along ids (and EOS).")
       .def_property_readonly("stats", [](const PyGrammar& p) {
         return py::dict(py::arg("masks") = p.g->stats.masks, py::arg("cache_hits") = p.g->stats.cache_hits,
-                        py::arg("bytes_advanced") = p.g->stats.bytes_advanced);
+                        py::arg("bytes_advanced") = p.g->stats.bytes_advanced,
+                        py::arg("full_walks") = p.g->stats.full_walks, py::arg("stack_walks") = p.g->stats.stack_walks,
+                        py::arg("loop_groups") = p.g->stats.loop_groups);
       });
+  m.def("structured_clear_shared_cache", &structured::clear_shared_loop_cache,
+        "Drops the process-wide repetition-loop mask entries (benchmarks of cold starts).");
 }
 
 }  // namespace deepinfer::python

@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "deepinfer/error.h"
+#include "structured/structured.h"
 #include "tokenizer/encoding.h"
 #include "tokenizer/parsers.h"
 
@@ -411,35 +412,69 @@ class ChatBuilder : public BuilderBase {
 
 // ---- completions --------------------------------------------------------------------------------
 
+// One prompt of a completions request: its ids and, with echo, the text echoed before each choice.
+struct CompletionPrompt {
+  std::vector<int32_t> ids;
+  std::string echo;
+};
+
 class CompletionBuilder : public BuilderBase {
  public:
-  CompletionBuilder(const ServerContext& ctx, std::string id, const SamplingParams& p, bool stream, bool include_usage)
-      : BuilderBase(ctx, std::move(id), p.n, stream, p, false, false), include_usage_(include_usage) {}
+  // Choice i belongs to prompt i / n (prompt-major, as OpenAI and vLLM index them).
+  CompletionBuilder(const ServerContext& ctx, std::string id, const SamplingParams& p, bool stream, bool include_usage,
+                    std::vector<CompletionPrompt> prompts, bool echo, bool return_token_ids)
+      : BuilderBase(ctx, std::move(id), p.n * static_cast<int>(prompts.size()), stream, p, false, false),
+        include_usage_(include_usage),
+        n_(static_cast<size_t>(p.n)),
+        prompts_(std::move(prompts)),
+        echo_(echo),
+        return_ids_(return_token_ids),
+        outs_(kids_.size()),
+        prompt_lps_(prompts_.size()),
+        offsets_(kids_.size(), 0),
+        started_(kids_.size(), false) {
+    for (const auto& pr : prompts_) prompt_tokens_ += static_cast<int64_t>(pr.ids.size());
+  }
 
   std::string stream_start() override { return ""; }
+  void set_prompt_tokens(int64_t) override {}
 
   std::string on_output(const RequestOutput& out) override {
-    prompt_tokens_ = static_cast<int64_t>(out.prompt_token_ids.size());
     std::string s;
     for (const CompletionOutput& c : out.outputs) {
       const size_t i = static_cast<size_t>(c.index);
       if (i >= kids_.size()) continue;
+      const size_t k = i / n_;
+      if (!out.prompt_logprobs.empty()) prompt_lps_[k] = out.prompt_logprobs;
+      outs_[i] = c;
       Delta d = advance(kids_[i], c, holdback_);
       if (!stream_) continue;
-      const bool lp = logprobs_ >= 0 && d.tok_to > d.tok_from;
-      if (!d.content.empty() || lp || d.finished) {
+      const bool first = !started_[i];
+      started_[i] = true;
+      const bool lp = logprobs_ >= 0 && (d.tok_to > d.tok_from || (first && echo_));
+      if (!d.content.empty() || lp || d.finished || (first && (echo_ || return_ids_))) {
         OJson j = base();
         OJson fr = d.finished ? OJson(kids_[i].finish_reason) : OJson(nullptr);
-        j["choices"] = OJson::array({OJson{{"index", i},
-                                           {"text", d.content},
-                                           {"logprobs", lp ? logprobs_json(c, d.tok_from, d.tok_to) : OJson(nullptr)},
-                                           {"finish_reason", fr},
-                                           {"stop_reason", d.finished ? stop_reason_json(kids_[i]) : OJson(nullptr)}}});
+        OJson lps = nullptr;
+        if (lp) {
+          lps = empty_logprobs();
+          if (first && echo_) append_prompt_logprobs(lps, k, i);
+          append_logprobs(lps, c, d.tok_from, d.tok_to, i);
+        }
+        OJson choice = {{"index", i},
+                        {"text", (first && echo_ ? prompts_[k].echo : std::string()) + d.content},
+                        {"logprobs", lps},
+                        {"finish_reason", fr},
+                        {"stop_reason", d.finished ? stop_reason_json(kids_[i]) : OJson(nullptr)}};
+        if (return_ids_) {
+          if (first) choice["prompt_token_ids"] = ids_json(prompts_[k].ids, 0, prompts_[k].ids.size());
+          choice["token_ids"] = ids_json(c.token_ids, d.tok_from, d.tok_to);
+        }
+        j["choices"] = OJson::array({std::move(choice)});
         s += sse(j);
       }
     }
     if (out.finished) {
-      last_ = out;
       if (stream_) {
         if (include_usage_) {
           OJson j = base();
@@ -457,14 +492,24 @@ class CompletionBuilder : public BuilderBase {
     OJson j = base();
     OJson choices = OJson::array();
     for (size_t i = 0; i < kids_.size(); ++i) {
+      const size_t k = i / n_;
       OJson lp = nullptr;
-      if (logprobs_ >= 0 && i < last_.outputs.size())
-        lp = logprobs_json(last_.outputs[i], 0, last_.outputs[i].logprobs.size());
-      choices.push_back({{"index", i},
-                         {"text", kids_[i].content},
-                         {"logprobs", lp},
-                         {"finish_reason", kids_[i].finish_reason},
-                         {"stop_reason", stop_reason_json(kids_[i])}});
+      if (logprobs_ >= 0) {
+        offsets_[i] = 0;
+        lp = empty_logprobs();
+        if (echo_) append_prompt_logprobs(lp, k, i);
+        append_logprobs(lp, outs_[i], 0, outs_[i].logprobs.size(), i);
+      }
+      OJson choice = {{"index", i},
+                      {"text", (echo_ ? prompts_[k].echo : std::string()) + kids_[i].content},
+                      {"logprobs", lp},
+                      {"finish_reason", kids_[i].finish_reason},
+                      {"stop_reason", stop_reason_json(kids_[i])}};
+      if (return_ids_) {
+        choice["prompt_token_ids"] = ids_json(prompts_[k].ids, 0, prompts_[k].ids.size());
+        choice["token_ids"] = ids_json(outs_[i].token_ids, 0, outs_[i].token_ids.size());
+      }
+      choices.push_back(std::move(choice));
     }
     j["choices"] = choices;
     j["usage"] = usage();
@@ -484,22 +529,55 @@ class CompletionBuilder : public BuilderBase {
                  {"model", ctx_.served_model_name},
                  {"system_fingerprint", "deepinfer"}};
   }
-  OJson logprobs_json(const CompletionOutput& c, size_t from, size_t to) {
-    OJson tokens = OJson::array(), lps = OJson::array(), tops = OJson::array(), offs = OJson::array();
-    for (size_t i = from; i < to && i < c.logprobs.size(); ++i) {
-      const std::string t = token_text(c.logprobs[i].token);
-      tokens.push_back(t);
-      lps.push_back(c.logprobs[i].logprob);
-      OJson top = OJson::object();
-      for (const auto& [tok, lp] : c.logprobs[i].top) top[token_text(tok)] = lp;
-      tops.push_back(top);
-      offs.push_back(text_offset_);
-      text_offset_ += static_cast<int64_t>(t.size());
-    }
-    return OJson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  static OJson ids_json(const std::vector<int32_t>& ids, size_t from, size_t to) {
+    OJson a = OJson::array();
+    for (size_t t = from; t < to && t < ids.size(); ++t) a.push_back(ids[t]);
+    return a;
   }
+  static OJson empty_logprobs() {
+    return OJson{{"tokens", OJson::array()},
+                 {"token_logprobs", OJson::array()},
+                 {"top_logprobs", OJson::array()},
+                 {"text_offset", OJson::array()}};
+  }
+  void push_entry(OJson& lp, int32_t tok, OJson logprob, OJson top, size_t choice) {
+    const std::string t = token_text(tok);
+    lp["tokens"].push_back(t);
+    lp["token_logprobs"].push_back(std::move(logprob));
+    lp["top_logprobs"].push_back(std::move(top));
+    lp["text_offset"].push_back(offsets_[choice]);
+    offsets_[choice] += static_cast<int64_t>(t.size());
+  }
+  // echo: the prompt's tokens first (the first one has no logprob: nothing predicts it).
+  void append_prompt_logprobs(OJson& lp, size_t k, size_t choice) {
+    const auto& ids = prompts_[k].ids;
+    const auto& plp = prompt_lps_[k];
+    for (size_t t = 0; t < ids.size(); ++t) {
+      if (t < plp.size() && plp[t]) {
+        OJson top = OJson::object();
+        for (const auto& [tok, v] : plp[t]->top) top[token_text(tok)] = v;
+        push_entry(lp, ids[t], plp[t]->logprob, std::move(top), choice);
+      } else {
+        push_entry(lp, ids[t], nullptr, nullptr, choice);
+      }
+    }
+  }
+  void append_logprobs(OJson& lp, const CompletionOutput& c, size_t from, size_t to, size_t choice) {
+    for (size_t t = from; t < to && t < c.logprobs.size(); ++t) {
+      OJson top = OJson::object();
+      for (const auto& [tok, v] : c.logprobs[t].top) top[token_text(tok)] = v;
+      push_entry(lp, c.logprobs[t].token, c.logprobs[t].logprob, std::move(top), choice);
+    }
+  }
+
   bool include_usage_;
-  int64_t text_offset_ = 0;
+  size_t n_;
+  std::vector<CompletionPrompt> prompts_;
+  bool echo_, return_ids_;
+  std::vector<CompletionOutput> outs_;                                 // latest snapshot per choice
+  std::vector<std::vector<std::optional<TokenLogprobs>>> prompt_lps_;  // per prompt (echo + logprobs)
+  std::vector<int64_t> offsets_;                                       // text_offset per choice
+  std::vector<bool> started_;
 };
 
 // ---- Anthropic messages -------------------------------------------------------------------------
@@ -648,6 +726,44 @@ OJson map_effort(const OJson& e, ModelFamily fam, const char* field) {
   return s;
 }
 
+// tool_choice: "auto" (default) | "none" | "required" | {"type": "function", "function": {"name": f}}.
+struct ToolChoice {
+  enum Mode { kAuto, kNone, kRequired, kNamed } mode = kAuto;
+  std::string name;
+};
+
+ToolChoice parse_tool_choice(const OJson& req) {
+  ToolChoice t;
+  if (!has(req, "tool_choice")) return t;
+  const OJson& tc = req["tool_choice"];
+  if (tc.is_string()) {
+    const std::string s = tc.get<std::string>();
+    if (s == "auto") return t;
+    if (s == "none")
+      t.mode = ToolChoice::kNone;
+    else if (s == "required")
+      t.mode = ToolChoice::kRequired;
+    else
+      throw ApiError(400, fmt::format("tool_choice '{}' is not one of auto, none, required", s), "tool_choice");
+    return t;
+  }
+  if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") && tc["function"].is_object() &&
+      tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+    t.mode = ToolChoice::kNamed;
+    t.name = tc["function"]["name"].get<std::string>();
+    return t;
+  }
+  if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name") && tc["name"].is_string()) {
+    t.mode = ToolChoice::kNamed;  // the Responses API's flat spelling
+    t.name = tc["name"].get<std::string>();
+    return t;
+  }
+  throw ApiError(400,
+                 "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+                 "{\"name\": ...}}",
+                 "tool_choice");
+}
+
 // Messages of an OpenAI chat request -> the encoder's format. Throws ApiError on a malformed message.
 OJson normalize_messages(const OJson& msgs, ModelFamily fam) {
   if (!msgs.is_array()) throw ApiError(400, "field 'messages' must be a list of message objects", "messages");
@@ -731,14 +847,7 @@ std::string render_chat(const OJson& req, const ServerContext& ctx, bool thinkin
     }
     if (!req["tools"].empty()) tools = req["tools"];
   }
-  if (has(req, "tool_choice")) {
-    const OJson& tc = req["tool_choice"];
-    if (tc.is_string() && tc == "none") {
-      tools = nullptr;
-    } else if (!(tc.is_string() && tc == "auto")) {
-      throw ApiError(400, "tool_choice: only \"auto\" and \"none\" are supported", "tool_choice");
-    }
-  }
+  if (parse_tool_choice(req).mode == ToolChoice::kNone) tools = nullptr;
   if (!tools.is_null()) {
     if (messages[0]["role"] != "system" && messages[0]["role"] != "developer")
       messages.insert(messages.begin(), OJson{{"role", "system"}, {"content", ""}});
@@ -754,6 +863,53 @@ std::string render_chat(const OJson& req, const ServerContext& ctx, bool thinkin
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "messages");
   }
+}
+
+// tool_choice "required" / a named function: the output must be a DSML tool-call block of the
+// allowed tool(s), enforced by the structured-output engine (so_args type "dsml_tools", see
+// structured/dsml_tools.cpp), after the reasoning when thinking is on. A named function gets exactly
+// one call, "required" one or more (one with parallel_tool_calls: false). Call after render_chat
+// (which checked the tools' shape).
+void apply_tool_choice(const OJson& req, SamplingParams& params, const ServerContext& ctx) {
+  const ToolChoice tc = parse_tool_choice(req);
+  if (tc.mode == ToolChoice::kAuto || tc.mode == ToolChoice::kNone) return;
+  const char* what = tc.mode == ToolChoice::kRequired ? "\"required\"" : "a named function";
+  if (!has(req, "tools") || !req["tools"].is_array() || req["tools"].empty())
+    throw ApiError(400, fmt::format("tool_choice {} needs a non-empty 'tools' list", what), "tool_choice");
+  if (!params.so_args.is_null())
+    throw ApiError(400,
+                   fmt::format("tool_choice {} cannot be combined with response_format or so_args (both constrain "
+                               "the output)",
+                               what),
+                   "tool_choice");
+  bool parallel = tc.mode == ToolChoice::kRequired;
+  if (has(req, "parallel_tool_calls")) {
+    expect_type(req, "parallel_tool_calls", req["parallel_tool_calls"].is_boolean(), "a boolean");
+    parallel = parallel && req["parallel_tool_calls"].get<bool>();
+  }
+  OJson allowed = OJson::array();
+  for (const OJson& t : req["tools"]) {
+    const OJson& fn = t["function"];
+    if (tc.mode == ToolChoice::kNamed && fn["name"] != tc.name) continue;
+    OJson entry = {{"name", fn["name"]}};
+    if (fn.contains("parameters") && !fn["parameters"].is_null()) entry["parameters"] = fn["parameters"];
+    allowed.push_back(std::move(entry));
+    if (tc.mode == ToolChoice::kNamed) break;
+  }
+  if (allowed.empty())
+    throw ApiError(400, fmt::format("tool_choice names the function '{}', which is not in 'tools'", tc.name),
+                   "tool_choice");
+  const OJson value = {
+      {"tools", allowed}, {"family", ctx.family == ModelFamily::kV41 ? "v41" : "v4"}, {"parallel", parallel}};
+  nlohmann::json so = {{"type", "dsml_tools"}, {"value", dump(value)}};
+  // Compiled here as well (the engine compiles it again, cached) so a schema the grammar cannot take
+  // is a 400 before a stream starts.
+  try {
+    structured::compile_so_args(so);
+  } catch (const Error& e) {
+    throw ApiError(400, fmt::format("tools: {}", e.what()), "tools");
+  }
+  params.so_args = std::move(so);
 }
 
 bool chat_thinking(const OJson& req) {
@@ -877,24 +1033,27 @@ Job prepare_chat(const std::string& body, const ServerContext& ctx) {
   job.params = sampling_from(req);
   apply_response_format(req, job.params);
   job.prompt = tokenize(ctx, render_chat(req, ctx, thinking), false);
+  apply_tool_choice(req, job.params, ctx);
   finish_params(job.params, has(req, "max_tokens") || has(req, "max_completion_tokens"), 0, job.prompt.size(), ctx);
   job.request_id = next_id("chatcmpl-");
   job.builder = std::make_unique<ChatBuilder>(ctx, job.request_id, job.params, job.stream, include_usage, thinking);
   return job;
 }
 
+// /v1/completions (and FIM at /beta/completions). `prompt`: a string, a list of token ids, a list
+// of strings or a list of token-id lists; several prompts run as one engine request each and their
+// choices are numbered prompt-major (index = prompt * n + child). `echo` puts the prompt text (the
+// string as sent, or the ids decoded) before each choice's text, with the prompt tokens' logprobs
+// when `logprobs` is set. `best_of` must equal n (every sampled completion is returned). vLLM's
+// `return_token_ids` adds prompt_token_ids / token_ids to each choice.
 Job prepare_completion(const std::string& body, const ServerContext& ctx, bool fim) {
   OJson req = parse_body(body);
   check_model(req, ctx);
   if (!req.contains("prompt")) throw ApiError(400, "field 'prompt' is required", "prompt");
   const OJson& p = req["prompt"];
   Job job;
-  if (get_bool(req, "echo", false)) throw ApiError(400, "echo is not supported", "echo");
-  if (has(req, "best_of")) {
-    expect_type(req, "best_of", req["best_of"].is_number_integer(), "an integer");
-    if (req["best_of"].get<int64_t>() != req.value("n", 1))
-      throw ApiError(400, "best_of other than n is not supported", "best_of");
-  }
+  const bool echo = get_bool(req, "echo", false);
+  const bool return_ids = get_bool(req, "return_token_ids", false);
   std::string suffix;
   if (has(req, "suffix")) {
     expect_type(req, "suffix", req["suffix"].is_string(), "a string");
@@ -902,7 +1061,46 @@ Job prepare_completion(const std::string& body, const ServerContext& ctx, bool f
     if (!fim && !suffix.empty())
       throw ApiError(400, "suffix (fill in the middle) is served at POST /beta/completions", "suffix");
   }
+  // The prompts as sent: strings or id lists.
+  std::vector<OJson> items;
+  const char* shape =
+      "field 'prompt' must be a string, a list of token ids, a list of strings or a list of token-id lists";
   if (p.is_string()) {
+    items.push_back(p);
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    items.push_back(p);
+  } else if (p.is_array() && !p.empty()) {
+    for (const OJson& x : p) {
+      if (!x.is_string() && !x.is_array()) throw ApiError(400, shape, "prompt");
+      items.push_back(x);
+    }
+  } else {
+    throw ApiError(400, p.is_array() ? "field 'prompt' must not be an empty list" : shape, "prompt");
+  }
+  if (fim && (items.size() != 1 || !items[0].is_string()))
+    throw ApiError(400, "fill in the middle takes one text prompt (a string)", "prompt");
+  if (fim && echo) throw ApiError(400, "echo is not supported for fill in the middle", "echo");
+  bool include_usage = false;
+  job.stream = stream_flags(req, &include_usage);
+  job.params = sampling_from(req);
+  if (has(req, "best_of")) {
+    expect_type(req, "best_of", req["best_of"].is_number_integer(), "an integer");
+    const int64_t best_of = req["best_of"].get<int64_t>();
+    if (best_of != job.params.n)
+      throw ApiError(400,
+                     fmt::format("best_of must equal n ({}), got {}: this server returns every sampled completion and "
+                                 "does not rank candidates",
+                                 job.params.n, best_of),
+                     "best_of");
+  }
+  if (static_cast<int64_t>(items.size()) * job.params.n > ctx.max_n)
+    throw ApiError(400,
+                   fmt::format("{} prompts x n = {} completions is over the limit of {} per request", items.size(),
+                               static_cast<int64_t>(items.size()) * job.params.n, ctx.max_n),
+                   "prompt");
+  std::vector<CompletionPrompt> prompts;
+  for (const OJson& x : items) {
+    CompletionPrompt cp;
     if (fim) {
       const std::string b =
           "<\xef\xbd\x9c"
@@ -916,35 +1114,43 @@ Job prepare_completion(const std::string& body, const ServerContext& ctx, bool f
           "<\xef\xbd\x9c"
           "fim\xe2\x96\x81"
           "end\xef\xbd\x9c>";
-      if (!ctx.tokenizer || !ctx.tokenizer->token_to_id(b) || !ctx.tokenizer->token_to_id(h) ||
-          !ctx.tokenizer->token_to_id(e))
-        throw ApiError(400, "this model's tokenizer has no fill-in-the-middle tokens");
-      const std::string bos =
-          "<\xef\xbd\x9c"
-          "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
-      job.prompt = tokenize(ctx, bos + b + p.get<std::string>() + h + suffix + e, false);
+      auto id_of = [&](const std::string& t) -> int32_t {
+        return ctx.tokenizer ? ctx.tokenizer->token_to_id(t).value_or(-1) : -1;
+      };
+      const int32_t bid = id_of(b), hid = id_of(h), eid = id_of(e);
+      if (bid < 0 || hid < 0 || eid < 0) throw ApiError(400, "this model's tokenizer has no fill-in-the-middle tokens");
+      // <｜begin▁of▁sentence｜><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>: BOS and the markers
+      // as ids, prefix and suffix tokenized on their own (as prompt text: added-token spellings count).
+      if (ctx.tokenizer->bos_id() >= 0) cp.ids.push_back(ctx.tokenizer->bos_id());
+      cp.ids.push_back(bid);
+      for (int32_t t : tokenize(ctx, x.get<std::string>(), false)) cp.ids.push_back(t);
+      cp.ids.push_back(hid);
+      for (int32_t t : tokenize(ctx, suffix, false)) cp.ids.push_back(t);
+      cp.ids.push_back(eid);
+    } else if (x.is_string()) {
+      cp.ids = tokenize(ctx, x.get<std::string>(), true);
+      if (echo) cp.echo = x.get<std::string>();
     } else {
-      job.prompt = tokenize(ctx, p.get<std::string>(), true);
+      cp.ids = ids_from_json(x, ctx, "prompt");
+      if (echo && ctx.tokenizer) cp.echo = ctx.tokenizer->decode(cp.ids, job.params.skip_special_tokens);
     }
-  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-    job.prompt = ids_from_json(p, ctx, "prompt");
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    job.prompt = tokenize(ctx, p[0].get<std::string>(), true);
-  } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
-    job.prompt = ids_from_json(p[0], ctx, "prompt");
-  } else if (p.is_array() && p.size() > 1) {
-    throw ApiError(400, "batched prompts (a list of several prompts) are not supported: send one request per prompt",
-                   "prompt");
-  } else {
-    throw ApiError(400, "field 'prompt' must be a string, a list of token ids, or a one-element list of either",
-                   "prompt");
+    prompts.push_back(std::move(cp));
   }
-  bool include_usage = false;
-  job.stream = stream_flags(req, &include_usage);
-  job.params = sampling_from(req);
-  finish_params(job.params, has(req, "max_tokens") || has(req, "max_completion_tokens"), 16, job.prompt.size(), ctx);
+  if (echo && job.params.logprobs >= 0)
+    job.params.prompt_logprobs = std::max(job.params.prompt_logprobs, job.params.logprobs);
+  const bool max_given = has(req, "max_tokens") || has(req, "max_completion_tokens");
+  // Every prompt must fit; max_tokens is capped by the longest one's room.
+  size_t longest = 0;
+  for (const auto& cp : prompts) {
+    finish_params(job.params, max_given, 16, cp.ids.size(), ctx);
+    longest = std::max(longest, cp.ids.size());
+  }
+  finish_params(job.params, max_given, 16, longest, ctx);
   job.request_id = next_id("cmpl-");
-  job.builder = std::make_unique<CompletionBuilder>(ctx, job.request_id, job.params, job.stream, include_usage);
+  job.prompt = prompts[0].ids;
+  for (size_t k = 1; k < prompts.size(); ++k) job.more_prompts.push_back(prompts[k].ids);
+  job.builder = std::make_unique<CompletionBuilder>(ctx, job.request_id, job.params, job.stream, include_usage,
+                                                    std::move(prompts), echo, return_ids);
   return job;
 }
 
@@ -1042,12 +1248,26 @@ Job prepare_messages(const std::string& body, const ServerContext& ctx) {
     }
     if (!tools.empty()) oa["tools"] = tools;
   }
-  if (has(req, "tool_choice") && req["tool_choice"].is_object()) {
-    const std::string ty = req["tool_choice"].value("type", "auto");
-    if (ty == "none")
+  // tool_choice {"type": "auto" | "any" | "tool" (+ "name") | "none", "disable_parallel_tool_use"}.
+  if (has(req, "tool_choice")) {
+    const OJson& tc = req["tool_choice"];
+    if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string())
+      throw ApiError(400, "tool_choice: must be an object with a 'type' (auto, any, tool, none)", "tool_choice");
+    const std::string ty = tc["type"].get<std::string>();
+    if (ty == "none") {
       oa.erase("tools");
-    else if (ty != "auto")
-      throw ApiError(400, "tool_choice: only auto and none are supported", "tool_choice");
+    } else if (ty == "any") {
+      oa["tool_choice"] = "required";
+    } else if (ty == "tool") {
+      if (!tc.contains("name") || !tc["name"].is_string())
+        throw ApiError(400, "tool_choice: type 'tool' needs a string 'name'", "tool_choice");
+      oa["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
+    } else if (ty != "auto") {
+      throw ApiError(400, fmt::format("tool_choice.type: '{}' is not one of auto, any, tool, none", ty), "tool_choice");
+    }
+    if (tc.contains("disable_parallel_tool_use") && tc["disable_parallel_tool_use"].is_boolean() &&
+        tc["disable_parallel_tool_use"].get<bool>())
+      oa["parallel_tool_calls"] = false;
   }
   if (has(req, "thinking")) oa["thinking"] = req["thinking"];
   if (has(req, "output_config") && req["output_config"].is_object() && req["output_config"].contains("effort"))
@@ -1062,6 +1282,7 @@ Job prepare_messages(const std::string& body, const ServerContext& ctx) {
   job.stream = get_bool(req, "stream", false);
   job.params = sampling_from(sp);
   job.prompt = tokenize(ctx, render_chat(oa, ctx, thinking), false);
+  apply_tool_choice(oa, job.params, ctx);
   finish_params(job.params, true, 0, job.prompt.size(), ctx);
   job.request_id = next_id("msg_");
   job.builder = std::make_unique<MessagesBuilder>(ctx, job.request_id, job.params, job.stream, thinking);

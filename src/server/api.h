@@ -67,6 +67,9 @@ class ResponseBuilder {
 struct Job {
   std::string request_id;
   std::vector<int32_t> prompt;
+  // /v1/completions with several prompts: prompts 1.. (prompt 0 is `prompt`). Each runs as its own
+  // engine request (`request_id`-k); the builder numbers choice j of prompt k as k * n + j.
+  std::vector<std::vector<int32_t>> more_prompts;
   SamplingParams params;
   bool stream = false;
   std::unique_ptr<ResponseBuilder> builder;

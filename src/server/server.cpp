@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -208,6 +209,20 @@ class Session : public std::enable_shared_from_this<Session> {
     streaming_ = job.stream;
     in_request_ = true;
     ++gen_;
+    // One engine request per prompt (several only for /v1/completions with a list of prompts).
+    // Submitted before anything is written, so a client that has seen the stream start also sees
+    // its request counted in flight; outputs are posted to this strand and handled after we return.
+    sub_ids_.assign(1, request_id_);
+    for (size_t k = 1; k <= job.more_prompts.size(); ++k) sub_ids_.push_back(fmt::format("{}-{}", request_id_, k));
+    sub_done_.assign(sub_ids_.size(), false);
+    sub_n_ = job.params.n;
+    auto self = shared_from_this();
+    auto cb = [self](const RequestOutput& out) {
+      net::post(self->stream_.get_executor(), [self, out] { self->on_engine_output(out); });
+    };
+    for (size_t k = 1; k < sub_ids_.size(); ++k)
+      sh_.engine->submit(sub_ids_[k], std::move(job.more_prompts[k - 1]), job.params, cb);
+    sh_.engine->submit(request_id_, std::move(job.prompt), std::move(job.params), cb);
     if (streaming_) {
       sh_.metrics->count_http(route_name_, 200);
       std::string head =
@@ -219,10 +234,11 @@ class Session : public std::enable_shared_from_this<Session> {
       do_write();
     }
     watch_disconnect();
-    auto self = shared_from_this();
-    sh_.engine->submit(request_id_, std::move(job.prompt), std::move(job.params), [self](const RequestOutput& out) {
-      net::post(self->stream_.get_executor(), [self, out] { self->on_engine_output(out); });
-    });
+  }
+
+  void abort_all() {
+    for (size_t k = 0; k < sub_ids_.size(); ++k)
+      if (!sub_done_[k]) sh_.engine->abort(sub_ids_[k]);
   }
 
   // Notices a client that closes its connection while we generate (it sends nothing meanwhile).
@@ -246,7 +262,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void client_gone() {
     if (!in_request_) return;
     log_info("serve: client of {} went away; aborting it", request_id_);
-    sh_.engine->abort(request_id_);
+    abort_all();
     end_request();
     keep_alive_ = false;
     beast::error_code ec;
@@ -262,9 +278,24 @@ class Session : public std::enable_shared_from_this<Session> {
     --sh_.active;
   }
 
-  void on_engine_output(const RequestOutput& out) {
-    if (!in_request_ || out.request_id != request_id_) return;  // a late output of an ended request
+  void on_engine_output(const RequestOutput& sub) {
+    if (!in_request_) return;  // a late output of an ended request
+    size_t k = 0;
+    while (k < sub_ids_.size() && sub_ids_[k] != sub.request_id) ++k;
+    if (k == sub_ids_.size()) return;
+    sub_done_[k] = sub.finished;
+    RequestOutput merged;
+    const RequestOutput* outp = &sub;
+    if (sub_ids_.size() > 1) {  // prompt k's children are choices k * n ..
+      merged = sub;
+      merged.request_id = request_id_;
+      for (CompletionOutput& c : merged.outputs) c.index += static_cast<int>(k) * sub_n_;
+      merged.finished = std::all_of(sub_done_.begin(), sub_done_.end(), [](bool d) { return d; });
+      outp = &merged;
+    }
+    const RequestOutput& out = *outp;
     if (out.error) {
+      abort_all();
       const bool internal = out.error->rfind("engine step failed", 0) == 0;
       if (streaming_) {
         push_chunk(builder_->stream_error(*out.error));
@@ -279,7 +310,7 @@ class Session : public std::enable_shared_from_this<Session> {
       s = builder_->on_output(out);
     } catch (const std::exception& e) {
       log_warn("serve: {}: {}", request_id_, e.what());
-      sh_.engine->abort(request_id_);
+      abort_all();
       if (streaming_) {
         push_chunk(builder_->stream_error(e.what()));
         return finish_stream();
@@ -414,6 +445,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // The generation in flight.
   std::string request_id_;
   std::unique_ptr<ResponseBuilder> builder_;
+  std::vector<std::string> sub_ids_;  // its engine requests (one per prompt)
+  std::vector<bool> sub_done_;
+  int sub_n_ = 1;
   bool streaming_ = false;
   bool in_request_ = false;
   uint64_t gen_ = 0;

@@ -85,6 +85,7 @@ class Lowering {
   using Seq = std::vector<Grammar::Elem>;
   Lowering(const GrammarBuilder& b, const GrammarLimits& lim) : b_(b), lim_(lim) {
     rules_.resize(static_cast<size_t>(b.num_rules()));
+    loops_.resize(rules_.size());
     for (int32_t i = 0; i < b.num_rules(); ++i) names_.push_back(b.name(i));
   }
 
@@ -109,6 +110,7 @@ class Lowering {
     g.root = root;
     g.sets = std::move(sets_);
     g.names = std::move(names_);
+    g.loops = std::move(loops_);
     g.alts.resize(rules_.size());
     for (size_t r = 0; r < rules_.size(); ++r)
       for (const Seq& s : rules_[r]) {
@@ -122,10 +124,16 @@ class Lowering {
   }
 
  private:
+  int32_t empty_rule() {
+    if (empty_ < 0) empty_ = new_rule("empty");  // ::= ""
+    if (rules_[static_cast<size_t>(empty_)].empty()) rules_[static_cast<size_t>(empty_)].push_back(Seq{});
+    return empty_;
+  }
   int32_t new_rule(const std::string& base) {
     DI_CHECK(static_cast<int64_t>(rules_.size()) < lim_.max_rules, "grammar: too many rules (limit {})",
              lim_.max_rules);
     rules_.emplace_back();
+    loops_.emplace_back();
     names_.push_back(base + "_" + std::to_string(rules_.size() - 1));
     return static_cast<int32_t>(rules_.size() - 1);
   }
@@ -248,25 +256,42 @@ class Lowering {
         if (e.min == 1 && e.max == 1) return lower(e.items[0], out);
         if (e.max == 0) return;
         const Grammar::Elem item = as_elem(e.items[0]);
-        count(e.min);
-        for (int64_t i = 0; i < e.min; ++i) out.push_back(item);
+        // The item of a loop rule must not be a tail call (its return frame identifies the loop
+        // position to the token matcher), so a chain's last rule ends with a shared empty rule.
+        auto last = [&]() {
+          if (item.kind == Grammar::Kind::kTerm) return Seq{item};
+          return Seq{item, rule_elem(empty_rule())};
+        };
+        int32_t next = -1;  // the rule after the mandatory part
+        int64_t opt_budget = 0;
         if (e.max < 0) {  // R ::= item R | ""
-          const int32_t r = new_rule("star");
-          rules_[static_cast<size_t>(r)] = {Seq{item, rule_elem(r)}, Seq{}};
+          next = new_rule("star");
+          rules_[static_cast<size_t>(next)] = {Seq{item, rule_elem(next)}, Seq{}};
+          loops_[static_cast<size_t>(next)] = {-1, 0};
           count(3);
-          out.push_back(rule_elem(r));
+          opt_budget = -1;
         } else if (e.max > e.min) {  // R_1 ::= item | "", R_k ::= item R_{k-1} | ""
-          int32_t prev = -1;
           for (int64_t k = 1; k <= e.max - e.min; ++k) {
             const int32_t r = new_rule("rep");
-            Seq s{item};
-            if (prev >= 0) s.push_back(rule_elem(prev));
+            Seq s = next >= 0 ? Seq{item, rule_elem(next)} : last();
             rules_[static_cast<size_t>(r)] = {std::move(s), Seq{}};
+            loops_[static_cast<size_t>(r)] = {static_cast<int32_t>(k), 0};
             count(3);
-            prev = r;
+            next = r;
           }
-          out.push_back(rule_elem(prev));
+          opt_budget = e.max - e.min;
         }
+        // M_k ::= item M_{k-1}, M_0 = the optional part (k = 1..min).
+        for (int64_t k = 1; k <= e.min; ++k) {
+          const int32_t r = new_rule("req");
+          Seq s = next >= 0 ? Seq{item, rule_elem(next)} : last();
+          rules_[static_cast<size_t>(r)] = {std::move(s)};
+          loops_[static_cast<size_t>(r)] = {opt_budget < 0 ? -1 : static_cast<int32_t>(k + opt_budget),
+                                            static_cast<int32_t>(k)};
+          count(3);
+          next = r;
+        }
+        out.push_back(rule_elem(next));
         return;
       }
     }
@@ -275,6 +300,8 @@ class Lowering {
   const GrammarBuilder& b_;
   const GrammarLimits& lim_;
   std::vector<std::vector<Seq>> rules_;
+  std::vector<Grammar::Loop> loops_;
+  int32_t empty_ = -1;
   std::vector<std::string> names_;
   std::vector<ByteSet> sets_;
   std::unordered_map<ByteSet, int32_t, SetHash> set_index_;

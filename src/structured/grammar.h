@@ -3,8 +3,10 @@
 // rules of alternatives, each a sequence of elements ending in kEnd, where an element is a byte set
 // (a terminal: one byte out of a 256-bit set) or a reference to a rule. Unicode character classes
 // become alternatives of UTF-8 byte-range sequences, quantifiers become helper rules (X* -> R ::= X R
-// | "", X{m,n} -> m copies then a chain of optional tails), so the matcher (matcher.h) only ever sees
-// bytes and rule references.
+// | "", X{m,n} -> a chain of m mandatory rules M_k ::= X M_{k-1} then n-m optional ones R_j ::= X
+// R_{j-1} | ""), so the matcher (matcher.h) only ever sees bytes and rule references. Each such rule
+// records its remaining budget (Grammar::loops), which the token matcher uses to share one mask
+// computation over every position of a repetition.
 //
 // Limits (GrammarLimits) bound compile time and memory: repetition counts, total elements, rules.
 // Left recursion (a rule reaching itself before consuming a byte with something left to match after
@@ -78,6 +80,14 @@ struct Grammar {
   std::vector<std::vector<int32_t>> alts;  // per rule: positions in elems where its alternatives start
   std::vector<ByteSet> sets;
   std::vector<std::string> names;          // per rule
+  // Repetition loops (token_matcher.cpp uses them for its shared per-item masks). A rule made by the
+  // lowering of X{m,n} / X* has alternative 0 = [item, next rule] (or [item] / [item, empty rule] at
+  // the chain's end) and, when it may stop here, alternative 1 = "": budget = items it may still
+  // match (-1 unbounded), min_rem = items it must still match. budget 0 = not a loop rule.
+  struct Loop {
+    int32_t budget = 0, min_rem = 0;
+  };
+  std::vector<Loop> loops;  // per rule
   int32_t root = 0;
   // Readable dump (GBNF-like) for tests and debugging.
   std::string to_string() const;

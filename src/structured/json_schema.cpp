@@ -124,8 +124,10 @@ class SchemaCompiler {
       for (const char* n : {"json_value", "json_object", "json_array", "json_string", "json_number", "json_char"})
         any_[n] = b_.add_rule(n);
       const Expr hex = Expr::cls({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
+      std::vector<CodeRange> plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+      if (opt_.no_fullwidth_bar) plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0xFF5B}, {0xFF5D, 0x10FFFF}};
       b_.define(any_["json_char"],
-                Expr::alt({Expr::cls({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}}),
+                Expr::alt({Expr::cls(plain),
                            Expr::seq({Expr::literal("\\"),
                                       Expr::alt({Expr::cls({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'}, {'f', 'f'},
                                                             {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
@@ -557,6 +559,12 @@ Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonOpti
   SchemaCompiler c(schema, opt, b);
   const int32_t root = c.compile_root();
   return b.build(root);
+}
+
+Expr json_schema_expr(const nlohmann::ordered_json& root, const nlohmann::ordered_json& schema, GrammarBuilder& b,
+                      const JsonOptions& opt, const std::string& path) {
+  SchemaCompiler c(root, opt, b);
+  return c.schema(schema, path);
 }
 
 Grammar json_object_grammar(const JsonOptions& opt, GrammarLimits limits) {

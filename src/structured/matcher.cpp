@@ -62,6 +62,24 @@ MatchState PdaMatcher::initial() {
   return s;
 }
 
+MatchState PdaMatcher::state_of_node(int32_t n) {
+  MatchState s;
+  ++epoch_;
+  closure(n, s);
+  std::sort(s.stacks.begin(), s.stacks.end());
+  s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
+  return s;
+}
+
+MatchState PdaMatcher::state_of_rule(int32_t rule) {
+  MatchState s;
+  ++epoch_;
+  for (int32_t a : g_->alts[static_cast<size_t>(rule)]) closure(node(a, -1), s);
+  std::sort(s.stacks.begin(), s.stacks.end());
+  s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
+  return s;
+}
+
 bool PdaMatcher::advance(const MatchState& s, uint8_t b, MatchState& out) {
   out.stacks.clear();
   out.accepting = false;

@@ -45,6 +45,17 @@ class PdaMatcher {
   bool matches(std::string_view text);
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
 
+  // Stack nodes (for the token matcher's decomposition of a state into its stacks): the node of
+  // (position, parent) (parent -1 = the bottom), its fields, and the state reached from one node
+  // (its closure: the stacks it expands to, accepting when it pops past the bottom).
+  int32_t make_node(int32_t pos, int32_t parent) { return node(pos, parent); }
+  int32_t node_pos(int32_t n) const { return nodes_[static_cast<size_t>(n)].pos; }
+  int32_t node_parent(int32_t n) const { return nodes_[static_cast<size_t>(n)].parent; }
+  int32_t node_depth(int32_t n) const { return nodes_[static_cast<size_t>(n)].depth; }
+  MatchState state_of_node(int32_t n);
+  // The state at the start of `rule` with an empty stack below it (accepting = the rule matched).
+  MatchState state_of_rule(int32_t rule);
+
  private:
   struct Node {
     int32_t pos, parent, depth;

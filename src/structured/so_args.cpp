@@ -10,7 +10,7 @@ StructuredSpec compile_so_args(const nlohmann::json& so) {
     DI_CHECK(k == "type" || k == "value" || k == "whitespace" || k == "after_think",
              "so_args: unknown key '{}' (expected type, value, whitespace, after_think)", k);
   DI_CHECK(so.contains("type") && so["type"].is_string(),
-           "so_args: 'type' must be one of json_schema, regex, ebnf, json_object, choice");
+           "so_args: 'type' must be one of json_schema, regex, ebnf, json_object, choice, dsml_tools");
   const std::string type = so["type"].get<std::string>();
   JsonOptions opt;
   if (so.contains("whitespace")) {
@@ -52,8 +52,33 @@ StructuredSpec compile_so_args(const nlohmann::json& so) {
       c.push_back(x.get<std::string>());
     }
     g = choice_grammar(c);
+  } else if (type == "dsml_tools") {
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(value.dump());
+    if (value.is_string()) {
+      try {
+        v = nlohmann::ordered_json::parse(value.get<std::string>());
+      } catch (const nlohmann::ordered_json::exception& e) {
+        fail("so_args: the dsml_tools value is not valid JSON: {}", e.what());
+      }
+    }
+    DI_CHECK(v.is_object(),
+             "so_args: dsml_tools 'value' must be {{\"tools\": [...], \"family\": ..., \"parallel\": ...}}");
+    for (auto& [k, x] : v.items())
+      DI_CHECK(k == "tools" || k == "family" || k == "parallel",
+               "so_args: dsml_tools: unknown key '{}' (expected tools, family, parallel)", k);
+    DsmlToolsOptions o;
+    if (v.contains("family")) {
+      DI_CHECK(v["family"] == "v4" || v["family"] == "v41", "so_args: dsml_tools 'family' must be \"v4\" or \"v41\"");
+      o.v41 = v["family"] == "v41";
+    }
+    if (v.contains("parallel")) {
+      DI_CHECK(v["parallel"].is_boolean(), "so_args: dsml_tools 'parallel' must be a boolean");
+      o.parallel = v["parallel"].get<bool>();
+    }
+    if (so.contains("whitespace")) o.flexible_json = opt.flexible_whitespace;
+    g = dsml_tools_grammar(v.contains("tools") ? v["tools"] : nlohmann::ordered_json(), o);
   } else {
-    fail("so_args: unknown type '{}' (expected json_schema, regex, ebnf, json_object, choice)", type);
+    fail("so_args: unknown type '{}' (expected json_schema, regex, ebnf, json_object, choice, dsml_tools)", type);
   }
   spec.grammar = std::make_shared<const Grammar>(std::move(g));
   return spec;

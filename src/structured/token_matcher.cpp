@@ -1,15 +1,211 @@
 #include "structured/token_matcher.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
 #include <numeric>
+#include <string_view>
 
 #include "deepinfer/error.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer::structured {
 
+namespace {
+std::atomic<uint64_t> g_vocab_serial{1};
+constexpr size_t kWidth = 64;       // stacks per walk state for the decomposition to be exact
+constexpr size_t kMaxGroupStacks = 32;  // kWidth * 2 * this <= PdaMatcher::kMaxStacks
+void set_bit(std::vector<uint32_t>& m, int32_t id) { m[static_cast<size_t>(id) >> 5] |= uint32_t{1} << (id & 31); }
+void or_into(std::vector<uint32_t>& out, const std::vector<uint32_t>& b) {
+  for (size_t i = 0; i < out.size(); ++i) out[i] |= b[i];
+}
+}  // namespace
+
+// The walk of one repetition item X over the vocabulary (see token_matcher.h).
+struct LoopEntry {
+  bool usable = false;
+  ByteSet first;  // bytes that can start an item
+  int32_t max_rel_depth = 0;
+  int32_t max_n = 0;
+  std::vector<uint32_t> full_all;  // tokens made of items only (the last may be partial)
+  std::vector<int32_t> by_n;       // those tokens by the number of items they start
+  std::vector<int32_t> n_start;    // by_n[n_start[k], n_start[k + 1]) start k items
+  struct Exit {
+    int32_t id;
+    uint16_t n, off;  // n whole items, then byte `off` cannot start an item
+  };
+  std::vector<Exit> exits;                   // by the byte at off
+  std::array<int32_t, 257> exit_start{};     // exits of byte b: [exit_start[b], exit_start[b + 1])
+};
+
+namespace {
+class EntryBuilder {
+ public:
+  EntryBuilder(PdaMatcher& pda, const TokenVocab& v, Grammar::Elem item, LoopEntry& e) : pda_(pda), v_(v), e_(e) {
+    const Grammar& g = pda.grammar();
+    full_n_.assign(static_cast<size_t>(v.size()), 0);
+    if (item.kind == Grammar::Kind::kTerm) {
+      term_ = true;
+      set_ = g.sets[static_cast<size_t>(item.arg)];
+      e.first = set_;
+    } else {
+      MatchState start = pda.state_of_rule(item.arg);
+      if (start.accepting || start.stacks.empty() || start.stacks.size() > kWidth) {
+        bad_ = true;
+        return;
+      }
+      e.first = pda.next_bytes(start);
+      intern(start);
+    }
+  }
+  void run() {
+    if (bad_) return;
+    const int32_t n = static_cast<int32_t>(v_.trie_byte.size());
+    visit(0, n, 0, 0, true, 0);
+    if (bad_) return;
+    LoopEntry& e = e_;
+    e.full_all.assign(static_cast<size_t>(v_.mask_words()), 0);
+    e.max_n = 0;
+    for (uint16_t k : full_n_) e.max_n = std::max<int32_t>(e.max_n, k);
+    e.n_start.assign(static_cast<size_t>(e.max_n) + 2, 0);
+    for (int32_t id = 0; id < v_.size(); ++id)
+      if (full_n_[static_cast<size_t>(id)]) ++e.n_start[full_n_[static_cast<size_t>(id)] + 1u];
+    for (size_t k = 1; k < e.n_start.size(); ++k) e.n_start[k] += e.n_start[k - 1];
+    e.by_n.assign(static_cast<size_t>(e.n_start.back()), 0);
+    std::vector<int32_t> fill(e.n_start.begin(), e.n_start.end() - 1);
+    for (int32_t id = 0; id < v_.size(); ++id) {
+      const uint16_t k = full_n_[static_cast<size_t>(id)];
+      if (!k) continue;
+      e.by_n[static_cast<size_t>(fill[k]++)] = id;
+      set_bit(e.full_all, id);
+    }
+    std::stable_sort(e.exits.begin(), e.exits.end(), [&](const LoopEntry::Exit& a, const LoopEntry::Exit& b) {
+      return static_cast<uint8_t>(v_.bytes(a.id)[a.off]) < static_cast<uint8_t>(v_.bytes(b.id)[b.off]);
+    });
+    e.exit_start.fill(0);
+    for (const LoopEntry::Exit& x : e.exits) ++e.exit_start[static_cast<uint8_t>(v_.bytes(x.id)[x.off]) + 1u];
+    for (size_t b = 1; b < 257; ++b) e.exit_start[b] += e.exit_start[b - 1];
+    e.usable = true;
+  }
+
+ private:
+  static constexpr int32_t kDead = -1, kDone = -3;
+  int32_t intern(const MatchState& s) {
+    auto [it, fresh] = ids_.try_emplace(s.stacks, static_cast<int32_t>(states_.size()));
+    if (fresh) {
+      if (states_.size() >= 4096) bad_ = true;
+      states_.push_back(s);
+      trans_.resize(states_.size() * 256, -2);
+      for (int32_t n : s.stacks) e_.max_rel_depth = std::max(e_.max_rel_depth, pda_.node_depth(n));
+    }
+    return it->second;
+  }
+  int32_t step(int32_t sid, uint8_t b) {
+    if (term_) return set_.test(b) ? kDone : kDead;
+    const size_t k = static_cast<size_t>(sid) * 256 + b;
+    if (trans_[k] != -2) return trans_[k];
+    MatchState nx;
+    int32_t r;
+    if (!pda_.advance(states_[static_cast<size_t>(sid)], b, nx)) {
+      r = kDead;
+    } else if (nx.accepting) {
+      if (!nx.stacks.empty()) bad_ = true;  // the item may end or go on: boundaries are ambiguous
+      r = kDone;
+    } else {
+      if (nx.stacks.size() > kWidth) bad_ = true;
+      r = intern(nx);
+    }
+    trans_[k] = r;  // (intern may have resized trans_)
+    return r;
+  }
+  void add_tokens(int32_t c, uint16_t n) {
+    for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(c)]; k < v_.trie_tok_end[static_cast<size_t>(c)]; ++k)
+      full_n_[static_cast<size_t>(v_.trie_ids[static_cast<size_t>(k)])] = n;
+  }
+  // Children of a trie range at byte offset d; sid = the item state (0 = an item starts here when
+  // `boundary`), n = whole items so far.
+  void visit(int32_t lo, int32_t hi, int32_t sid, uint16_t n, bool boundary, uint16_t d) {
+    for (int32_t c = lo; c < hi && !bad_; c = v_.trie_end[static_cast<size_t>(c)]) {
+      const int32_t r = step(boundary ? 0 : sid, v_.trie_byte[static_cast<size_t>(c)]);
+      if (bad_) return;
+      const int32_t end = v_.trie_end[static_cast<size_t>(c)];
+      if (r == kDead) {
+        if (boundary && n > 0)  // every token below leaves the loop after n items at byte d
+          for (int32_t x = c; x < end; ++x)
+            for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(x)]; k < v_.trie_tok_end[static_cast<size_t>(x)]; ++k)
+              e_.exits.push_back({v_.trie_ids[static_cast<size_t>(k)], n, d});
+        continue;
+      }
+      add_tokens(c, static_cast<uint16_t>(n + 1));
+      if (c + 1 < end) {
+        if (r == kDone)
+          visit(c + 1, end, 0, static_cast<uint16_t>(n + 1), true, static_cast<uint16_t>(d + 1));
+        else
+          visit(c + 1, end, r, n, false, static_cast<uint16_t>(d + 1));
+      }
+    }
+  }
+
+  PdaMatcher& pda_;
+  const TokenVocab& v_;
+  LoopEntry& e_;
+  bool term_ = false, bad_ = false;
+  ByteSet set_;
+  std::vector<MatchState> states_;
+  std::map<std::vector<int32_t>, int32_t> ids_;
+  std::vector<int32_t> trans_;
+  std::vector<uint16_t> full_n_;
+};
+
+// X's structure (the rules it reaches, renumbered in visit order): equal keys behave the same.
+std::string item_structure(const Grammar& g, Grammar::Elem item) {
+  std::string k;
+  auto put_set = [&](int32_t s) {
+    k.append(reinterpret_cast<const char*>(g.sets[static_cast<size_t>(s)].w), sizeof(ByteSet::w));
+  };
+  if (item.kind == Grammar::Kind::kTerm) {
+    k = "T";
+    put_set(item.arg);
+    return k;
+  }
+  std::vector<int32_t> order{item.arg};
+  std::unordered_map<int32_t, int32_t> local{{item.arg, 0}};
+  for (size_t i = 0; i < order.size(); ++i) {
+    k += 'R';
+    for (int32_t a : g.alts[static_cast<size_t>(order[i])]) {
+      k += 'A';
+      for (int32_t p = a; g.elems[static_cast<size_t>(p)].kind != Grammar::Kind::kEnd; ++p) {
+        const Grammar::Elem& e = g.elems[static_cast<size_t>(p)];
+        if (e.kind == Grammar::Kind::kTerm) {
+          k += 't';
+          put_set(e.arg);
+        } else {
+          auto [it, fresh] = local.try_emplace(e.arg, static_cast<int32_t>(order.size()));
+          if (fresh) order.push_back(e.arg);
+          k += 'r';
+          k.append(reinterpret_cast<const char*>(&it->second), 4);
+        }
+      }
+      if (k.size() > (size_t{1} << 16)) return "";  // too large to share
+    }
+  }
+  return k;
+}
+
+std::mutex g_loop_mu;
+std::unordered_map<std::string, std::shared_ptr<const LoopEntry>> g_loop_cache;
+}  // namespace
+
+void clear_shared_loop_cache() {
+  std::lock_guard<std::mutex> lock(g_loop_mu);
+  g_loop_cache.clear();
+}
+
 TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_t>& special_ids, int32_t eos_id)
     : bytes_(std::move(tokens)), special_(bytes_.size(), false), eos_id_(eos_id) {
+  serial = g_vocab_serial.fetch_add(1);
   for (int32_t id : special_ids)
     if (id >= 0 && id < size()) special_[static_cast<size_t>(id)] = true;
   if (eos_id_ >= size()) eos_id_ = -1;
@@ -19,15 +215,33 @@ TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_
     return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)];
   });
   lcp.assign(sorted.size(), 0);
+  std::vector<int32_t> path;  // trie nodes of the previous token's bytes
   for (size_t i = 0; i < sorted.size(); ++i) {
     const std::string& t = bytes_[static_cast<size_t>(sorted[i])];
     max_len = std::max(max_len, t.size());
-    if (i == 0) continue;
-    const std::string& p = bytes_[static_cast<size_t>(sorted[i - 1])];
     size_t k = 0;
-    while (k < t.size() && k < p.size() && t[k] == p[k]) ++k;
-    lcp[i] = static_cast<uint16_t>(std::min<size_t>(k, 65535));
+    if (i > 0) {
+      const std::string& p = bytes_[static_cast<size_t>(sorted[i - 1])];
+      while (k < t.size() && k < p.size() && t[k] == p[k]) ++k;
+      lcp[i] = static_cast<uint16_t>(std::min<size_t>(k, 65535));
+    }
+    while (path.size() > k) {
+      trie_end[static_cast<size_t>(path.back())] = static_cast<int32_t>(trie_byte.size());
+      path.pop_back();
+    }
+    for (size_t j = k; j < t.size(); ++j) {
+      path.push_back(static_cast<int32_t>(trie_byte.size()));
+      trie_byte.push_back(static_cast<uint8_t>(t[j]));
+      trie_end.push_back(0);
+      trie_tok_begin.push_back(0);
+      trie_tok_end.push_back(0);
+    }
+    const size_t last = static_cast<size_t>(path.back());
+    if (trie_tok_end[last] != static_cast<int32_t>(trie_ids.size())) trie_tok_begin[last] = static_cast<int32_t>(trie_ids.size());
+    trie_ids.push_back(sorted[i]);
+    trie_tok_end[last] = static_cast<int32_t>(trie_ids.size());
   }
+  for (int32_t n : path) trie_end[static_cast<size_t>(n)] = static_cast<int32_t>(trie_byte.size());
 }
 
 std::shared_ptr<const TokenVocab> TokenVocab::from_tokenizer(const Tokenizer& tok, int64_t vocab_size,
@@ -51,6 +265,15 @@ size_t CompiledGrammar::KeyHash::operator()(const std::vector<int32_t>& k) const
 CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocab> vocab)
     : pda_(std::move(grammar)), vocab_(std::move(vocab)) {
   DI_CHECK(vocab_ != nullptr, "structured: no vocabulary");
+  const Grammar& g = pda_.grammar();
+  rule_of_pos_.assign(g.elems.size(), -1);
+  for (size_t r = 0; r < g.alts.size(); ++r)
+    for (int32_t a : g.alts[r])
+      for (int32_t p = a;; ++p) {
+        rule_of_pos_[static_cast<size_t>(p)] = static_cast<int32_t>(r);
+        if (g.elems[static_cast<size_t>(p)].kind == Grammar::Kind::kEnd) break;
+      }
+  walk_.resize(vocab_->max_len + 2);
 }
 
 const std::vector<uint32_t>& CompiledGrammar::mask(const MatchState& s) {
@@ -64,48 +287,280 @@ const std::vector<uint32_t>& CompiledGrammar::mask(const MatchState& s) {
   }
   const size_t entry = static_cast<size_t>(vocab_->mask_words()) * 4 + key.size() * 4 + 64;
   if ((cache_.size() + 1) * entry > cache_limit_bytes) cache_.clear();  // bounded memory
+  trim();
   std::vector<uint32_t> m;
   compute(s, m);
   return cache_.emplace(std::move(key), std::move(m)).first->second;
 }
 
+void CompiledGrammar::trim() {
+  if (aux_bytes_ <= cache_limit_bytes) return;
+  stack_masks_.clear();
+  budget_.clear();
+  exits_.clear();
+  expected_.clear();
+  aux_bytes_ = 0;
+}
+
+void CompiledGrammar::visit(int32_t lo, int32_t hi, size_t d) {
+  const TokenVocab& v = *vocab_;
+  const ByteSet nb = pda_.next_bytes(walk_[d]);
+  for (int32_t c = lo; c < hi && !wide_; c = v.trie_end[static_cast<size_t>(c)]) {
+    const uint8_t b = v.trie_byte[static_cast<size_t>(c)];
+    if (!nb.test(b)) continue;
+    ++stats.bytes_advanced;
+    MatchState& nx = walk_[d + 1];
+    if (!pda_.advance(walk_[d], b, nx)) continue;
+    if (nx.stacks.size() > width_limit_) wide_ = true;
+    for (int32_t k = v.trie_tok_begin[static_cast<size_t>(c)]; k < v.trie_tok_end[static_cast<size_t>(c)]; ++k)
+      hits_.push_back(v.trie_ids[static_cast<size_t>(k)]);
+    if (c + 1 < v.trie_end[static_cast<size_t>(c)] && !nx.stacks.empty()) visit(c + 1, v.trie_end[static_cast<size_t>(c)], d + 1);
+  }
+}
+
+bool CompiledGrammar::walk(const MatchState& s, size_t width_limit) {
+  hits_.clear();
+  wide_ = false;
+  width_limit_ = width_limit;
+  if (s.stacks.empty()) return true;
+  walk_[0] = s;
+  visit(0, static_cast<int32_t>(vocab_->trie_byte.size()), 0);
+  return !wide_;
+}
+
+void CompiledGrammar::compute_full(const MatchState& s, std::vector<uint32_t>& out) {
+  out.assign(static_cast<size_t>(vocab_->mask_words()), 0);
+  walk(s, SIZE_MAX);
+  for (int32_t id : hits_) set_bit(out, id);
+}
+
 void CompiledGrammar::compute(const MatchState& s, std::vector<uint32_t>& out) {
   const TokenVocab& v = *vocab_;
-  out.assign(static_cast<size_t>(v.mask_words()), 0);
-  auto set = [&](int32_t id) { out[static_cast<size_t>(id) >> 5] |= uint32_t{1} << (id & 31); };
+  bool ok = false;
+  if (!s.stacks.empty() && s.stacks.size() <= kMaxGroupStacks) {
+    out.assign(static_cast<size_t>(v.mask_words()), 0);
+    ok = compute_fast(s, out);
+  }
+  if (!ok) {
+    if (!s.stacks.empty()) ++stats.full_walks;
+    compute_full(s, out);
+  }
   bool any = false;
-  if (!s.stacks.empty()) {
-    if (walk_.size() < v.max_len + 1) walk_.resize(v.max_len + 1);
-    walk_[0] = s;
-    size_t valid = 0;  // walk_[0..valid] hold the states of the previous token's prefix
-    const size_t n = v.sorted.size();
-    size_t i = 0;
-    while (i < n) {
-      const int32_t id = v.sorted[i];
-      const std::string& t = v.bytes(id);
-      size_t k = std::min<size_t>(v.lcp[i], valid);
-      bool ok = true;
-      for (; k < t.size(); ++k) {
-        ++stats.bytes_advanced;
-        if (!pda_.advance(walk_[k], static_cast<uint8_t>(t[k]), walk_[k + 1])) {
-          ok = false;
-          break;
-        }
-      }
-      if (ok) {
-        valid = t.size();
-        set(id);
-        any = true;
-        ++i;
-      } else {
-        valid = k;  // states 0..k are good; every token sharing bytes 0..k is dead
-        size_t j = i + 1;
-        while (j < n && v.lcp[j] > k) ++j;
-        i = j;
-      }
+  for (uint32_t w : out)
+    if (w) {
+      any = true;
+      break;
+    }
+  if ((s.accepting || !any) && v.eos_id() >= 0) set_bit(out, v.eos_id());
+}
+
+const CompiledGrammar::StackMask* CompiledGrammar::stack_mask(int32_t node) {
+  auto it = stack_masks_.find(node);
+  if (it != stack_masks_.end()) return &it->second;
+  MatchState one;
+  one.stacks = {node};
+  ++stats.stack_walks;
+  if (!walk(one, kWidth)) return nullptr;
+  StackMask m;
+  if (hits_.size() * 32 > static_cast<size_t>(vocab_->size())) {
+    m.bits.assign(static_cast<size_t>(vocab_->mask_words()), 0);
+    for (int32_t id : hits_) set_bit(m.bits, id);
+    aux_bytes_ += m.bits.size() * 4 + 64;
+  } else {
+    m.ids = hits_;
+    aux_bytes_ += m.ids.size() * 4 + 64;
+  }
+  return &stack_masks_.emplace(node, std::move(m)).first->second;
+}
+
+std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item, uint64_t key) {
+  auto it = loops_.find(key);
+  if (it != loops_.end()) return it->second;
+  const std::string structure = item_structure(pda_.grammar(), item);
+  const std::string gkey = structure.empty() ? "" : std::to_string(vocab_->serial) + ":" + structure;
+  std::shared_ptr<const LoopEntry> e;
+  if (!gkey.empty()) {
+    std::lock_guard<std::mutex> lock(g_loop_mu);
+    auto g = g_loop_cache.find(gkey);
+    if (g != g_loop_cache.end()) e = g->second;
+  }
+  if (!e) {
+    auto built = std::make_shared<LoopEntry>();
+    EntryBuilder b(pda_, *vocab_, item, *built);
+    b.run();
+    e = built;
+    if (!gkey.empty()) {
+      std::lock_guard<std::mutex> lock(g_loop_mu);
+      if (g_loop_cache.size() >= 64) g_loop_cache.clear();  // bounded (~1 MB each); entries live on in their grammars
+      g_loop_cache.emplace(gkey, e);
     }
   }
-  if ((s.accepting || !any) && v.eos_id() >= 0) set(v.eos_id());
+  loops_.emplace(key, e);
+  return e;
+}
+
+const CompiledGrammar::ExitInfo& CompiledGrammar::exit_info(const LoopEntry& e, uint64_t key, int32_t ctx) {
+  auto [it, fresh] = exits_.try_emplace({key, ctx});
+  ExitInfo& x = it->second;
+  if (!fresh) return x;
+  MatchState c;
+  if (ctx < 0)
+    c.accepting = true;  // leaving the loop ends the sentence
+  else
+    c = pda_.state_of_node(ctx);
+  if (c.dead() || c.stacks.size() > kWidth) return x;
+  const ByteSet a = pda_.next_bytes(c);
+  for (int i = 0; i < 4; ++i)
+    if (a.w[i] & e.first.w[i]) return x;  // the context could take the next item's bytes too
+  const TokenVocab& v = *vocab_;
+  std::unordered_map<std::string_view, bool> seen;
+  MatchState s, tmp;
+  for (int b = 0; b < 256; ++b) {
+    if (!a.test(static_cast<uint8_t>(b))) continue;
+    for (int32_t i = e.exit_start[static_cast<size_t>(b)]; i < e.exit_start[static_cast<size_t>(b) + 1]; ++i) {
+      const LoopEntry::Exit& ex = e.exits[static_cast<size_t>(i)];
+      const std::string_view suffix = std::string_view(v.bytes(ex.id)).substr(ex.off);
+      auto [si, sfresh] = seen.try_emplace(suffix, false);
+      if (sfresh) {
+        s = c;
+        bool ok = true;
+        for (char ch : suffix) {
+          if (!pda_.advance(s, static_cast<uint8_t>(ch), tmp)) {
+            ok = false;
+            break;
+          }
+          if (tmp.stacks.size() > kWidth) return x;  // (x.usable stays false)
+          std::swap(s, tmp);
+        }
+        si->second = ok;
+      }
+      if (si->second) x.ok.push_back({ex.n, ex.id});
+    }
+  }
+  std::sort(x.ok.begin(), x.ok.end());
+  aux_bytes_ += x.ok.size() * 8 + 128;
+  x.usable = true;
+  return x;
+}
+
+const std::vector<uint32_t>& CompiledGrammar::budget_bits(const LoopEntry& e, uint64_t key, int32_t j) {
+  if (j < 0 || j >= e.max_n) return e.full_all;
+  auto it = budget_.find({key, j});
+  if (it != budget_.end()) return it->second;
+  // From the nearest cached budget of this item (or from nothing / from all), adding or removing the
+  // tokens in between.
+  const std::vector<uint32_t>* base = nullptr;
+  int32_t bj = 0;
+  auto hi = budget_.lower_bound({key, j});
+  if (hi != budget_.end() && hi->first.first == key) {
+    base = &hi->second;
+    bj = hi->first.second;
+  }
+  if (hi != budget_.begin()) {
+    auto lo = std::prev(hi);
+    if (lo->first.first == key && (!base || j - lo->first.second < bj - j)) {
+      base = &lo->second;
+      bj = lo->first.second;
+    }
+  }
+  const int32_t ntok = static_cast<int32_t>(e.by_n.size());
+  auto count_between = [&](int32_t a, int32_t b) {  // tokens with n in (a, b]
+    return e.n_start[static_cast<size_t>(std::min(b, e.max_n)) + 1] - e.n_start[static_cast<size_t>(std::min(a, e.max_n)) + 1];
+  };
+  if (!base || std::abs(count_between(std::min(j, bj), std::max(j, bj))) > std::min(count_between(0, j), ntok - count_between(0, j))) {
+    base = nullptr;
+    bj = count_between(0, j) <= ntok - count_between(0, j) ? 0 : e.max_n;
+  }
+  std::vector<uint32_t> m = base ? *base : (bj == 0 ? std::vector<uint32_t>(e.full_all.size(), 0) : e.full_all);
+  const int32_t a = std::min(j, bj), b = std::max(j, bj);
+  for (int32_t i = e.n_start[static_cast<size_t>(a) + 1]; i < e.n_start[static_cast<size_t>(b) + 1]; ++i) {
+    const int32_t id = e.by_n[static_cast<size_t>(i)];
+    if (bj < j)
+      set_bit(m, id);
+    else
+      m[static_cast<size_t>(id) >> 5] &= ~(uint32_t{1} << (id & 31));
+  }
+  aux_bytes_ += m.size() * 4 + 64;
+  return budget_.emplace(std::make_pair(key, j), std::move(m)).first->second;
+}
+
+bool CompiledGrammar::compute_fast(const MatchState& s, std::vector<uint32_t>& out) {
+  const Grammar& g = pda_.grammar();
+  const size_t ns = s.stacks.size();
+  std::vector<char> done(ns, 0);
+  if (use_loops) {
+    // Loop positions: (loop rule, the node below it) found from each stack's top frames.
+    std::vector<std::pair<int32_t, int32_t>> tried;
+    for (size_t i = 0; i < ns; ++i) {
+      if (done[i]) continue;
+      int32_t rule = -1, ctx = -1;
+      const int32_t top = s.stacks[i];
+      const int32_t tp = pda_.node_pos(top);
+      const int32_t tr = rule_of_pos_[static_cast<size_t>(tp)];
+      if (g.loops[static_cast<size_t>(tr)].budget != 0 && tp == g.alts[static_cast<size_t>(tr)][0]) {
+        rule = tr;
+        ctx = pda_.node_parent(top);
+      } else {
+        int32_t m = pda_.node_parent(top);
+        for (int k = 0; k < 8 && m >= 0; ++k, m = pda_.node_parent(m)) {
+          const int32_t p = pda_.node_pos(m);
+          const int32_t r = rule_of_pos_[static_cast<size_t>(p)];
+          if (g.loops[static_cast<size_t>(r)].budget != 0 && p == g.alts[static_cast<size_t>(r)][0] + 1) {
+            rule = r;
+            ctx = pda_.node_parent(m);
+            break;
+          }
+        }
+      }
+      if (rule < 0) continue;
+      if (std::find(tried.begin(), tried.end(), std::make_pair(rule, ctx)) != tried.end()) continue;
+      tried.push_back({rule, ctx});
+      const int32_t start = pda_.make_node(g.alts[static_cast<size_t>(rule)][0], ctx);
+      auto ex = expected_.find(start);
+      if (ex == expected_.end()) {
+        MatchState st = pda_.state_of_node(start);
+        aux_bytes_ += st.stacks.size() * 4 + 64;
+        ex = expected_.emplace(start, std::move(st.stacks)).first;
+      }
+      std::vector<size_t> idx;
+      bool all = !ex->second.empty();
+      for (int32_t n : ex->second) {
+        auto f = std::lower_bound(s.stacks.begin(), s.stacks.end(), n);
+        if (f == s.stacks.end() || *f != n) {
+          all = false;
+          break;
+        }
+        idx.push_back(static_cast<size_t>(f - s.stacks.begin()));
+      }
+      if (!all) continue;
+      const Grammar::Elem item = g.elems[static_cast<size_t>(g.alts[static_cast<size_t>(rule)][0])];
+      const uint64_t key = (static_cast<uint64_t>(item.kind) << 32) | static_cast<uint32_t>(item.arg);
+      std::shared_ptr<const LoopEntry> e = loop_entry(item, key);
+      if (!e->usable) continue;
+      const int32_t base_depth = ctx < 0 ? 0 : pda_.node_depth(ctx);
+      if (base_depth + 1 + e->max_rel_depth + 8 > PdaMatcher::kMaxDepth) continue;
+      const ExitInfo& x = exit_info(*e, key, ctx);
+      if (!x.usable) continue;
+      const Grammar::Loop lp = g.loops[static_cast<size_t>(rule)];
+      or_into(out, budget_bits(*e, key, lp.budget));
+      for (const auto& [n, id] : x.ok) {
+        if (lp.budget >= 0 && n > lp.budget) break;
+        if (n >= lp.min_rem) set_bit(out, id);
+      }
+      for (size_t k : idx) done[k] = 1;
+      ++stats.loop_groups;
+    }
+  }
+  for (size_t i = 0; i < ns; ++i) {
+    if (done[i]) continue;
+    const StackMask* m = stack_mask(s.stacks[i]);
+    if (!m) return false;
+    if (!m->bits.empty())
+      or_into(out, m->bits);
+    else
+      for (int32_t id : m->ids) set_bit(out, id);
+  }
+  return true;
 }
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<CompiledGrammar> g) : g_(std::move(g)) { reset(); }

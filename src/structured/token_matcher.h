@@ -2,10 +2,22 @@
 // with a per-grammar cache keyed by the (hashable) byte-level state, and a per-sequence
 // GrammarMatcher with accept_token / rollback / jump-forward.
 //
-// Mask computation walks the vocabulary as a byte trie without building one: token byte strings
-// are sorted, each knows its common prefix length with the previous one, the byte-level states of
-// the current prefix are kept per depth, and when byte k of a token fails every following token
-// sharing those k+1 bytes is skipped (a dead prefix prunes its whole subtree).
+// Mask computation. A token is allowed from a state iff it is allowed from one of the state's stacks,
+// so a state's mask is the union of per-stack parts:
+//  - repetition loops (Grammar::loops): the stacks at the start of an item of X{m,n} / X* (all of
+//    X's first terminals under one return frame) share one precomputed walk of X's own automaton
+//    over the vocabulary (LoopEntry: per token, how many items it spans when made of items only, or
+//    after how many items it leaves the loop through a byte that cannot start an item). The budget
+//    of the position (items left, items still required) then selects a bitset (cumulative by item
+//    count), and the few "leaving" tokens are checked once per context (the frame below the loop)
+//    on their suffix. Entries are keyed by X's structure and shared by every grammar over the same
+//    vocabulary (one process-wide cache), so e.g. every JSON string position of every schema uses
+//    one walk. Valid only when the context cannot start with a byte that starts an item (checked).
+//  - every other stack: a trie walk from that single stack, cached per stack node.
+// Both fall back to a full walk from the whole state whenever the pathological-grammar cuts of the
+// byte matcher (stack depth, stacks per state) could make the union differ from it, so masks are
+// always exactly "the byte matcher accepts every byte of the token from this state".
+// Walks use the vocabulary's byte trie (preorder arrays, subtree skip in O(1)).
 //
 // Special tokens (added tokens marked special) and ids without bytes are never allowed, except EOS:
 // EOS is allowed exactly when the bytes so far form a complete sentence of the grammar, and is the
@@ -16,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -44,6 +57,11 @@ class TokenVocab {
   std::vector<int32_t> sorted;
   std::vector<uint16_t> lcp;
   size_t max_len = 0;
+  // Byte trie of the sorted tokens, nodes in preorder: the node's byte, the end of its subtree
+  // (exclusive; also its next sibling), and its tokens trie_ids[tok_begin, tok_end).
+  std::vector<uint8_t> trie_byte;
+  std::vector<int32_t> trie_end, trie_tok_begin, trie_tok_end, trie_ids;
+  uint64_t serial = 0;  // unique per vocabulary object (key of the shared loop cache)
 
  private:
   std::vector<std::string> bytes_;
@@ -53,7 +71,10 @@ class TokenVocab {
 
 struct MatcherStats {
   int64_t masks = 0, cache_hits = 0, bytes_advanced = 0;
+  int64_t full_walks = 0, stack_walks = 0, loop_groups = 0;
 };
+
+struct LoopEntry;
 
 // A grammar bound to a vocabulary: the shared byte-level arena and the mask cache. Not thread-safe:
 // every GrammarMatcher of one CompiledGrammar must be used from one thread at a time.
@@ -65,19 +86,53 @@ class CompiledGrammar {
   PdaMatcher& pda() { return pda_; }
   // The allowed-token mask of `s` (bit i % 32 of word i / 32), cached.
   const std::vector<uint32_t>& mask(const MatchState& s);
+  // Uncached: the mask by one trie walk from the whole state (reference for tests), and by the
+  // per-stack decomposition (what mask() uses).
+  void compute_full(const MatchState& s, std::vector<uint32_t>& out);
+  void compute(const MatchState& s, std::vector<uint32_t>& out);
   MatcherStats stats;
   size_t cache_limit_bytes = size_t{256} << 20;
+  bool use_loops = true;  // tests: false = per-stack walks only
 
  private:
-  void compute(const MatchState& s, std::vector<uint32_t>& out);
   struct KeyHash {
     size_t operator()(const std::vector<int32_t>& k) const;
   };
+  struct StackMask {
+    std::vector<int32_t> ids;   // sparse
+    std::vector<uint32_t> bits;  // dense (ids empty)
+  };
+  struct ExitInfo {
+    bool usable = false;
+    std::vector<std::pair<int32_t, int32_t>> ok;  // (items before leaving, token), by items
+  };
+  bool compute_fast(const MatchState& s, std::vector<uint32_t>& out);
+  bool walk(const MatchState& s, size_t width_limit);  // tokens into hits_; false when too wide
+  void visit(int32_t lo, int32_t hi, size_t d);
+  const StackMask* stack_mask(int32_t node);
+  std::shared_ptr<const LoopEntry> loop_entry(Grammar::Elem item, uint64_t key);
+  const ExitInfo& exit_info(const LoopEntry& e, uint64_t key, int32_t ctx);
+  const std::vector<uint32_t>& budget_bits(const LoopEntry& e, uint64_t key, int32_t j);
+  void trim();
+
   PdaMatcher pda_;
   std::shared_ptr<const TokenVocab> vocab_;
   std::unordered_map<std::vector<int32_t>, std::vector<uint32_t>, KeyHash> cache_;
   std::vector<MatchState> walk_;  // per-depth states of the trie walk
+  std::vector<int32_t> hits_;
+  size_t width_limit_ = 0;
+  bool wide_ = false;
+  std::vector<int32_t> rule_of_pos_;
+  std::unordered_map<int32_t, StackMask> stack_masks_;
+  std::unordered_map<int32_t, std::vector<int32_t>> expected_;  // node (loop rule start, ctx) -> its stacks
+  std::unordered_map<uint64_t, std::shared_ptr<const LoopEntry>> loops_;
+  std::map<std::pair<uint64_t, int32_t>, ExitInfo> exits_;
+  std::map<std::pair<uint64_t, int32_t>, std::vector<uint32_t>> budget_;
+  size_t aux_bytes_ = 0;
 };
+
+// Drops the process-wide loop entries (tests and benchmarks of cold starts).
+void clear_shared_loop_cache();
 
 class GrammarMatcher {
  public:

@@ -1,11 +1,13 @@
 // Structured outputs: grammar core, EBNF / regex / JSON Schema front ends, the token matcher.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <regex>
 
 #include "deepinfer/error.h"
 #include "structured/structured.h"
 #include "structured/token_matcher.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace deepinfer;
 using namespace deepinfer::structured;
@@ -300,4 +302,131 @@ TEST(StructuredTokenMatcher, CacheHitsInsideStrings) {
     ASSERT_TRUE(m.accept_token(id_of(*v, "ab")));
   }
   EXPECT_GE(cg->stats.cache_hits, 4);
+}
+
+namespace {
+// Random token strings over an alphabet that exercises JSON, regexes and UTF-8 (multi-byte
+// characters, split characters, quotes inside tokens, newlines, long runs).
+std::shared_ptr<const TokenVocab> random_vocab(uint64_t seed, int n_merges) {
+  std::vector<std::string> t = {"<s>", "</s>", "<think>"};
+  for (int b = 0; b < 256; ++b) t.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string> alpha = {"a", "b", "c", "x", "Z", "0", "1", "7", " ", "\"", ",", ":", "{", "}", "[",
+                                          "]", "\\", "n", "u", "-", ".", "\n", "é", "中", "\xe4", "\xb8", "@", "_", "e"};
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < n_merges; ++i) {
+    const int len = 2 + static_cast<int>(rng() % (rng() % 8 == 0 ? 24 : 6));
+    std::string s;
+    for (int k = 0; k < len; ++k) s += alpha[rng() % alpha.size()];
+    t.push_back(s);
+  }
+  for (const char* m : {"\":\"", "\",\"", "\"}", "\"]", "true", "false", "null", "abc\",", "      ", "ab\"x"}) t.push_back(m);
+  return std::make_shared<TokenVocab>(t, std::vector<int32_t>{0, 2}, 1);
+}
+
+std::vector<std::pair<std::string, Grammar>> decomposition_grammars() {
+  std::vector<std::pair<std::string, Grammar>> g;
+  g.emplace_back("schema-bounded", json_schema_grammar(json::parse(R"({"type":"object","properties":{
+      "name":{"type":"string","minLength":2,"maxLength":12},
+      "tags":{"type":"array","items":{"type":"string","maxLength":5},"minItems":1,"maxItems":3},
+      "n":{"type":"integer","minimum":-50,"maximum":5000}, "free":{"type":"string"}},
+      "required":["name","tags","n","free"]})")));
+  g.emplace_back("schema-recursive", json_schema_grammar(json::parse(R"({"$defs":{"c":{"type":"object","properties":{
+      "author":{"type":"string","pattern":"^@[a-z]{1,10}$"},"text":{"type":"string","maxLength":40},
+      "replies":{"type":"array","items":{"$ref":"#/$defs/c"},"maxItems":2}},"required":["author","text","replies"]}},
+      "$ref":"#/$defs/c"})")));
+  JsonOptions flex;
+  flex.flexible_whitespace = true;
+  g.emplace_back("json-object-flexible", json_object_grammar(flex));
+  g.emplace_back("regex-words", regex_grammar(R"([a-z]{2,6}( [A-Z]\w{0,8})?\d{1,3})"));
+  g.emplace_back("regex-line", regex_grammar(R"([^\n]{0,30}\n[0-9a-f]{4,})"));
+  g.emplace_back("ebnf-sql", ebnf_grammar(R"(root ::= "SELECT " cols " FROM " ident (" WHERE " cond)? ";"
+cols ::= "*" | ident (", " ident){0,3}
+ident ::= [a-z] [a-z_]{0,7}
+cond ::= ident (" = " | " < " | " > ") num
+num ::= "0" | [1-9] [0-9]{0,4})"));
+  g.emplace_back("ebnf-nullable-items", ebnf_grammar(R"(root ::= ("a"? "b"?){2,5} ("x" | "中"){1,3} "c")"));
+  return g;
+}
+
+// Random walks (uniform over the allowed tokens, EOS included) comparing each mask with the
+// definition: bit i set iff the byte matcher accepts every byte of token i from the state (EOS iff
+// complete, or nothing else allowed; specials never). `brute_every`: check every token by
+// brute force on every n-th step (0 = never), the trie walk from the whole state on every step.
+void check_random_walks(const std::shared_ptr<const TokenVocab>& v, int seeds, int steps, int brute_every,
+                        bool expect_loops) {
+  for (auto& [name, grammar] : decomposition_grammars()) {
+    auto g = std::make_shared<const Grammar>(grammar);
+    auto cg = std::make_shared<CompiledGrammar>(g, v);
+    PdaMatcher& ref = cg->pda();  // the same node arena as the masks' states
+    for (int seed = 0; seed < seeds; ++seed) {
+      std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 1);
+      GrammarMatcher m(cg);
+      MatchState state = ref.initial();
+      for (int step = 0; step < steps && !m.is_terminated(); ++step) {
+        const std::vector<uint32_t> mask = m.next_token_bitmask();
+        std::vector<uint32_t> full;
+        cg->compute_full(state, full);
+        bool any = false;
+        for (uint32_t w : full) any |= w != 0;
+        if ((state.accepting || !any) && v->eos_id() >= 0) full[static_cast<size_t>(v->eos_id()) >> 5] |= 1u << (v->eos_id() & 31);
+        for (size_t w = 0; w < mask.size(); ++w)
+          if (mask[w] != full[w])
+            for (int b = 0; b < 32; ++b) {
+              const int32_t id = static_cast<int32_t>(w * 32 + static_cast<size_t>(b));
+              ASSERT_EQ(allowed(mask, id), allowed(full, id))
+                  << "brute " << [&] { MatchState x = state; return ref.advance_bytes(x, v->bytes(id)); }() << " " << name << " seed " << seed << " step " << step << " token " << id << " '" << v->bytes(id) << "'";
+            }
+        if (brute_every > 0 && step % brute_every == 0)
+          for (int32_t id = 0; id < v->size(); ++id) {
+            bool want;
+            if (id == v->eos_id())
+              want = allowed(full, id);
+            else if (v->is_special(id) || v->bytes(id).empty())
+              want = false;
+            else {
+              MatchState s = state;
+              want = ref.advance_bytes(s, v->bytes(id));
+            }
+            ASSERT_EQ(allowed(mask, id), want) << name << " seed " << seed << " step " << step << " token " << id;
+          }
+        std::vector<int32_t> ok;
+        for (int32_t id = 0; id < v->size(); ++id)
+          if (allowed(mask, id)) ok.push_back(id);
+        ASSERT_FALSE(ok.empty());
+        const int32_t pick = ok[rng() % ok.size()];
+        ASSERT_TRUE(m.accept_token(pick)) << name << " token " << pick;
+        if (pick != v->eos_id()) ASSERT_TRUE(ref.advance_bytes(state, v->bytes(pick)));
+      }
+    }
+    if (expect_loops && name.rfind("ebnf-nullable", 0) != 0) EXPECT_GT(cg->stats.loop_groups, 0) << name;
+  }
+}
+}  // namespace
+
+TEST(StructuredTokenMatcher, DecompositionMatchesBruteForceRandomVocab) {
+  for (uint64_t vs : {1, 2}) check_random_walks(random_vocab(vs, 3000), 6, 60, 1, true);
+}
+
+TEST(StructuredTokenMatcher, DecompositionMatchesBruteForceV4Vocab) {
+  const char* path = std::getenv("DEEPINFER_V4_TOKENIZER");
+  if (!path || !*path) GTEST_SKIP() << "DEEPINFER_V4_TOKENIZER (path to the V4 tokenizer.json) is not set";
+  const Tokenizer t = Tokenizer::from_file(path);
+  check_random_walks(TokenVocab::from_tokenizer(t, 129280, 1), 2, 40, 13, true);
+}
+
+TEST(StructuredTokenMatcher, LoopEntriesSharedAcrossPositions) {
+  // Every position of a long bounded string is a new state, but they share one loop walk: no
+  // per-state walks inside the string.
+  auto v = random_vocab(3, 2000);
+  auto g = std::make_shared<const Grammar>(json_schema_grammar(json::parse(R"({"type":"string","maxLength":300})")));
+  auto cg = std::make_shared<CompiledGrammar>(g, v);
+  GrammarMatcher m(cg);
+  ASSERT_TRUE(m.accept_token(id_of(*v, "\"")));
+  for (int i = 0; i < 100; ++i) {
+    m.next_token_bitmask();
+    ASSERT_TRUE(m.accept_token(id_of(*v, "a")));
+  }
+  EXPECT_EQ(cg->stats.full_walks, 0);
+  EXPECT_GE(cg->stats.loop_groups, 100);
+  EXPECT_LE(cg->stats.stack_walks, 4);
 }

@@ -5,84 +5,24 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import socket
-import subprocess
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from serve_helpers import Server
 
 openai = pytest.importorskip("openai")
 
 API_KEY = "test-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, binary: Path, model: Path, extra: list[str] | None = None):
-        self.port = _free_port()
-        self.model = model
-        env = dict(os.environ, OMP_WAIT_POLICY="passive", DEEPINFER_NUM_THREADS="1")
-        cmd = [str(binary), "serve", "--model", str(model), "--port", str(self.port), "--served-model-name", "tiny",
-               "--max-model-len", "1024", "--http-threads", "2", *(extra or [])]
-        self.log = tempfile.TemporaryFile(mode="w+")  # not a pipe: a full pipe would block the server
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read()}")
-            try:
-                status, _, _ = self.request("GET", "/health")
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.proc.kill()
-        raise RuntimeError("server did not become healthy in 60 s")
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def request(self, method: str, path: str, body: bytes | str | dict | None = None,
-                headers: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            if isinstance(body, dict):
-                body = json.dumps(body)
-            h = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
-            h.update(headers or {})
-            conn.request(method, path, body=body, headers=h)
-            r = conn.getresponse()
-            return r.status, dict(r.getheaders()), r.read()
-        finally:
-            conn.close()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="module")
 def server(deepinfer_bin, make_checkpoint):
-    srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"), ["--api-key", API_KEY, "--max-request-body", "1M"])
+    srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"),
+                 ["--api-key", API_KEY, "--max-request-body", "1M"], headers=AUTH)
     yield srv
     srv.stop()
 
@@ -285,7 +225,7 @@ def test_tokenize_detokenize_metrics(server):
 
 
 def test_sigterm_drains_and_exits_zero(deepinfer_bin, make_checkpoint):
-    srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"))
+    srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"), headers=AUTH)
     c = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
     stream = c.completions.create(model="tiny", prompt="abc", max_tokens=64, temperature=0, stream=True,
                                   stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
@@ -358,7 +298,7 @@ def test_response_format_is_enforced(client):
 # without bound; the request in flight is not disturbed and capacity comes back when it ends.
 def test_queue_full_is_429(deepinfer_bin, make_checkpoint):
     srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"),
-                 ["--api-key", API_KEY, "--max-queued-requests", "1"])
+                 ["--api-key", API_KEY, "--max-queued-requests", "1"], headers=AUTH)
     try:
         c = openai.OpenAI(base_url=srv.base + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
         stream = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=200, temperature=0, stream=True,
@@ -374,5 +314,133 @@ def test_queue_full_is_429(deepinfer_bin, make_checkpoint):
         assert isinstance(text, str)
         r = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, temperature=0)
         assert r.choices[0].finish_reason in ("length", "stop")
+    finally:
+        assert srv.stop() == 0
+
+
+# /v1/completions options: a list of prompts (choices prompt-major: index = prompt * n + child, as
+# OpenAI and vLLM number them), echo (with prompt logprobs), best_of == n, return_token_ids.
+def test_completions_prompt_lists(server, client):
+    prompts = ["The quick brown", "Once upon a time"]
+    kw = dict(model="tiny", max_tokens=5, temperature=1.0, seed=11, n=2)
+    multi = client.completions.create(prompt=prompts, **kw)
+    assert [c.index for c in multi.choices] == [0, 1, 2, 3]
+    singles = [client.completions.create(prompt=p, **kw) for p in prompts]
+    for k, s in enumerate(singles):
+        for j in range(2):
+            assert multi.choices[k * 2 + j].text == s.choices[j].text
+    assert multi.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert multi.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    # Streamed: the same texts per index, one finish per choice.
+    texts: dict[int, str] = {}
+    finishes = []
+    for ch in client.completions.create(prompt=prompts, stream=True, **kw):
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason:
+                finishes.append(c.index)
+    assert texts == {c.index: c.text for c in multi.choices} and sorted(finishes) == [0, 1, 2, 3]
+    # Lists of token-id lists; a single id list is still one prompt.
+    ids = client.completions.create(model="tiny", prompt=[[0, 17, 42], [0, 5, 6, 7]], max_tokens=2, temperature=0)
+    assert ids.usage.prompt_tokens == 7 and len(ids.choices) == 2
+    one = client.completions.create(model="tiny", prompt=[0, 17, 42], max_tokens=2, temperature=0)
+    assert len(one.choices) == 1 and one.choices[0].text == ids.choices[0].text
+    # best_of equal to n is accepted; anything else is a clear 400.
+    assert len(client.completions.create(prompt="x", best_of=2, **kw).choices) == 2
+    for body, param in [({"prompt": "x", "best_of": 3}, "best_of"), ({"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
+                        ({"prompt": []}, "prompt"), ({"prompt": [["a"]]}, "prompt"), ({"prompt": [1, "a"]}, "prompt"),
+                        ({"prompt": ["a", "b", "c"], "n": 50}, "prompt"), ({"prompt": "x", "echo": "yes"}, "echo")]:
+        status, _, raw = server.request("POST", "/v1/completions", {"model": "tiny", "max_tokens": 2, **body})
+        err = json.loads(raw)["error"]
+        assert status == 400 and err["param"] == param, (body, raw)
+    status, _, raw = server.request("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "best_of": 3})
+    assert "best_of must equal n" in json.loads(raw)["error"]["message"]
+
+
+def test_completions_echo_and_token_ids(server, client):
+    prompt = "The quick brown fox"
+    kw = dict(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    plain = client.completions.create(**kw)
+    echo = client.completions.create(echo=True, logprobs=1, **kw)
+    assert echo.choices[0].text == prompt + plain.choices[0].text
+    n_prompt = echo.usage.prompt_tokens
+    lp = echo.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n_prompt + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first token
+    assert all(x <= 0 for x in lp.token_logprobs[1:]) and all(len(t) >= 1 for t in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset)
+    streamed = "".join(c.text for ch in client.completions.create(echo=True, stream=True, **kw) for c in ch.choices)
+    assert streamed == echo.choices[0].text
+    # Token-id prompts echo their decoded text (special tokens skipped, as in the completion text).
+    status, _, raw = server.request("POST", "/tokenize", {"prompt": prompt})
+    toks = json.loads(raw)["tokens"]
+    assert len(toks) == n_prompt
+    r = client.completions.create(model="tiny", prompt=toks, max_tokens=4, temperature=0, echo=True)
+    assert r.choices[0].text == prompt + plain.choices[0].text
+    # vLLM's return_token_ids: the prompt's ids and the generated ones.
+    status, _, raw = server.request("POST", "/v1/completions", {**kw, "return_token_ids": True})
+    c = json.loads(raw)["choices"][0]
+    assert c["prompt_token_ids"] == toks and len(c["token_ids"]) == 4
+
+
+# FIM (/beta/completions): generated tokenizers have no FIM tokens, so this test gives a copy of the
+# checkpoint three of them, on the ids of the tokenizer's last three BPE merges (the copy's weights are
+# links to the original's; no token id or golden elsewhere changes).
+FIM_TOKENS = ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"]
+
+
+def _fim_checkpoint(src, dst) -> dict[str, int]:
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name != "tokenizer.json":
+            (dst / p.name).symlink_to(p.resolve())
+    tj = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab, merges = tj["model"]["vocab"], tj["model"]["merges"]
+    ids = {}
+    for tok in reversed(FIM_TOKENS):
+        merged = "".join(merges.pop())  # the last merge made the highest id: nothing builds on it
+        i = vocab.pop(merged)
+        assert i == max(vocab.values()) + 1
+        ids[tok] = i
+        tj["added_tokens"].append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": True})
+    tj["added_tokens"].sort(key=lambda t: t["id"])
+    (dst / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    return ids
+
+
+def test_fim(server, deepinfer_bin, make_checkpoint, tmp_path):
+    body = {"model": "tiny", "prompt": "def add(a, b):\n", "suffix": "\n    return c\n", "max_tokens": 6,
+            "temperature": 0}
+    status, _, raw = server.request("POST", "/beta/completions", body)  # no FIM tokens in this tokenizer
+    assert status == 400 and "fill-in-the-middle" in json.loads(raw)["error"]["message"]
+    status, _, raw = server.request("POST", "/v1/completions", body)
+    assert status == 400 and json.loads(raw)["error"]["param"] == "suffix"
+    ids = _fim_checkpoint(make_checkpoint("tiny", seed=0, family="v41"), tmp_path / "fim")
+    srv = Server(deepinfer_bin, tmp_path / "fim", headers=AUTH)
+    try:
+        def tok(text):
+            status, _, raw = srv.request("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+            assert status == 200
+            return json.loads(raw)["tokens"]
+        assert [tok(t) for t in FIM_TOKENS] == [[ids[t]] for t in FIM_TOKENS]
+        want = [0, ids[FIM_TOKENS[0]], *tok(body["prompt"]), ids[FIM_TOKENS[1]], *tok(body["suffix"]),
+                ids[FIM_TOKENS[2]]]
+        status, _, raw = srv.request("POST", "/beta/completions", {**body, "return_token_ids": True})
+        assert status == 200, raw
+        r = json.loads(raw)
+        c = r["choices"][0]
+        assert c["prompt_token_ids"] == want and r["usage"]["prompt_tokens"] == len(want)
+        assert c["finish_reason"] in ("length", "stop") and len(c["token_ids"]) == r["usage"]["completion_tokens"] >= 1
+        assert isinstance(c["text"], str)
+        # Streaming gives the same text; the /v1 prefix and the OpenAI client's suffix work too.
+        fim = openai.OpenAI(base_url=srv.base + "/beta", api_key="none", max_retries=0, timeout=60)
+        streamed = "".join(ch.choices[0].text for ch in fim.completions.create(
+            model="tiny", prompt=body["prompt"], suffix=body["suffix"], max_tokens=6, temperature=0, stream=True)
+            if ch.choices)
+        assert streamed == c["text"]
+        for bad in [{"prompt": ["a", "b"]}, {"echo": True}]:
+            status, _, raw = srv.request("POST", "/beta/completions", {**body, **bad})
+            assert status == 400, bad
     finally:
         assert srv.stop() == 0

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from serve_helpers import Server
 
 API_KEY = "dsh-key"
 MODEL = "tiny"
@@ -53,64 +49,11 @@ SYSTEM = "You are DeepSeek Harness, a coding agent. Work in /repo."
 FINISH_OK = {"stop", "length", "tool_calls"}  # anything else is an error for DSH
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, binary: Path, model: Path, extra: list[str]):
-        self.port = _free_port()
-        env = dict(os.environ, OMP_WAIT_POLICY="passive", DEEPINFER_NUM_THREADS="1")
-        cmd = [str(binary), "serve", "--model", str(model), "--port", str(self.port), "--served-model-name", MODEL,
-               "--http-threads", "2", *extra]
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read()}")
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.proc.kill()
-        raise RuntimeError("server did not become healthy in 60 s")
-
-    def request(self, method, path, body=None, headers=None, timeout=30.0):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            if isinstance(body, (dict, list)):
-                body = json.dumps(body)
-            h = dict(DSH_HEADERS)
-            h.update(headers or {})
-            h = {k: v for k, v in h.items() if v is not None}
-            conn.request(method, path, body=body, headers=h)
-            r = conn.getresponse()
-            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-        finally:
-            conn.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 @pytest.fixture(scope="module")
 def server(deepinfer_bin, make_checkpoint):
     srv = Server(deepinfer_bin, make_checkpoint("tiny", seed=0, family="v41"),
-                 ["--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN), "--header-timeout",
-                  str(HEADER_TIMEOUT), "--max-request-body", "1M"])
+                 ["--api-key", API_KEY, "--header-timeout", str(HEADER_TIMEOUT), "--max-request-body", "1M"],
+                 headers=DSH_HEADERS, served_model_name=MODEL, max_model_len=MAX_MODEL_LEN)
     yield srv
     srv.stop()
 
@@ -416,7 +359,9 @@ BAD = [  # (name, method, path, body (dict | bytes | str), extra headers, status
     ("thinking a string", "POST", "/chat/completions", _chat(thinking="enabled"), None, 400),
     ("tool without name", "POST", "/chat/completions",
      _chat(tools=[{"type": "function", "function": {"parameters": {}}}]), None, 400),
-    ("tool_choice required", "POST", "/chat/completions", _chat(tools=TOOLS, tool_choice="required"), None, 400),
+    ("tool_choice naming a function not in tools", "POST", "/chat/completions",
+     _chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "rm_rf"}}), None, 400),
+    ("tool_choice required without tools", "POST", "/chat/completions", _chat(tool_choice="required"), None, 400),
     ("reasoning_effort integer out of range", "POST", "/chat/completions", _chat(reasoning_effort=0), None, 400),
     ("POST /files (DSH vision upload)", "POST", "/files", "x", {"Content-Type": "application/octet-stream"}, 404),
     ("DELETE /models", "DELETE", "/models", None, None, 405),
@@ -427,6 +372,7 @@ ACCEPTED = [  # lenient on purpose: (name, body, extra headers)
     ("JSON sent as a form (curl -d)", _chat(), {"Content-Type": "application/x-www-form-urlencoded"}),
     ("no Content-Type", _chat(), {"Content-Type": None}),
     ("100 stop strings", _chat(stop=[f"zq{i}zq" for i in range(100)]), None),
+    ("tool_choice required (enforced after the reasoning)", _chat(tools=TOOLS, tool_choice="required"), None),
     ("thinking as a boolean", _chat(thinking=False), None),
     ("tool result with no preceding call", _chat(messages=USER + [{"role": "tool", "tool_call_id": "x",
                                                                     "content": "(no output)"}]), None),
