@@ -35,5 +35,6 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                         bool bf16_probs, bool round);
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
+Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index);
 
 }  // namespace deepinfer::cpu

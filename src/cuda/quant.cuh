@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "deepinfer/tensor.h"
+#include "ops/ops.h"
 
 namespace deepinfer::cuda {
 
@@ -20,6 +21,19 @@ void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block
 
 // In place: every value rounded to the bf16 grid (nearest even). No-op when !enable.
 void round_bf16(Tensor& x, bool enable = true);
+
+// In place on each row (Rows layouts), groups of `block` columns from column 0 (the last may be
+// shorter): FP4 e2m1 with a ue8m0 scale of max(amax, 6*2^-126) / 6, clamp +-6, round to nearest
+// even; written back as q * scale. Bit for bit the CPU op. Asynchronous on the default stream.
+void fake_quant_fp4(Tensor& x, int64_t block);
+// As fake_quant_fp4 with an E4M3 scale s = e4m3(max(amax, 6*2^-9) * fp32(1/6)) (NaN when that
+// is >= 464, as the host's f32_to_e4m3) and a true division x / s (V4.1 KV). Bit for bit the CPU op.
+void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block);
+
+// ops::dequantize on a weight that lives on kCUDA (BF16, F32, E4M3 + E8M0 tiles, E2M1x2 + E8M0 per
+// 32): a new dense float32 [out, in] CUDA tensor, bit for bit the CPU op (every product is one
+// IEEE multiply of exact values; NaN codes give NaN).
+Tensor dequantize(const ops::QWeight& w);
 
 }  // namespace deepinfer::cuda
 
@@ -48,6 +62,29 @@ __device__ __forceinline__ float e4m3_rne(float v) {
   const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
   // Every e4m3 value is exactly representable in fp16 (and so in fp32).
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+
+// RNE onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6} for |v| <= 6, sign kept: the CPU's
+// magic-number form ((a + 2^(E+22)) - 2^(E+22), E clamped at 0), with explicit IEEE adds.
+__device__ __forceinline__ float round_e2m1_grid(float v) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t sign = u & 0x80000000u;
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t ea = max(a & 0x7f800000u, 127u << 23);
+  const float magic = __uint_as_float(ea + (22u << 23));
+  const float r = __fsub_rn(__fadd_rn(__uint_as_float(a), magic), magic);
+  return __uint_as_float(__float_as_uint(r) | sign);
+}
+
+// e4m3 decode of a code (NaN codes give NaN), exact in fp32.
+__device__ __forceinline__ float e4m3_decode(uint8_t code) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
+}
+// e8m0 decode as deepinfer::e8m0_to_f32: 255 = NaN, 0 = 2^-127 (subnormal).
+__device__ __forceinline__ float e8m0_decode(uint32_t e) {
+  if (e == 255u) return __uint_as_float(0x7fc00000u);
+  if (e == 0u) return __uint_as_float(0x00400000u);
+  return __uint_as_float(e << 23);
 }
 
 }  // namespace deepinfer::cuda

@@ -5,9 +5,13 @@
 #include "cpu/cpu_ops.h"
 #include "deepinfer/error.h"
 #if DEEPINFER_HAS_CUDA
+#include "cuda/attention.cuh"
+#include "cuda/hc.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/topk.cuh"
 #endif
 
 namespace deepinfer::ops {
@@ -28,6 +32,9 @@ Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
 }
 
 Tensor dequantize(const QWeight& w) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(w.w)) return cuda::dequantize(w);
+#endif
   if (on_cuda(w.w)) no_kernel("dequantize", w.w);
   return cpu::dequantize(w);
 }
@@ -41,11 +48,17 @@ void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block
 }
 
 void fake_quant_fp4(Tensor& x, int64_t block) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::fake_quant_fp4(x, block);
+#endif
   if (on_cuda(x)) no_kernel("fake_quant_fp4", x);
   cpu::fake_quant_fp4(x, block);
 }
 
 void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::fake_quant_fp4_e4m3_scale(x, block);
+#endif
   if (on_cuda(x)) no_kernel("fake_quant_fp4_e4m3_scale", x);
   cpu::fake_quant_fp4_e4m3_scale(x, block);
 }
@@ -67,6 +80,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
 }
 
 void hadamard(Tensor& x, int64_t n, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::hadamard(x, n, round);
+#endif
   if (on_cuda(x)) no_kernel("hadamard", x);
   cpu::hadamard(x, n, round);
 }
@@ -78,38 +94,64 @@ RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t origi
 
 void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
                 bool inverse, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::apply_rope(x, head_width, rope_dim, positions, f, inverse, round);
+#endif
   if (on_cuda(x)) no_kernel("apply_rope", x);
   cpu::apply_rope(x, head_width, rope_dim, positions, f, inverse, round);
 }
 
 HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                int64_t sinkhorn_iters, float hc_eps, float norm_eps) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(stream)) return cuda::hc_mixes(stream, fn, scale, base, hc, sinkhorn_iters, hc_eps, norm_eps);
+#endif
   if (on_cuda(stream)) no_kernel("hc_mixes", stream);
   return cpu::hc_mixes(stream, fn, scale, base, hc, sinkhorn_iters, hc_eps, norm_eps);
 }
 
 Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(stream)) return cuda::hc_collapse(stream, pre, round);
+#endif
   if (on_cuda(stream)) no_kernel("hc_collapse", stream);
   return cpu::hc_collapse(stream, pre, round);
 }
 
 Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(stream)) return cuda::hc_expand(y, stream, post, comb, round);
+#endif
   if (on_cuda(stream)) no_kernel("hc_expand", stream);
   return cpu::hc_expand(y, stream, post, comb, round);
 }
 
 Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, float hc_eps,
                float norm_eps, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(stream)) return cuda::hc_head(stream, fn, scale, base, hc_eps, norm_eps, round);
+#endif
   if (on_cuda(stream)) no_kernel("hc_head", stream);
   return cpu::hc_head(stream, fn, scale, base, hc_eps, norm_eps, round);
 }
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                         bool bf16_probs, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(q)) return cuda::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
+#endif
   if (on_cuda(q)) no_kernel("sparse_attention", q);
   return cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
 }
 
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) { return cpu::topk(scores, n, k, out); }
+
+Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(scores)) return cuda::topk_rows(scores, k, sort_by_index);
+#endif
+  if (on_cuda(scores)) no_kernel("topk_rows", scores);
+  return cpu::topk_rows(scores, k, sort_by_index);
+}
 
 }  // namespace deepinfer::ops

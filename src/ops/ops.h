@@ -98,5 +98,9 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
 // Indices of the k largest of scores[0..n) ordered by (score desc, index asc). -inf entries are
 // never returned: fewer than k finite scores give fewer results. Returns the count written.
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
+// Row-wise topk over scores float32 [T, n] (rows dense), on the scores' device: int32 [T, k], each
+// row the picks of topk() in its order (score desc, index asc), or by index ascending when
+// `sort_by_index`, then -1 for the slots past the row's count.
+Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index = false);
 
 }  // namespace deepinfer::ops

@@ -7,6 +7,13 @@
 // fake_quant_fp8 and round_bf16 must match bit for bit (their results do not depend on any
 // summation order). rms_norm sums in a different order on each backend, so it is compared with
 // a tolerance: 1e-5 relative in fp32, at most one bf16 step when rounding.
+//
+// The remaining ops (each case prints "differ x/n max|d|" and its rule):
+//   bit for bit: fake_quant_fp4, fake_quant_fp4_e4m3_scale, dequantize, hadamard, apply_rope,
+//     hc_collapse, hc_expand, topk_rows (indices);
+//   tolerance: hc_mixes 2e-6 relative (FP64 sums in another order, exp ulps), hc_head (its pre as
+//     hc_mixes: one bf16 step rounded, 1e-5 otherwise), sparse_attention (CPU order replayed, exp as
+//     fp32(exp(double)) vs glibc expf: 1e-5 of the row max for >= 99.9% of values, 1e-2 for all).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,7 +21,9 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "cuda/attention.cuh"
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/quant.cuh"
@@ -341,6 +350,450 @@ void test_linear() {
   });
 }
 
+// ---- the remaining ops (issue 8): quantisers, dequantize, hadamard, rope, hyper-connections, attention, top-k ----
+// Comparison with NaN == NaN and a per-case report line "     differ x/n max|d| ..." (as linear's).
+struct Diff {
+  int64_t n = 0, differ = 0, bad = 0, first_bad = -1;
+  double maxabs = 0.0;
+};
+
+std::string diff_line(const Diff& d) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "differ %lld/%lld max|d| %.3g", static_cast<long long>(d.differ),
+                static_cast<long long>(d.n), d.maxabs);
+  return buf;
+}
+
+// Bit-for-bit comparison (NaNs equal); prints the stats line.
+std::string exact(const di::Tensor& want, const di::Tensor& got_dev) {
+  const di::Tensor got = got_dev.device() == di::Device::kCUDA ? di::cuda::copy_to_host(got_dev) : got_dev;
+  if (got.numel() != want.numel()) return "size mismatch";
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  Diff d;
+  d.n = want.numel();
+  for (int64_t i = 0; i < d.n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (bits(a[i]) != bits(b[i])) {
+      if (d.first_bad < 0) d.first_bad = i;
+      ++d.differ;
+      d.maxabs = std::max(d.maxabs, std::fabs(static_cast<double>(a[i]) - b[i]));
+    }
+  }
+  std::printf("     %s (bit-exact required)\n", diff_line(d).c_str());
+  if (d.differ == 0) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s; first at %lld: cpu %.9g, cuda %.9g", diff_line(d).c_str(),
+                static_cast<long long>(d.first_bad), a[d.first_bad], b[d.first_bad]);
+  return buf;
+}
+
+// Tolerance comparison: |a - b| <= rel * |a| + abs_tol; prints the stats line.
+std::string close_to(const di::Tensor& want, const di::Tensor& got_dev, double rel, double abs_tol, const char* rule) {
+  const di::Tensor got = got_dev.device() == di::Device::kCUDA ? di::cuda::copy_to_host(got_dev) : got_dev;
+  if (got.numel() != want.numel()) return "size mismatch";
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  Diff d;
+  d.n = want.numel();
+  for (int64_t i = 0; i < d.n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (bits(a[i]) == bits(b[i])) continue;
+    ++d.differ;
+    const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+    d.maxabs = std::max(d.maxabs, std::isnan(e) ? INFINITY : e);
+    if (!(e <= rel * std::fabs(static_cast<double>(a[i])) + abs_tol)) {
+      if (d.first_bad < 0) d.first_bad = i;
+      ++d.bad;
+    }
+  }
+  std::printf("     %s (tolerance: %s)\n", diff_line(d).c_str(), rule);
+  if (d.bad == 0) return "";
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "%lld out of tolerance, %s; first at %lld: cpu %.9g, cuda %.9g",
+                static_cast<long long>(d.bad), diff_line(d).c_str(), static_cast<long long>(d.first_bad),
+                a[d.first_bad], b[d.first_bad]);
+  return buf;
+}
+
+di::Tensor dev(const di::Tensor& t) { return di::cuda::copy_to_device(t); }
+
+// Normal(0, sigma) float32 of `shape`, optionally on the bf16 grid.
+di::Tensor normal_tensor(const std::vector<int64_t>& shape, float sigma, uint32_t seed, bool bf16) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  di::Tensor t = di::Tensor::empty(shape, di::DType::kF32);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = bf16 ? di::round_bf16(normal(rng)) : normal(rng);
+  return t;
+}
+
+std::string shape_name(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (int64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+void test_fake_quant_fp4() {
+  struct Case {
+    int64_t rows, cols, block;
+    bool e4m3;
+  };
+  const Case cases[] = {
+      {64, 512, 32, false}, {7, 5120, 32, false}, {3, 100, 32, false}, {256, 2048, 32, false},
+      {64, 512, 16, true},  {5, 448, 16, true},   {1, 100, 16, true},  {256, 448, 16, true},
+  };
+  uint32_t seed = 20000;
+  for (const Case& c : cases) {
+    const std::string name = std::string(c.e4m3 ? "fake_quant_fp4_e4m3_scale " : "fake_quant_fp4 ") +
+                             shape_name({c.rows, c.cols}) + " block " + std::to_string(c.block);
+    run_case(name, [&] {
+      di::Tensor cpu = random_rows(c.rows, c.cols, seed++);
+      di::Tensor d = dev(cpu);
+      if (c.e4m3) {
+        di::ops::fake_quant_fp4_e4m3_scale(cpu, c.block);
+        di::ops::fake_quant_fp4_e4m3_scale(d, c.block);
+      } else {
+        di::ops::fake_quant_fp4(cpu, c.block);
+        di::ops::fake_quant_fp4(d, c.block);
+      }
+      return exact(cpu, d);
+    });
+  }
+  run_case("fake_quant_fp4 on a strided column slice", [&] {
+    di::Tensor host = random_rows(9, 512, seed++);
+    di::Tensor d = dev(host);
+    di::Tensor ds = d.slice(1, 128, 384);
+    di::ops::fake_quant_fp4(ds, 32);
+    di::Tensor want = host.clone();
+    di::Tensor ws = want.slice(1, 128, 384);
+    di::ops::fake_quant_fp4(ws, 32);
+    return exact(want, d);
+  });
+}
+
+void test_dequantize() {
+  struct Case {
+    const char* what;
+    di::DType dt;
+    int64_t N, K, block;
+  };
+  const Case cases[] = {
+      {"e4m3 block 128", di::DType::kE4M3, 1280, 5120, 128},
+      {"e4m3 block 32 ragged", di::DType::kE4M3, 333, 2112, 32},
+      {"e2m1x2", di::DType::kE2M1x2, 2304, 5120, 0},
+      {"bf16", di::DType::kBF16, 100, 96, 0},
+  };
+  uint32_t seed = 21000;
+  for (const Case& c : cases) {
+    run_case(std::string("dequantize ") + c.what + " " + shape_name({c.N, c.K}), [&] {
+      di::ops::QWeight wh = random_weight(c.dt, c.N, c.K, c.block, seed++);
+      if (c.dt == di::DType::kE4M3) wh.w.data<uint8_t>()[7] = 0x7f;  // a NaN code
+      return exact(di::ops::dequantize(wh), di::ops::dequantize(to_device(wh)));
+    });
+  }
+  run_case("dequantize f32", [&] {
+    di::ops::QWeight wh;
+    wh.w = random_rows(17, 33, seed++);
+    return exact(di::ops::dequantize(wh), di::ops::dequantize(to_device(wh)));
+  });
+}
+
+void test_hadamard() {
+  struct Case {
+    int64_t T, heads, n;
+    bool round;
+  };
+  const Case cases[] = {
+      {1, 32, 128, true},   {64, 32, 128, true}, {256, 32, 128, false}, {1, 64, 512, true},
+      {128, 64, 512, true}, {5, 3, 64, false},   {2, 1, 8192, false},   {3, 7, 1, true},
+  };
+  uint32_t seed = 22000;
+  for (const Case& c : cases) {
+    run_case("hadamard " + shape_name({c.T, c.heads * c.n}) + " n " + std::to_string(c.n) + " round " +
+                 std::to_string(c.round),
+             [&] {
+               di::Tensor cpu = normal_tensor({c.T, c.heads * c.n}, 1.0f, seed++, true);
+               di::Tensor d = dev(cpu);
+               di::ops::hadamard(cpu, c.n, c.round);
+               di::ops::hadamard(d, c.n, c.round);
+               return exact(cpu, d);
+             });
+  }
+}
+
+void test_rope() {
+  struct Case {
+    const char* what;
+    int64_t T, heads, head_width, rope_dim;
+    bool yarn, inverse, round;
+    int64_t start;
+  };
+  const Case cases[] = {
+      {"q 64 x 512", 1, 64, 512, 64, true, false, true, 70000},
+      {"q 64 x 512", 256, 64, 512, 64, true, false, true, 1000},
+      {"q 64 x 512 inverse (output)", 64, 64, 512, 64, true, true, true, 123456},
+      {"kv 1 x 512", 256, 1, 512, 64, true, false, true, 0},
+      {"index q 32 x 128", 128, 32, 128, 64, true, false, false, 999},
+      {"no yarn", 17, 4, 96, 32, false, false, false, 5},
+      {"no yarn inverse", 17, 4, 96, 32, false, true, true, 1 << 20},
+  };
+  uint32_t seed = 23000;
+  for (const Case& c : cases) {
+    run_case(std::string("apply_rope ") + c.what + " T=" + std::to_string(c.T) + " rope " + std::to_string(c.rope_dim) +
+                 (c.yarn ? " yarn" : "") + (c.inverse ? " inverse" : "") + " round " + std::to_string(c.round),
+             [&] {
+               const di::ops::RopeFreqs f = c.yarn ? di::ops::rope_freqs(c.rope_dim, 10000.0, 16.0, 65536, 32.0, 1.0)
+                                                   : di::ops::rope_freqs(c.rope_dim, 10000.0, 1.0, 0, 32.0, 1.0);
+               std::vector<int64_t> pos(static_cast<size_t>(c.T));
+               std::mt19937 rng(seed);
+               for (int64_t t = 0; t < c.T; ++t)
+                 pos[t] = c.start + t + (t % 3 == 2 ? static_cast<int64_t>(rng() % 5000) : 0);
+               di::Tensor cpu = normal_tensor({c.T, c.heads * c.head_width}, 1.0f, seed++, true);
+               di::Tensor d = dev(cpu);
+               di::ops::apply_rope(cpu, c.head_width, c.rope_dim, pos.data(), f, c.inverse, c.round);
+               di::ops::apply_rope(d, c.head_width, c.rope_dim, pos.data(), f, c.inverse, c.round);
+               return exact(cpu, d);
+             });
+  }
+}
+
+void test_hc() {
+  const int64_t hc = 4;
+  uint32_t seed = 24000;
+  for (int64_t dim : {int64_t{5120}, int64_t{96}}) {
+    for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{256}}) {
+      if (dim == 96 && T == 256) continue;
+      const std::string sh = " T=" + std::to_string(T) + " hc=4 dim=" + std::to_string(dim);
+      di::Tensor stream = normal_tensor({T, hc, dim}, 1.0f, seed++, true);
+      di::Tensor sd = dev(stream);
+      // mixes: fn [24, hc*dim] small, scale [3], base [24]
+      const int64_t M = (2 + hc) * hc;
+      di::Tensor fn = normal_tensor({M, hc * dim}, 0.02f, seed++, false);
+      di::Tensor scale = normal_tensor({3}, 0.5f, seed++, false);
+      di::Tensor base = normal_tensor({M}, 1.0f, seed++, false);
+      run_case("hc_mixes (sinkhorn 20)" + sh, [&] {
+        const di::ops::HcMix want = di::ops::hc_mixes(stream, fn, scale, base, hc, 20, 1e-6f, 1e-6f);
+        const di::ops::HcMix got = di::ops::hc_mixes(sd, dev(fn), dev(scale), dev(base), hc, 20, 1e-6f, 1e-6f);
+        const char* rule = "2e-6 relative (FP64 sums in a different order, exp ulps)";
+        std::string r = close_to(want.pre, got.pre, 2e-6, 1e-30, rule);
+        const std::string r2 = close_to(want.post, got.post, 2e-6, 1e-30, rule);
+        const std::string r3 = close_to(want.comb, got.comb, 2e-6, 1e-12, rule);
+        return !r.empty() ? "pre: " + r : (!r2.empty() ? "post: " + r2 : (!r3.empty() ? "comb: " + r3 : ""));
+      });
+      for (bool round : {true, false}) {
+        const std::string rs = " round " + std::to_string(round);
+        di::Tensor pre = normal_tensor({T, hc}, 0.5f, seed++, false);
+        run_case("hc_collapse" + sh + rs, [&] {
+          return exact(di::ops::hc_collapse(stream, pre, round), di::ops::hc_collapse(sd, dev(pre), round));
+        });
+        di::Tensor y = normal_tensor({T, dim}, 1.0f, seed++, true);
+        di::Tensor post = normal_tensor({T, hc}, 0.5f, seed++, false);
+        di::Tensor comb = normal_tensor({T, hc, hc}, 0.5f, seed++, false);
+        run_case("hc_expand" + sh + rs, [&] {
+          return exact(di::ops::hc_expand(y, stream, post, comb, round),
+                       di::ops::hc_expand(dev(y), sd, dev(post), dev(comb), round));
+        });
+        di::Tensor hfn = normal_tensor({hc, hc * dim}, 0.02f, seed++, false);
+        di::Tensor hscale = normal_tensor({1}, 0.5f, seed++, false);
+        di::Tensor hbase = normal_tensor({hc}, 1.0f, seed++, false);
+        run_case("hc_head" + sh + rs, [&] {
+          const di::Tensor want = di::ops::hc_head(stream, hfn, hscale, hbase, 1e-6f, 1e-6f, round);
+          const di::Tensor got = di::ops::hc_head(sd, dev(hfn), dev(hscale), dev(hbase), 1e-6f, 1e-6f, round);
+          // pre may differ by an ulp (see hc_mixes), then one bf16 step when rounding.
+          return round ? close_to(want, got, 1.0 / 128, 1e-30, "one bf16 step")
+                       : close_to(want, got, 1e-5, 1e-6, "1e-5 relative + 1e-6");
+        });
+      }
+    }
+  }
+}
+
+// idx rows for attention: the first `valid` slots random kv rows (some repeated), then -1; a few rows
+// fully empty or starting with a fully empty tile.
+di::Tensor attention_idx(int64_t T, int64_t K, int64_t N, uint32_t seed, bool holes) {
+  std::mt19937 rng(seed);
+  di::Tensor idx = di::Tensor::empty({T, K}, di::DType::kI32);
+  int32_t* p = idx.data<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t valid = K;
+    if (holes) valid = K - static_cast<int64_t>(rng() % static_cast<uint32_t>(std::min<int64_t>(K, 200)));
+    for (int64_t i = 0; i < K; ++i) p[t * K + i] = i < valid ? static_cast<int32_t>(rng() % N) : -1;
+    if (holes && t % 7 == 3)  // scattered holes
+      for (int64_t i = 0; i < K; i += 3) p[t * K + i] = -1;
+    if (holes && t % 11 == 5)  // the first tile empty: the skip path
+      for (int64_t i = 0; i < std::min<int64_t>(K, 64); ++i) p[t * K + i] = -1;
+    if (holes && t % 13 == 6)  // nothing at all: zeros
+      for (int64_t i = 0; i < K; ++i) p[t * K + i] = -1;
+  }
+  return idx;
+}
+
+// Attention tolerance: relative to the largest |value| of each (t, h) row: tight 1e-5 for all but
+// 0.1% of values, loose 1e-2 for every value (an exp result one ulp off the CPU's can, rarely, move a
+// bf16-rounded probability by one bf16 step). Rounded outputs: at most one bf16 step for the same.
+std::string attention_close(const di::Tensor& want, const di::Tensor& got_dev, int64_t D) {
+  const di::Tensor got = di::cuda::copy_to_host(got_dev);
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  const int64_t n = want.numel();
+  int64_t differ = 0, tight = 0, loose = 0, first = -1;
+  double maxabs = 0.0, maxrel = 0.0;
+  for (int64_t r = 0; r < n / D; ++r) {
+    double rmax = 0.0;
+    for (int64_t d = 0; d < D; ++d) rmax = std::max(rmax, std::fabs(static_cast<double>(a[r * D + d])));
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t i = r * D + d;
+      if (bits(a[i]) == bits(b[i])) continue;
+      ++differ;
+      const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+      maxabs = std::max(maxabs, e);
+      const double rel = e / std::max(rmax, 1e-30);
+      maxrel = std::max(maxrel, std::isnan(rel) ? INFINITY : rel);
+      if (!(rel <= 1e-5)) ++tight;
+      if (!(rel <= 1e-2)) {
+        ++loose;
+        if (first < 0) first = i;
+      }
+    }
+  }
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "differ %lld/%lld max|d| %.3g max|d|/rowmax %.3g beyond 1e-5: %lld",
+                static_cast<long long>(differ), static_cast<long long>(n), maxabs, maxrel,
+                static_cast<long long>(tight));
+  std::printf("     %s (tolerance: 1e-5 of the row max for >= 99.9%%, 1e-2 for all)\n", buf);
+  if (loose == 0 && tight * 1000 <= n) return "";
+  std::string s = buf;
+  if (first >= 0) {
+    char b2[120];
+    std::snprintf(b2, sizeof b2, "; first loose miss at %lld: cpu %.9g, cuda %.9g", static_cast<long long>(first),
+                  a[first], b[first]);
+    s += b2;
+  }
+  return s;
+}
+
+void test_sparse_attention() {
+  struct Case {
+    const char* what;
+    int64_t T, H, D, N, K;
+    bool holes, bf16_probs, round;
+    int hg;  // 0: automatic
+  };
+  const Case cases[] = {
+      {"small ragged", 3, 5, 64, 300, 130, true, true, true, 0},
+      {"small ragged fp32", 3, 5, 64, 300, 130, true, false, false, 0},
+      {"v4.1 decode", 1, 64, 512, 5000, 640, false, true, true, 0},
+      {"v4.1 decode holes", 1, 64, 512, 5000, 640, true, true, true, 0},
+      {"v4.1 decode batch", 16, 64, 512, 8192, 640, true, true, false, 0},
+      {"v4.1 prefill", 64, 64, 512, 4000, 640, true, true, true, 0},
+      {"v4.1 prefill", 256, 64, 512, 6000, 640, true, true, true, 0},
+      {"v4.1 prefill fp32 probs", 128, 64, 512, 3000, 640, true, false, false, 0},
+      {"window only (K=128)", 64, 64, 512, 128, 128, true, true, true, 0},
+      {"HG 4", 8, 64, 512, 2000, 576, true, true, true, 4},
+      {"HG 8", 8, 64, 512, 2000, 576, true, true, true, 8},
+      {"HG 16", 8, 64, 512, 2000, 576, true, true, true, 16},
+      {"H=7 HG 16 (partial group)", 4, 7, 128, 500, 200, true, true, false, 16},
+  };
+  uint32_t seed = 25000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d",
+                  c.what, static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
+                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0);
+    run_case(name, [&] {
+      const di::Tensor q = normal_tensor({c.T, c.H, c.D}, 1.0f, seed++, true);
+      const di::Tensor kv = normal_tensor({c.N, c.D}, 1.0f, seed++, true);
+      const di::Tensor sink = normal_tensor({c.H}, 1.0f, seed++, false);
+      const di::Tensor idx = attention_idx(c.T, c.K, c.N, seed++, c.holes);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+      const di::Tensor want = di::ops::sparse_attention(q, kv, idx, sink, scale, c.bf16_probs, c.round);
+      di::Tensor got;
+      if (c.hg == 0) {
+        got = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round);
+      } else {
+        got = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
+        di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got,
+                                        nullptr, c.hg);
+      }
+      return attention_close(want, got, c.D);
+    });
+  }
+}
+
+// Scores with many ties (a small value set), some -inf (masked), +inf, -0 / +0, and per-row visible counts.
+di::Tensor topk_scores(int64_t T, int64_t n, uint32_t seed, bool ties) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  di::Tensor s = di::Tensor::empty({T, n}, di::DType::kF32);
+  float* p = s.data<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t visible = t % 5 == 1 ? static_cast<int64_t>(rng() % static_cast<uint32_t>(n + 1)) : n;
+    for (int64_t i = 0; i < n; ++i) {
+      float v = ties ? static_cast<float>(static_cast<int>(rng() % 17) - 8) * 0.25f : normal(rng);
+      if (ties && v == 0.0f && (rng() & 1)) v = -0.0f;
+      if (rng() % 97 == 0) v = -INFINITY;
+      if (rng() % 4999 == 0) v = INFINITY;
+      p[t * n + i] = i < visible ? v : -INFINITY;
+    }
+  }
+  return s;
+}
+
+std::string compare_idx(const di::Tensor& want, const di::Tensor& got_dev) {
+  const di::Tensor got = di::cuda::copy_to_host(got_dev);
+  if (got.numel() != want.numel()) return "size mismatch";
+  const int32_t* a = want.data<int32_t>();
+  const int32_t* b = got.data<int32_t>();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < want.numel(); ++i)
+    if (a[i] != b[i]) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  std::printf("     differ %lld/%lld (exact required)\n", static_cast<long long>(bad),
+              static_cast<long long>(want.numel()));
+  if (bad == 0) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%lld of %lld indices differ; first at %lld: cpu %d, cuda %d",
+                static_cast<long long>(bad), static_cast<long long>(want.numel()), static_cast<long long>(first),
+                a[first], b[first]);
+  return buf;
+}
+
+void test_topk() {
+  struct Case {
+    const char* what;
+    int64_t T, n, k;
+    bool ties;
+  };
+  const Case cases[] = {
+      {"indexer decode", 1, 5000, 512, false},
+      {"indexer prefill", 64, 6000, 512, false},
+      {"indexer prefill", 256, 4096, 512, true},
+      {"indexer short rows", 16, 300, 512, false},
+      {"moe routing", 256, 256, 8, true},
+      {"moe routing", 1, 256, 6, false},
+      {"large n", 4, 65536, 2048, true},
+      {"k = 1", 8, 1000, 1, true},
+      {"n = 1", 3, 1, 4, false},
+  };
+  uint32_t seed = 26000;
+  for (const Case& c : cases) {
+    const di::Tensor s = topk_scores(c.T, c.n, seed++, c.ties);
+    const di::Tensor sd = dev(s);
+    for (bool by_index : {false, true}) {
+      char name[160];
+      std::snprintf(name, sizeof name, "topk_rows %s T=%lld n=%lld k=%lld ties=%d order=%s", c.what,
+                    static_cast<long long>(c.T), static_cast<long long>(c.n), static_cast<long long>(c.k),
+                    c.ties ? 1 : 0, by_index ? "index" : "score");
+      run_case(name, [&] {
+        return compare_idx(di::ops::topk_rows(s, c.k, by_index), di::ops::topk_rows(sd, c.k, by_index));
+      });
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -359,6 +812,13 @@ int main() {
   test_round_bf16();
   test_rms_norm();
   test_linear();
+  test_fake_quant_fp4();
+  test_dequantize();
+  test_hadamard();
+  test_rope();
+  test_hc();
+  test_sparse_attention();
+  test_topk();
   try {
     di::cuda::synchronize();
   } catch (const std::exception& e) {

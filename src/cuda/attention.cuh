@@ -1,0 +1,40 @@
+// CUDA sparse attention with a per-head sink: the contract of ops::sparse_attention (src/ops/ops.h)
+// on tensors that live on kCUDA. CPU reference: src/cpu/attention.cpp.
+//
+// Numerics: the CPU's order is replayed. Per (t, head): for each 64-entry tile of idx, scores are
+// sequential fp32 dots over d = 0..D-1 (one thread per (entry, head), explicit IEEE multiply then
+// add) times `scale`; the tile max, m_new, rescale = exp(m - m_new), p = exp(s - m_new), the
+// sequential fp32 tile sum and l = l * rescale + tsum follow the CPU statement by statement; P.V is
+// accumulated in FP64 per output element in entry order (p * v is exact in FP64, so an FMA equals the
+// CPU's multiply-then-add), the accumulator rescaled per tile in FP64. Output: float(acc) / (l +
+// exp(sink - m)). exp is fp32(exp(double)), which equals glibc's expf except in rare ~0.5 ulp
+// cases, so results are bit for bit the CPU's almost always; the tests allow 1e-5 relative.
+//
+// Kernel shape: one CTA (256 threads) per (token, group of HG heads), HG in {4, 8, 16} picked from
+// the number of CTAs the launch gets (more heads per CTA = fewer re-reads of the gathered rows).
+// Each 64-entry tile's KV rows are gathered by idx into shared memory with 16-byte cp.async
+// (rows padded to D + 4 floats: conflict-free float4 reads), scores go through shared memory, one
+// warp per head does the softmax step, and every thread owns output columns d and d + 256 of all
+// HG heads (2 * HG FP64 accumulators in registers). Entries with idx -1 (or >= N) are skipped.
+// Requirements: D % 4 == 0, D <= 512; q [T, H, D], kv [N, D], idx [T, K] int32, sink [H] float32,
+// all contiguous on kCUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/tensor.h"
+
+struct CUstream_st;
+
+namespace deepinfer::cuda {
+
+Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                        bool bf16_probs, bool round);
+
+// As sparse_attention into a preallocated contiguous float32 [T, H, D] CUDA tensor on `stream`;
+// heads_per_cta 0 picks HG automatically (else 4, 8 or 16; for benchmarks).
+void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                           bool bf16_probs, bool round, Tensor& out, CUstream_st* stream = nullptr,
+                           int heads_per_cta = 0);
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,34 @@
+// CUDA hyper-connections: the contracts of ops::hc_mixes, hc_collapse, hc_expand and hc_head
+// (src/ops/ops.h) on float32 tensors that live on kCUDA. CPU reference: src/cpu/hc.cpp.
+//
+// Numerics.
+//  * hc_collapse, hc_expand: one thread per output, the CPU's fp32 order (acc = 0; acc += p_j * s_j
+//    for j = 0..hc-1; expand: post * y + acc) with explicit IEEE operations: bit for bit the CPU op.
+//  * hc_mixes, hc_head: the projection sums (mean of squares, fn . flat(stream)) are FP64 as on the
+//    CPU, but in a block-wide tree instead of the CPU's sequential order; products are exact in
+//    FP64, so the fp32 mixes equal the CPU's unless a double-rounding boundary is hit (rare, one
+//    fp32 ulp). Everything after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order in one
+//    thread per token, exp as fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp
+//    cases). Tests allow 2e-6 relative on pre / post / comb.
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/tensor.h"
+#include "ops/ops.h"
+
+namespace deepinfer::cuda {
+
+// stream [T, hc, dim] contiguous float32 on kCUDA; fn [(2+hc)*hc, hc*dim], scale [3], base [(2+hc)*hc]
+// float32 on kCUDA. Returns pre [T, hc], post [T, hc], comb [T, hc, hc] on kCUDA.
+ops::HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
+                    int64_t sinkhorn_iters, float hc_eps, float norm_eps);
+// out[t, d] = round(sum_j pre[t, j] * stream[t, j, d]); [T, dim].
+Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round);
+// out[t, k, d] = round(post[t, k] * y[t, d] + sum_j comb[t, j, k] * stream[t, j, d]); [T, hc, dim].
+Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round);
+// pre_j = sigmoid(mix_j * scale[0] + base_j) + hc_eps (fn [hc, hc*dim]), then hc_collapse.
+Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, float hc_eps,
+               float norm_eps, bool round);
+
+}  // namespace deepinfer::cuda

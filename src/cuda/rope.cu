@@ -1,0 +1,130 @@
+// CUDA RoPE and Walsh-Hadamard transform. Contracts in rope.cuh.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/rope.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+void check_contiguous_f32(const Tensor& x, const char* op) {
+  DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.is_contiguous(),
+           "{}: expected a contiguous float32 CUDA tensor, got {}", op,
+           x.defined() ? x.describe() : std::string("undefined"));
+}
+
+// One thread per (row, head, pair). cs / sn: [rows, half].
+__global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_width, int64_t rope_dim,
+                            const float* cs, const float* sn, bool round) {
+  const int64_t half = rope_dim / 2;
+  const int64_t total = rows * heads * half;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e % half;
+    const int64_t h = (e / half) % heads;
+    const int64_t r = e / (half * heads);
+    float* a = x + (r * heads + h) * head_width + (head_width - rope_dim);
+    const float c = cs[r * half + i], s = sn[r * half + i];
+    const float x0 = a[2 * i], x1 = a[2 * i + 1];
+    float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    if (round) {
+      y0 = round_to_bf16(y0);
+      y1 = round_to_bf16(y1);
+    }
+    a[2 * i] = y0;
+    a[2 * i + 1] = y1;
+  }
+}
+
+// One block per segment of n values (n / 2 butterflies per stage, blockDim.x threads).
+__global__ void hadamard_kernel(float* x, int64_t n, float scale, bool round) {
+  extern __shared__ float seg[];
+  float* p = x + static_cast<int64_t>(blockIdx.x) * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) seg[i] = p[i];
+  __syncthreads();
+  const int64_t pairs = n / 2;
+  for (int64_t h = 1; h < n; h <<= 1) {
+    for (int64_t q = threadIdx.x; q < pairs; q += blockDim.x) {
+      const int64_t j = (q / h) * 2 * h + q % h;
+      const float u = seg[j], v = seg[j + h];
+      seg[j] = __fadd_rn(u, v);
+      seg[j + h] = __fsub_rn(u, v);
+    }
+    __syncthreads();
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __fmul_rn(seg[i], scale);
+    p[i] = round ? round_to_bf16(v) : v;
+  }
+}
+
+// The cos / sin table buffer (grows on demand, never shrinks).
+std::mutex g_table_mu;
+Tensor g_table;
+
+}  // namespace
+
+void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const ops::RopeFreqs& f,
+                bool inverse, bool round) {
+  const char* op = "cuda::apply_rope";
+  check_contiguous_f32(x, op);
+  DI_CHECK(x.dim() >= 1, "{}: expected [T, ...], got {}", op, x.describe());
+  const int64_t rows = x.size(0);
+  if (rows == 0 || x.numel() == 0) return;
+  const int64_t width = x.numel() / rows;
+  DI_CHECK(head_width > 0 && width % head_width == 0 && rope_dim <= head_width && rope_dim % 2 == 0,
+           "{}: row width {} vs head width {} and rope dim {}", op, width, head_width, rope_dim);
+  DI_CHECK(static_cast<int64_t>(f.freq.size()) * 2 == rope_dim, "{}: table is for {} dims, asked {}", op,
+           f.freq.size() * 2, rope_dim);
+  const int64_t heads = width / head_width, half = rope_dim / 2;
+  if (half == 0) return;
+  // The CPU op's table, bit for bit: fp32 angle, double cos / sin rounded to fp32.
+  std::vector<float> host(static_cast<size_t>(2 * rows * half));
+  float* cs = host.data();
+  float* sn = host.data() + rows * half;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float pos = static_cast<float>(positions[r]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = pos * f.freq[i];
+      cs[r * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
+      const float s = static_cast<float>(std::sin(static_cast<double>(ang)));
+      sn[r * half + i] = inverse ? -s : s;
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  const int64_t need = 2 * rows * half;
+  if (!g_table.defined() || g_table.numel() < need) g_table = Tensor::empty({need}, DType::kF32, Device::kCUDA);
+  float* dev = g_table.data<float>();
+  // Pageable host -> device: the legacy stream's earlier kernels (which may still read the table) finish first.
+  DI_CUDA_CHECK(cudaMemcpy(dev, host.data(), static_cast<size_t>(need) * sizeof(float), cudaMemcpyHostToDevice));
+  constexpr int kThreads = 256;
+  const int64_t total = rows * heads * half;
+  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20);
+  rope_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(x.data<float>(), rows, heads, head_width, rope_dim, dev,
+                                                           dev + rows * half, round);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+void hadamard(Tensor& x, int64_t n, bool round) {
+  const char* op = "cuda::hadamard";
+  check_contiguous_f32(x, op);
+  DI_CHECK(n > 0 && (n & (n - 1)) == 0 && n <= 8192, "{}: size {} is not a power of two in [1, 8192]", op, n);
+  DI_CHECK(x.numel() % n == 0, "{}: {} values are not a multiple of {}", op, x.numel(), n);
+  const int64_t segs = x.numel() / n;
+  if (segs == 0) return;
+  DI_CHECK(segs < (int64_t{1} << 31), "{}: {} segments is too many for one launch", op, segs);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));  // as the CPU op
+  const int threads = threads_for(std::max<int64_t>(n / 2, 1), 512);
+  hadamard_kernel<<<static_cast<unsigned>(segs), threads, static_cast<size_t>(n) * sizeof(float)>>>(x.data<float>(), n,
+                                                                                                    scale, round);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace deepinfer::cuda
