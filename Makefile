@@ -3,7 +3,7 @@
 #   make deps     install missing system and Python packages (scripts/install-deps.sh), once
 #   make build    configure (CMake + Ninja, Release) and build everything
 #   make test     build, then run the C++ tests (ctest) and the Python tests (pytest)
-#   make run      build, generate the tiny random-weight V4 checkpoint if needed, generate 16 tokens
+#   make run      build, then continue a text prompt greedily with the shipped trained model (models/mini-v41)
 #   make bench    build and run the benchmarks in bench/
 #   make format   clang-format every C++/CUDA source (make format-check only reports)
 #   make clean    remove the build directory (models and test checkpoints included)
@@ -35,7 +35,7 @@ MODEL_DIR := $(BUILD_DIR)/models/tiny-v41
 BIN := $(BUILD_DIR)/src/deepinfer
 FORMAT_DIRS := src include tests bench
 
-.PHONY: deps build test test-cuda run bench clean format format-check
+.PHONY: deps build test test-cuda run tiny-model bench clean format format-check
 
 # ---- dependencies ---------------------------------------------------------------------------------
 deps: $(DEPS_STAMP)
@@ -74,10 +74,17 @@ test-cuda: build
 	./$(BUILD_DIR)/src/cuda/deepinfer_cuda_tests
 
 # ---- run ----------------------------------------------------------------------------------------------
-run: build $(MODEL_DIR)/config.json
-	./$(BIN) generate --model $(MODEL_DIR) --prompt-ids 0,17,42,7 --max-tokens 16
+# The default model: a small trained DeepSeek-V4.1-architecture model shipped in the repository
+# (tools/train/train_all.sh made it; tools/train/RESULTS.md).
+DEFAULT_MODEL := models/mini-v41
+PROMPT ?= In the beginning
+run: build
+	./$(BIN) generate --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-tokens 48
 
-# The default model: tiny random-weight DeepSeek-V4.1, regenerated when the generator changes.
+# `make tiny-model`: the tiny random-weight DeepSeek-V4.1 checkpoint (shapes, not text), regenerated
+# when the generator changes.
+tiny-model: $(MODEL_DIR)/config.json
+
 # Written to a temporary directory first so an interrupted run never leaves a half model.
 $(MODEL_DIR)/config.json: $(wildcard tools/*.py tools/engram/*.py) | deps
 	@rm -rf $(MODEL_DIR).tmp

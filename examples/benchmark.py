@@ -36,7 +36,7 @@ def run(model: str, prompts, output_len: int, max_num_seqs: int):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "build" / "models" / "tiny-v41"))
+    ap.add_argument("--model", default=str(ROOT / "models" / "mini-v41"))
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=32)
@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if not (Path(args.model) / "config.json").exists():
-        sys.exit(f"no model at {args.model}; run `make run` once or pass --model")
+        sys.exit(f"no model at {args.model}; pass --model")
     cfg = json.loads((Path(args.model) / "config.json").read_text())
     vocab = (cfg.get("text_config") or cfg)["vocab_size"]
     rng = np.random.default_rng(args.seed)

@@ -6,8 +6,8 @@
 DIR is a DeepSeek-V4.1 (or V4) checkpoint directory (config.json, safetensors, tokenizer.json).
 Without --model: $DEEPINFER_HF_MODEL_DIR, else the Hugging Face cache entry of
 deepseek-ai/DeepSeek-V4.1-Flash-1017 (its newest snapshot under $HF_HUB_CACHE, $HF_HOME/hub or
-~/.cache/huggingface/hub), else the default model that `make run` generates
-(build/models/tiny-v41). It says which one it used. Run from the repository root after
+~/.cache/huggingface/hub), else the shipped default model
+(models/mini-v41). It says which one it used. Run from the repository root after
 `make build` (PYTHONPATH=python).
 """
 import argparse
@@ -43,9 +43,9 @@ def main():
     if not model and hf_cache_model():
         model, source = hf_cache_model(), f"the Hugging Face cache ({HF_REPO})"
     if not model:
-        model, source = str(ROOT / "build" / "models" / "tiny-v41"), "the default generated model (make run)"
+        model, source = str(ROOT / "models" / "mini-v41"), "the shipped default model"
     if not (Path(model) / "config.json").exists():
-        sys.exit(f"no model at {model} ({source}); run `make run` once to generate the default model")
+        sys.exit(f"no model at {model} ({source}); pass --model")
     print(f"model: {model} (from {source})")
 
     llm = deepinfer.LLM(model=model)
