@@ -13,6 +13,8 @@
 
 namespace deepinfer::structured {
 
+using VocabNode = TokenVocab::TrieNode;
+
 namespace {
 std::atomic<uint64_t> g_vocab_serial{1};
 constexpr size_t kWidth = 64;       // stacks per walk state for the decomposition to be exact
@@ -194,13 +196,28 @@ std::string item_structure(const Grammar& g, Grammar::Elem item) {
   return k;
 }
 
+size_t entry_bytes(const LoopEntry& e) {
+  return e.full_all.size() * 4 + e.by_n.size() * 4 + e.n_start.size() * 4 + e.exits.size() * sizeof(LoopEntry::Exit) + 2048;
+}
+
+// The process-wide loop entries, least recently used dropped past kSharedLoopBytes (entries live on in
+// the grammars that hold them).
+constexpr size_t kSharedLoopBytes = size_t{96} << 20;
+struct SharedLoop {
+  std::shared_ptr<const LoopEntry> e;
+  size_t bytes = 0;
+  uint64_t used = 0;
+};
 std::mutex g_loop_mu;
-std::unordered_map<std::string, std::shared_ptr<const LoopEntry>> g_loop_cache;
+std::unordered_map<std::string, SharedLoop> g_loop_cache;
+size_t g_loop_bytes = 0;
+uint64_t g_loop_tick = 0;
 }  // namespace
 
 void clear_shared_loop_cache() {
   std::lock_guard<std::mutex> lock(g_loop_mu);
   g_loop_cache.clear();
+  g_loop_bytes = 0;
 }
 
 TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_t>& special_ids, int32_t eos_id)
@@ -242,6 +259,9 @@ TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_
     trie_tok_end[last] = static_cast<int32_t>(trie_ids.size());
   }
   for (int32_t n : path) trie_end[static_cast<size_t>(n)] = static_cast<int32_t>(trie_byte.size());
+  trie.resize(trie_byte.size());
+  for (size_t i = 0; i < trie.size(); ++i)
+    trie[i] = {trie_end[i], trie_tok_begin[i], static_cast<uint16_t>(trie_tok_end[i] - trie_tok_begin[i]), trie_byte[i]};
 }
 
 std::shared_ptr<const TokenVocab> TokenVocab::from_tokenizer(const Tokenizer& tok, int64_t vocab_size,
@@ -274,6 +294,85 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::sh
         if (g.elems[static_cast<size_t>(p)].kind == Grammar::Kind::kEnd) break;
       }
   walk_.resize(vocab_->max_len + 2);
+  // Byte classes: refine the partition of 0..255 by every terminal set.
+  byte_class_.fill(0);
+  num_classes_ = 1;
+  for (const ByteSet& bs : g.sets) {
+    if (num_classes_ == 256) break;
+    std::array<int16_t, 512> remap;
+    remap.fill(-1);
+    int16_t nn = 0;
+    for (int b = 0; b < 256; ++b) {
+      const int k = byte_class_[static_cast<size_t>(b)] * 2 + (bs.test(static_cast<uint8_t>(b)) ? 1 : 0);
+      if (remap[static_cast<size_t>(k)] < 0) remap[static_cast<size_t>(k)] = nn++;
+      byte_class_[static_cast<size_t>(b)] = static_cast<uint8_t>(remap[static_cast<size_t>(k)]);
+    }
+    num_classes_ = nn;
+  }
+}
+
+void CompiledGrammar::dfa_clear() {
+  dstates_.clear();
+  dwidth_.clear();
+  dtrans_.clear();
+  dindex_.clear();
+  dfa_bytes_ = 0;
+  dfa_over_ = false;
+}
+
+int32_t CompiledGrammar::dfa_intern(std::vector<int32_t>&& stacks) {
+  auto it = dindex_.find(stacks);
+  if (it != dindex_.end()) return it->second;
+  const int32_t id = static_cast<int32_t>(dstates_.size());
+  dfa_bytes_ += stacks.size() * 8 + static_cast<size_t>(num_classes_) * 4 + 128;
+  if (dfa_bytes_ > dfa_limit_bytes) dfa_over_ = true;
+  MatchState st;
+  st.stacks = stacks;
+  dwidth_.push_back(static_cast<uint32_t>(stacks.size()));
+  dindex_.emplace(std::move(stacks), id);
+  dstates_.push_back(std::move(st));
+  dtrans_.resize(dtrans_.size() + static_cast<size_t>(num_classes_), -2);
+  return id;
+}
+
+int32_t CompiledGrammar::dfa_fill(int32_t sid, uint8_t b) {
+  int32_t r = -1;
+  if (pda_.advance(dstates_[static_cast<size_t>(sid)], b, dtmp_)) r = dfa_intern(std::move(dtmp_.stacks));
+  dtrans_[static_cast<size_t>(sid) * static_cast<size_t>(num_classes_) + byte_class_[b]] = r;
+  return r;
+}
+
+void CompiledGrammar::visit_dfa(int32_t lo, int32_t hi, int32_t sid) {
+  // Iterative preorder walk.
+  const VocabNode* trie = vocab_->trie.data();
+  const int32_t* ids = vocab_->trie_ids.data();
+  const size_t nc = static_cast<size_t>(num_classes_);
+  WalkFrame* fr = frames_.data();
+  int top = 0;
+  fr[0] = {lo, hi, sid};
+  while (top >= 0) {
+    WalkFrame& f = fr[top];
+    if (f.c >= f.hi) {
+      --top;
+      continue;
+    }
+    const int32_t c = f.c;
+    const VocabNode nd = trie[c];
+    f.c = nd.end;
+    int32_t t = dtrans_[static_cast<size_t>(f.sid) * nc + byte_class_[nd.byte]];
+    if (t == -2) {
+      t = dfa_fill(f.sid, nd.byte);
+      if (dfa_over_) return;
+    }
+    if (t < 0) continue;
+    const uint32_t w = dwidth_[static_cast<size_t>(t)];
+    if (w > width_limit_) {
+      wide_ = true;
+      return;
+    }
+    hits_.insert(hits_.end(), ids + nd.tok, ids + nd.tok + nd.ntok);
+    if (c + 1 < nd.end && w) fr[++top] = {c + 1, nd.end, t};
+  }
 }
 
 const std::vector<uint32_t>& CompiledGrammar::mask(const MatchState& s) {
@@ -318,11 +417,23 @@ void CompiledGrammar::visit(int32_t lo, int32_t hi, size_t d) {
   }
 }
 
-bool CompiledGrammar::walk(const MatchState& s, size_t width_limit) {
+bool CompiledGrammar::walk(const MatchState& s, size_t width_limit, bool dfa) {
   hits_.clear();
   wide_ = false;
   width_limit_ = width_limit;
   if (s.stacks.empty()) return true;
+  if (dfa) {
+    if (dfa_bytes_ > dfa_limit_bytes) dfa_clear();
+    frames_.resize(vocab_->max_len + 2);
+    const int32_t root = dfa_intern(std::vector<int32_t>(s.stacks));
+    if (!dfa_over_) {
+      visit_dfa(0, static_cast<int32_t>(vocab_->trie.size()), root);
+      if (!dfa_over_) return !wide_;
+    }
+    dfa_clear();  // over its memory bound: the plain walk
+    hits_.clear();
+    wide_ = false;
+  }
   walk_[0] = s;
   visit(0, static_cast<int32_t>(vocab_->trie_byte.size()), 0);
   return !wide_;
@@ -330,7 +441,13 @@ bool CompiledGrammar::walk(const MatchState& s, size_t width_limit) {
 
 void CompiledGrammar::compute_full(const MatchState& s, std::vector<uint32_t>& out) {
   out.assign(static_cast<size_t>(vocab_->mask_words()), 0);
-  walk(s, SIZE_MAX);
+  walk(s, SIZE_MAX, false);
+  for (int32_t id : hits_) set_bit(out, id);
+}
+
+void CompiledGrammar::compute_walk(const MatchState& s, std::vector<uint32_t>& out) {
+  out.assign(static_cast<size_t>(vocab_->mask_words()), 0);
+  walk(s, SIZE_MAX, true);
   for (int32_t id : hits_) set_bit(out, id);
 }
 
@@ -343,7 +460,7 @@ void CompiledGrammar::compute(const MatchState& s, std::vector<uint32_t>& out) {
   }
   if (!ok) {
     if (!s.stacks.empty()) ++stats.full_walks;
-    compute_full(s, out);
+    compute_walk(s, out);
   }
   bool any = false;
   for (uint32_t w : out)
@@ -382,7 +499,10 @@ std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item,
   if (!gkey.empty()) {
     std::lock_guard<std::mutex> lock(g_loop_mu);
     auto g = g_loop_cache.find(gkey);
-    if (g != g_loop_cache.end()) e = g->second;
+    if (g != g_loop_cache.end()) {
+      e = g->second.e;
+      g->second.used = ++g_loop_tick;
+    }
   }
   if (!e) {
     auto built = std::make_shared<LoopEntry>();
@@ -391,8 +511,15 @@ std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item,
     e = built;
     if (!gkey.empty()) {
       std::lock_guard<std::mutex> lock(g_loop_mu);
-      if (g_loop_cache.size() >= 64) g_loop_cache.clear();  // bounded (~1 MB each); entries live on in their grammars
-      g_loop_cache.emplace(gkey, e);
+      const size_t bytes = entry_bytes(*e);
+      while (!g_loop_cache.empty() && g_loop_bytes + bytes > kSharedLoopBytes) {
+        auto old = g_loop_cache.begin();
+        for (auto i = g_loop_cache.begin(); i != g_loop_cache.end(); ++i)
+          if (i->second.used < old->second.used) old = i;
+        g_loop_bytes -= old->second.bytes;
+        g_loop_cache.erase(old);
+      }
+      if (g_loop_cache.emplace(gkey, SharedLoop{e, bytes, ++g_loop_tick}).second) g_loop_bytes += bytes;
     }
   }
   loops_.emplace(key, e);

@@ -17,7 +17,9 @@
 // Both fall back to a full walk from the whole state whenever the pathological-grammar cuts of the
 // byte matcher (stack depth, stacks per state) could make the union differ from it, so masks are
 // always exactly "the byte matcher accepts every byte of the token from this state".
-// Walks use the vocabulary's byte trie (preorder arrays, subtree skip in O(1)).
+// Walks use the vocabulary's byte trie (preorder arrays, subtree skip in O(1)) and step through a
+// lazily built DFA over matcher states (per grammar, byte classes, memory-bounded), so a matcher
+// transition is computed once per (state, byte class) instead of once per trie node.
 //
 // Special tokens (added tokens marked special) and ids without bytes are never allowed, except EOS:
 // EOS is allowed exactly when the bytes so far form a complete sentence of the grammar, and is the
@@ -25,6 +27,7 @@
 // happen for vocabularies that hold every single byte) allows EOS so a sequence always ends.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,6 +64,13 @@ class TokenVocab {
   // (exclusive; also its next sibling), and its tokens trie_ids[tok_begin, tok_end).
   std::vector<uint8_t> trie_byte;
   std::vector<int32_t> trie_end, trie_tok_begin, trie_tok_end, trie_ids;
+  // The same nodes packed for the walks: subtree end, tokens [tok, tok + ntok), byte.
+  struct TrieNode {
+    int32_t end, tok;
+    uint16_t ntok;
+    uint8_t byte;
+  };
+  std::vector<TrieNode> trie;
   uint64_t serial = 0;  // unique per vocabulary object (key of the shared loop cache)
 
  private:
@@ -89,10 +99,12 @@ class CompiledGrammar {
   // Uncached: the mask by one trie walk from the whole state (reference for tests), and by the
   // per-stack decomposition (what mask() uses).
   void compute_full(const MatchState& s, std::vector<uint32_t>& out);
+  void compute_walk(const MatchState& s, std::vector<uint32_t>& out);  // the same through the walk DFA
   void compute(const MatchState& s, std::vector<uint32_t>& out);
   MatcherStats stats;
   size_t cache_limit_bytes = size_t{256} << 20;
   bool use_loops = true;  // tests: false = per-stack walks only
+  size_t dfa_limit_bytes = size_t{32} << 20;  // the walk DFA's memory bound (tests: tiny = plain walks)
 
  private:
   struct KeyHash {
@@ -107,8 +119,17 @@ class CompiledGrammar {
     std::vector<std::pair<int32_t, int32_t>> ok;  // (items before leaving, token), by items
   };
   bool compute_fast(const MatchState& s, std::vector<uint32_t>& out);
-  bool walk(const MatchState& s, size_t width_limit);  // tokens into hits_; false when too wide
+  // Tokens into hits_; false when too wide. `dfa`: through the cached state transitions (else the
+  // plain per-byte matcher walk, the reference of compute_full).
+  bool walk(const MatchState& s, size_t width_limit, bool dfa = true);
   void visit(int32_t lo, int32_t hi, size_t d);
+  void visit_dfa(int32_t lo, int32_t hi, int32_t sid);
+  // Lazily built DFA over matcher states (stack sets), bytes merged into classes that no terminal
+  // distinguishes: the trie walks step by table lookup. Bounded (cleared between walks when over
+  // dfa_limit_bytes; a walk that overflows it mid-way is redone by the plain walk).
+  int32_t dfa_intern(std::vector<int32_t>&& stacks);
+  int32_t dfa_fill(int32_t sid, uint8_t b);
+  void dfa_clear();
   const StackMask* stack_mask(int32_t node);
   std::shared_ptr<const LoopEntry> loop_entry(Grammar::Elem item, uint64_t key);
   const ExitInfo& exit_info(const LoopEntry& e, uint64_t key, int32_t ctx);
@@ -120,9 +141,22 @@ class CompiledGrammar {
   std::unordered_map<std::vector<int32_t>, std::vector<uint32_t>, KeyHash> cache_;
   std::vector<MatchState> walk_;  // per-depth states of the trie walk
   std::vector<int32_t> hits_;
+  struct WalkFrame {
+    int32_t c, hi, sid;
+  };
+  std::vector<WalkFrame> frames_;
   size_t width_limit_ = 0;
   bool wide_ = false;
   std::vector<int32_t> rule_of_pos_;
+  std::array<uint8_t, 256> byte_class_{};
+  int32_t num_classes_ = 1;
+  std::vector<MatchState> dstates_;
+  std::vector<uint32_t> dwidth_;  // stacks per state
+  std::vector<int32_t> dtrans_;  // state * num_classes_ + class: -2 unknown, -1 dead, else state
+  std::unordered_map<std::vector<int32_t>, int32_t, KeyHash> dindex_;
+  size_t dfa_bytes_ = 0;
+  bool dfa_over_ = false;
+  MatchState dtmp_;
   std::unordered_map<int32_t, StackMask> stack_masks_;
   std::unordered_map<int32_t, std::vector<int32_t>> expected_;  // node (loop rule start, ctx) -> its stacks
   std::unordered_map<uint64_t, std::shared_ptr<const LoopEntry>> loops_;

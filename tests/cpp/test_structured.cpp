@@ -414,6 +414,33 @@ TEST(StructuredTokenMatcher, DecompositionMatchesBruteForceV4Vocab) {
   check_random_walks(TokenVocab::from_tokenizer(t, 129280, 1), 2, 40, 13, true);
 }
 
+TEST(StructuredTokenMatcher, WalkDfaBoundFallsBackToPlainWalk) {
+  // The walk DFA over a memory bound (none at all, or overflowing in the middle of a walk) gives the
+  // same masks as with room, through the plain per-byte walk.
+  auto v = random_vocab(4, 3000);
+  for (auto& [name, grammar] : decomposition_grammars()) {
+    auto g = std::make_shared<const Grammar>(grammar);
+    for (size_t limit : {size_t{1}, size_t{6000}}) {
+      auto cg = std::make_shared<CompiledGrammar>(g, v);
+      auto tight = std::make_shared<CompiledGrammar>(g, v);
+      tight->dfa_limit_bytes = limit;
+      tight->use_loops = false;
+      std::mt19937_64 rng(limit);
+      GrammarMatcher m(cg), t(tight);
+      for (int step = 0; step < 40 && !m.is_terminated(); ++step) {
+        const std::vector<uint32_t> mask = m.next_token_bitmask();
+        ASSERT_EQ(mask, t.next_token_bitmask()) << name << " limit " << limit << " step " << step;
+        std::vector<int32_t> ok;
+        for (int32_t id = 0; id < v->size(); ++id)
+          if (allowed(mask, id)) ok.push_back(id);
+        const int32_t pick = ok[rng() % ok.size()];
+        ASSERT_TRUE(m.accept_token(pick));
+        ASSERT_TRUE(t.accept_token(pick));
+      }
+    }
+  }
+}
+
 TEST(StructuredTokenMatcher, LoopEntriesSharedAcrossPositions) {
   // Every position of a long bounded string is a new state, but they share one loop walk: no
   // per-state walks inside the string.
