@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda_bench_util.cuh"
 #include "cuda/linear.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -36,43 +37,8 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
   if (s == 123.456f) *out = s;  // never true for the data used; keeps the loads
 }
 
-uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-uint32_t next_u32() {
-  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-  return static_cast<uint32_t>(g_rng >> 16);
-}
-
-// Median over `reps` of the mean time (ms) of one replay of `graph` divided by `calls`.
-template <typename F>
-double time_graph(cudaStream_t st, int calls, F body, int reps = 7) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) body(i);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  CK(cudaGraphLaunch(ge, st));  // warm-up
-  CK(cudaStreamSynchronize(st));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / calls);
-  }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using deepinfer::bench::next_u32;
+using deepinfer::bench::time_graph;
 
 di::Tensor random_device(const std::vector<int64_t>& shape, di::DType dt, int lo = 0, int hi = 255,
                          bool no_fp8_nan = false) {

@@ -1,0 +1,53 @@
+// Helpers shared by the CUDA benchmarks: a deterministic xorshift for test data and CUDA-graph timing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer::bench {
+
+inline uint32_t next_u32() {
+  static uint64_t rng = 0x9E3779B97F4A7C15ull;
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return static_cast<uint32_t>(rng >> 16);
+}
+
+// Captures `calls` invocations of body(i) into one CUDA graph and returns the median over `reps`
+// replays of the mean time (ms) of one call. Launch overheads are amortised as in a decode graph.
+template <typename F>
+double time_graph(cudaStream_t st, int calls, F body, int reps = 7) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  DI_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) body(i);
+  DI_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  DI_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  DI_CUDA_CHECK(cudaGraphLaunch(ge, st));  // warm-up
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaEvent_t a, b;
+  DI_CUDA_CHECK(cudaEventCreate(&a));
+  DI_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    DI_CUDA_CHECK(cudaEventRecord(a, st));
+    DI_CUDA_CHECK(cudaGraphLaunch(ge, st));
+    DI_CUDA_CHECK(cudaEventRecord(b, st));
+    DI_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / calls);
+  }
+  DI_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  DI_CUDA_CHECK(cudaGraphDestroy(g));
+  DI_CUDA_CHECK(cudaEventDestroy(a));
+  DI_CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace deepinfer::bench
