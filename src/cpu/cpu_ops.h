@@ -9,7 +9,10 @@ namespace deepinfer::cpu {
 using ops::HcMix;
 using ops::LinearOpts;
 using ops::QWeight;
+using ops::KeyVisibility;
 using ops::RopeFreqs;
+using ops::RouteOpts;
+using ops::Routing;
 
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
 Tensor dequantize(const QWeight& w);
@@ -36,5 +39,11 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
                         bool bf16_probs, bool round);
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index);
+Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round);
+Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
+                  const RouteOpts& opts);
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
+Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
+Tensor gather_rows(const Tensor& x, const Tensor& rows);
 
 }  // namespace deepinfer::cpu

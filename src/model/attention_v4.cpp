@@ -119,24 +119,22 @@ std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Ten
   float* wp = wts.data<float>();
   for (int64_t i = 0; i < wts.numel(); ++i) wp[i] = bf ? round_bf16(wp[i] * wscale) : wp[i] * wscale;
 
-  std::vector<int32_t> picks(T * kcomp, -1);
-  std::vector<int32_t> trace_rows;
-  const int64_t ktop = cfg.index_topk;
-  if (c.trace) trace_rows.assign(T * ktop, -1);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t visible = (positions[t] + 1) / r;
-    std::vector<float> score(visible);
-    const float* qt = q.data<float>() + t * nh * hd;
-    for (int64_t j = 0; j < visible; ++j) score[j] = index_score(qt, keys.row(j), wp + t * nh, nh, hd, bf);
-    int32_t* out = picks.data() + t * kcomp;
-    const int64_t m = ops::topk(score.data(), visible, std::min(ktop, kcomp), out);
-    if (c.trace) {
+  // Scores of every visible index key (ops::index_scores), then the top min(index_topk, kcomp) of
+  // each row in score order (kcomp <= index_topk).
+  const Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, r}, bf);
+  const Tensor top = ops::topk_rows(scores, kcomp);
+  std::vector<int32_t> picks(top.data<int32_t>(), top.data<int32_t>() + T * kcomp);
+  if (c.trace) {
+    const int64_t ktop = cfg.index_topk;
+    std::vector<int32_t> trace_rows(T * ktop, -1);
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t* out = picks.data() + t * kcomp;
+      const int64_t m = std::find(out, out + kcomp, -1) - out;
       std::copy(out, out + m, trace_rows.data() + t * ktop);
       std::sort(trace_rows.data() + t * ktop, trace_rows.data() + t * ktop + m);
     }
+    c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
   }
-  if (c.trace) c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
   return picks;
 }
 

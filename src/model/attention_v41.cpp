@@ -116,14 +116,14 @@ void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, 
     trace_picks.assign(T * cfg.index_topk, -1);
     if (source) trace_cand.assign(T * cfg.candidate_topk_blocks, -1);
   }
+  // Scores of every visible key (ops::index_scores: -inf past a row's visible count).
+  Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), positions[0], ratio}, bf);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t visible = (positions[t] + 1) / ratio;
-    std::vector<float> score(n, -INFINITY);
-    const float* qt = q.data<float>() + t * nh * hd;
-    for (int64_t j = 0; j < visible; ++j) score[j] = index_score(qt, keys.row(j), wp + t * nh, nh, hd, bf);
+    float* score = scores.data<float>() + t * n;
     if (source)
-      select_candidate_blocks(score.data(), n, visible, cfg, shared.candidates.data() + t * n,
+      select_candidate_blocks(score, n, visible, cfg, shared.candidates.data() + t * n,
                               c.trace ? trace_cand.data() + t * cfg.candidate_topk_blocks : nullptr);
     if (filtered) {
       const uint8_t* mask = shared.candidates.data() + t * n;
@@ -131,7 +131,7 @@ void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, 
         if (!mask[j]) score[j] = -INFINITY;
     }
     int32_t* out = shared.picks.data() + t * k;
-    const int64_t m = ops::topk(score.data(), n, k, out);
+    const int64_t m = ops::topk(score, n, k, out);
     std::sort(out, out + m);
     if (c.trace) std::copy(out, out + m, trace_picks.data() + t * cfg.index_topk);
   }

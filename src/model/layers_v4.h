@@ -32,21 +32,15 @@ Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& id
                           int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
                           const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c);
 
-// The indexer score of one query against one index key (§2.5, §2.6): per head a BF16 dot product,
-// relu, times the head's BF16 weight rounded to BF16, summed over heads and rounded to BF16 (each
-// rounding only when bf16). q: [n_heads * head_dim], w: [n_heads].
-inline float index_score(const float* q, const float* key, const float* w, int64_t n_heads, int64_t head_dim,
-                         bool bf16) {
-  auto rd = [&](float v) { return bf16 ? round_bf16(v) : v; };
-  double total = 0;
-  for (int64_t h = 0; h < n_heads; ++h) {
-    const float* qh = q + h * head_dim;
-    float dot = 0.0f;
-    for (int64_t i = 0; i < head_dim; ++i) dot += qh[i] * key[i];
-    dot = rd(dot);
-    if (dot > 0) total += rd(dot * w[h]);
-  }
-  return rd(static_cast<float>(total));
+// The rows of a paged store as one contiguous float32 tensor [rows, width] (the index keys the
+// indexer scores with ops::index_scores).
+Tensor pages_tensor(const RowPages& pages);
+// Host ids as an int32 CPU tensor [n] (token ids, row lists for ops::embedding / gather_rows).
+template <typename I>
+Tensor ids_tensor(const std::vector<I>& ids) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(ids.size())}, DType::kI32);
+  for (size_t i = 0; i < ids.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(ids[i]);
+  return t;
 }
 
 // MoE of one layer (both families, §2.8). tokens are the chunk's ids (V4 hash routing). Returns [T, dim].

@@ -17,6 +17,14 @@ Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
 }
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
 
+Tensor pages_tensor(const RowPages& pages) {
+  const int64_t n = pages.rows(), w = pages.width();
+  Tensor t = Tensor::empty({n, w}, DType::kF32);
+  for (int64_t r = 0; r < n; r += RowPages::kRowsPerPage)
+    std::memcpy(t.data<float>() + r * w, pages.row(r), std::min(RowPages::kRowsPerPage, n - r) * w * sizeof(float));
+  return t;
+}
+
 Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
                           int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
                           const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c) {

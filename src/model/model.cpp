@@ -1,6 +1,7 @@
 // What both families share: loading by family, batch stacking, the embedding and the RoPE tables.
 #include "model/model.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/threads.h"
@@ -74,17 +75,9 @@ std::vector<int64_t> Model::wanted_rows(const std::vector<SeqChunk>& batch, cons
 }
 
 Tensor Model::embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const {
-  const int64_t T = static_cast<int64_t>(tokens.size()), hc = cfg_.hc_mult, dim = cfg_.dim;
-  Tensor stream = Tensor::empty({T, hc, dim}, DType::kF32);
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t row = tokens[t];
-    float* dst = stream.data<float>() + t * hc * dim;
-    for (int64_t d = 0; d < dim; ++d)
-      dst[d] = embed.dtype() == DType::kBF16 ? bf16_to_f32(embed.data<uint16_t>()[row * dim + d])
-                                             : embed.data<float>()[row * dim + d];
-    for (int64_t j = 1; j < hc; ++j) std::memcpy(dst + j * dim, dst, dim * sizeof(float));
-  }
-  return stream;
+  Tensor ids = Tensor::empty({static_cast<int64_t>(tokens.size())}, DType::kI32);
+  std::copy(tokens.begin(), tokens.end(), ids.data<int32_t>());
+  return ops::embedding(embed, ids, cfg_.hc_mult);  // [T, hc, dim]: hc identical copies
 }
 
 }  // namespace deepinfer

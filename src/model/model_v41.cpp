@@ -171,11 +171,8 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   const std::vector<int64_t> rows = wanted_rows(batch, offset);
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
-  Tensor picked = Tensor::empty({R, hc, dim}, DType::kF32), picked_pre = Tensor::empty({R, hc}, DType::kF32);
-  for (int64_t i = 0; i < R; ++i) {
-    std::memcpy(picked.data<float>() + i * hc * dim, stream.data<float>() + rows[i] * hc * dim, hc * dim * sizeof(float));
-    std::memcpy(picked_pre.data<float>() + i * hc, pre.data<float>() + rows[i] * hc, hc * sizeof(float));
-  }
+  const Tensor row_ids = ids_tensor(rows);
+  const Tensor picked = ops::gather_rows(stream, row_ids), picked_pre = ops::gather_rows(pre, row_ids);
   Tensor h = ops::rms_norm(ops::hc_collapse(picked, picked_pre, num.bf16), w_.norm, cfg.norm_eps, num.bf16);
   return linear_f32(h, ops::QWeight{w_.head, {}, 0});
 }

@@ -8,6 +8,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/hc.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
 #include "cuda/rope.cuh"
@@ -152,6 +153,47 @@ Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {
 #endif
   if (on_cuda(scores)) no_kernel("topk_rows", scores);
   return cpu::topk_rows(scores, k, sort_by_index);
+}
+
+Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(q)) return cuda::index_scores(q, keys, w, vis, round);
+#endif
+  if (on_cuda(q)) no_kernel("index_scores", q);
+  return cpu::index_scores(q, keys, w, vis, round);
+}
+
+Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
+                  const RouteOpts& opts) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(logits)) return cuda::moe_route(logits, bias, tid2eid, tokens, k, opts);
+#endif
+  if (on_cuda(logits)) no_kernel("moe_route", logits);
+  return cpu::moe_route(logits, bias, tid2eid, tokens, k, opts);
+}
+
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round);
+#endif
+  if (on_cuda(g)) no_kernel("swiglu", g);
+  return cpu::swiglu(g, u, weights, limit, round);
+}
+
+Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(table)) return cuda::embedding(table, ids, copies);
+#endif
+  if (on_cuda(table)) no_kernel("embedding", table);
+  return cpu::embedding(table, ids, copies);
+}
+
+Tensor gather_rows(const Tensor& x, const Tensor& rows) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::gather_rows(x, rows);
+#endif
+  if (on_cuda(x)) no_kernel("gather_rows", x);
+  return cpu::gather_rows(x, rows);
 }
 
 }  // namespace deepinfer::ops

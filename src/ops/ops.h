@@ -103,4 +103,53 @@ int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
 // `sort_by_index`, then -1 for the slots past the row's count.
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index = false);
 
+// ---- model pieces (issue 8): the per-token loops of src/model behind ops ---------------------------
+// Indexer scores (§2.5, §2.6). q [T, heads, d] (or [T, heads*d]), keys [N, d], w [T, heads], all
+// float32 on one device. For j < visible(t):
+//   scores[t, j] = rd(float(sum_h  (dot_h > 0 ? rd(dot_h * w[t, h]) : 0)))   with dot_h = rd(q[t,h,:] . keys[j,:])
+// where each dot is an fp32 sum in ascending i (no FMA), the head sum is FP64 in head order and
+// rd rounds to bf16 when `round` (identity otherwise); scores[t, j] = -inf for j >= visible(t).
+// visible(t): counts[t] (int32 [T] on q's device) when `counts` is defined, else the causal rule
+// min(N, (start_pos + t + 1) / ratio). Returns float32 [T, N].
+struct KeyVisibility {
+  Tensor counts;
+  int64_t start_pos = 0;
+  int64_t ratio = 1;
+};
+Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round);
+
+// MoE routing (§2.8). logits float32 [T, E] (the FP32 gate). Per row: l = logit / temp (divided only
+// when temp != 1), s = score(l): sqrt(softplus(l)) (softplus(x) = x > 20 ? x : log1p(exp(x))),
+// sigmoid(l) = 1 / (1 + exp(-l)), or softmax over the row (fp32, max-subtracted, sequential sum);
+// ids: k experts by topk() of s + bias (bias [E] float32, selection only; undefined = none), or
+// hash routing when `tid2eid` is defined: ids = tid2eid[tokens[t], :] (int32/int64 [vocab, k],
+// tokens int32 [T]); weights = s[ids], divided by (fp32 sequential sum + norm_eps) when `normalize`,
+// then times route_scale. Returns ids int32 [T, k] (in selection order) and weights float32 [T, k].
+enum class ScoreFunc { kSqrtSoftplus, kSigmoid, kSoftmax };
+struct RouteOpts {
+  ScoreFunc func = ScoreFunc::kSqrtSoftplus;
+  float temp = 1.0f;
+  bool normalize = true;
+  float norm_eps = 0.0f;
+  float route_scale = 1.0f;
+};
+struct Routing {
+  Tensor ids, weights;
+};
+Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
+                  const RouteOpts& opts);
+
+// Clamped SwiGLU of the experts: h = silu(min(g, L)) * clamp(u, -L, L) (no clamp when limit <= 0),
+// times weights[t] when `weights` (float32 [T]) is defined, rounded to bf16 when `round`.
+// g, u float32 [T, I] contiguous; silu(x) = x / (1 + exp(-x)) in fp32.
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
+
+// Embedding gather: table [V, dim] BF16 or F32, ids int32 [T] (each in [0, V)) on the table's device.
+// Returns float32 [T, copies, dim]: every copy the table row (exact).
+Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies = 1);
+
+// Row gather: x float32 contiguous [N, ...], rows int32 [R] (each in [0, N)) on x's device.
+// Returns [R, ...] with out[i] = x[rows[i]] (exact).
+Tensor gather_rows(const Tensor& x, const Tensor& rows);
+
 }  // namespace deepinfer::ops

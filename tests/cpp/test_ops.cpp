@@ -1,7 +1,9 @@
 // Op-level checks of the CPU kernels in src/cpu against plain double-precision references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -201,4 +203,92 @@ TEST(Ops, DispatchRejectsDevicesWithoutKernel) {
         << what;
   }
   EXPECT_THROW(ops::linear(x, ops::QWeight{}, {}), Error);
+}
+
+// The indexer score as the model computed it per (query, key) before ops::index_scores (the
+// contract's operation order): fp32 dots in ascending i, FP64 head sum, bf16 roundings.
+static float index_score_ref(const float* q, const float* key, const float* w, int64_t nh, int64_t d, bool bf16) {
+  auto rd = [&](float v) { return bf16 ? round_bf16(v) : v; };
+  double total = 0;
+  for (int64_t h = 0; h < nh; ++h) {
+    float dot = 0.0f;
+    for (int64_t i = 0; i < d; ++i) dot += q[h * d + i] * key[i];
+    dot = rd(dot);
+    if (dot > 0) total += rd(dot * w[h]);
+  }
+  return rd(static_cast<float>(total));
+}
+
+TEST(Ops, IndexScoresReplayTheScalarOrderBitForBit) {
+  struct Case {
+    int64_t T, N, nh, d, start_pos, ratio;
+    bool counts, bf16;
+  };
+  for (const Case c : {Case{5, 70, 64, 128, 200, 4, false, true}, Case{9, 37, 16, 32, 0, 1, true, false},
+                       Case{4, 23, 6, 40, 10, 2, false, true}, Case{3, 11, 5, 24, 0, 1, true, false}}) {
+    const Tensor q = randn({c.T, c.nh, c.d}, 1), keys = randn({c.N, c.d}, 2), w = randn({c.T, c.nh}, 3, 0.1f);
+    ops::KeyVisibility vis{Tensor(), c.start_pos, c.ratio};
+    if (c.counts) {
+      vis.counts = Tensor::empty({c.T}, DType::kI32);
+      for (int64_t t = 0; t < c.T; ++t) vis.counts.data<int32_t>()[t] = static_cast<int32_t>((t * 7) % (c.N + 1));
+    }
+    const Tensor s = ops::index_scores(q, keys, w, vis, c.bf16);
+    ASSERT_EQ(s.shape(), (Shape{c.T, c.N}));
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t visible =
+          c.counts ? vis.counts.data<int32_t>()[t] : std::min(c.N, (c.start_pos + t + 1) / c.ratio);
+      for (int64_t j = 0; j < c.N; ++j) {
+        const float got = s.data<float>()[t * c.N + j];
+        if (j >= visible) {
+          EXPECT_EQ(got, -INFINITY);
+          continue;
+        }
+        const float want = index_score_ref(q.data<float>() + t * c.nh * c.d, keys.data<float>() + j * c.d,
+                                           w.data<float>() + t * c.nh, c.nh, c.d, c.bf16);
+        ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "t " << t << " j " << j << ": " << got << " vs " << want;
+      }
+    }
+  }
+}
+
+TEST(Ops, MoeRouteSelectsByBiasAndWeighsByScore) {
+  Tensor logits = Tensor::empty({1, 4}, DType::kF32), bias = Tensor::empty({4}, DType::kF32);
+  const float l[] = {1.0f, 2.0f, 0.5f, -1.0f}, b[] = {0.0f, 0.0f, 5.0f, 0.0f};
+  for (int i = 0; i < 4; ++i) logits.data<float>()[i] = l[i], bias.data<float>()[i] = b[i];
+  ops::RouteOpts o;
+  o.route_scale = 2.0f;
+  const ops::Routing r = ops::moe_route(logits, bias, Tensor(), Tensor(), 2, o);
+  EXPECT_EQ(r.ids.data<int32_t>()[0], 2);  // the bias decides the selection
+  EXPECT_EQ(r.ids.data<int32_t>()[1], 1);
+  auto score = [](float x) { return std::sqrt(std::log1p(std::exp(x))); };
+  const float s2 = score(0.5f), s1 = score(2.0f);
+  EXPECT_FLOAT_EQ(r.weights.data<float>()[0], s2 / (s2 + s1) * 2.0f);  // but not the weights
+  EXPECT_FLOAT_EQ(r.weights.data<float>()[1], s1 / (s2 + s1) * 2.0f);
+  // Hash routing takes the table's ids.
+  Tensor table = Tensor::empty({3, 2}, DType::kI32), tokens = Tensor::empty({1}, DType::kI32);
+  const int32_t tv[] = {0, 1, 3, 2, 1, 0};
+  for (int i = 0; i < 6; ++i) table.data<int32_t>()[i] = tv[i];
+  tokens.data<int32_t>()[0] = 1;
+  const ops::Routing h = ops::moe_route(logits, Tensor(), table, tokens, 2, o);
+  EXPECT_EQ(h.ids.data<int32_t>()[0], 3);
+  EXPECT_EQ(h.ids.data<int32_t>()[1], 2);
+  tokens.data<int32_t>()[0] = 3;
+  EXPECT_THROW(ops::moe_route(logits, Tensor(), table, tokens, 2, o), Error);
+}
+
+TEST(Ops, SwigluClampsAndEmbeddingGathers) {
+  Tensor g = Tensor::full({1, 3}, 12.0f), u = Tensor::full({1, 3}, -30.0f);
+  const Tensor h = ops::swiglu(g, u, Tensor(), 10.0f, false);
+  EXPECT_FLOAT_EQ(h.data<float>()[0], 10.0f / (1.0f + std::exp(-10.0f)) * -10.0f);
+  Tensor table = Tensor::empty({3, 2}, DType::kBF16), ids = Tensor::empty({2}, DType::kI32);
+  for (int i = 0; i < 6; ++i) table.data<uint16_t>()[i] = f32_to_bf16(static_cast<float>(i));
+  ids.data<int32_t>()[0] = 2;
+  ids.data<int32_t>()[1] = 0;
+  const Tensor e = ops::embedding(table, ids, 2);
+  ASSERT_EQ(e.shape(), (Shape{2, 2, 2}));
+  const float want[] = {4, 5, 4, 5, 0, 1, 0, 1};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(e.data<float>()[i], want[i]);
+  const Tensor r = ops::gather_rows(e, ids.slice(0, 1, 2).contiguous());
+  EXPECT_EQ(r.shape(), (Shape{1, 2, 2}));
+  EXPECT_EQ(r.data<float>()[0], 4.0f);  // row 0 of e: table row 2
 }

@@ -14,6 +14,9 @@
 //   tolerance: hc_mixes 2e-6 relative (FP64 sums in another order, exp ulps), hc_head (its pre as
 //     hc_mixes: one bf16 step rounded, 1e-5 otherwise), sparse_attention (CPU order replayed, exp as
 //     fp32(exp(double)) vs glibc expf: 1e-5 of the row max for >= 99.9% of values, 1e-2 for all).
+// The model-level ops: index_scores, embedding, gather_rows bit for bit; moe_route ids exact and
+//   weights 1e-6 relative, swiglu 1e-6 relative (one bf16 step when rounded): exp / log1p as
+//   fp32(exp/log1p(double)) vs glibc expf / log1pf.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -794,6 +797,162 @@ void test_topk() {
   }
 }
 
+// ---- the model-level ops (issue 8 step 2): indexer scores, MoE routing, SwiGLU, embedding, row gather ----
+void test_index_scores() {
+  struct Case {
+    const char* what;
+    int64_t T, N, nh, d, start_pos, ratio;
+    bool counts, round;
+  };
+  // V4.1-Flash indexer: 64 heads of 128; decode rows see up to 1M/4 keys, prefill is causal.
+  const Case cases[] = {
+      {"flash decode", 1, 20000, 64, 128, 4 * 20000 - 1, 4, false, true},
+      {"flash decode batch", 7, 5000, 64, 128, 0, 1, true, true},
+      {"flash prefill causal r4", 1024, 256, 64, 128, 0, 4, false, true},
+      {"flash chunk r2", 96, 2100, 64, 128, 4104, 2, false, true},
+      {"flash chunk long", 16, 16384, 64, 128, 4 * 16384 - 16, 4, false, true},
+      {"fp32 counts", 33, 700, 64, 128, 0, 1, true, false},
+      {"odd shapes", 19, 301, 6, 40, 0, 1, true, true},
+      {"odd shapes causal fp32", 50, 30, 5, 24, 70, 3, false, false},
+  };
+  uint32_t seed = 31000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "index_scores %s T=%lld N=%lld heads=%lld d=%lld round=%d", c.what,
+                  static_cast<long long>(c.T), static_cast<long long>(c.N), static_cast<long long>(c.nh),
+                  static_cast<long long>(c.d), c.round ? 1 : 0);
+    run_case(name, [&] {
+      const di::Tensor q = normal_tensor({c.T, c.nh, c.d}, 1.0f, seed++, c.round);
+      const di::Tensor keys = normal_tensor({c.N, c.d}, 1.0f, seed++, c.round);
+      const di::Tensor w = normal_tensor({c.T, c.nh}, 0.05f, seed++, c.round);
+      di::ops::KeyVisibility vis{di::Tensor(), c.start_pos, c.ratio};
+      di::ops::KeyVisibility vis_dev = vis;
+      if (c.counts) {
+        std::mt19937 rng(seed++);
+        vis.counts = di::Tensor::empty({c.T}, di::DType::kI32);
+        for (int64_t t = 0; t < c.T; ++t)
+          vis.counts.data<int32_t>()[t] = static_cast<int32_t>(t == 0 ? c.N : rng() % static_cast<uint32_t>(c.N + 1));
+        vis_dev.counts = dev(vis.counts);
+      }
+      const di::Tensor want = di::ops::index_scores(q, keys, w, vis, c.round);
+      return exact(want, di::ops::index_scores(dev(q), dev(keys), dev(w), vis_dev, c.round));
+    });
+  }
+}
+
+void test_moe_route() {
+  struct Case {
+    const char* what;
+    int64_t T, E, k;
+    di::ops::ScoreFunc func;
+    float temp;
+    bool bias, hash, ties, normalize;
+    float eps, scale;
+  };
+  using SF = di::ops::ScoreFunc;
+  const Case cases[] = {
+      {"flash sqrtsoftplus bias", 512, 256, 6, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.5f},
+      {"v4.1 gate_temp eps", 300, 256, 6, SF::kSqrtSoftplus, 1.7f, true, false, false, true, 1e-20f, 2.5f},
+      {"v4.1 no norm", 64, 256, 6, SF::kSqrtSoftplus, 1.0f, true, false, false, false, 1e-20f, 1.0f},
+      {"ties", 256, 256, 8, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
+      {"hash", 200, 256, 6, SF::kSqrtSoftplus, 1.0f, false, true, false, true, 0.0f, 1.5f},
+      {"sigmoid", 128, 256, 8, SF::kSigmoid, 1.0f, true, false, false, true, 1e-20f, 2.5f},
+      {"softmax", 128, 64, 6, SF::kSoftmax, 1.0f, false, false, false, true, 0.0f, 1.0f},
+      {"decode", 1, 256, 6, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.5f},
+  };
+  uint32_t seed = 32000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "moe_route %s T=%lld E=%lld k=%lld", c.what, static_cast<long long>(c.T),
+                  static_cast<long long>(c.E), static_cast<long long>(c.k));
+    run_case(name, [&] {
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> normal(0.0f, 2.5f);
+      di::Tensor logits = di::Tensor::empty({c.T, c.E}, di::DType::kF32);
+      for (int64_t i = 0; i < logits.numel(); ++i)
+        logits.data<float>()[i] = c.ties ? static_cast<float>(static_cast<int>(rng() % 9) - 4) * 0.5f
+                                         : (rng() % 50 == 0 ? 20.0f + normal(rng) : normal(rng));
+      di::Tensor bias, tid2eid, tokens;
+      if (c.bias) bias = normal_tensor({c.E}, 0.1f, seed++, false);
+      if (c.hash) {
+        const int64_t vocab = 1000;
+        tid2eid = di::Tensor::empty({vocab, c.k}, di::DType::kI64);
+        for (int64_t i = 0; i < tid2eid.numel(); ++i) tid2eid.data<int64_t>()[i] = static_cast<int64_t>(rng() % c.E);
+        tokens = di::Tensor::empty({c.T}, di::DType::kI32);
+        for (int64_t t = 0; t < c.T; ++t) tokens.data<int32_t>()[t] = static_cast<int32_t>(rng() % vocab);
+      }
+      di::ops::RouteOpts o;
+      o.func = c.func;
+      o.temp = c.temp;
+      o.normalize = c.normalize;
+      o.norm_eps = c.eps;
+      o.route_scale = c.scale;
+      const di::ops::Routing want = di::ops::moe_route(logits, bias, tid2eid, tokens, c.k, o);
+      const di::ops::Routing got = di::ops::moe_route(dev(logits), bias.defined() ? dev(bias) : di::Tensor(),
+                                                      c.hash ? dev(tid2eid) : di::Tensor(),
+                                                      c.hash ? dev(tokens) : di::Tensor(), c.k, o);
+      std::string p = compare_idx(want.ids, got.ids);
+      const std::string w = close_to(want.weights, got.weights, 1e-6, 1e-30, "1e-6 relative (exp/log1p ulps)");
+      return p.empty() ? w : p;
+    });
+  }
+}
+
+void test_swiglu() {
+  struct Case {
+    int64_t T, I;
+    float limit;
+    bool weights, round;
+  };
+  const Case cases[] = {{64, 2048, 10.0f, true, true},   {64, 2048, 10.0f, false, true}, {1, 2048, 10.0f, true, true},
+                        {33, 2048, 10.0f, true, false},  {17, 300, 0.0f, false, true},   {17, 300, 0.0f, true, false}};
+  uint32_t seed = 33000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "swiglu [%lld, %lld] limit %g weights=%d round=%d", static_cast<long long>(c.T),
+                  static_cast<long long>(c.I), c.limit, c.weights ? 1 : 0, c.round ? 1 : 0);
+    run_case(name, [&] {
+      const di::Tensor g = normal_tensor({c.T, c.I}, 6.0f, seed++, true), u = normal_tensor({c.T, c.I}, 6.0f, seed++, true);
+      di::Tensor w;
+      if (c.weights) w = normal_tensor({c.T}, 0.3f, seed++, false);
+      const di::Tensor want = di::ops::swiglu(g, u, w, c.limit, c.round);
+      const di::Tensor got = di::ops::swiglu(dev(g), dev(u), c.weights ? dev(w) : di::Tensor(), c.limit, c.round);
+      return c.round ? close_to(want, got, 1.0 / 128, 0.0, "one bf16 step (exp ulps)")
+                     : close_to(want, got, 1e-6, 1e-30, "1e-6 relative (exp ulps)");
+    });
+  }
+}
+
+void test_embedding_gather() {
+  uint32_t seed = 34000;
+  // V4.1-Flash embedding width 4096 (a slice of the vocabulary), 4 hc copies.
+  for (bool bf16 : {true, false}) {
+    const int64_t V = bf16 ? 8192 : 1000, dim = bf16 ? 4096 : 512, T = 300, copies = bf16 ? 4 : 1;
+    run_case(std::string("embedding ") + (bf16 ? "bf16" : "f32") + " " + shape_name({V, dim}) + " T=300 copies " +
+                 std::to_string(copies),
+             [&] {
+               const di::Tensor f = normal_tensor({V, dim}, 1.0f, seed++, true);
+               di::Tensor table = f;
+               if (bf16) {
+                 table = di::Tensor::empty({V, dim}, di::DType::kBF16);
+                 for (int64_t i = 0; i < f.numel(); ++i)
+                   table.data<uint16_t>()[i] = di::f32_to_bf16(f.data<float>()[i]);
+               }
+               std::mt19937 rng(seed++);
+               di::Tensor ids = di::Tensor::empty({T}, di::DType::kI32);
+               for (int64_t t = 0; t < T; ++t) ids.data<int32_t>()[t] = static_cast<int32_t>(rng() % V);
+               return exact(di::ops::embedding(table, ids, copies), di::ops::embedding(dev(table), dev(ids), copies));
+             });
+  }
+  run_case("gather_rows [1000, 4, 4096] R=37", [&] {
+    const di::Tensor x = normal_tensor({1000, 4, 4096}, 1.0f, seed++, false);
+    std::mt19937 rng(seed++);
+    di::Tensor rows = di::Tensor::empty({37}, di::DType::kI32);
+    for (int64_t i = 0; i < 37; ++i) rows.data<int32_t>()[i] = static_cast<int32_t>(rng() % 1000);
+    return exact(di::ops::gather_rows(x, rows), di::ops::gather_rows(dev(x), dev(rows)));
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -819,6 +978,10 @@ int main() {
   test_hc();
   test_sparse_attention();
   test_topk();
+  test_index_scores();
+  test_moe_route();
+  test_swiglu();
+  test_embedding_gather();
   try {
     di::cuda::synchronize();
   } catch (const std::exception& e) {

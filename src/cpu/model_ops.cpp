@@ -1,0 +1,290 @@
+// CPU kernels of the model-level ops (issue 8): indexer scores, MoE routing, clamped SwiGLU, the
+// embedding gather and the row gather. Each replays the FP32 operation order of the host loops it
+// replaced in src/model, so results are bit-identical to them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_ops.h"
+#include "deepinfer/dtype.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer::cpu {
+
+namespace {
+
+std::string desc(const Tensor& t) { return t.defined() ? t.describe() : std::string("undefined"); }
+
+void check_cpu_f32(const Tensor& t, const char* op, const char* name) {
+  DI_CHECK(t.defined() && t.device() == Device::kCPU && t.dtype() == DType::kF32 && t.is_contiguous(),
+           "{}: {} must be a contiguous float32 CPU tensor, got {}", op, name, desc(t));
+}
+
+void check_ids(const Tensor& t, int64_t n, const char* op, const char* name) {
+  DI_CHECK(t.defined() && t.device() == Device::kCPU && t.dtype() == DType::kI32 && t.dim() == 1 &&
+               t.is_contiguous() && t.size(0) == n,
+           "{}: {} must be int32 [{}] on the CPU, got {}", op, name, n, desc(t));
+}
+
+// 8 fp32 lanes (one AVX register with -march=x86-64-v3). Lane-wise a + b * c is a product rounded to
+// fp32 then a sum rounded to fp32 (the build has -ffp-contract=off): the scalar loop's operations.
+typedef float v8f __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+
+constexpr int64_t kHeadBlock = 16;  // heads per register block (two v8f)
+constexpr int64_t kKeyBlock = 4;    // keys sharing each load of q
+constexpr int64_t kKeysPerItem = 64;
+
+// dots[jj * nh + h] = sum_i q[h, i] * key_jj[i], i ascending from 0.0f, for the keys j0..j0+nj.
+// qT is q transposed to [d][nh] so that consecutive heads are consecutive lanes.
+void head_dots(const float* qT, const float* q, const float* keys, int64_t nh, int64_t d, int64_t j0, int64_t nj,
+               float* dots) {
+  if (nj == kKeyBlock && nh % kHeadBlock == 0) {
+    const float* k0 = keys + (j0 + 0) * d;
+    const float* k1 = keys + (j0 + 1) * d;
+    const float* k2 = keys + (j0 + 2) * d;
+    const float* k3 = keys + (j0 + 3) * d;
+    for (int64_t h0 = 0; h0 < nh; h0 += kHeadBlock) {
+      v8f a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
+      for (int64_t i = 0; i < d; ++i) {
+        const v8f qa = load8(qT + i * nh + h0), qb = load8(qT + i * nh + h0 + 8);
+        const float c0 = k0[i], c1 = k1[i], c2 = k2[i], c3 = k3[i];
+        a0 = a0 + qa * c0;
+        b0 = b0 + qb * c0;
+        a1 = a1 + qa * c1;
+        b1 = b1 + qb * c1;
+        a2 = a2 + qa * c2;
+        b2 = b2 + qb * c2;
+        a3 = a3 + qa * c3;
+        b3 = b3 + qb * c3;
+      }
+      store8(dots + 0 * nh + h0, a0);
+      store8(dots + 0 * nh + h0 + 8, b0);
+      store8(dots + 1 * nh + h0, a1);
+      store8(dots + 1 * nh + h0 + 8, b1);
+      store8(dots + 2 * nh + h0, a2);
+      store8(dots + 2 * nh + h0 + 8, b2);
+      store8(dots + 3 * nh + h0, a3);
+      store8(dots + 3 * nh + h0 + 8, b3);
+    }
+    return;
+  }
+  for (int64_t jj = 0; jj < nj; ++jj) {
+    const float* key = keys + (j0 + jj) * d;
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* qh = q + h * d;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < d; ++i) dot += qh[i] * key[i];
+      dots[jj * nh + h] = dot;
+    }
+  }
+}
+
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {
+  check_cpu_f32(q, "index_scores", "q");
+  check_cpu_f32(keys, "index_scores", "keys");
+  check_cpu_f32(w, "index_scores", "w");
+  DI_CHECK(keys.dim() == 2 && w.dim() == 2 && q.dim() >= 2, "index_scores: expected keys [N, d], w [T, heads], got {}, {}",
+           keys.describe(), w.describe());
+  const int64_t T = q.size(0), N = keys.size(0), d = keys.size(1), nh = w.size(1);
+  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "index_scores: q {} does not match w {} and keys {}", q.describe(),
+           w.describe(), keys.describe());
+  DI_CHECK(vis.counts.defined() || vis.ratio > 0, "index_scores: ratio {} must be positive", vis.ratio);
+  if (vis.counts.defined()) check_ids(vis.counts, T, "index_scores", "counts");
+  std::vector<int64_t> visible(T);
+  for (int64_t t = 0; t < T; ++t)
+    visible[t] = std::clamp<int64_t>(
+        vis.counts.defined() ? vis.counts.data<int32_t>()[t] : (vis.start_pos + t + 1) / vis.ratio, 0, N);
+
+  Tensor out = Tensor::empty({T, N}, DType::kF32);
+  float* op = out.data<float>();
+  const float* qp = q.data<float>();
+  const float* kp = keys.data<float>();
+  const float* wp = w.data<float>();
+  // q of every row transposed to [d][nh].
+  std::vector<float> qT(static_cast<size_t>(T * nh * d));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t i = 0; i < d; ++i) qT[(t * d + i) * nh + h] = qp[(t * nh + h) * d + i];
+  // Work items: (row, 64-key slice of its visible keys).
+  std::vector<int64_t> first(T + 1, 0);
+  for (int64_t t = 0; t < T; ++t) first[t + 1] = first[t] + (visible[t] + kKeysPerItem - 1) / kKeysPerItem;
+  const int64_t items = first[T];
+  auto rd = [round](float v) { return round ? deepinfer::round_bf16(v) : v; };
+#pragma omp parallel for schedule(dynamic, 1) if (items > 1)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t t = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
+    const int64_t jbeg = (it - first[t]) * kKeysPerItem, jend = std::min(visible[t], jbeg + kKeysPerItem);
+    const float* qt = qp + t * nh * d;
+    const float* wt = wp + t * nh;
+    std::vector<float> dots(static_cast<size_t>(kKeyBlock * nh));
+    for (int64_t j0 = jbeg; j0 < jend; j0 += kKeyBlock) {
+      const int64_t nj = std::min(kKeyBlock, jend - j0);
+      head_dots(qT.data() + t * d * nh, qt, kp, nh, d, j0, nj, dots.data());
+      for (int64_t jj = 0; jj < nj; ++jj) {
+        double total = 0;
+        for (int64_t h = 0; h < nh; ++h) {
+          const float dot = rd(dots[jj * nh + h]);
+          if (dot > 0) total += rd(dot * wt[h]);
+        }
+        op[t * N + j0 + jj] = rd(static_cast<float>(total));
+      }
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) std::fill(op + t * N + visible[t], op + (t + 1) * N, -INFINITY);
+  return out;
+}
+
+Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
+                  const RouteOpts& o) {
+  check_cpu_f32(logits, "moe_route", "logits");
+  DI_CHECK(logits.dim() == 2, "moe_route: logits must be [T, E], got {}", logits.describe());
+  const int64_t T = logits.size(0), E = logits.size(1);
+  const bool hash = tid2eid.defined();
+  DI_CHECK(k >= 1 && k <= E, "moe_route: k = {} for {} experts", k, E);
+  if (bias.defined()) {
+    check_cpu_f32(bias, "moe_route", "bias");
+    DI_CHECK(bias.numel() == E, "moe_route: bias {} for {} experts", bias.describe(), E);
+  }
+  if (hash) {
+    DI_CHECK(tid2eid.device() == Device::kCPU && tid2eid.is_contiguous() && tid2eid.dim() == 2 && tid2eid.size(1) == k &&
+                 (tid2eid.dtype() == DType::kI32 || tid2eid.dtype() == DType::kI64),
+             "moe_route: tid2eid must be int32/int64 [vocab, {}] on the CPU, got {}", k, tid2eid.describe());
+    check_ids(tokens, T, "moe_route", "tokens");
+  }
+  Routing r{Tensor::empty({T, k}, DType::kI32), Tensor::empty({T, k}, DType::kF32)};
+  const float* lp = logits.data<float>();
+  int32_t* ip = r.ids.data<int32_t>();
+  float* wp = r.weights.data<float>();
+  std::vector<float> s(E), biased(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* lr = lp + t * E;
+    switch (o.func) {
+      case ops::ScoreFunc::kSqrtSoftplus:
+        for (int64_t e = 0; e < E; ++e) s[e] = std::sqrt(softplus(o.temp != 1.0f ? lr[e] / o.temp : lr[e]));
+        break;
+      case ops::ScoreFunc::kSigmoid:
+        for (int64_t e = 0; e < E; ++e) {
+          const float l = o.temp != 1.0f ? lr[e] / o.temp : lr[e];
+          s[e] = 1.0f / (1.0f + std::exp(-l));
+        }
+        break;
+      case ops::ScoreFunc::kSoftmax: {
+        float m = -INFINITY, sum = 0.0f;
+        for (int64_t e = 0; e < E; ++e) m = std::max(m, s[e] = o.temp != 1.0f ? lr[e] / o.temp : lr[e]);
+        for (int64_t e = 0; e < E; ++e) sum += (s[e] = std::exp(s[e] - m));
+        for (int64_t e = 0; e < E; ++e) s[e] = s[e] / sum;
+        break;
+      }
+    }
+    int32_t* ti = ip + t * k;
+    if (hash) {
+      const int64_t tok = tokens.data<int32_t>()[t];
+      DI_CHECK(tok >= 0 && tok < tid2eid.size(0), "moe_route: token id {} outside the hash table of {} rows", tok,
+               tid2eid.size(0));
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t at = tok * k + j;
+        const int64_t id = tid2eid.dtype() == DType::kI64 ? tid2eid.data<int64_t>()[at] : tid2eid.data<int32_t>()[at];
+        DI_CHECK(id >= 0 && id < E, "moe_route: hash table entry {} outside the {} experts", id, E);
+        ti[j] = static_cast<int32_t>(id);
+      }
+    } else {
+      for (int64_t e = 0; e < E; ++e) biased[e] = bias.defined() ? s[e] + bias.data<float>()[e] : s[e];
+      const int64_t m = topk(biased.data(), E, k, ti);
+      DI_CHECK(m == k, "moe_route: only {} of {} experts selectable in row {} (scores -inf or NaN)", m, k, t);
+    }
+    float* tw = wp + t * k;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum += (tw[j] = s[ti[j]]);
+    const float denom = sum + o.norm_eps;
+    for (int64_t j = 0; j < k; ++j) {
+      if (o.normalize) tw[j] /= denom;
+      tw[j] *= o.route_scale;
+    }
+  }
+  return r;
+}
+
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round) {
+  check_cpu_f32(g, "swiglu", "g");
+  check_cpu_f32(u, "swiglu", "u");
+  DI_CHECK(g.dim() == 2 && g.shape() == u.shape(), "swiglu: g {} and u {} must be the same [T, I]", g.describe(),
+           u.describe());
+  const int64_t T = g.size(0), I = g.size(1);
+  if (weights.defined()) {
+    check_cpu_f32(weights, "swiglu", "weights");
+    DI_CHECK(weights.numel() == T, "swiglu: weights {} for {} rows", weights.describe(), T);
+  }
+  Tensor h = Tensor::empty({T, I}, DType::kF32);
+  const float* gp = g.data<float>();
+  const float* up = u.data<float>();
+  const float* wp = weights.defined() ? weights.data<float>() : nullptr;
+  float* hp = h.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; ++i) {
+      float gv = gp[t * I + i], uv = up[t * I + i];
+      if (limit > 0) {
+        uv = std::min(std::max(uv, -limit), limit);
+        gv = std::min(gv, limit);
+      }
+      float v = silu(gv) * uv;
+      if (wp) v = wp[t] * v;
+      hp[t * I + i] = round ? deepinfer::round_bf16(v) : v;
+    }
+  return h;
+}
+
+Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
+  DI_CHECK(table.defined() && table.device() == Device::kCPU && table.is_contiguous() && table.dim() == 2 &&
+               (table.dtype() == DType::kBF16 || table.dtype() == DType::kF32),
+           "embedding: table must be a contiguous BF16/F32 [V, dim] CPU tensor, got {}", desc(table));
+  DI_CHECK(copies >= 1, "embedding: copies = {}", copies);
+  DI_CHECK(ids.defined() && ids.dim() == 1, "embedding: ids must be int32 [T], got {}", desc(ids));
+  const int64_t T = ids.size(0), V = table.size(0), dim = table.size(1);
+  check_ids(ids, T, "embedding", "ids");
+  Tensor out = Tensor::empty({T, copies, dim}, DType::kF32);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = ids.data<int32_t>()[t];
+    DI_CHECK(row >= 0 && row < V, "embedding: id {} outside the table of {} rows", row, V);
+    float* dst = out.data<float>() + t * copies * dim;
+    if (table.dtype() == DType::kBF16) {
+      const uint16_t* src = table.data<uint16_t>() + row * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = bf16_to_f32(src[d]);
+    } else {
+      std::memcpy(dst, table.data<float>() + row * dim, dim * sizeof(float));
+    }
+    for (int64_t j = 1; j < copies; ++j) std::memcpy(dst + j * dim, dst, dim * sizeof(float));
+  }
+  return out;
+}
+
+Tensor gather_rows(const Tensor& x, const Tensor& rows) {
+  check_cpu_f32(x, "gather_rows", "x");
+  DI_CHECK(x.dim() >= 1 && rows.defined() && rows.dim() == 1, "gather_rows: expected x [N, ...] and rows [R], got {}, {}",
+           x.describe(), desc(rows));
+  const int64_t R = rows.size(0), N = x.size(0), width = N == 0 ? 0 : x.numel() / N;
+  check_ids(rows, R, "gather_rows", "rows");
+  Shape shape = x.shape();
+  shape[0] = R;
+  Tensor out = Tensor::empty(shape, DType::kF32);
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t r = rows.data<int32_t>()[i];
+    DI_CHECK(r >= 0 && r < N, "gather_rows: row {} outside [0, {})", r, N);
+    std::memcpy(out.data<float>() + i * width, x.data<float>() + r * width, width * sizeof(float));
+  }
+  return out;
+}
+
+}  // namespace deepinfer::cpu
