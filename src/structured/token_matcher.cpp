@@ -45,7 +45,10 @@ struct LoopEntry {
 namespace {
 class EntryBuilder {
  public:
-  EntryBuilder(PdaMatcher& pda, const TokenVocab& v, Grammar::Elem item, LoopEntry& e) : pda_(pda), v_(v), e_(e) {
+  EntryBuilder(PdaMatcher& pda, const TokenVocab& v, Grammar::Elem item, LoopEntry& e,
+               const std::vector<ByteSet>* prefix = nullptr)
+      : pda_(pda), v_(v), e_(e) {
+    if (prefix) prefix_ = *prefix;
     const Grammar& g = pda.grammar();
     full_n_.assign(static_cast<size_t>(v.size()), 0);
     if (item.kind == Grammar::Kind::kTerm) {
@@ -65,21 +68,22 @@ class EntryBuilder {
   void run() {
     if (bad_) return;
     const int32_t n = static_cast<int32_t>(v_.trie_byte.size());
-    visit(0, n, 0, 0, true, 0);
+    if (prefix_.empty())
+      visit(0, n, 0, 0, true, 0);
+    else
+      visit_prefix(0, n, 0);
     if (bad_) return;
     LoopEntry& e = e_;
     e.full_all.assign(static_cast<size_t>(v_.mask_words()), 0);
     e.max_n = 0;
-    for (uint16_t k : full_n_) e.max_n = std::max<int32_t>(e.max_n, k);
+    for (int32_t id : touched_) e.max_n = std::max<int32_t>(e.max_n, full_n_[static_cast<size_t>(id)]);
     e.n_start.assign(static_cast<size_t>(e.max_n) + 2, 0);
-    for (int32_t id = 0; id < v_.size(); ++id)
-      if (full_n_[static_cast<size_t>(id)]) ++e.n_start[full_n_[static_cast<size_t>(id)] + 1u];
+    for (int32_t id : touched_) ++e.n_start[full_n_[static_cast<size_t>(id)] + 1u];
     for (size_t k = 1; k < e.n_start.size(); ++k) e.n_start[k] += e.n_start[k - 1];
     e.by_n.assign(static_cast<size_t>(e.n_start.back()), 0);
     std::vector<int32_t> fill(e.n_start.begin(), e.n_start.end() - 1);
-    for (int32_t id = 0; id < v_.size(); ++id) {
+    for (int32_t id : touched_) {
       const uint16_t k = full_n_[static_cast<size_t>(id)];
-      if (!k) continue;
       e.by_n[static_cast<size_t>(fill[k]++)] = id;
       set_bit(e.full_all, id);
     }
@@ -123,8 +127,25 @@ class EntryBuilder {
     return r;
   }
   void add_tokens(int32_t c, uint16_t n) {
-    for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(c)]; k < v_.trie_tok_end[static_cast<size_t>(c)]; ++k)
-      full_n_[static_cast<size_t>(v_.trie_ids[static_cast<size_t>(k)])] = n;
+    for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(c)]; k < v_.trie_tok_end[static_cast<size_t>(c)]; ++k) {
+      const int32_t id = v_.trie_ids[static_cast<size_t>(k)];
+      full_n_[static_cast<size_t>(id)] = n;
+      touched_.push_back(id);
+    }
+  }
+  // The fixed prefix (one byte of each set): tokens ending inside it or right after it count as
+  // one (partial) item, so every budget takes them; items start at offset prefix_.size().
+  void visit_prefix(int32_t lo, int32_t hi, size_t i) {
+    for (int32_t c = lo; c < hi && !bad_; c = v_.trie_end[static_cast<size_t>(c)]) {
+      if (!prefix_[i].test(v_.trie_byte[static_cast<size_t>(c)])) continue;
+      const int32_t end = v_.trie_end[static_cast<size_t>(c)];
+      add_tokens(c, 1);
+      if (c + 1 >= end) continue;
+      if (i + 1 < prefix_.size())
+        visit_prefix(c + 1, end, i + 1);
+      else
+        visit(c + 1, end, 0, 0, true, static_cast<uint16_t>(i + 1));
+    }
   }
   // Children of a trie range at byte offset d; sid = the item state (0 = an item starts here when
   // `boundary`), n = whole items so far.
@@ -134,7 +155,9 @@ class EntryBuilder {
       if (bad_) return;
       const int32_t end = v_.trie_end[static_cast<size_t>(c)];
       if (r == kDead) {
-        if (boundary && n > 0)  // every token below leaves the loop after n items at byte d
+        // Every token below leaves the loop after n items at byte d (n = 0 only after a prefix: the
+        // loop's own n = 0 exits are its context's stacks, which the state holds apart).
+        if (boundary && (n > 0 || !prefix_.empty()))
           for (int32_t x = c; x < end; ++x)
             for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(x)]; k < v_.trie_tok_end[static_cast<size_t>(x)]; ++k)
               e_.exits.push_back({v_.trie_ids[static_cast<size_t>(k)], n, d});
@@ -159,6 +182,8 @@ class EntryBuilder {
   std::map<std::vector<int32_t>, int32_t> ids_;
   std::vector<int32_t> trans_;
   std::vector<uint16_t> full_n_;
+  std::vector<int32_t> touched_;
+  std::vector<ByteSet> prefix_;
 };
 
 // X's structure (the rules it reaches, renumbered in visit order): equal keys behave the same.
@@ -395,6 +420,7 @@ const std::vector<uint32_t>& CompiledGrammar::mask(const MatchState& s) {
 void CompiledGrammar::trim() {
   if (aux_bytes_ <= cache_limit_bytes) return;
   stack_masks_.clear();
+  prefix_loops_.clear();
   budget_.clear();
   exits_.clear();
   expected_.clear();
@@ -490,10 +516,16 @@ const CompiledGrammar::StackMask* CompiledGrammar::stack_mask(int32_t node) {
   return &stack_masks_.emplace(node, std::move(m)).first->second;
 }
 
-std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item, uint64_t key) {
+std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item, uint64_t key,
+                                                             const std::vector<ByteSet>* prefix) {
   auto it = loops_.find(key);
   if (it != loops_.end()) return it->second;
-  const std::string structure = item_structure(pda_.grammar(), item);
+  std::string structure = item_structure(pda_.grammar(), item);
+  if (prefix && !structure.empty()) {
+    std::string p = "P" + std::to_string(prefix->size());
+    for (const ByteSet& b : *prefix) p.append(reinterpret_cast<const char*>(b.w), sizeof(ByteSet::w));
+    structure = p + structure;
+  }
   const std::string gkey = structure.empty() ? "" : std::to_string(vocab_->serial) + ":" + structure;
   std::shared_ptr<const LoopEntry> e;
   if (!gkey.empty()) {
@@ -506,7 +538,7 @@ std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item,
   }
   if (!e) {
     auto built = std::make_shared<LoopEntry>();
-    EntryBuilder b(pda_, *vocab_, item, *built);
+    EntryBuilder b(pda_, *vocab_, item, *built, prefix);
     b.run();
     e = built;
     if (!gkey.empty()) {
@@ -611,47 +643,193 @@ const std::vector<uint32_t>& CompiledGrammar::budget_bits(const LoopEntry& e, ui
   return budget_.emplace(std::make_pair(key, j), std::move(m)).first->second;
 }
 
+bool CompiledGrammar::find_loop(int32_t top, int32_t& rule, int32_t& ctx) const {
+  const Grammar& g = pda_.grammar();
+  const int32_t tp = pda_.node_pos(top);
+  const int32_t tr = rule_of_pos_[static_cast<size_t>(tp)];
+  if (g.loops[static_cast<size_t>(tr)].budget != 0 && tp == g.alts[static_cast<size_t>(tr)][0]) {
+    rule = tr;
+    ctx = pda_.node_parent(top);
+    return true;
+  }
+  int32_t m = pda_.node_parent(top);
+  for (int k = 0; k < 8 && m >= 0; ++k, m = pda_.node_parent(m)) {
+    const int32_t p = pda_.node_pos(m);
+    const int32_t r = rule_of_pos_[static_cast<size_t>(p)];
+    if (g.loops[static_cast<size_t>(r)].budget != 0 && p == g.alts[static_cast<size_t>(r)][0] + 1) {
+      rule = r;
+      ctx = pda_.node_parent(m);
+      return true;
+    }
+  }
+  return false;
+}
+
+const std::vector<int32_t>& CompiledGrammar::expected_stacks(int32_t rule, int32_t ctx) {
+  const int32_t start = pda_.make_node(pda_.grammar().alts[static_cast<size_t>(rule)][0], ctx);
+  auto ex = expected_.find(start);
+  if (ex == expected_.end()) {
+    MatchState st = pda_.state_of_node(start);
+    aux_bytes_ += st.stacks.size() * 4 + 64;
+    ex = expected_.emplace(start, std::move(st.stacks)).first;
+  }
+  return ex->second;
+}
+
+bool CompiledGrammar::add_loop(const LoopEntry& e, uint64_t key, int32_t rule, int32_t ctx, std::vector<uint32_t>& out) {
+  if (!e.usable) return false;
+  const int32_t base_depth = ctx < 0 ? 0 : pda_.node_depth(ctx);
+  if (base_depth + 1 + e.max_rel_depth + 8 > PdaMatcher::kMaxDepth) return false;
+  const ExitInfo& x = exit_info(e, key, ctx);
+  if (!x.usable) return false;
+  const Grammar::Loop lp = pda_.grammar().loops[static_cast<size_t>(rule)];
+  if (e.by_n.size() < out.size()) {  // few tokens: set them (cheaper than a bitset pass)
+    const int32_t j = lp.budget < 0 ? e.max_n : std::min(lp.budget, e.max_n);
+    for (int32_t i = e.n_start[1]; i < e.n_start[static_cast<size_t>(j) + 1]; ++i) set_bit(out, e.by_n[static_cast<size_t>(i)]);
+  } else {
+    or_into(out, budget_bits(e, key, lp.budget));
+  }
+  for (const auto& [n, id] : x.ok) {
+    if (lp.budget >= 0 && n > lp.budget) break;
+    if (n >= lp.min_rem) set_bit(out, id);
+  }
+  return true;
+}
+
+bool CompiledGrammar::prefix_expand(int32_t node, std::vector<ByteSet>& prefix, PrefixLoop& r) {
+  if (r.parts.size() >= kMaxPrefixParts) return false;
+  const Grammar& g = pda_.grammar();
+  // One stack whose top is a byte set: every byte of the set leads to the same state.
+  const Grammar::Elem& top = g.elems[static_cast<size_t>(pda_.node_pos(node))];
+  if (top.kind != Grammar::Kind::kTerm) return false;
+  const ByteSet& set = g.sets[static_cast<size_t>(top.arg)];
+  const int b = set.first();
+  if (b < 0) return false;
+  MatchState st, nx;
+  st.stacks = {node};
+  if (!pda_.advance(st, static_cast<uint8_t>(b), nx) || nx.stacks.empty() || nx.stacks.size() > kWidth) return false;
+  prefix.push_back(set);
+  // A loop position: exactly the item's start stacks, plus the context's own stacks (and
+  // acceptance) when the loop may stop there.
+  for (int32_t t : nx.stacks) {
+    int32_t rule = -1, ctx = -1;
+    if (!find_loop(t, rule, ctx)) continue;
+    MatchState want;
+    want.stacks = expected_stacks(rule, ctx);
+    if (g.loops[static_cast<size_t>(rule)].min_rem == 0) {
+      MatchState c;
+      if (ctx < 0)
+        c.accepting = true;
+      else
+        c = pda_.state_of_node(ctx);
+      want.accepting = c.accepting;
+      want.stacks.insert(want.stacks.end(), c.stacks.begin(), c.stacks.end());
+      std::sort(want.stacks.begin(), want.stacks.end());
+      want.stacks.erase(std::unique(want.stacks.begin(), want.stacks.end()), want.stacks.end());
+    }
+    if (!(want == nx)) break;
+    const Grammar::Elem item = g.elems[static_cast<size_t>(g.alts[static_cast<size_t>(rule)][0])];
+    std::string pk(reinterpret_cast<const char*>(&item), sizeof(item));
+    for (const ByteSet& p : prefix) pk.append(reinterpret_cast<const char*>(p.w), sizeof(ByteSet::w));
+    auto [ki, kfresh] = prefix_keys_.try_emplace(pk, (uint64_t{1} << 63) | prefix_keys_.size());
+    PrefixPart part;
+    part.key = ki->second;
+    part.rule = rule;
+    part.ctx = ctx;
+    part.entry = loop_entry(item, part.key, &prefix);
+    r.parts.push_back(std::move(part));
+    prefix.pop_back();
+    return true;
+  }
+  if (prefix.size() < static_cast<size_t>(kMaxPrefix)) {
+    // Each stack after the set on its own (the tokens that end right after it come with them).
+    for (int32_t m : nx.stacks)
+      if (!prefix_expand(m, prefix, r)) return false;
+    prefix.pop_back();
+    return true;
+  }
+  prefix.pop_back();
+  PrefixPart part;  // a walk from this stack over the trie below the prefix
+  part.stack = node;
+  part.prefix = prefix;
+  r.parts.push_back(std::move(part));
+  return true;
+}
+
+CompiledGrammar::PrefixLoop& CompiledGrammar::prefix_loop(int32_t node) {
+  auto [it, fresh] = prefix_loops_.try_emplace(node);
+  PrefixLoop& r = it->second;  // (references into an unordered_map stay valid)
+  if (!fresh) return r;
+  std::vector<ByteSet> prefix;
+  r.usable = prefix_expand(node, prefix, r);
+  bool loop = false;
+  for (const PrefixPart& p : r.parts) loop |= p.entry != nullptr;
+  if (!r.usable || !loop) {
+    r.usable = false;
+    r.parts.clear();
+  }
+  return r;
+}
+
+void CompiledGrammar::visit_prefix(int32_t lo, int32_t hi, const std::vector<ByteSet>& prefix, size_t i, int32_t root) {
+  const VocabNode* trie = vocab_->trie.data();
+  const int32_t* ids = vocab_->trie_ids.data();
+  for (int32_t c = lo; c < hi && !wide_ && !dfa_over_; c = trie[c].end) {
+    const VocabNode nd = trie[c];
+    if (!prefix[i].test(nd.byte)) continue;
+    if (i + 1 < prefix.size()) {
+      visit_prefix(c + 1, nd.end, prefix, i + 1, root);
+      continue;
+    }
+    hits_.insert(hits_.end(), ids + nd.tok, ids + nd.tok + nd.ntok);
+    if (c + 1 < nd.end) visit_dfa(c + 1, nd.end, root);
+  }
+}
+
+bool CompiledGrammar::apply_prefix(PrefixLoop& p, std::vector<uint32_t>& out) {
+  for (PrefixPart& part : p.parts) {
+    if (part.entry) {
+      if (!add_loop(*part.entry, part.key, part.rule, part.ctx, out)) return false;
+      continue;
+    }
+    if (!part.walked) {
+      hits_.clear();
+      wide_ = false;
+      width_limit_ = kWidth;
+      if (dfa_bytes_ > dfa_limit_bytes) dfa_clear();
+      frames_.resize(vocab_->max_len + 2);
+      const int32_t root = dfa_intern(std::vector<int32_t>{part.stack});
+      if (!dfa_over_) visit_prefix(0, static_cast<int32_t>(vocab_->trie.size()), part.prefix, 0, root);
+      const bool over = dfa_over_;
+      if (over) dfa_clear();
+      if (over || wide_) return false;  // (the caller falls back to the stack's own walk)
+      part.ids = hits_;
+      part.walked = true;
+      aux_bytes_ += part.ids.size() * 4 + 64;
+    }
+    for (int32_t id : part.ids) set_bit(out, id);
+  }
+  return true;
+}
+
 bool CompiledGrammar::compute_fast(const MatchState& s, std::vector<uint32_t>& out) {
   const Grammar& g = pda_.grammar();
   const size_t ns = s.stacks.size();
   std::vector<char> done(ns, 0);
+  size_t width = ns * 2 * kWidth;  // bound on the stacks of the walk from the whole state
   if (use_loops) {
     // Loop positions: (loop rule, the node below it) found from each stack's top frames.
     std::vector<std::pair<int32_t, int32_t>> tried;
     for (size_t i = 0; i < ns; ++i) {
       if (done[i]) continue;
       int32_t rule = -1, ctx = -1;
-      const int32_t top = s.stacks[i];
-      const int32_t tp = pda_.node_pos(top);
-      const int32_t tr = rule_of_pos_[static_cast<size_t>(tp)];
-      if (g.loops[static_cast<size_t>(tr)].budget != 0 && tp == g.alts[static_cast<size_t>(tr)][0]) {
-        rule = tr;
-        ctx = pda_.node_parent(top);
-      } else {
-        int32_t m = pda_.node_parent(top);
-        for (int k = 0; k < 8 && m >= 0; ++k, m = pda_.node_parent(m)) {
-          const int32_t p = pda_.node_pos(m);
-          const int32_t r = rule_of_pos_[static_cast<size_t>(p)];
-          if (g.loops[static_cast<size_t>(r)].budget != 0 && p == g.alts[static_cast<size_t>(r)][0] + 1) {
-            rule = r;
-            ctx = pda_.node_parent(m);
-            break;
-          }
-        }
-      }
-      if (rule < 0) continue;
+      if (!find_loop(s.stacks[i], rule, ctx)) continue;
       if (std::find(tried.begin(), tried.end(), std::make_pair(rule, ctx)) != tried.end()) continue;
       tried.push_back({rule, ctx});
-      const int32_t start = pda_.make_node(g.alts[static_cast<size_t>(rule)][0], ctx);
-      auto ex = expected_.find(start);
-      if (ex == expected_.end()) {
-        MatchState st = pda_.state_of_node(start);
-        aux_bytes_ += st.stacks.size() * 4 + 64;
-        ex = expected_.emplace(start, std::move(st.stacks)).first;
-      }
+      const std::vector<int32_t>& expected = expected_stacks(rule, ctx);
       std::vector<size_t> idx;
-      bool all = !ex->second.empty();
-      for (int32_t n : ex->second) {
+      bool all = !expected.empty();
+      for (int32_t n : expected) {
         auto f = std::lower_bound(s.stacks.begin(), s.stacks.end(), n);
         if (f == s.stacks.end() || *f != n) {
           all = false;
@@ -663,23 +841,26 @@ bool CompiledGrammar::compute_fast(const MatchState& s, std::vector<uint32_t>& o
       const Grammar::Elem item = g.elems[static_cast<size_t>(g.alts[static_cast<size_t>(rule)][0])];
       const uint64_t key = (static_cast<uint64_t>(item.kind) << 32) | static_cast<uint32_t>(item.arg);
       std::shared_ptr<const LoopEntry> e = loop_entry(item, key);
-      if (!e->usable) continue;
-      const int32_t base_depth = ctx < 0 ? 0 : pda_.node_depth(ctx);
-      if (base_depth + 1 + e->max_rel_depth + 8 > PdaMatcher::kMaxDepth) continue;
-      const ExitInfo& x = exit_info(*e, key, ctx);
-      if (!x.usable) continue;
-      const Grammar::Loop lp = g.loops[static_cast<size_t>(rule)];
-      or_into(out, budget_bits(*e, key, lp.budget));
-      for (const auto& [n, id] : x.ok) {
-        if (lp.budget >= 0 && n > lp.budget) break;
-        if (n >= lp.min_rem) set_bit(out, id);
-      }
+      if (!add_loop(*e, key, rule, ctx, out)) continue;
       for (size_t k : idx) done[k] = 1;
       ++stats.loop_groups;
     }
   }
   for (size_t i = 0; i < ns; ++i) {
     if (done[i]) continue;
+    if (use_loops) {
+      // A short fixed prefix of byte sets into loop positions: the loops' walks shifted by it. (Each
+      // part's walk stays within 2 * kWidth stacks: the whole state's within kMaxStacks.)
+      PrefixLoop& p = prefix_loop(s.stacks[i]);
+      if (p.usable && width + (p.parts.size() - 1) * 2 * kWidth <= PdaMatcher::kMaxStacks) {
+        if (apply_prefix(p, out)) {
+          width += (p.parts.size() - 1) * 2 * kWidth;
+          ++stats.prefix_groups;
+          continue;
+        }
+        p.usable = false;  // (what it set is allowed too)
+      }
+    }
     const StackMask* m = stack_mask(s.stacks[i]);
     if (!m) return false;
     if (!m->bits.empty())

@@ -13,6 +13,11 @@
 //    on their suffix. Entries are keyed by X's structure and shared by every grammar over the same
 //    vocabulary (one process-wide cache), so e.g. every JSON string position of every schema uses
 //    one walk. Valid only when the context cannot start with a byte that starts an item (checked).
+//  - a stack whose top byte sets (up to kMaxPrefix; after each set, every stack on its own) lead into
+//    loop positions (exactly the item's start stacks, plus the context's when the loop may stop): a
+//    loop entry of "one byte of each prefix set, then items" (the same walk below the prefix, shared
+//    the same way; n = 0 leaving tokens are the context's, checked like the others), and walks from
+//    below the prefix for the stacks left over. E.g. `" " ident` with ident ::= [a-z] [a-z_]{0,7}.
 //  - every other stack: a trie walk from that single stack, cached per stack node.
 // Both fall back to a full walk from the whole state whenever the pathological-grammar cuts of the
 // byte matcher (stack depth, stacks per state) could make the union differ from it, so masks are
@@ -81,7 +86,7 @@ class TokenVocab {
 
 struct MatcherStats {
   int64_t masks = 0, cache_hits = 0, bytes_advanced = 0;
-  int64_t full_walks = 0, stack_walks = 0, loop_groups = 0;
+  int64_t full_walks = 0, stack_walks = 0, loop_groups = 0, prefix_groups = 0;
 };
 
 struct LoopEntry;
@@ -131,7 +136,38 @@ class CompiledGrammar {
   int32_t dfa_fill(int32_t sid, uint8_t b);
   void dfa_clear();
   const StackMask* stack_mask(int32_t node);
-  std::shared_ptr<const LoopEntry> loop_entry(Grammar::Elem item, uint64_t key);
+  // The loop entry of item X (key: its element), or with `prefix`, of "one byte of each prefix set,
+  // then items of X" (key: a local one of the prefix and X).
+  std::shared_ptr<const LoopEntry> loop_entry(Grammar::Elem item, uint64_t key,
+                                              const std::vector<ByteSet>* prefix = nullptr);
+  // The loop position (rule, the node below it) that stack top `top` is at the start of an item of.
+  bool find_loop(int32_t top, int32_t& rule, int32_t& ctx) const;
+  const std::vector<int32_t>& expected_stacks(int32_t rule, int32_t ctx);
+  // ORs the loop part of a position (budget bits, then the leaving tokens); false when unusable.
+  bool add_loop(const LoopEntry& e, uint64_t key, int32_t rule, int32_t ctx, std::vector<uint32_t>& out);
+  // A single stack whose top byte sets (up to kMaxPrefix of them, each stack after a set on its own)
+  // lead into loop positions (exactly the item's start stacks, plus the context's when the loop may
+  // stop): its tokens are the loop entries of "prefix, then items" (parts with an entry) and walks
+  // of the stacks left over from below their prefix (the others). Not usable without a loop part.
+  struct PrefixPart {
+    std::shared_ptr<const LoopEntry> entry;
+    uint64_t key = 0;
+    int32_t rule = -1, ctx = -1;
+    int32_t stack = -1;  // walk part: the stack, walked below `prefix`
+    std::vector<ByteSet> prefix;
+    bool walked = false;
+    std::vector<int32_t> ids;
+  };
+  struct PrefixLoop {
+    bool usable = false;
+    std::vector<PrefixPart> parts;
+  };
+  static constexpr int kMaxPrefix = 2;
+  static constexpr size_t kMaxPrefixParts = 4;
+  bool prefix_expand(int32_t node, std::vector<ByteSet>& prefix, PrefixLoop& r);
+  PrefixLoop& prefix_loop(int32_t node);
+  bool apply_prefix(PrefixLoop& p, std::vector<uint32_t>& out);
+  void visit_prefix(int32_t lo, int32_t hi, const std::vector<ByteSet>& prefix, size_t i, int32_t root);
   const ExitInfo& exit_info(const LoopEntry& e, uint64_t key, int32_t ctx);
   const std::vector<uint32_t>& budget_bits(const LoopEntry& e, uint64_t key, int32_t j);
   void trim();
@@ -160,6 +196,8 @@ class CompiledGrammar {
   std::unordered_map<int32_t, StackMask> stack_masks_;
   std::unordered_map<int32_t, std::vector<int32_t>> expected_;  // node (loop rule start, ctx) -> its stacks
   std::unordered_map<uint64_t, std::shared_ptr<const LoopEntry>> loops_;
+  std::unordered_map<int32_t, PrefixLoop> prefix_loops_;
+  std::unordered_map<std::string, uint64_t> prefix_keys_;
   std::map<std::pair<uint64_t, int32_t>, ExitInfo> exits_;
   std::map<std::pair<uint64_t, int32_t>, std::vector<uint32_t>> budget_;
   size_t aux_bytes_ = 0;

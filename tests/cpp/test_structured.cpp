@@ -399,9 +399,65 @@ void check_random_walks(const std::shared_ptr<const TokenVocab>& v, int seeds, i
       }
     }
     if (expect_loops && name.rfind("ebnf-nullable", 0) != 0) EXPECT_GT(cg->stats.loop_groups, 0) << name;
+    if (expect_loops && name.rfind("ebnf-sql", 0) == 0) EXPECT_GT(cg->stats.prefix_groups, 0) << name;
+  }
+}
+
+// The positions a short fixed prefix before a loop (`" " ident` with ident ::= [a-z] [a-z_]{0,7},
+// `"\"" [a-z]{1,6}`, a literal's last bytes) against the brute-force definition, token by token.
+void check_prefix_positions(const std::shared_ptr<const TokenVocab>& v) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {R"(root ::= "SELECT " cols " FROM " ident (" WHERE " cond)? ";"
+cols ::= "*" | ident (", " ident){0,3}
+ident ::= [a-z] [a-z_]{0,7}
+cond ::= ident (" = " | " < " | " > ") num
+num ::= "0" | [1-9] [0-9]{0,4})",
+       {"SELECT", "SELECT ", "SELECT a", "SELECT a,", "SELECT a, b,", "SELECT a, b, c,", "SELECT a, b, c, d",
+        "SELECT * FRO", "SELECT * FROM", "SELECT * FROM ", "SELECT ab FROM t WHERE", "SELECT a FROM t WHERE x =",
+        "SELECT a FROM t WHERE x = ", "SELECT a FROM t WHERE x <", "SELECT a FROM t WHERE xyz_abcd >"}},
+      {R"(root ::= "[" (item ("," item){0,4})? "]"
+item ::= "\"" [a-z]{1,6} "\"" | [0-9]{1,3} | "true" | "false")",
+       {"", "[", "[\"ab\"", "[\"ab\",", "[1,2", "[1,2,\"x\",3,"}},
+      {R"(root ::= "x" ([a-c] [0-9]{2,4} ";")* "." ("ab" [a-z]+)?)", {"", "x", "xa1", "xa12;", "xa12;b123;", "x."}},
+  };
+  for (const auto& [text, prefixes] : cases) {
+    auto g = std::make_shared<const Grammar>(ebnf_grammar(text));
+    auto cg = std::make_shared<CompiledGrammar>(g, v);
+    PdaMatcher& ref = cg->pda();
+    for (const std::string& p : prefixes) {
+      MatchState state = ref.initial();
+      ASSERT_TRUE(ref.advance_bytes(state, p)) << p;
+      std::vector<uint32_t> fast, full;
+      cg->compute(state, fast);
+      cg->compute_full(state, full);
+      bool any = false;
+      for (uint32_t w : full) any |= w != 0;
+      if ((state.accepting || !any) && v->eos_id() >= 0) full[static_cast<size_t>(v->eos_id()) >> 5] |= 1u << (v->eos_id() & 31);
+      for (int32_t id = 0; id < v->size(); ++id) {
+        bool want;
+        if (id == v->eos_id())
+          want = allowed(full, id);
+        else if (v->is_special(id) || v->bytes(id).empty())
+          want = false;
+        else {
+          MatchState s = state;
+          want = ref.advance_bytes(s, v->bytes(id));
+        }
+        ASSERT_EQ(allowed(fast, id), want) << "'" << p << "' token " << id << " '" << v->bytes(id) << "'";
+      }
+    }
+    EXPECT_GT(cg->stats.prefix_groups, 0) << text;
   }
 }
 }  // namespace
+
+TEST(StructuredTokenMatcher, PrefixIntoLoopMatchesBruteForce) {
+  for (uint64_t vs : {1, 2, 5}) check_prefix_positions(random_vocab(vs, 3000));
+  const char* path = std::getenv("DEEPINFER_V4_TOKENIZER");
+  if (!path || !*path) GTEST_SKIP() << "DEEPINFER_V4_TOKENIZER (path to the V4 tokenizer.json) is not set";
+  const Tokenizer t = Tokenizer::from_file(path);
+  check_prefix_positions(TokenVocab::from_tokenizer(t, 129280, 1));
+}
 
 TEST(StructuredTokenMatcher, DecompositionMatchesBruteForceRandomVocab) {
   for (uint64_t vs : {1, 2}) check_random_walks(random_vocab(vs, 3000), 6, 60, 1, true);
