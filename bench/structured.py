@@ -9,8 +9,11 @@ computes the full next-token bitmask (timed) and accepts the id (not timed); the
 mask that allows EOS. A fresh compile per input, so masks are as cold as a new request sees them;
 deepinfer's repetition-loop entries (one vocabulary walk per distinct repetition item, e.g. the JSON
 string character) are shared by all grammars of a process, as in a server, so its replay finds the
-ones its sampling pass built; engine "deepinfer-cold" drops them before every compile (each request
-pays them itself, inside its mask times).
+ones its sampling pass built; engine "deepinfer-cold" drops them before every compile except the
+vocabulary-level ones (the JSON string character, digits, whitespace and their prefixes, built once
+per vocabulary on its first compile: a fresh request of a running server); "deepinfer-fresh" also
+has none of those (DEEPINFER_SO_PREBUILD=0: a fresh process, each request pays every loop walk
+itself, inside its mask times).
 Timing: deepinfer inside C++ (steady_clock around next_token_bitmask); xgrammar / llguidance with
 time.perf_counter_ns around fill_next_token_bitmask from Python (includes ~0.3-1 us call overhead).
 JSON: compact whitespace everywhere (xgrammar any_whitespace=False, llguidance separators ","/":").
@@ -18,12 +21,13 @@ An engine that rejects a replayed id (a schema it reads differently, e.g. `forma
 properties) stops that sequence; its steps so far are kept and the count is reported.
 
   PYTHONPATH=python python bench/structured.py [--limit N] [--json out.json]
-      [--engines deepinfer,deepinfer-cold,xgrammar,llguidance]
+      [--engines deepinfer,deepinfer-cold,deepinfer-fresh,xgrammar,llguidance]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -70,20 +74,27 @@ def pct(xs, q):
 class Ours:
     name = "deepinfer"
 
-    def __init__(self, tok, cold=False):
+    def __init__(self, tok, cold=False, fresh=False):
         self.vocab = deepinfer.StructuredVocab(tok, VOCAB, EOS)
-        self.cold = cold
+        self.cold = cold or fresh
+        self.fresh = fresh
         if cold:
             self.name = "deepinfer-cold"
+        if fresh:
+            self.name = "deepinfer-fresh"
 
     def compile(self, kind, value):
         so = {"json": {"type": "json_schema", "value": value}, "regex": {"type": "regex", "value": value},
               "ebnf": {"type": "ebnf", "value": value}}[kind]
         if self.cold:  # also drop the process-wide loop entries (shared by all grammars otherwise)
             deepinfer.structured_clear_shared_cache()
+        if self.fresh:  # this vocabulary's first compile then prebuilds nothing
+            os.environ["DEEPINFER_SO_PREBUILD"] = "0"
         t0 = time.perf_counter()
         g = deepinfer.StructuredGrammar(self.vocab, json.dumps(so))
-        return g, time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        os.environ.pop("DEEPINFER_SO_PREBUILD", None)
+        return g, dt
 
     def replay(self, g, ids):
         try:
@@ -172,7 +183,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="first N schemas only (0 = all)")
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--json", default="")
-    ap.add_argument("--engines", default="deepinfer,deepinfer-cold,xgrammar,llguidance")
+    ap.add_argument("--engines", default="deepinfer,deepinfer-cold,deepinfer-fresh,xgrammar,llguidance")
     args = ap.parse_args()
 
     tok = deepinfer.Tokenizer.from_pretrained(str(V4_DIR))
@@ -189,6 +200,7 @@ def main():
     for name in args.engines.split(","):
         try:
             engines.append({"deepinfer": lambda: Ours(tok), "deepinfer-cold": lambda: Ours(tok, cold=True),
+                            "deepinfer-fresh": lambda: Ours(tok, fresh=True),
                             "xgrammar": lambda: XGrammar(hf),
                             "llguidance": lambda: LLGuidance(hf)}[name]())
         except ImportError as e:

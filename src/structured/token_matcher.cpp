@@ -8,7 +8,12 @@
 #include <numeric>
 #include <string_view>
 
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
 #include "deepinfer/error.h"
+#include "structured/structured.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer::structured {
@@ -17,6 +22,7 @@ using VocabNode = TokenVocab::TrieNode;
 
 namespace {
 std::atomic<uint64_t> g_vocab_serial{1};
+thread_local bool t_prebuilding = false;  // inside the vocabulary-level prebuild (its entries are pinned)
 constexpr size_t kWidth = 64;       // stacks per walk state for the decomposition to be exact
 constexpr size_t kMaxGroupStacks = 32;  // kWidth * 2 * this <= PdaMatcher::kMaxStacks
 void set_bit(std::vector<uint32_t>& m, int32_t id) { m[static_cast<size_t>(id) >> 5] |= uint32_t{1} << (id & 31); }
@@ -69,7 +75,7 @@ class EntryBuilder {
     if (bad_) return;
     const int32_t n = static_cast<int32_t>(v_.trie_byte.size());
     if (prefix_.empty())
-      visit(0, n, 0, 0, true, 0);
+      term_ ? visit_term(0, n, 0) : visit(0, n, 0, 0, true, 0);
     else
       visit_prefix(0, n, 0);
     if (bad_) return;
@@ -87,12 +93,15 @@ class EntryBuilder {
       e.by_n[static_cast<size_t>(fill[k]++)] = id;
       set_bit(e.full_all, id);
     }
-    std::stable_sort(e.exits.begin(), e.exits.end(), [&](const LoopEntry::Exit& a, const LoopEntry::Exit& b) {
-      return static_cast<uint8_t>(v_.bytes(a.id)[a.off]) < static_cast<uint8_t>(v_.bytes(b.id)[b.off]);
-    });
+    // Exits by the byte at their offset (a counting sort; the byte was recorded with each).
     e.exit_start.fill(0);
-    for (const LoopEntry::Exit& x : e.exits) ++e.exit_start[static_cast<uint8_t>(v_.bytes(x.id)[x.off]) + 1u];
+    for (uint8_t b : exit_byte_) ++e.exit_start[b + 1u];
     for (size_t b = 1; b < 257; ++b) e.exit_start[b] += e.exit_start[b - 1];
+    std::vector<LoopEntry::Exit> sorted(e.exits.size());
+    std::array<int32_t, 256> pos;
+    std::copy(e.exit_start.begin(), e.exit_start.end() - 1, pos.begin());
+    for (size_t i = 0; i < e.exits.size(); ++i) sorted[static_cast<size_t>(pos[exit_byte_[i]]++)] = e.exits[i];
+    e.exits = std::move(sorted);
     e.usable = true;
   }
 
@@ -127,7 +136,8 @@ class EntryBuilder {
     return r;
   }
   void add_tokens(int32_t c, uint16_t n) {
-    for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(c)]; k < v_.trie_tok_end[static_cast<size_t>(c)]; ++k) {
+    const VocabNode& nd = v_.trie[static_cast<size_t>(c)];
+    for (int32_t k = nd.tok; k < nd.tok + nd.ntok; ++k) {
       const int32_t id = v_.trie_ids[static_cast<size_t>(k)];
       full_n_[static_cast<size_t>(id)] = n;
       touched_.push_back(id);
@@ -144,23 +154,64 @@ class EntryBuilder {
       if (i + 1 < prefix_.size())
         visit_prefix(c + 1, end, i + 1);
       else
-        visit(c + 1, end, 0, 0, true, static_cast<uint16_t>(i + 1));
+        term_ ? visit_term(c + 1, end, static_cast<uint16_t>(i + 1))
+              : visit(c + 1, end, 0, 0, true, static_cast<uint16_t>(i + 1));
+    }
+  }
+  // visit() for a single byte-set item (every byte is one whole item, so n counts the bytes since
+  // offset d0): an iterative preorder pass, live nodes in order, dead subtrees skipped in O(1) with
+  // their tokens as one range.
+  void visit_term(int32_t lo, int32_t hi, uint16_t d0) {
+    const VocabNode* trie = v_.trie.data();
+    const int32_t* ids = v_.trie_ids.data();
+    const int32_t* sub = v_.trie_sub_tok.data();
+    std::array<uint8_t, 256> in;
+    for (int b = 0; b < 256; ++b) in[static_cast<size_t>(b)] = set_.test(static_cast<uint8_t>(b)) ? 1 : 0;
+    const bool exit0 = !prefix_.empty();
+    std::vector<int32_t> ends{hi};
+    int32_t c = lo;
+    for (;;) {
+      while (c >= ends.back()) {
+        ends.pop_back();
+        if (ends.empty()) return;
+      }
+      const VocabNode nd = trie[c];
+      const uint16_t n = static_cast<uint16_t>(ends.size() - 1);  // items before this byte
+      if (in[nd.byte]) {
+        for (int32_t k = nd.tok; k < nd.tok + nd.ntok; ++k) {
+          full_n_[static_cast<size_t>(ids[k])] = static_cast<uint16_t>(n + 1);
+          touched_.push_back(ids[k]);
+        }
+        if (c + 1 < nd.end) ends.push_back(nd.end);
+        ++c;
+      } else {
+        if (n > 0 || exit0)
+          for (int32_t k = sub[c]; k < sub[nd.end]; ++k) {
+            e_.exits.push_back({ids[k], n, static_cast<uint16_t>(d0 + n)});
+            exit_byte_.push_back(nd.byte);
+          }
+        c = nd.end;
+      }
     }
   }
   // Children of a trie range at byte offset d; sid = the item state (0 = an item starts here when
   // `boundary`), n = whole items so far.
   void visit(int32_t lo, int32_t hi, int32_t sid, uint16_t n, bool boundary, uint16_t d) {
-    for (int32_t c = lo; c < hi && !bad_; c = v_.trie_end[static_cast<size_t>(c)]) {
-      const int32_t r = step(boundary ? 0 : sid, v_.trie_byte[static_cast<size_t>(c)]);
+    const VocabNode* trie = v_.trie.data();
+    for (int32_t c = lo; c < hi && !bad_; c = trie[c].end) {
+      const int32_t r = step(boundary ? 0 : sid, trie[c].byte);
       if (bad_) return;
-      const int32_t end = v_.trie_end[static_cast<size_t>(c)];
+      const int32_t end = trie[c].end;
       if (r == kDead) {
         // Every token below leaves the loop after n items at byte d (n = 0 only after a prefix: the
         // loop's own n = 0 exits are its context's stacks, which the state holds apart).
-        if (boundary && (n > 0 || !prefix_.empty()))
-          for (int32_t x = c; x < end; ++x)
-            for (int32_t k = v_.trie_tok_begin[static_cast<size_t>(x)]; k < v_.trie_tok_end[static_cast<size_t>(x)]; ++k)
-              e_.exits.push_back({v_.trie_ids[static_cast<size_t>(k)], n, d});
+        if (boundary && (n > 0 || !prefix_.empty())) {
+          const uint8_t b = trie[c].byte;
+          for (int32_t k = v_.trie_sub_tok[static_cast<size_t>(c)]; k < v_.trie_sub_tok[static_cast<size_t>(end)]; ++k) {
+            e_.exits.push_back({v_.trie_ids[static_cast<size_t>(k)], n, d});
+            exit_byte_.push_back(b);
+          }
+        }
         continue;
       }
       add_tokens(c, static_cast<uint16_t>(n + 1));
@@ -183,6 +234,7 @@ class EntryBuilder {
   std::vector<int32_t> trans_;
   std::vector<uint16_t> full_n_;
   std::vector<int32_t> touched_;
+  std::vector<uint8_t> exit_byte_;  // the byte at each exit's offset
   std::vector<ByteSet> prefix_;
 };
 
@@ -232,6 +284,7 @@ struct SharedLoop {
   std::shared_ptr<const LoopEntry> e;
   size_t bytes = 0;
   uint64_t used = 0;
+  bool pinned = false;  // vocabulary-level (prebuilt): not counted, not dropped
 };
 std::mutex g_loop_mu;
 std::unordered_map<std::string, SharedLoop> g_loop_cache;
@@ -239,11 +292,59 @@ size_t g_loop_bytes = 0;
 uint64_t g_loop_tick = 0;
 }  // namespace
 
-void clear_shared_loop_cache() {
+namespace {
+void clear_loops(bool pinned_too) {
   std::lock_guard<std::mutex> lock(g_loop_mu);
-  g_loop_cache.clear();
+  for (auto it = g_loop_cache.begin(); it != g_loop_cache.end();)
+    it = pinned_too || !it->second.pinned ? g_loop_cache.erase(it) : std::next(it);
   g_loop_bytes = 0;
 }
+}  // namespace
+
+void clear_shared_loop_cache() { clear_loops(false); }
+void clear_shared_loop_cache_all() { clear_loops(true); }
+
+std::pair<size_t, size_t> shared_loop_cache_counts() {
+  std::lock_guard<std::mutex> lock(g_loop_mu);
+  size_t pinned = 0;
+  for (const auto& [k, l] : g_loop_cache) pinned += l.pinned;
+  return {g_loop_cache.size(), pinned};
+}
+
+namespace {
+// The loop entries every JSON grammar needs, built by computing the masks along short canonical
+// outputs of canonical schemas (compact and flexible whitespace): the entries those masks build are
+// pinned in the shared cache. Item structures do not depend on the schema around them, so every
+// later grammar with a JSON string / number / whitespace finds them.
+void prebuild_vocab_entries(const std::shared_ptr<const TokenVocab>& v) {
+  const char* env = std::getenv("DEEPINFER_SO_PREBUILD");
+  if (env && env[0] == '0') return;
+  static const std::pair<const char*, const char*> kCanon[] = {
+      {R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"},"c":{"type":"number"},"d":{"type":"boolean"},"e":{"type":"array","items":{"type":"string"}},"f":{"type":"array","items":{"type":"integer"}}},"required":["a","b","c","d","e","f"]})",
+       R"({"a":"x\\y\u00e9z\n","b":-120,"c":-1.25e+10,"d":true,"e":["p","q"],"f":[10,2]})"},
+      {R"({"type":"string"})", R"("ab\"c")"},
+      {R"({"type":"integer"})", "-120"},
+      {R"({"type":"number"})", "-1.5E-3"},
+  };
+  t_prebuilding = true;
+  try {
+    for (int flex = 0; flex < 2; ++flex)
+      for (const auto& [schema, out] : kCanon) {
+        JsonOptions opt;
+        opt.flexible_whitespace = flex != 0;
+        auto g = std::make_shared<const Grammar>(json_schema_grammar(nlohmann::ordered_json::parse(schema), opt));
+        GrammarMatcher m(std::make_shared<CompiledGrammar>(g, v));
+        const std::string_view s(out);
+        for (size_t i = 0; i <= s.size(); ++i) {
+          m.next_token_bitmask();
+          if (i < s.size() && !m.accept_string(s.substr(i, 1))) break;
+        }
+      }
+  } catch (...) {
+  }
+  t_prebuilding = false;
+}
+}  // namespace
 
 TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_t>& special_ids, int32_t eos_id)
     : bytes_(std::move(tokens)), special_(bytes_.size(), false), eos_id_(eos_id) {
@@ -284,6 +385,9 @@ TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_
     trie_tok_end[last] = static_cast<int32_t>(trie_ids.size());
   }
   for (int32_t n : path) trie_end[static_cast<size_t>(n)] = static_cast<int32_t>(trie_byte.size());
+  trie_sub_tok.assign(trie_byte.size() + 1, static_cast<int32_t>(trie_ids.size()));
+  for (size_t c = trie_byte.size(); c-- > 0;)
+    trie_sub_tok[c] = trie_tok_end[c] > trie_tok_begin[c] ? trie_tok_begin[c] : trie_sub_tok[c + 1];
   trie.resize(trie_byte.size());
   for (size_t i = 0; i < trie.size(); ++i)
     trie[i] = {trie_end[i], trie_tok_begin[i], static_cast<uint16_t>(trie_tok_end[i] - trie_tok_begin[i]), trie_byte[i]};
@@ -310,6 +414,7 @@ size_t CompiledGrammar::KeyHash::operator()(const std::vector<int32_t>& k) const
 CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocab> vocab)
     : pda_(std::move(grammar)), vocab_(std::move(vocab)) {
   DI_CHECK(vocab_ != nullptr, "structured: no vocabulary");
+  if (!t_prebuilding) std::call_once(vocab_->prebuild_once, prebuild_vocab_entries, vocab_);
   const Grammar& g = pda_.grammar();
   rule_of_pos_.assign(g.elems.size(), -1);
   for (size_t r = 0; r < g.alts.size(); ++r)
@@ -544,14 +649,16 @@ std::shared_ptr<const LoopEntry> CompiledGrammar::loop_entry(Grammar::Elem item,
     if (!gkey.empty()) {
       std::lock_guard<std::mutex> lock(g_loop_mu);
       const size_t bytes = entry_bytes(*e);
-      while (!g_loop_cache.empty() && g_loop_bytes + bytes > kSharedLoopBytes) {
-        auto old = g_loop_cache.begin();
+      while (!t_prebuilding && g_loop_bytes + bytes > kSharedLoopBytes) {
+        auto old = g_loop_cache.end();
         for (auto i = g_loop_cache.begin(); i != g_loop_cache.end(); ++i)
-          if (i->second.used < old->second.used) old = i;
+          if (!i->second.pinned && (old == g_loop_cache.end() || i->second.used < old->second.used)) old = i;
+        if (old == g_loop_cache.end()) break;
         g_loop_bytes -= old->second.bytes;
         g_loop_cache.erase(old);
       }
-      if (g_loop_cache.emplace(gkey, SharedLoop{e, bytes, ++g_loop_tick}).second) g_loop_bytes += bytes;
+      if (g_loop_cache.emplace(gkey, SharedLoop{e, bytes, ++g_loop_tick, t_prebuilding}).second && !t_prebuilding)
+        g_loop_bytes += bytes;
     }
   }
   loops_.emplace(key, e);

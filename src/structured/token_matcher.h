@@ -13,6 +13,8 @@
 //    on their suffix. Entries are keyed by X's structure and shared by every grammar over the same
 //    vocabulary (one process-wide cache), so e.g. every JSON string position of every schema uses
 //    one walk. Valid only when the context cannot start with a byte that starts an item (checked).
+//    The entries every JSON grammar needs are built on a vocabulary's first compile and kept
+//    (TokenVocab::prebuild_once), so a new request does not pay them.
 //  - a stack whose top byte sets (up to kMaxPrefix; after each set, every stack on its own) lead into
 //    loop positions (exactly the item's start stacks, plus the context's when the loop may stop): a
 //    loop entry of "one byte of each prefix set, then items" (the same walk below the prefix, shared
@@ -37,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -69,6 +72,8 @@ class TokenVocab {
   // (exclusive; also its next sibling), and its tokens trie_ids[tok_begin, tok_end).
   std::vector<uint8_t> trie_byte;
   std::vector<int32_t> trie_end, trie_tok_begin, trie_tok_end, trie_ids;
+  // The tokens of subtree [c, trie_end[c]) are trie_ids[trie_sub_tok[c], trie_sub_tok[trie_end[c]]).
+  std::vector<int32_t> trie_sub_tok;
   // The same nodes packed for the walks: subtree end, tokens [tok, tok + ntok), byte.
   struct TrieNode {
     int32_t end, tok;
@@ -77,6 +82,11 @@ class TokenVocab {
   };
   std::vector<TrieNode> trie;
   uint64_t serial = 0;  // unique per vocabulary object (key of the shared loop cache)
+  // The vocabulary-level loop entries (those every JSON grammar uses: the string character, digits,
+  // whitespace, their quote/colon prefixes) are built once, on the first grammar compiled over this
+  // vocabulary, and kept for the vocabulary's life (clear_shared_loop_cache leaves them). Skipped
+  // when DEEPINFER_SO_PREBUILD=0 at that first compile (the truly fresh case).
+  mutable std::once_flag prebuild_once;
 
  private:
   std::vector<std::string> bytes_;
@@ -203,8 +213,14 @@ class CompiledGrammar {
   size_t aux_bytes_ = 0;
 };
 
-// Drops the process-wide loop entries (tests and benchmarks of cold starts).
+// Drops the process-wide loop entries (tests and benchmarks of cold starts), except the
+// vocabulary-level prebuilt ones (see TokenVocab::prebuild_once; a vocabulary whose first compile
+// ran with DEEPINFER_SO_PREBUILD=0 has none: the truly fresh case). _all drops those too (they are
+// not rebuilt for vocabularies already prebuilt).
 void clear_shared_loop_cache();
+void clear_shared_loop_cache_all();
+// (entries, of which vocabulary-level) in the process-wide cache (tests).
+std::pair<size_t, size_t> shared_loop_cache_counts();
 
 class GrammarMatcher {
  public:

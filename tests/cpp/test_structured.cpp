@@ -1,6 +1,7 @@
 // Structured outputs: grammar core, EBNF / regex / JSON Schema front ends, the token matcher.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <random>
 #include <regex>
 
@@ -461,6 +462,28 @@ TEST(StructuredTokenMatcher, PrefixIntoLoopMatchesBruteForce) {
 
 TEST(StructuredTokenMatcher, DecompositionMatchesBruteForceRandomVocab) {
   for (uint64_t vs : {1, 2}) check_random_walks(random_vocab(vs, 3000), 6, 60, 1, true);
+}
+
+TEST(StructuredTokenMatcher, PrebuiltVocabEntriesMatchBruteForce) {
+  // The vocabulary-level loop entries (built on a vocabulary's first compile, kept by
+  // clear_shared_loop_cache), those alone after a clear, and none at all (DEEPINFER_SO_PREBUILD=0 at
+  // the first compile: the truly fresh case) all give the brute-force masks.
+  clear_shared_loop_cache_all();
+  auto v = random_vocab(7, 3000);
+  check_random_walks(v, 3, 60, 1, true);
+  const size_t pinned = shared_loop_cache_counts().second;
+  EXPECT_GE(pinned, 20u);  // string character and escapes (compact, flexible), digits, whitespace, prefixes
+  clear_shared_loop_cache();
+  EXPECT_EQ(shared_loop_cache_counts(), std::make_pair(pinned, pinned));
+  check_random_walks(v, 3, 60, 1, true);
+  setenv("DEEPINFER_SO_PREBUILD", "0", 1);
+  auto fresh = random_vocab(7, 3000);
+  check_random_walks(fresh, 3, 60, 1, true);
+  unsetenv("DEEPINFER_SO_PREBUILD");
+  EXPECT_EQ(shared_loop_cache_counts().second, pinned);  // none of the fresh vocabulary's
+  clear_shared_loop_cache_all();
+  EXPECT_EQ(shared_loop_cache_counts().first, 0u);
+  check_random_walks(v, 2, 60, 1, true);  // (v's pinned entries dropped: rebuilt on use, not pinned)
 }
 
 TEST(StructuredTokenMatcher, DecompositionMatchesBruteForceV4Vocab) {
