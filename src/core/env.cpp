@@ -32,6 +32,9 @@ const std::vector<EnvVar>& env_vars() {
       {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact",
        "V4.1 SWA bounded replay: compact = decoder layers prefill only the last KEEP_TOKENS; off = exact", true},
       {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140", "tokens the V4.1 decoder replays (window + margin)", true},
+      {"DEEPINFER_SO_PREBUILD", "1",
+       "structured outputs: 0 skips building the JSON loop entries once per vocabulary (benchmarks of a fresh process)",
+       true},
   };
   return vars;
 }
