@@ -8,6 +8,7 @@ namespace deepinfer::cpu {
 
 using ops::HcMix;
 using ops::LinearOpts;
+using ops::MoeGroups;
 using ops::QWeight;
 using ops::KeyVisibility;
 using ops::RopeFreqs;
@@ -45,5 +46,11 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
 Tensor gather_rows(const Tensor& x, const Tensor& rows);
+MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
+void copy_into(const Tensor& dst, const Tensor& src);
+void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
+Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
+                     bool has_prev);
 
 }  // namespace deepinfer::cpu

@@ -1,6 +1,8 @@
 // CPU kernels of the model-level ops (issue 8): indexer scores, MoE routing, clamped SwiGLU, the
 // embedding gather and the row gather. Each replays the FP32 operation order of the host loops it
-// replaced in src/model, so results are bit-identical to them.
+// replaced in src/model, so results are bit-identical to them. moe_group / moe_combine: the MoE
+// dispatch and FP32 combine (grouping by expert, accumulation in ascending expert order);
+// compress_pool: the compressors' gated pooling; renorm_heads: V4's per-head q re-norm.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -285,6 +287,151 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
     std::memcpy(out.data<float>() + i * width, x.data<float>() + r * width, width * sizeof(float));
   }
   return out;
+}
+
+MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts) {
+  DI_CHECK(ids.defined() && ids.device() == Device::kCPU && ids.dtype() == DType::kI32 && ids.dim() == 2 &&
+               ids.is_contiguous(),
+           "moe_group: ids must be int32 [T, k] on the CPU, got {}", desc(ids));
+  check_cpu_f32(weights, "moe_group", "weights");
+  DI_CHECK(weights.shape() == ids.shape(), "moe_group: weights {} for ids {}", weights.describe(), ids.describe());
+  DI_CHECK(n_experts >= 1, "moe_group: {} experts", n_experts);
+  const int64_t T = ids.size(0), k = ids.size(1), P = T * k;
+  const int32_t* ip = ids.data<int32_t>();
+  MoeGroups g;
+  g.offsets.assign(n_experts + 1, 0);
+  for (int64_t i = 0; i < P; ++i) {
+    DI_CHECK(ip[i] >= 0 && ip[i] < n_experts, "moe_group: expert id {} outside [0, {})", ip[i], n_experts);
+    ++g.offsets[ip[i] + 1];
+  }
+  for (int64_t e = 0; e < n_experts; ++e) g.offsets[e + 1] += g.offsets[e];
+  g.rows = Tensor::empty({P}, DType::kI32);
+  g.weights = Tensor::empty({P}, DType::kF32);
+  g.slots = Tensor::empty({T, k}, DType::kI32);
+  std::vector<int64_t> next(g.offsets.begin(), g.offsets.end() - 1);
+  for (int64_t i = 0; i < P; ++i) {  // (t, j) ascending: each expert's pairs by token, then slot
+    const int64_t pos = next[ip[i]]++;
+    g.rows.data<int32_t>()[pos] = static_cast<int32_t>(i / k);
+    g.weights.data<float>()[pos] = weights.data<float>()[i];
+    g.slots.data<int32_t>()[i] = static_cast<int32_t>(pos);
+  }
+  return g;
+}
+
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
+  check_cpu_f32(expert_out, "moe_combine", "expert_out");
+  check_cpu_f32(shared, "moe_combine", "shared");
+  DI_CHECK(slots.defined() && slots.device() == Device::kCPU && slots.dtype() == DType::kI32 && slots.dim() == 2 &&
+               slots.is_contiguous(),
+           "moe_combine: slots must be int32 [T, k] on the CPU, got {}", desc(slots));
+  DI_CHECK(shared.dim() == 2 && shared.size(0) == slots.size(0) && expert_out.dim() == 2 &&
+               expert_out.size(1) == shared.size(1),
+           "moe_combine: expert_out {}, slots {}, shared {} do not match", expert_out.describe(), slots.describe(),
+           shared.describe());
+  const int64_t T = shared.size(0), dim = shared.size(1), k = slots.size(1), R = expert_out.size(0);
+  Tensor out = Tensor::empty({T, dim}, DType::kF32);
+  const float* y = expert_out.data<float>();
+  std::vector<int32_t> s(k);
+  std::vector<float> acc(dim);
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t v = slots.data<int32_t>()[t * k + j];
+      if (v < 0) continue;
+      DI_CHECK(v < R, "moe_combine: slot {} outside the {} expert rows", v, R);
+      s[n++] = v;
+    }
+    std::sort(s.begin(), s.begin() + n);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* yr = y + static_cast<int64_t>(s[i]) * dim;
+      for (int64_t d = 0; d < dim; ++d) acc[d] += yr[d];
+    }
+    const float* sh = shared.data<float>() + t * dim;
+    float* o = out.data<float>() + t * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float v = acc[d] + sh[d];
+      o[d] = round ? deepinfer::round_bf16(v) : v;
+    }
+  }
+  return out;
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  DI_CHECK(dst.defined() && src.defined() && dst.device() == Device::kCPU && src.device() == Device::kCPU &&
+               dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape() && dst.dtype() == src.dtype(),
+           "copy_into: dst {} and src {} must be contiguous CPU tensors of one shape and dtype", desc(dst), desc(src));
+  if (src.nbytes() > 0) std::memcpy(dst.raw(), src.raw(), src.nbytes());
+}
+
+Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
+                     bool has_prev) {
+  check_cpu_f32(kv, "compress_pool", "kv");
+  check_cpu_f32(score, "compress_pool", "score");
+  const int64_t r = ratio, lead = overlap ? r : 0;
+  DI_CHECK(kv.dim() == 2 && score.shape() == kv.shape() && r >= 1 && d >= 1 && kv.size(1) == (overlap ? 2 * d : d) &&
+               kv.size(0) >= lead && (kv.size(0) - lead) % r == 0,
+           "compress_pool: kv {} / score {} are not [lead + G*{}, {}]", kv.describe(), score.describe(), r,
+           overlap ? 2 * d : d);
+  const int64_t w = kv.size(1), G = (kv.size(0) - lead) / r;
+  if (ape.defined()) {
+    check_cpu_f32(ape, "compress_pool", "ape");
+    DI_CHECK(ape.numel() == r * w, "compress_pool: ape {} for [{}, {}]", ape.describe(), r, w);
+  }
+  const float* kp = kv.data<float>();
+  const float* sp = score.data<float>();
+  const float* ap = ape.defined() ? ape.data<float>() : nullptr;
+  auto sc_at = [&](int64_t row, int64_t col) { return ap ? sp[row * w + col] + ap[(row % r) * w + col] : sp[row * w + col]; };
+  Tensor out = Tensor::empty({G, d}, DType::kF32);
+  std::vector<float> sc(2 * r), kvv(2 * r);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t base = lead + g * r;  // this group's first row
+    for (int64_t ch = 0; ch < d; ++ch) {
+      int64_t n = 0;
+      if (overlap) {
+        const bool prev = g > 0 || has_prev;
+        for (int64_t i = 0; i < r; ++i, ++n) {
+          kvv[n] = prev ? kp[(base - r + i) * w + ch] : 0.0f;
+          sc[n] = prev ? sc_at(base - r + i, ch) : -INFINITY;
+        }
+        for (int64_t i = 0; i < r; ++i, ++n) {
+          kvv[n] = kp[(base + i) * w + d + ch];
+          sc[n] = sc_at(base + i, d + ch);
+        }
+      } else {
+        for (int64_t i = 0; i < r; ++i, ++n) {
+          kvv[n] = kp[(base + i) * w + ch];
+          sc[n] = sc_at(base + i, ch);
+        }
+      }
+      float m = -INFINITY;
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, sc[i]);
+      float sum = 0.0f;
+      for (int64_t i = 0; i < n; ++i) sum += (sc[i] = std::exp(sc[i] - m));
+      float acc = 0.0f;
+      for (int64_t i = 0; i < n; ++i) acc += kvv[i] * (sc[i] / sum);
+      out.data<float>()[g * d + ch] = acc;
+    }
+  }
+  return out;
+}
+
+void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
+  check_cpu_f32(q, "renorm_heads", "q");
+  DI_CHECK(head_dim >= 1 && q.numel() % head_dim == 0, "renorm_heads: {} is not whole heads of {}", q.describe(),
+           head_dim);
+  const int64_t n = q.numel() / head_dim;
+  float* p = q.data<float>();
+  auto rd = [&](float v) { return round ? deepinfer::round_bf16(v) : v; };
+#pragma omp parallel for if (n > 16)
+  for (int64_t h = 0; h < n; ++h) {
+    float* a = p + h * head_dim;
+    double ss = 0;
+    for (int64_t i = 0; i < head_dim; ++i) ss += rd(a[i] * a[i]);
+    const float mean = rd(static_cast<float>(ss / head_dim));
+    const float r = rd(1.0f / std::sqrt(rd(mean + eps)));
+    for (int64_t i = 0; i < head_dim; ++i) a[i] = rd(a[i] * r);
+  }
 }
 
 }  // namespace deepinfer::cpu

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
@@ -245,6 +246,138 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
   out[n] = x[static_cast<int64_t>(rows[n / width]) * width + n % width];
 }
 
+// ---- MoE dispatch and combine ------------------------------------------------------------------------
+__global__ void moe_count_kernel(const int32_t* ids, int64_t P, int E, int32_t* counts) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= P) return;
+  const int32_t e = ids[i];
+  if (e >= 0 && e < E) atomicAdd(counts + e, 1);
+}
+
+// offsets[e] = sum of counts[0..e), offsets[E] = the total (one thread: E is a few hundred).
+__global__ void moe_offsets_kernel(const int32_t* counts, int E, int32_t* offsets) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  int32_t run = 0;
+  for (int e = 0; e < E; ++e) {
+    offsets[e] = run;
+    run += counts[e];
+  }
+  offsets[E] = run;
+}
+
+constexpr int kGroupThreads = 256;
+
+// One block per expert: an ordered compaction of the (t, j) pairs routed to it, in ascending t*k + j.
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_group_kernel(const int32_t* ids, const float* w, int64_t P, int k, const int32_t* offsets, int32_t* rows,
+                     float* wout, int32_t* slots) {
+  __shared__ int warp_count[kGroupThreads / 32];
+  const int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int64_t base = offsets[e];
+  for (int64_t c0 = 0; c0 < P; c0 += kGroupThreads) {
+    const int64_t i = c0 + tid;
+    const bool hit = i < P && ids[i] == e;
+    const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int wi = 0; wi < kGroupThreads / 32; ++wi) {
+      before += wi < warp ? warp_count[wi] : 0;
+      total += warp_count[wi];
+    }
+    if (hit) {
+      const int64_t pos = base + before + __popc(ballot & ((1u << lane) - 1u));
+      rows[pos] = static_cast<int32_t>(i / k);
+      wout[pos] = w[i];
+      slots[i] = static_cast<int32_t>(pos);
+    }
+    base += total;
+    __syncthreads();  // warp_count consumed before the next chunk writes it
+  }
+}
+
+constexpr int kCombineMaxK = 64;
+
+// One thread per (token, column): the token's slots sorted ascending, then 0 + y[s1] + y[s2] + ... + shared.
+__global__ void moe_combine_kernel(const float* y, const int32_t* slots, const float* shared, int k, int64_t dim,
+                                   bool round, float* out) {
+  const int64_t t = blockIdx.y;
+  const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (d >= dim) return;
+  int32_t s[kCombineMaxK];
+  int n = 0;
+  for (int j = 0; j < k; ++j) {
+    const int32_t v = slots[t * k + j];
+    if (v < 0) continue;
+    int at = n++;
+    while (at > 0 && s[at - 1] > v) {
+      s[at] = s[at - 1];
+      --at;
+    }
+    s[at] = v;
+  }
+  float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, y[static_cast<int64_t>(s[i]) * dim + d]);
+  const float v = __fadd_rn(acc, shared[t * dim + d]);
+  out[t * dim + d] = round ? round_to_bf16(v) : v;
+}
+
+// ---- compressor pooling ----------------------------------------------------------------------------
+// One thread per (group, channel): three passes over the group's rows (max, exp sum, weighted sum),
+// each in the CPU's row order; exp recomputed identically in each pass.
+__global__ void compress_pool_kernel(const float* kv, const float* score, const float* ape, int r, int64_t d,
+                                     int64_t w, bool overlap, bool has_prev, int64_t lead, float* out) {
+  const int64_t g = blockIdx.y;
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch >= d) return;
+  const int64_t base = lead + g * r;
+  const bool prev = overlap && (g > 0 || has_prev);
+  const int n = overlap ? 2 * r : r;
+  // Row i of the pooled set: its buffer row and column (overlap: r previous rows at ch, then r at d + ch).
+  auto at = [&](int i, int64_t& row, int64_t& col) {
+    if (overlap && i < r) {
+      row = base - r + i;
+      col = ch;
+    } else {
+      row = base + (overlap ? i - r : i);
+      col = overlap ? d + ch : ch;
+    }
+  };
+  auto sc = [&](int i) -> float {
+    if (overlap && i < r && !prev) return -INFINITY;
+    int64_t row, col;
+    at(i, row, col);
+    const float s = score[row * w + col];
+    return ape ? __fadd_rn(s, ape[(row % r) * w + col]) : s;
+  };
+  auto kvv = [&](int i) -> float {
+    if (overlap && i < r && !prev) return 0.0f;
+    int64_t row, col;
+    at(i, row, col);
+    return kv[row * w + col];
+  };
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = fmaxf(m, sc(i));
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum = __fadd_rn(sum, exp_f(__fsub_rn(sc(i), m)));
+  float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, __fmul_rn(kvv(i), __fdiv_rn(exp_f(__fsub_rn(sc(i), m)), sum)));
+  out[g * d + ch] = acc;
+}
+
+// ---- renorm_heads: one thread per head, the CPU's sequential FP64 sum (bit for bit) ----------------
+__global__ void renorm_heads_kernel(float* q, int64_t n, int64_t hd, float eps, bool round) {
+  const int64_t h = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (h >= n) return;
+  float* a = q + h * hd;
+  auto rd = [&](float v) { return round ? round_to_bf16(v) : v; };
+  double ss = 0;
+  for (int64_t i = 0; i < hd; ++i) ss = __dadd_rn(ss, static_cast<double>(rd(__fmul_rn(a[i], a[i]))));
+  const float mean = rd(__double2float_rn(__ddiv_rn(ss, static_cast<double>(hd))));
+  const float r = rd(__fdiv_rn(1.0f, __fsqrt_rn(rd(__fadd_rn(mean, eps)))));
+  for (int64_t i = 0; i < hd; ++i) a[i] = rd(__fmul_rn(a[i], r));
+}
+
 }  // namespace
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round) {
@@ -369,6 +502,110 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
                                                         out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
+}
+
+ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts) {
+  const char* op = "cuda::moe_group";
+  DI_CHECK(ids.defined() && ids.device() == Device::kCUDA && ids.dtype() == DType::kI32 && ids.dim() == 2 &&
+               ids.is_contiguous(),
+           "{}: ids must be int32 [T, k] on CUDA, got {}", op, desc(ids));
+  check_f32(weights, op, "weights");
+  DI_CHECK(weights.shape() == ids.shape(), "{}: weights {} for ids {}", op, weights.describe(), ids.describe());
+  DI_CHECK(n_experts >= 1 && n_experts < (int64_t{1} << 24), "{}: {} experts", op, n_experts);
+  const int64_t T = ids.size(0), k = ids.size(1), P = T * k, E = n_experts;
+  DI_CHECK(P < (int64_t{1} << 31), "{}: {} pairs is too many", op, P);
+  ops::MoeGroups g;
+  Tensor rows = Tensor::empty({P}, DType::kI32, Device::kCUDA);
+  Tensor wout = Tensor::empty({P}, DType::kF32, Device::kCUDA);
+  g.slots = Tensor::empty({T, k}, DType::kI32, Device::kCUDA);
+  Tensor counts = Tensor::empty({2 * E + 1}, DType::kI32, Device::kCUDA);  // counts [E], offsets [E + 1]
+  int32_t* cp = counts.data<int32_t>();
+  int32_t* op_ = cp + E;
+  DI_CUDA_CHECK(cudaMemsetAsync(cp, 0, E * sizeof(int32_t)));
+  if (P > 0) {
+    DI_CUDA_CHECK(cudaMemsetAsync(g.slots.raw(), 0xff, P * sizeof(int32_t)));  // -1: an id outside [0, E)
+    moe_count_kernel<<<grid_for(P, 256), 256>>>(ids.data<int32_t>(), P, static_cast<int>(E), cp);
+    DI_CUDA_CHECK(cudaGetLastError());
+  }
+  moe_offsets_kernel<<<1, 1>>>(cp, static_cast<int>(E), op_);
+  DI_CUDA_CHECK(cudaGetLastError());
+  if (P > 0) {
+    moe_group_kernel<<<static_cast<unsigned>(E), kGroupThreads>>>(ids.data<int32_t>(), weights.data<float>(), P,
+                                                                  static_cast<int>(k), op_, rows.data<int32_t>(),
+                                                                  wout.data<float>(), g.slots.data<int32_t>());
+    DI_CUDA_CHECK(cudaGetLastError());
+  }
+  std::vector<int32_t> off(E + 1);
+  DI_CUDA_CHECK(cudaMemcpy(off.data(), op_, (E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  g.offsets.assign(off.begin(), off.end());
+  const int64_t R = g.offsets[E];
+  g.rows = R == P ? rows : rows.slice(0, 0, R);
+  g.weights = R == P ? wout : wout.slice(0, 0, R);
+  return g;
+}
+
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
+  const char* op = "cuda::moe_combine";
+  check_f32(expert_out, op, "expert_out");
+  check_f32(shared, op, "shared");
+  DI_CHECK(slots.defined() && slots.device() == Device::kCUDA && slots.dtype() == DType::kI32 && slots.dim() == 2 &&
+               slots.is_contiguous(),
+           "{}: slots must be int32 [T, k] on CUDA, got {}", op, desc(slots));
+  DI_CHECK(shared.dim() == 2 && shared.size(0) == slots.size(0) && expert_out.dim() == 2 &&
+               expert_out.size(1) == shared.size(1),
+           "{}: expert_out {}, slots {}, shared {} do not match", op, expert_out.describe(), slots.describe(),
+           shared.describe());
+  const int64_t T = shared.size(0), dim = shared.size(1), k = slots.size(1);
+  DI_CHECK(k <= kCombineMaxK && T < (int64_t{1} << 31), "{}: k = {} (at most {}), T = {}", op, k, kCombineMaxK, T);
+  Tensor out = Tensor::empty({T, dim}, DType::kF32, Device::kCUDA);
+  if (T * dim == 0) return out;
+  const dim3 grid(grid_for(dim, 256), static_cast<unsigned>(T));
+  moe_combine_kernel<<<grid, 256>>>(expert_out.data<float>(), slots.data<int32_t>(), shared.data<float>(),
+                                    static_cast<int>(k), dim, round, out.data<float>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  DI_CHECK(dst.defined() && src.defined() && dst.device() == Device::kCUDA && src.device() == Device::kCUDA &&
+               dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape() && dst.dtype() == src.dtype(),
+           "cuda::copy_into: dst {} and src {} must be contiguous CUDA tensors of one shape and dtype", desc(dst),
+           desc(src));
+  if (src.nbytes() > 0) DI_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice));
+}
+
+Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
+                     bool has_prev) {
+  const char* op = "cuda::compress_pool";
+  check_f32(kv, op, "kv");
+  check_f32(score, op, "score");
+  const int64_t r = ratio, lead = overlap ? r : 0;
+  DI_CHECK(kv.dim() == 2 && score.shape() == kv.shape() && r >= 1 && r <= 4096 && d >= 1 &&
+               kv.size(1) == (overlap ? 2 * d : d) && kv.size(0) >= lead && (kv.size(0) - lead) % r == 0,
+           "{}: kv {} / score {} are not [lead + G*{}, {}]", op, kv.describe(), score.describe(), r, overlap ? 2 * d : d);
+  const int64_t w = kv.size(1), G = (kv.size(0) - lead) / r;
+  if (ape.defined()) {
+    check_f32(ape, op, "ape");
+    DI_CHECK(ape.numel() == r * w, "{}: ape {} for [{}, {}]", op, ape.describe(), r, w);
+  }
+  DI_CHECK(G < (int64_t{1} << 31), "{}: {} groups", op, G);
+  Tensor out = Tensor::empty({G, d}, DType::kF32, Device::kCUDA);
+  if (G == 0) return out;
+  const dim3 grid(grid_for(d, 128), static_cast<unsigned>(G));
+  compress_pool_kernel<<<grid, 128>>>(kv.data<float>(), score.data<float>(), ape.defined() ? ape.data<float>() : nullptr,
+                                      static_cast<int>(r), d, w, overlap, has_prev, lead, out.data<float>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
+void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
+  check_f32(q, "cuda::renorm_heads", "q");
+  DI_CHECK(head_dim >= 1 && q.numel() % head_dim == 0, "cuda::renorm_heads: {} is not whole heads of {}",
+           q.describe(), head_dim);
+  const int64_t n = q.numel() / head_dim;
+  if (n == 0) return;
+  renorm_heads_kernel<<<grid_for(n, 128), 128>>>(q.data<float>(), n, head_dim, eps, round);
+  DI_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace deepinfer::cuda

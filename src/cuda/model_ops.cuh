@@ -1,12 +1,16 @@
 // CUDA kernels of the model-level ops (issue 8): the contracts of ops::index_scores, moe_route,
-// swiglu, embedding and gather_rows (src/ops/ops.h) on tensors that live on kCUDA.
+// swiglu, embedding, gather_rows, moe_group, moe_combine, copy_into, compress_pool and renorm_heads
+// (src/ops/ops.h) on tensors that live on kCUDA.
 //
 // index_scores replays the CPU order exactly (one thread per (query, key): fp32 dots in ascending i
 // with separate multiply and add, the head sum in FP64 in head order), so it is bit-identical.
 // embedding and gather_rows are copies (exact). moe_route and swiglu take exp / log1p as
 // fp32(exp(double)) / fp32(log1p(double)) rather than glibc's expf / log1pf (which differ in rare
 // ~0.5-1 ulp cases), so their values may differ by an ulp; the selection order, the weight sums and
-// everything else follow the CPU's sequence. Device-side checks are limited: ids / rows / tokens
+// everything else follow the CPU's sequence. moe_group (count, scan, ordered compaction per expert),
+// moe_combine (a token's outputs added in sorted grouped order), copy_into and renorm_heads (one
+// thread per head, sequential FP64 sum) are bit-identical; compress_pool replays the CPU order with exp
+// as fp32(exp(double)) (ulps). Device-side checks are limited: ids / rows / tokens
 // out of range are the caller's error (hash routing writes id -1 and weight 0 for such a token).
 #pragma once
 
@@ -22,5 +26,11 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
 Tensor gather_rows(const Tensor& x, const Tensor& rows);
+ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
+void copy_into(const Tensor& dst, const Tensor& src);
+void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
+Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
+                     bool has_prev);
 
 }  // namespace deepinfer::cuda

@@ -18,88 +18,59 @@ namespace deepinfer {
 
 namespace {
 
-// The compressor's gated pooling of one complete group (§2.5): per channel a softmax over the
-// group's rows (ratio 4: the previous group's first-half channels and this group's second half).
-void pool_group(const CompressorState& st, bool overlap, int64_t d, float* out) {
-  const int64_t r = st.ratio, w = st.width;
-  std::vector<float> sc(2 * r), kv(2 * r);
-  for (int64_t ch = 0; ch < d; ++ch) {
-    int64_t n = 0;
-    if (overlap) {
-      for (int64_t i = 0; i < r; ++i, ++n) {
-        kv[n] = st.has_prev ? st.prev_kv[i * w + ch] : 0.0f;
-        sc[n] = st.has_prev ? st.prev_score[i * w + ch] : -INFINITY;
-      }
-      for (int64_t i = 0; i < r; ++i, ++n) {
-        kv[n] = st.cur_kv[i * w + d + ch];
-        sc[n] = st.cur_score[i * w + d + ch];
-      }
-    } else {
-      for (int64_t i = 0; i < r; ++i, ++n) {
-        kv[n] = st.cur_kv[i * w + ch];
-        sc[n] = st.cur_score[i * w + ch];
-      }
-    }
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, sc[i]);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += (sc[i] = std::exp(sc[i] - m));
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; ++i) acc += kv[i] * (sc[i] / sum);
-    out[ch] = acc;
-  }
-}
-
 // Runs a compressor over the chunk; returns the latents (after norm, before RoPE) of every group
 // the chunk completes, [n_new, d], and their group ids in `groups`.
 Tensor compressor(const CompressorWeights& w, CompressorState& st, const Tensor& x, int64_t start_pos,
                   std::vector<int64_t>& groups, const LayerCtx& c) {
-  const int64_t T = x.size(0), r = w.ratio, d = w.head_dim, width = st.width;
-  Tensor kv = linear_f32(x, w.wkv);     // [T, c*d] FP32
+  DI_CHECK(st.ratio == w.ratio, "compressor: state ratio {} for weights of ratio {}", st.ratio, w.ratio);
+  Tensor kv = linear_f32(x, w.wkv);  // [T, c*d] FP32
   Tensor score = linear_f32(x, w.wgate);
-  const float* ape = w.ape.data<float>();
-  std::vector<float> pooled;
-  for (int64_t i = 0; i < T; ++i) {
-    const int64_t pos = start_pos + i, slot = pos % r;
-    std::memcpy(&st.cur_kv[slot * width], kv.data<float>() + i * width, width * sizeof(float));
-    const float* s = score.data<float>() + i * width;
-    for (int64_t k = 0; k < width; ++k) st.cur_score[slot * width + k] = s[k] + ape[slot * width + k];
-    st.cur_count = slot + 1;
-    if (slot != r - 1) continue;
-    groups.push_back(pos / r);
-    pooled.resize(pooled.size() + d);
-    pool_group(st, w.overlap, d, pooled.data() + pooled.size() - d);
-    if (w.overlap) {
-      st.prev_kv = st.cur_kv;
-      st.prev_score = st.cur_score;
-      st.has_prev = true;
-    }
-    st.cur_count = 0;
-  }
-  const int64_t n = static_cast<int64_t>(groups.size());
-  Tensor lat = Tensor::empty({n, d}, DType::kF32);
-  if (n == 0) return lat;
-  std::memcpy(lat.data<float>(), pooled.data(), n * d * sizeof(float));
+  Tensor lat = compressor_pool_chunk(st, kv, score, w.ape, w.head_dim, w.overlap, start_pos, groups);
+  if (lat.size(0) == 0) return lat;
   ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
   return ops::rms_norm(lat, w.norm, c.cfg.norm_eps, c.num.bf16);
 }
 
-// Weightless per-head RMS re-normalisation of q (V4), in BF16 like the reference when bf16 is on:
-// q.square() and its mean are BF16, rsqrt(mean + eps) is BF16, q * that is rounded.
-void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool bf16) {
-  const int64_t n = q.numel() / head_dim;
-  float* p = q.data<float>();
-  auto rd = [&](float v) { return bf16 ? round_bf16(v) : v; };
-#pragma omp parallel for if (n > 16)
-  for (int64_t h = 0; h < n; ++h) {
-    float* a = p + h * head_dim;
-    double ss = 0;
-    for (int64_t i = 0; i < head_dim; ++i) ss += rd(a[i] * a[i]);
-    const float mean = rd(static_cast<float>(ss / head_dim));
-    const float r = rd(1.0f / std::sqrt(rd(mean + eps)));
-    for (int64_t i = 0; i < head_dim; ++i) a[i] = rd(a[i] * r);
+}  // namespace
+
+Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t d,
+                             bool overlap, int64_t start_pos, std::vector<int64_t>& groups) {
+  const int64_t T = kv.size(0), r = st.ratio, width = st.width;
+  DI_CHECK(kv.dim() == 2 && kv.size(1) == width && score.shape() == kv.shape(),
+           "compressor: projections {} / {} for a state of width {}", kv.describe(), score.describe(), width);
+  // The rows to pool, from the group boundary at or before start_pos: with overlap the previous
+  // group first, then the state's pending rows of the open group, then the chunk's rows.
+  const int64_t lead = overlap ? r : 0, cur = start_pos % r, rows = cur + T, G = rows / r;
+  Tensor kvb = Tensor::empty({lead + rows, width}, DType::kF32), scb = Tensor::empty({lead + rows, width}, DType::kF32);
+  const size_t rb = width * sizeof(float);
+  if (overlap) {
+    std::memcpy(kvb.data<float>(), st.prev_kv.data(), r * rb);
+    std::memcpy(scb.data<float>(), st.prev_score.data(), r * rb);
   }
+  std::memcpy(kvb.data<float>() + lead * width, st.cur_kv.data(), cur * rb);
+  std::memcpy(scb.data<float>() + lead * width, st.cur_score.data(), cur * rb);
+  std::memcpy(kvb.data<float>() + (lead + cur) * width, kv.data<float>(), T * rb);
+  std::memcpy(scb.data<float>() + (lead + cur) * width, score.data<float>(), T * rb);
+  Tensor lat = Tensor::empty({0, d}, DType::kF32);
+  if (G > 0) {
+    lat = ops::compress_pool(kvb.slice(0, 0, lead + G * r), scb.slice(0, 0, lead + G * r), ape, r, d, overlap,
+                             st.has_prev);
+    for (int64_t g = 0; g < G; ++g) groups.push_back((start_pos - cur) / r + g);
+    if (overlap) {  // the last complete group becomes the next one's previous group
+      std::memcpy(st.prev_kv.data(), kvb.data<float>() + (lead + (G - 1) * r) * width, r * rb);
+      std::memcpy(st.prev_score.data(), scb.data<float>() + (lead + (G - 1) * r) * width, r * rb);
+      st.has_prev = true;
+    }
+  }
+  // The open group's rows stay pending (scores without the position bias: compress_pool adds it).
+  const int64_t left = rows - G * r;
+  std::memcpy(st.cur_kv.data(), kvb.data<float>() + (lead + G * r) * width, left * rb);
+  std::memcpy(st.cur_score.data(), scb.data<float>() + (lead + G * r) * width, left * rb);
+  st.cur_count = left;
+  return lat;
 }
+
+namespace {
 
 // Lightning indexer (§2.5): scores every visible index key for every query and keeps the top
 // min(index_topk, visible) by (score desc, index asc). Returns picks per query, -1 padded to
@@ -152,7 +123,7 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
   Tensor qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
   Tensor q = linear_q(qr, w.wq_b, c);  // [T, H*D]
   dump("q_proj", c.layer, q);
-  renorm_heads(q, D, cfg.norm_eps, bf);
+  ops::renorm_heads(q, D, cfg.norm_eps, bf);
   ops::apply_rope(q, D, rd, positions.data(), rope, false, bf);
   dump("q", c.layer, q);
   dump("qr", c.layer, qr);

@@ -31,31 +31,9 @@ Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const 
   }
   // Ratio 2: FP32 projections; each complete pair is pooled per channel by a softmax over its gates.
   Tensor kv = linear_f32(x, w.wkv), score = linear_f32(x, w.wgate);
-  std::vector<float> pooled;
-  for (int64_t i = 0; i < T; ++i) {
-    const int64_t pos = start_pos + i, slot = pos % r;
-    std::memcpy(&st.cur_kv[slot * D], kv.data<float>() + i * D, D * sizeof(float));
-    std::memcpy(&st.cur_score[slot * D], score.data<float>() + i * D, D * sizeof(float));
-    st.cur_count = slot + 1;
-    if (slot != r - 1) continue;
-    groups.push_back(pos / r);
-    pooled.resize(pooled.size() + D);
-    float* out = pooled.data() + pooled.size() - D;
-    for (int64_t ch = 0; ch < D; ++ch) {
-      float m = -INFINITY;
-      for (int64_t j = 0; j < r; ++j) m = std::max(m, st.cur_score[j * D + ch]);
-      float e[8], sum = 0.0f;
-      for (int64_t j = 0; j < r; ++j) sum += (e[j] = std::exp(st.cur_score[j * D + ch] - m));
-      float acc = 0.0f;
-      for (int64_t j = 0; j < r; ++j) acc += st.cur_kv[j * D + ch] * (e[j] / sum);
-      out[ch] = acc;
-    }
-    st.cur_count = 0;
-  }
-  const int64_t n = static_cast<int64_t>(groups.size());
-  Tensor lat = Tensor::empty({n, D}, DType::kF32);
-  if (n == 0) return lat;
-  std::memcpy(lat.data<float>(), pooled.data(), n * D * sizeof(float));
+  DI_CHECK(st.ratio == r && st.width == D, "compressor: state [{}, {}] for ratio {} and width {}", st.ratio, st.width, r, D);
+  Tensor lat = compressor_pool_chunk(st, kv, score, Tensor(), D, false, start_pos, groups);
+  if (lat.size(0) == 0) return lat;
   ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
   return ops::rms_norm(lat, w.norm, cfg.norm_eps, c.num.bf16);
 }

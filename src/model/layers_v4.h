@@ -32,6 +32,14 @@ Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& id
                           int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
                           const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c);
 
+// The compressors' pooling over a chunk (both families): kv / score [T, width] are the chunk's FP32
+// projections (score without the position bias); the state's pending rows and, with overlap, the
+// previous group complete them. Pools every group the chunk completes (ops::compress_pool, `ape` the
+// V4 position bias or undefined), appends their group ids, updates the state (pending rows and
+// previous group, host-side) and returns the pooled latents [G, d] before the bf16 rounding and norm.
+Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t d,
+                             bool overlap, int64_t start_pos, std::vector<int64_t>& groups);
+
 // The rows of a paged store as one contiguous float32 tensor [rows, width] (the index keys the
 // indexer scores with ops::index_scores).
 Tensor pages_tensor(const RowPages& pages);

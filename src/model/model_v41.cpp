@@ -31,21 +31,16 @@ void compact_rows(const std::vector<int64_t>& drop, std::vector<int64_t>& offset
                        s.candidates.begin() + std::min<int64_t>(s.candidates.size(), drop[b] * s.candidate_width));
   }
   const int64_t R = static_cast<int64_t>(keep.size());
-  const int64_t row = stream.numel() / stream.size(0), hc = pre.size(1);
-  Tensor st = Tensor::empty({R, stream.size(1), stream.size(2)}, DType::kF32), pr = Tensor::empty({R, hc}, DType::kF32);
   std::vector<int32_t> tk(R);
   for (auto& rows : engram_rows) {
     std::vector<int64_t> kept(R * cols);
     for (int64_t i = 0; i < R; ++i) std::copy_n(rows.begin() + keep[i] * cols, cols, kept.begin() + i * cols);
     rows.swap(kept);
   }
-  for (int64_t i = 0; i < R; ++i) {
-    std::memcpy(st.data<float>() + i * row, stream.data<float>() + keep[i] * row, row * sizeof(float));
-    std::memcpy(pr.data<float>() + i * hc, pre.data<float>() + keep[i] * hc, hc * sizeof(float));
-    tk[i] = tokens[keep[i]];
-  }
-  stream = st;
-  pre = pr;
+  for (int64_t i = 0; i < R; ++i) tk[i] = tokens[keep[i]];
+  const Tensor rows = ids_tensor(keep);
+  stream = ops::gather_rows(stream, rows);
+  pre = ops::gather_rows(pre, rows);
   tokens.swap(tk);
   offset.swap(next);
 }

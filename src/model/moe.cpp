@@ -37,9 +37,8 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tok
   const bool hash = w.tid2eid.defined();
   const ops::Routing routing = hash ? ops::moe_route(logits, Tensor(), w.tid2eid, ids_tensor(tokens), K, ro)
                                     : ops::moe_route(logits, w.gate_bias, Tensor(), Tensor(), K, ro);
-  const int32_t* idx = routing.ids.data<int32_t>();
-  const float* wts = routing.weights.data<float>();
   if (c.trace) {
+    const int32_t* idx = routing.ids.data<int32_t>();
     auto& rec = c.trace->experts[c.layer];
     for (int64_t t = 0; t < T; ++t) {
       std::vector<int32_t> row(idx + t * K, idx + (t + 1) * K);
@@ -48,30 +47,19 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tok
     }
   }
 
-  std::vector<float> acc(T * dim, 0.0f);
+  // Dispatch by expert (ops::moe_group), each expert's FFN on its rows, then the FP32 combine in
+  // ascending expert order plus the shared expert (ops::moe_combine).
+  const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E);
+  Tensor yg = Tensor::empty({groups.rows.size(0), dim}, DType::kF32, x.device());
   for (int64_t e = 0; e < E; ++e) {
-    std::vector<int32_t> rows;
-    std::vector<float> rw;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t k = 0; k < K; ++k)
-        if (idx[t * K + k] == e) {
-          rows.push_back(static_cast<int32_t>(t));
-          rw.push_back(wts[t * K + k]);
-        }
-    if (rows.empty()) continue;
-    Tensor rwt = Tensor::empty({static_cast<int64_t>(rw.size())}, DType::kF32);
-    std::copy(rw.begin(), rw.end(), rwt.data<float>());
-    Tensor ye = expert_forward(w.experts[e], ops::gather_rows(x, ids_tensor(rows)), rwt, c);
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (int64_t d = 0; d < dim; ++d) acc[rows[i] * dim + d] += ye.data<float>()[i * dim + d];
+    const int64_t a = groups.offsets[e], b = groups.offsets[e + 1];
+    if (a == b) continue;
+    const Tensor xe = ops::gather_rows(x, groups.rows.slice(0, a, b));
+    ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
   }
   Tensor ys = expert_forward(w.shared, x, Tensor(), c);
   dump("shared_out", c.layer, ys);
-  Tensor out = Tensor::empty({T, dim}, DType::kF32);
-  for (int64_t i = 0; i < T * dim; ++i) {
-    const float v = acc[i] + ys.data<float>()[i];
-    out.data<float>()[i] = c.num.bf16 ? round_bf16(v) : v;
-  }
+  Tensor out = ops::moe_combine(yg, groups.slots, ys, c.num.bf16);
   return out;
 }
 

@@ -94,7 +94,7 @@ class WindowRing {
 struct CompressorState {
   int64_t ratio = 0, width = 0;  // width = c * d
   bool has_prev = false;
-  std::vector<float> prev_kv, prev_score;  // [ratio, width]
+  std::vector<float> prev_kv, prev_score;  // [ratio, width]; scores without the V4 position bias (ape)
   std::vector<float> cur_kv, cur_score;    // [ratio, width], first `cur_count` rows valid
   int64_t cur_count = 0;
   void init(int64_t r, int64_t w) {

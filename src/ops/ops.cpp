@@ -196,4 +196,45 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
   return cpu::gather_rows(x, rows);
 }
 
+MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(ids)) return cuda::moe_group(ids, weights, n_experts);
+#endif
+  if (on_cuda(ids)) no_kernel("moe_group", ids);
+  return cpu::moe_group(ids, weights, n_experts);
+}
+
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(shared)) return cuda::moe_combine(expert_out, slots, shared, round);
+#endif
+  if (on_cuda(shared)) no_kernel("moe_combine", shared);
+  return cpu::moe_combine(expert_out, slots, shared, round);
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(dst)) return cuda::copy_into(dst, src);
+#endif
+  if (on_cuda(dst)) no_kernel("copy_into", dst);
+  cpu::copy_into(dst, src);
+}
+
+Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
+                     bool has_prev) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(kv)) return cuda::compress_pool(kv, score, ape, ratio, d, overlap, has_prev);
+#endif
+  if (on_cuda(kv)) no_kernel("compress_pool", kv);
+  return cpu::compress_pool(kv, score, ape, ratio, d, overlap, has_prev);
+}
+
+void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(q)) return cuda::renorm_heads(q, head_dim, eps, round);
+#endif
+  if (on_cuda(q)) no_kernel("renorm_heads", q);
+  cpu::renorm_heads(q, head_dim, eps, round);
+}
+
 }  // namespace deepinfer::ops

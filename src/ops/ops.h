@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "deepinfer/tensor.h"
 
@@ -151,5 +152,46 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies = 1);
 // Row gather: x float32 contiguous [N, ...], rows int32 [R] (each in [0, N)) on x's device.
 // Returns [R, ...] with out[i] = x[rows[i]] (exact).
 Tensor gather_rows(const Tensor& x, const Tensor& rows);
+
+// MoE dispatch (§2.8): groups the routed (token, slot) pairs by expert. ids int32 [T, k] (each in
+// [0, n_experts), as moe_route returns them), weights float32 [T, k], on one device. The grouped order
+// is expert ascending, then token ascending, then slot ascending (the reference's per-expert loop).
+// rows int32 [R] / weights float32 [R]: each grouped pair's token and routing weight; slots int32
+// [T, k]: the grouped position of (t, j); offsets (host, n_experts + 1 values): expert e owns the
+// grouped positions [offsets[e], offsets[e+1]) (on CUDA one small device-to-host copy). Exact.
+struct MoeGroups {
+  Tensor rows, weights, slots;
+  std::vector<int64_t> offsets;
+};
+MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
+
+// MoE combine: expert_out float32 [R, dim] (the experts' weighted outputs in the grouped order of
+// moe_group), slots int32 [T, k] (moe_group's; -1 = no pair), shared float32 [T, dim] (the shared
+// expert). out[t, :] = rd(acc + shared[t, :]) with acc = 0.0f + expert_out[s_1] + expert_out[s_2] + ...
+// in fp32 over t's slots in ascending grouped position (= ascending expert), rd = bf16 rounding when
+// `round`. Returns float32 [T, dim] (exact: one fixed order of fp32 adds).
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
+
+// Compressor pooling (§2.5, §2.6): the gated pooling of G complete groups of `ratio` rows.
+// kv, score float32 [lead + G*ratio, width] on one device, rows in position order from a group
+// boundary; with `overlap` (V4 ratio 4, width 2d) the first lead = ratio rows are the previous
+// group's (read only when has_prev; otherwise that half is empty: kv 0, score -inf), else lead = 0
+// and width = d. ape float32 [ratio, width] (undefined = none) is added to each row's score by its
+// slot (row mod ratio). Per group and channel ch < d, over the n rows (overlap: the previous group's
+// column ch, then this group's column d + ch; else this group's column ch): s_i = score + ape,
+// m = max s_i, e_i = exp(s_i - m), sum = fp32 sum of e_i in order, out = fp32 sum from 0 of
+// kv_i * (e_i / sum) in order. Returns float32 [G, d].
+Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
+                     bool has_prev);
+
+// Weightless per-head RMS re-normalisation (V4 q), in place on float32 q [..., n*head_dim] contiguous,
+// in BF16 like the reference when `round` (rd = bf16 rounding, identity otherwise): per head,
+// ss = FP64 sum in ascending i of rd(q_i * q_i), mean = rd(float(ss / head_dim)),
+// r = rd(1 / sqrt(rd(mean + eps))) (fp32), q_i = rd(q_i * r).
+void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
+
+// Copies src into dst (same shape and dtype, both contiguous, one device; dst may be a row slice of a
+// larger tensor, e.g. Tensor::slice(0, a, b)). Exact.
+void copy_into(const Tensor& dst, const Tensor& src);
 
 }  // namespace deepinfer::ops

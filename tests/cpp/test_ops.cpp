@@ -292,3 +292,48 @@ TEST(Ops, SwigluClampsAndEmbeddingGathers) {
   EXPECT_EQ(r.shape(), (Shape{1, 2, 2}));
   EXPECT_EQ(r.data<float>()[0], 4.0f);  // row 0 of e: table row 2
 }
+
+// moe_group + moe_combine against the per-expert host loop they replaced (bit for bit), with an
+// expert repeated within a token (hash routing) and the shared expert added before the rounding.
+TEST(Ops, MoeGroupAndCombineReplayThePerExpertLoop) {
+  const int64_t T = 5, k = 3, E = 4, dim = 7;
+  const int32_t iv[] = {2, 0, 3, 1, 1, 2, 3, 2, 0, 0, 1, 2, 3, 3, 3};
+  Tensor ids = Tensor::empty({T, k}, DType::kI32), w = Tensor::empty({T, k}, DType::kF32);
+  for (int i = 0; i < T * k; ++i) ids.data<int32_t>()[i] = iv[i], w.data<float>()[i] = 0.1f * static_cast<float>(i + 1);
+  const ops::MoeGroups g = ops::moe_group(ids, w, E);
+  ASSERT_EQ(g.offsets, (std::vector<int64_t>{0, 3, 6, 10, 15}));
+  const int32_t want_rows[] = {0, 2, 3, 1, 1, 3, 0, 1, 2, 3, 0, 2, 4, 4, 4};
+  for (int i = 0; i < T * k; ++i) {
+    EXPECT_EQ(g.rows.data<int32_t>()[i], want_rows[i]);
+    const int32_t s = g.slots.data<int32_t>()[i];
+    EXPECT_EQ(g.rows.data<int32_t>()[s], i / k);
+    EXPECT_EQ(g.weights.data<float>()[s], w.data<float>()[i]);
+  }
+  // The replaced loop: per expert ascending, its (token, slot) pairs in order, acc[t] += y.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  Tensor y = Tensor::empty({T * k, dim}, DType::kF32), shared = Tensor::empty({T, dim}, DType::kF32);
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = nd(rng) * 100.0f;
+  for (int64_t i = 0; i < shared.numel(); ++i) shared.data<float>()[i] = nd(rng);
+  for (bool round : {false, true}) {
+    std::vector<float> acc(T * dim, 0.0f);
+    for (int64_t e = 0, pos = 0; e < E; ++e)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (iv[t * k + j] == e) {
+            for (int64_t d = 0; d < dim; ++d) acc[t * dim + d] += y.data<float>()[pos * dim + d];
+            ++pos;
+          }
+    const Tensor out = ops::moe_combine(y, g.slots, shared, round);
+    for (int64_t i = 0; i < T * dim; ++i) {
+      const float v = acc[i] + shared.data<float>()[i];
+      EXPECT_EQ(out.data<float>()[i], round ? round_bf16(v) : v) << i;
+    }
+  }
+  ids.data<int32_t>()[4] = 4;
+  EXPECT_THROW(ops::moe_group(ids, w, E), Error);
+  Tensor dst = Tensor::zeros({4, dim}, DType::kF32);
+  ops::copy_into(dst.slice(0, 1, 3), y.slice(0, 5, 7));
+  EXPECT_EQ(dst.data<float>()[dim], y.data<float>()[5 * dim]);
+  EXPECT_EQ(dst.data<float>()[0], 0.0f);
+}

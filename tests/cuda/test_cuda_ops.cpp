@@ -16,7 +16,8 @@
 //     fp32(exp(double)) vs glibc expf: 1e-5 of the row max for >= 99.9% of values, 1e-2 for all).
 // The model-level ops: index_scores, embedding, gather_rows bit for bit; moe_route ids exact and
 //   weights 1e-6 relative, swiglu 1e-6 relative (one bf16 step when rounded): exp / log1p as
-//   fp32(exp/log1p(double)) vs glibc expf / log1pf.
+//   fp32(exp/log1p(double)) vs glibc expf / log1pf. moe_group, moe_combine, copy_into, renorm_heads bit for bit;
+//   compress_pool 1e-5 relative + 1e-6 absolute (exp as fp32(exp(double)) vs glibc expf).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -953,6 +954,140 @@ void test_embedding_gather() {
   });
 }
 
+// ---- MoE dispatch and combine (issue 8 step 3): grouping by expert, the FP32 combine, copy_into ----
+di::Tensor route_ids(int64_t T, int64_t E, int64_t k, bool distinct, uint32_t seed) {
+  std::mt19937 rng(seed);
+  di::Tensor ids = di::Tensor::empty({T, k}, di::DType::kI32);
+  std::vector<int32_t> perm(E);
+  for (int64_t t = 0; t < T; ++t) {
+    if (distinct) {  // top-k routing: k different experts in score order
+      for (int64_t e = 0; e < E; ++e) perm[e] = static_cast<int32_t>(e);
+      for (int64_t j = 0; j < k; ++j) std::swap(perm[j], perm[j + rng() % (E - j)]);
+    }
+    for (int64_t j = 0; j < k; ++j)
+      ids.data<int32_t>()[t * k + j] = distinct ? perm[j] : static_cast<int32_t>(rng() % E);  // hash: repeats
+  }
+  return ids;
+}
+
+void test_moe_dispatch() {
+  struct Case {
+    const char* what;
+    int64_t T, E, k, dim;
+    bool distinct;
+  };
+  // V4.1-Flash: 256 experts, 6 active, dim 4096; hash layers can repeat an expert within a token.
+  const Case cases[] = {
+      {"flash prefill", 512, 256, 6, 4096, true},  {"flash decode", 1, 256, 6, 4096, true},
+      {"flash decode batch", 9, 256, 6, 4096, true}, {"hash repeats", 200, 64, 8, 512, false},
+      {"long chunk", 3000, 256, 6, 256, true},     {"odd", 37, 7, 3, 300, false},
+  };
+  uint32_t seed = 35000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "moe_group %s T=%lld E=%lld k=%lld", c.what, static_cast<long long>(c.T),
+                  static_cast<long long>(c.E), static_cast<long long>(c.k));
+    const di::Tensor ids = route_ids(c.T, c.E, c.k, c.distinct, seed++);
+    const di::Tensor w = normal_tensor({c.T, c.k}, 0.3f, seed++, false);
+    run_case(name, [&] {
+      const di::ops::MoeGroups want = di::ops::moe_group(ids, w, c.E);
+      const di::ops::MoeGroups got = di::ops::moe_group(dev(ids), dev(w), c.E);
+      if (want.offsets != got.offsets) return std::string("offsets differ");
+      std::string p = compare_idx(want.rows, got.rows);
+      if (p.empty()) p = compare_idx(want.slots, got.slots);
+      return p.empty() ? exact(want.weights, got.weights) : p;
+    });
+    for (bool round : {true, false}) {
+      std::snprintf(name, sizeof name, "moe_combine %s T=%lld k=%lld dim=%lld round=%d", c.what,
+                    static_cast<long long>(c.T), static_cast<long long>(c.k), static_cast<long long>(c.dim),
+                    round ? 1 : 0);
+      run_case(name, [&] {
+        const di::ops::MoeGroups g = di::ops::moe_group(ids, w, c.E);
+        const di::Tensor y = normal_tensor({c.T * c.k, c.dim}, 0.5f, seed++, round);
+        const di::Tensor shared = normal_tensor({c.T, c.dim}, 0.5f, seed++, round);
+        const di::Tensor want = di::ops::moe_combine(y, g.slots, shared, round);
+        return exact(want, di::ops::moe_combine(dev(y), dev(g.slots), dev(shared), round));
+      });
+    }
+  }
+  run_case("moe_combine empty slots (-1) and [17, 5] dim 1000", [&] {
+    std::mt19937 rng(seed++);
+    const int64_t T = 17, k = 5, R = 40, dim = 1000;
+    di::Tensor slots = di::Tensor::empty({T, k}, di::DType::kI32);
+    for (int64_t i = 0; i < T * k; ++i)
+      slots.data<int32_t>()[i] = rng() % 3 == 0 ? -1 : static_cast<int32_t>(rng() % R);
+    const di::Tensor y = normal_tensor({R, dim}, 3.0f, seed++, false);
+    const di::Tensor shared = normal_tensor({T, dim}, 0.1f, seed++, false);
+    return exact(di::ops::moe_combine(y, slots, shared, false),
+                 di::ops::moe_combine(dev(y), dev(slots), dev(shared), false));
+  });
+  run_case("copy_into row slice [100, 4096] rows 37..80", [&] {
+    const di::Tensor src = normal_tensor({43, 4096}, 1.0f, seed++, false);
+    di::Tensor want = normal_tensor({100, 4096}, 1.0f, seed++, false);
+    const di::Tensor got = dev(want);
+    di::ops::copy_into(want.slice(0, 37, 80), src);
+    di::ops::copy_into(got.slice(0, 37, 80), dev(src));
+    return exact(want, got);
+  });
+}
+
+// ---- compressor pooling (issue 8 step 3): V4 ratio 4 with overlap and ape, V4 HCA ratio 128, V4.1 ratio 2 ----
+void test_compress_pool() {
+  struct Case {
+    const char* what;
+    int64_t G, r, d;
+    bool overlap, has_prev, ape;
+  };
+  const Case cases[] = {
+      {"v4 csa r4 overlap prefill", 256, 4, 512, true, false, true},
+      {"v4 csa r4 overlap decode", 1, 4, 512, true, true, true},
+      {"v4 indexer r4 overlap", 64, 4, 128, true, true, true},
+      {"v4 hca r128", 8, 128, 512, false, false, true},
+      {"v4.1 flash r2", 512, 2, 512, false, false, false},
+      {"v4.1 flash r2 decode", 1, 2, 512, false, false, false},
+      {"odd", 7, 3, 77, true, false, false},
+  };
+  uint32_t seed = 36000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "compress_pool %s G=%lld r=%lld d=%lld", c.what, static_cast<long long>(c.G),
+                  static_cast<long long>(c.r), static_cast<long long>(c.d));
+    run_case(name, [&] {
+      const int64_t w = c.overlap ? 2 * c.d : c.d, rows = (c.overlap ? c.r : 0) + c.G * c.r;
+      const di::Tensor kv = normal_tensor({rows, w}, 1.0f, seed++, false);
+      const di::Tensor score = normal_tensor({rows, w}, 3.0f, seed++, false);
+      di::Tensor ape;
+      if (c.ape) ape = normal_tensor({c.r, w}, 1.0f, seed++, false);
+      const di::Tensor want = di::ops::compress_pool(kv, score, ape, c.r, c.d, c.overlap, c.has_prev);
+      const di::Tensor got = di::ops::compress_pool(dev(kv), dev(score), c.ape ? dev(ape) : di::Tensor(), c.r, c.d,
+                                                    c.overlap, c.has_prev);
+      return close_to(want, got, 1e-5, 1e-6, "1e-5 relative + 1e-6 (exp ulps)");
+    });
+  }
+}
+
+// ---- renorm_heads (V4 q): one thread per head replaying the sequential FP64 sum ----
+void test_renorm_heads() {
+  struct Case {
+    int64_t T, H, D;
+    bool round;
+  };
+  const Case cases[] = {{256, 64, 512, true}, {1, 64, 512, true}, {33, 64, 512, false}, {5, 3, 72, true}};
+  uint32_t seed = 37000;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "renorm_heads [%lld, %lld*%lld] round=%d", static_cast<long long>(c.T),
+                  static_cast<long long>(c.H), static_cast<long long>(c.D), c.round ? 1 : 0);
+    run_case(name, [&] {
+      di::Tensor want = normal_tensor({c.T, c.H * c.D}, 2.0f, seed++, c.round);
+      di::Tensor got = dev(want);
+      di::ops::renorm_heads(want, c.D, 1e-6f, c.round);
+      di::ops::renorm_heads(got, c.D, 1e-6f, c.round);
+      return exact(want, got);
+    });
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -982,6 +1117,9 @@ int main() {
   test_moe_route();
   test_swiglu();
   test_embedding_gather();
+  test_moe_dispatch();
+  test_compress_pool();
+  test_renorm_heads();
   try {
     di::cuda::synchronize();
   } catch (const std::exception& e) {
