@@ -6,11 +6,14 @@
 #include "deepinfer/error.h"
 #include "structured/structured.h"
 #include "structured/token_matcher.h"
+#include "structured_test_util.h"
 #include "tokenizer/encoding.h"
 #include "tokenizer/parsers.h"
 
 using namespace deepinfer;
 using namespace deepinfer::structured;
+using deepinfer::structured::test_util::error_of;
+using deepinfer::structured::test_util::M;
 using ojson = nlohmann::ordered_json;
 
 namespace {
@@ -26,20 +29,6 @@ const char* kTools = R"([
     "required": ["query"], "$defs": {"tag": {"type": "string", "maxLength": 5}}}}},
   {"type": "function", "function": {"name": "now"}}
 ])";
-
-bool M(const Grammar& g, std::string_view s) {
-  PdaMatcher m(std::make_shared<const Grammar>(g));
-  return m.matches(s);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // The tool-call block an encoder writes for `calls` (an assistant message), from "\n\n<" to the end.
 std::string encoded_block(const ojson& calls, EncodingFamily fam) {

@@ -8,26 +8,14 @@
 #include "deepinfer/error.h"
 #include "structured/structured.h"
 #include "structured/token_matcher.h"
+#include "structured_test_util.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace deepinfer;
 using namespace deepinfer::structured;
+using deepinfer::structured::test_util::error_of;
+using deepinfer::structured::test_util::M;
 using nlohmann::json;
-
-namespace {
-bool M(const Grammar& g, std::string_view s) {
-  PdaMatcher m(std::make_shared<const Grammar>(g));
-  return m.matches(s);
-}
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
 
 TEST(StructuredEbnf, BasicsAndQuantifiers) {
   Grammar g = ebnf_grammar(R"(
