@@ -69,9 +69,10 @@ test: build
 	if [ $$rc -ne 0 ]; then echo "make test: FAILED (ctest and/or pytest, see above)"; fi; \
 	exit $$rc
 
-# GPU checks of the CUDA kernels against the CPU ops (needs a Hopper GPU; never run by CI).
+# GPU checks (needs a Hopper GPU; never run by CI): every CUDA op against the CPU op, then checkpoints
+# (tiny V4 and V4.1, models/mini-v41) on the CPU and the GPU with greedy tokens compared.
 test-cuda: build
-	./$(BUILD_DIR)/src/cuda/deepinfer_cuda_tests
+	bash tests/cuda/run.sh $(BUILD_DIR)/src/cuda
 
 # ---- run ----------------------------------------------------------------------------------------------
 # The default model: a small trained DeepSeek-V4.1-architecture model shipped in the repository

@@ -4,7 +4,11 @@
 Usage
 -----
     python3 tools/make_checkpoint.py --family v4 --preset tiny|small|flash-shape --seed N --out DIR [--dense]
-    python3 tools/make_checkpoint.py --family v41 --preset tiny|small|engram-huge --seed N --out DIR [--dense]
+    python3 tools/make_checkpoint.py --family v41 --preset tiny|small|engram-huge|flash-shape --seed N --out DIR
+        [--dense]
+    flash-shape only:  [--layers N] [--experts E]     (see "Presets" and "Fast random weights")
+    any preset:        [--config-only]  config.json, inference/config.json and, for the sharded
+                       flash-shape presets, model.safetensors.index.json; no tensors, no tokenizer
 
 Needs numpy; the tokenizer step also needs the `tokenizers` package (and --family v41 also sympy,
 for the Engram primes). No torch, no safetensors. The V4.1 family is described in its own section
@@ -62,7 +66,8 @@ What DIR receives
 
 Quantisation (docs §3)
 ----------------------
-Every tensor is drawn as a float32 "master" and then stored:
+Every tensor (except in the flash-shape presets: see "Fast random weights") is drawn as a float32
+"master" and then stored:
   FP8: per 128x128 tile, scale = 2^ceil(log2(amax_tile / 448)) (amax floored at 2^-100), code =
        e4m3 round-to-nearest-even of w/scale (|w/scale| <= 448 by construction).
   FP4: per row per 32 K-values, scale = 2^ceil(log2(amax / 6)), code = e2m1 RNE of w/scale
@@ -93,6 +98,26 @@ row x 32 K-values in row-major block order) so that neighbouring blocks get diff
 Large tensors are drawn in row chunks; the element-major stream makes the result independent of
 the chunking. Same seed + preset + flags -> byte-identical output (tokenizer included).
 
+Fast random weights (the flash-shape presets of both families, Preset.fast)
+-----------------------------------------------------------------------------
+Real-size tensors are far too big for the exact per-element masters above, so the flash-shape presets
+draw their bytes directly (vectorised, ~1.5-5 GB/s per core; peak RAM < 0.5 GB; a background thread
+draws ahead of the file writes). Same per-tensor streams (tensor_rng of the key), different rules, so
+flash-shape values are NOT those of the exact path (and changed when this path was introduced):
+  FP8/FP4 codes: the raw 64-bit words of the key's stream (PCG64 random_raw) as little-endian bytes,
+       row-major; FP8: the e4m3fn NaN codes 0x7F/0xFF become 0x7E/0xFE (+-448), every other byte is
+       kept; FP4: every byte is two e2m1 codes (any nibble). Each row is a whole number of words, so
+       the codes do not depend on the chunking.
+  E8M0 scales (per tile / per row x 32, as usual): 127 + e + k with k = integers(0, 3) - 1 per block
+       from the stream key + "#scale", e = round(log2(std / (code_rms * sqrt(1.75)))), std = the
+       init std 1/sqrt(in), code_rms = the RMS of a uniformly random code (e4m3fn ~107.2, e2m1
+       sqrt(8.5625)): the weight RMS is the init std up to the power-of-two rounding.
+  --dense: the exact BF16 dequantisation of those codes and scales.
+  BF16/F32: u = random(dtype=float32) of the key's stream, then normal s -> (u - 1/2) * s * sqrt(12),
+       one_plus s -> 1 + that, uniform a, b -> a + (b - a) u (same mean and std as the init, uniform
+       shape); BF16 by round-to-nearest-even. tid2eid: as above.
+Deterministic: same seed + preset + flags -> byte-identical files.
+
 Init scales (chosen for a well-conditioned forward: RMSNorm outputs ~1, linear outputs ~1,
 attention scores ~N(0,1), router logits ~N(0,1), final logits ~N(0, 3^2)):
     linear weights (all FP8/FP4/BF16 projections, compressors, indexer, gate): normal 1/sqrt(in)
@@ -110,8 +135,12 @@ Presets
                 window 32, indexer 16 heads x 128 top-16.
     flash-shape every per-tensor shape of V4-Flash (dim 4096, 64 heads x 512, q_lora 1024,
                 o_groups 8 x 1024, inter 2048, indexer 64 x 128 top-512, window 128, vocab 129280)
-                with 4 layers [0,4,128,4], 1 hash layer, 16 experts top-6; sharded; written tensor by
-                tensor (peak RAM ~1-2 GB).
+                with 4 layers [0,4,128,4], 1 hash layer, 16 experts top-6; sharded; fast random
+                weights (below; peak RAM < 0.5 GB). --layers N (1..43): the real model's first N
+                layers instead: compress_ratios = the first N of V4-Flash's [0,0] + [4,128]x20 + [4]
+                (§1.1, without the NextN entry), min(N, 3) hash layers (real: layers 0-2).
+                --experts E (6..256, real 256): E routed experts. Sizes: top 1.06 GB + head 1.06 GB,
+                per layer ~0.15 GB + 13.4 MB per expert (0.36 GB with 16, 3.57 GB with 256 experts).
 All share: rope_head_dim 64, rope_theta 1e4, compress_rope_theta 1.6e5, YaRN factor 16 / original
 65536 / beta 32,1, route_scale 1.5, swiglu_limit 10, hc_mult 4, 20 Sinkhorn iterations,
 eps 1e-6, max_position_embeddings 1048576, sqrtsoftplus scoring, 1 shared expert.
@@ -134,8 +163,10 @@ Same random streams, draw rules, init scales, tokenizer and safetensors writer a
 * `engram_hash.safetensors`: token_map I32 [vocab], multipliers I64 [G, max_ngram], primes I64
   [G, max_ngram-1, n_heads], layer_ids I64 [G] (tools/engram/hash_data.py; checked against the
   config: the compressed vocabulary of the generated tokenizer and the prime sums are what the
-  configs carry as engram_compressed_vocab_size / engram_num_embeddings).
-* Weights (`model.safetensors`, one file):
+  configs carry as engram_compressed_vocab_size / engram_num_embeddings). Not written when the
+  preset has no Engram layers (flash-shape): the engine never reads it then.
+* Weights (`model.safetensors`, one file; flash-shape: shards as V4's flash-shape, top-level
+  `embed`/`norm`, one shard per layer, then `head`, plus model.safetensors.index.json):
     top level  embed.weight, head.weight [vocab, dim] BF16; norm.weight [dim] BF16; no hc_head_*
     layer l    hc_{attn,ffn}_{fn,base,scale} F32 as V4; attn_norm/ffn_norm.weight BF16;
                attn.{wq_a,wq_b,wkv,wo_a,wo_b}.weight F8_E4M3 + .scale F8_E8M0 with 32x32 tiles
@@ -183,6 +214,32 @@ Same random streams, draw rules, init scales, tokenizer and safetensors writer a
                 Engram table (layer 1, 4 heads x 64, engram_vocab_size 44,000,000) of 528,001,060
                 rows x 66 bytes = 34.86e9 bytes (> 32 GiB) written as a sparse-file hole; the file
                 takes ~8 MB of disk. No golden.
+    flash-shape every per-tensor shape of V4.1-Flash (§1.2/§1.3): vocab 129280, dim 5120, 64 heads
+                x 512, q_lora 1280, o_groups 8 x o_lora 1024, 384 experts top-6 (+1 shared) x inter
+                2304, window 128, indexer 32 heads x 128 top-512, candidate blocks of 8, top 2048
+                blocks, hc 4, norm_eps 1e-20, the V4.1 gate (gate.bias + gate.bias_vl, no gate_temp
+                key: 1.0), FP8 32x32 tiles, FP4 experts; sharded; fast random weights (above); no
+                DSpark/MTP tensors (n_mtp_layers 0). Default: the real model's first 4 layers
+                [0,0,2,2] (kv/index source 2, no candidate source).
+                --layers N (1..40): the real first N layers: compress_ratios = the first N of
+                [0,0] + [2]x18 + [1]x20 (the three trailing DSpark entries are not generated),
+                kv_source_layer_ids / index_source_layer_ids = the real [2,8,14,20] /
+                [2,8,14,20,24,28,32,36] restricted to layers < N, candidate_source_layer_id 20 when
+                N > 20 else -1 (candidate_topk_blocks / block_size keep the real 2048 / 8). Rule kept
+                for validity (check_preset_v41): a compressed layer whose latest kv source at or below
+                it is missing or of another ratio becomes a kv + index source itself; it never fires
+                for the real lists (layers 2 and 20, the first layers of each ratio, are sources).
+                N = 25 covers every layer role (window, ratio-2 source/reuse, ratio-1 kv + index +
+                candidate source, reuse, reindex).
+                --experts E (6..384, default 384): E routed experts.
+                Engram: off (engram_layer_ids [], engram_num_embeddings []; the other engram_* keys
+                keep the real values: max_ngram 4, vocab 16,000,000, 8 heads x 256, pad 2, and the
+                generated tokenizer's compressed vocabulary). The real tables (2 x ~3.8e8 rows x 256
+                codes, ~203 GB) do not fit the target machines; neither check_preset_v41 (which accepts
+                presets without Engram layers) nor the loader (an empty engram_layer_ids skips every
+                Engram key, tensor and the hash file) requires them.
+                Sizes: top 1.32 GB + head 1.32 GB, per layer ~0.17 GB + 18.8 MB per expert (7.39 GB
+                with 384 experts); e.g. --layers 1: 10.04e9 bytes, --layers 4: 32.2e9 bytes.
 """
 
 from __future__ import annotations
@@ -193,7 +250,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -242,11 +299,19 @@ class Preset:
     hc_eps: float = 1e-6
     norm_eps: float = 1e-6
     max_position_embeddings: int = 1048576
+    fast: bool = False  # FP8/FP4 codes and scales drawn as random bytes (see "Fast random weights")
 
     @property
     def n_layers(self) -> int:
         return len(self.compress_ratios)
 
+
+# The real V4-Flash layer pattern (docs §1.1): compress_ratios of the 43 backbone layers (the 44th
+# entry, the NextN layer, is left out), layers 0-2 hash-routed, 256 routed experts.
+V4_FLASH_RATIOS = (0, 0) + (4, 128) * 20 + (4,)
+V4_FLASH_HASH_LAYERS = 3
+V4_FLASH_EXPERTS = 256
+V4_FLASH_DEFAULT_EXPERTS = 16
 
 PRESETS = {
     "tiny": Preset(
@@ -263,8 +328,25 @@ PRESETS = {
         name="flash-shape", vocab_size=129280, dim=4096, compress_ratios=(0, 4, 128, 4),
         n_hash_layers=1, n_heads=64, head_dim=512, q_lora_rank=1024, o_groups=8, o_lora_rank=1024,
         moe_inter_dim=2048, n_routed_experts=16, n_activated_experts=6, window_size=128,
-        index_n_heads=64, index_head_dim=128, index_topk=512, sharded=True),
+        index_n_heads=64, index_head_dim=128, index_topk=512, sharded=True, fast=True),
 }
+
+
+def v4_flash_preset(layers: int | None = None, experts: int | None = None) -> Preset:
+    """The V4 flash-shape preset; with `layers` N: the real model's first N layers (compress ratios
+    V4_FLASH_RATIOS[:N], min(N, 3) hash layers); `experts` E: E routed experts (top-6 needs E >= 6)."""
+    base = PRESETS["flash-shape"]
+    kw = {}
+    if layers is not None:
+        if not 1 <= layers <= len(V4_FLASH_RATIOS):
+            raise ValueError(f"--layers must be in [1, {len(V4_FLASH_RATIOS)}] for v4 flash-shape, got {layers}")
+        kw.update(compress_ratios=V4_FLASH_RATIOS[:layers], n_hash_layers=min(layers, V4_FLASH_HASH_LAYERS))
+    if experts is not None:
+        if not base.n_activated_experts <= experts <= V4_FLASH_EXPERTS:
+            raise ValueError(f"--experts must be in [{base.n_activated_experts}, {V4_FLASH_EXPERTS}] for v4 "
+                             f"flash-shape, got {experts}")
+        kw.update(n_routed_experts=experts)
+    return replace(base, **kw) if kw else base
 
 
 def check_preset(p: Preset) -> None:
@@ -513,19 +595,165 @@ def dequantize(t: Logical, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return cf.dequantize_fp4_rows(codes, scales, FP4_GROUP)
 
 
+# ---------------------------------------------------------------------------------------------
+# Fast random weights (presets with fast=True: the flash-shape ones). See the docstring section
+# "Fast random weights": random codes and scales straight from the bit generator, no masters.
+
+FAST_CHUNK_BYTES = 1 << 24  # bytes per drawn chunk (memory only: code values do not depend on it)
+_M7F, _M01, _M80 = (np.uint64(int(b * 8, 16)) for b in ("7f", "01", "80"))
+_SEVEN = np.uint64(7)
+
+
+def _fix_e4m3_nan(w: np.ndarray) -> np.ndarray:
+    """In place on uint64 words of 8 e4m3 codes: the NaN codes 0x7F / 0xFF become 0x7E / 0xFE (+-448).
+    Per byte, ((b & 0x7F) + 1) & 0x80 is set exactly for b & 0x7F == 0x7F and never carries."""
+    t = w & _M7F
+    t += _M01
+    t &= _M80
+    t >>= _SEVEN
+    w -= t
+    return w
+
+
+def _code_rms(values: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(values))))
+
+
+_E4M3_CODES = _fix_e4m3_nan(np.arange(256, dtype=np.uint8).view(np.uint64).copy()).view(np.uint8)
+E4M3_CODE_RMS = _code_rms(cf.decode_e4m3(_E4M3_CODES))             # ~ 104.7
+E2M1_CODE_RMS = _code_rms(cf.decode_e2m1(np.arange(16, dtype=np.uint8)))  # sqrt(8.5625)
+
+
+def _fast_dims(t: Logical) -> tuple[int, int, int]:
+    """(rows, stored columns of the codes, scale block height) of an FP8/FP4 weight."""
+    o, i = t.shape
+    return (o, i, t.block) if t.kind == "fp8" else (o, i // 2, 1)
+
+
+def fast_scale_exponent(t: Logical) -> int:
+    """Centre exponent e of the E8M0 scales: 2^e * code_rms * sqrt(1.75) ~ the init std 1/sqrt(in)
+    (sqrt(1.75): the RMS of the per-block factor 2^{-1,0,1})."""
+    rms = E4M3_CODE_RMS if t.kind == "fp8" else E2M1_CODE_RMS
+    return int(round(math.log2(t.init[1] / (rms * math.sqrt(1.75)))))
+
+
+def fast_scales(seed: int, t: Logical) -> np.ndarray:
+    """E8M0 scale bytes: 127 + e + k, k uniform in {-1, 0, 1} per block, from the stream key + "#scale"."""
+    o, i = t.shape
+    shape = (-(-o // t.block), -(-i // t.block)) if t.kind == "fp8" else (o, i // FP4_GROUP)
+    e = 127 + fast_scale_exponent(t)
+    assert 1 <= e <= 253, (t.key, e)
+    k = tensor_rng(seed, t.key + "#scale").integers(0, 3, size=shape, dtype=np.uint8)
+    return k + np.uint8(e - 1)
+
+
+def fast_codes(seed: int, t: Logical, rows_per_chunk: int | None = None):
+    """Yields (row0, uint8 [r, cols] codes) in row order: the raw 64-bit words of the key's stream as
+    little-endian bytes (FP8: NaN codes remapped; FP4: any nibble). cols is a multiple of 8, so every
+    chunk takes whole words and the codes do not depend on the chunking."""
+    rows, cols, blk = _fast_dims(t)
+    assert cols % 8 == 0, (t.key, cols)
+    step = rows_per_chunk or max(blk, FAST_CHUNK_BYTES // cols // blk * blk)
+    bitgen = tensor_rng(seed, t.key).bit_generator
+    for r0 in range(0, rows, step):
+        r = min(step, rows - r0)
+        w = bitgen.random_raw(r * cols // 8).astype("<u8", copy=False)
+        if t.kind == "fp8":
+            _fix_e4m3_nan(w)
+        yield r0, w.view(np.uint8).reshape(r, cols)
+
+
+def fast_produce(seed: int, t: Logical, part: str):
+    """Byte chunks (1-D uint8 arrays) of one stored tensor of a fast preset."""
+    if t.kind in ("bf16", "f32"):
+        # Uniform draws with the init's mean and std: normal s -> (u - 1/2) * s * sqrt(12),
+        # one_plus s -> 1 + that, uniform a, b -> a + (b - a) u; u = float32 random() of the key's stream.
+        rng = tensor_rng(seed, t.key)
+        n = math.prod(t.shape)
+        kind = t.init[0]
+        step = FAST_CHUNK_BYTES // 4
+        for i0 in range(0, n, step):
+            x = rng.random(min(step, n - i0), dtype=np.float32)
+            if kind in ("normal", "one_plus"):
+                x -= np.float32(0.5)
+                x *= np.float32(t.init[1] * math.sqrt(12.0))
+                if kind == "one_plus":
+                    x += np.float32(1.0)
+            elif kind == "uniform":
+                x *= np.float32(t.init[2] - t.init[1])
+                x += np.float32(t.init[1])
+            else:
+                raise AssertionError(kind)
+            yield (cf.f32_to_bf16_bits(x) if t.kind == "bf16" else x.astype("<f4", copy=False)).view(np.uint8)
+    elif t.kind == "tid2eid":
+        yield tid2eid(seed, t).astype("<i8").view(np.uint8).reshape(-1)
+    elif t.kind not in ("fp8", "fp4"):
+        raise AssertionError(f"{t.key}: no fast path for {t.kind}")
+    elif part == "codes":
+        for _, c in fast_codes(seed, t):
+            yield c.reshape(-1)
+    elif part == "scales":
+        yield fast_scales(seed, t).reshape(-1)
+    else:  # dense: the exact BF16 dequantisation of the same codes and scales
+        scales = fast_scales(seed, t)
+        rows, cols, blk = _fast_dims(t)
+        step = max(blk, (1 << 20) // cols // blk * blk)
+        for r0, c in fast_codes(seed, t, step):
+            if t.kind == "fp8":
+                w = cf.dequantize_fp8_block(c, scales[r0 // blk:r0 // blk + -(-len(c) // blk)], blk)
+            else:
+                w = cf.dequantize_fp4_rows(c, scales[r0:r0 + len(c)], FP4_GROUP)
+            yield cf.f32_to_bf16_bits(w).view(np.uint8).reshape(-1)
+
+
 class Producer:
     """Produces the bytes of stored tensors; the .weight/.scale pair of a quantised tensor is computed
-    once and held until both halves were written."""
+    once and held until both halves were written. fast=True: fast_produce (no cache needed: codes and
+    scales come from separate streams); with `order`, the names in the order the writer will ask for
+    them, a background thread draws ahead of the writer (at most PREFETCH_CHUNKS chunks queued), so
+    drawing overlaps the file writes (numpy's bit generators and ufuncs release the GIL)."""
 
-    def __init__(self, seed: int, logicals: list[Logical]):
+    PREFETCH_CHUNKS = 16
+
+    def __init__(self, seed: int, logicals: list[Logical], fast: bool = False, order: list[str] | None = None):
         self.seed = seed
         self.owner = {name: t for t in logicals for name in t.stored}
         self.cache: dict[str, tuple] = {}
+        self.fast = fast
+        self.order = list(order) if fast and order else None
+        self.queue = None
+
+    def _prefetch(self):
+        try:
+            for name in self.order:
+                t = self.owner[name]
+                for chunk in fast_produce(self.seed, t, t.stored[name][2]):
+                    self.queue.put((name, chunk))
+                self.queue.put((name, None))
+        except BaseException as e:  # handed to the writer thread
+            self.queue.put((None, e))
 
     def __call__(self, name: str):
         t = self.owner[name]
         part = t.stored[name][2]
-        if t.kind == "bf16":
+        if self.order is not None:
+            if self.queue is None:
+                import queue
+                import threading
+                self.queue = queue.Queue(self.PREFETCH_CHUNKS)
+                threading.Thread(target=self._prefetch, daemon=True).start()
+            while True:
+                got, chunk = self.queue.get()
+                if got is None:
+                    raise chunk
+                if got != name:
+                    raise RuntimeError(f"prefetch order: writer asked for {name}, next drawn is {got}")
+                if chunk is None:
+                    return
+                yield chunk
+        elif self.fast:
+            yield from fast_produce(self.seed, t, part)
+        elif t.kind == "bf16":
             for x in iter_master(self.seed, t):
                 yield cf.f32_to_bf16_bits(x).tobytes()
         elif t.kind == "f32":
@@ -907,6 +1135,7 @@ class PresetV41:
     norm_eps: float = 1e-20
     max_position_embeddings: int = 1048576
     sharded: bool = False
+    fast: bool = False  # FP8/FP4 codes and scales drawn as random bytes (see "Fast random weights")
 
     @property
     def n_layers(self) -> int:
@@ -946,10 +1175,60 @@ PRESETS_V41 = {
         sparse_engram=True),
 }
 
-
 def latest_at_or_before(layers, l: int) -> int:
     c = [s for s in layers if s <= l]
     return max(c) if c else -1
+
+
+# The real V4.1-Flash layer pattern (docs §1.2): 40 backbone layers (the three trailing ratio-0
+# entries are the DSpark stages, not generated), their kv / index / candidate sources, 384 experts.
+V41_FLASH_RATIOS = (0, 0) + (2,) * 18 + (1,) * 20
+V41_FLASH_KV_SOURCES = (2, 8, 14, 20)
+V41_FLASH_INDEX_SOURCES = (2, 8, 14, 20, 24, 28, 32, 36)
+V41_FLASH_CANDIDATE_SOURCE = 20
+V41_FLASH_EXPERTS = 384
+V41_FLASH_DEFAULT_LAYERS = 4
+
+
+def v41_flash_layout(n: int) -> tuple[tuple, tuple, tuple, int]:
+    """(compress_ratios, kv sources, index sources, candidate source) of the real V4.1-Flash's first n
+    layers: the real lists restricted to layers < n (candidate source -1 when 20 >= n). Safeguard, per
+    check_preset_v41: a compressed layer whose latest kv source at or below it is missing or has another
+    ratio becomes a kv + index source itself. No prefix of the real pattern needs it (layer 2, the
+    first ratio-2 layer, and layer 20, the first ratio-1 layer, are sources), so it never fires for
+    n in [1, 40]."""
+    if not 1 <= n <= len(V41_FLASH_RATIOS):
+        raise ValueError(f"--layers must be in [1, {len(V41_FLASH_RATIOS)}] for v41 flash-shape, got {n}")
+    R = V41_FLASH_RATIOS[:n]
+    kv = [s for s in V41_FLASH_KV_SOURCES if s < n]
+    ix = [s for s in V41_FLASH_INDEX_SOURCES if s < n]
+    for l, r in enumerate(R):
+        ks = latest_at_or_before(kv, l)
+        if r and (ks < 0 or R[ks] != r):
+            kv = sorted(kv + [l])
+            ix = sorted(set(ix + [l]))
+    cand = V41_FLASH_CANDIDATE_SOURCE if V41_FLASH_CANDIDATE_SOURCE < n else -1
+    return R, tuple(kv), tuple(ix), cand
+
+
+def v41_flash_preset(layers: int | None = None, experts: int | None = None) -> "PresetV41":
+    """Every per-tensor shape of V4.1-Flash (docs §1.2/§1.3) with the real model's first `layers`
+    layers (default 4) and `experts` routed experts (default 384, the real count). No Engram layers."""
+    n = V41_FLASH_DEFAULT_LAYERS if layers is None else layers
+    E = V41_FLASH_EXPERTS if experts is None else experts
+    if not 6 <= E <= V41_FLASH_EXPERTS:
+        raise ValueError(f"--experts must be in [6, {V41_FLASH_EXPERTS}] for v41 flash-shape, got {E}")
+    R, kv, ix, cand = v41_flash_layout(n)
+    return PresetV41(
+        name="flash-shape", vocab_size=129280, dim=5120, compress_ratios=R, kv_source_layers=kv,
+        index_source_layers=ix, candidate_source_layer=cand, candidate_topk_blocks=2048,
+        candidate_block_size=8, n_heads=64, head_dim=512, q_lora_rank=1280, o_groups=8, o_lora_rank=1024,
+        moe_inter_dim=2304, n_routed_experts=E, n_activated_experts=6, window_size=128, index_n_heads=32,
+        index_head_dim=128, index_topk=512, engram_layer_ids=(), engram_max_ngram_size=4,
+        engram_vocab_size=16_000_000, engram_n_heads=8, engram_head_dim=256, sharded=True, fast=True)
+
+
+PRESETS_V41["flash-shape"] = v41_flash_preset()
 
 
 _ENGRAM_CACHE: dict = {}
@@ -1026,8 +1305,8 @@ def check_preset_v41(p: PresetV41) -> None:
             if s > c:
                 need(s not in p.kv_source_layers and R[s] == R[c],
                      f"index source {s} after the candidate source must reuse its keys")
-    need(len(p.engram_layer_ids) >= 1 and all(0 <= l < p.n_layers for l in p.engram_layer_ids),
-         "engram layers outside the model")
+    need(all(0 <= l < p.n_layers for l in p.engram_layer_ids), "engram layers outside the model")
+    need(not (p.fast and p.engram_layer_ids), "fast presets have no Engram layers (no fast path for the tables)")
     need(p.engram_max_ngram_size >= 2 and p.engram_n_heads >= 1, "bad Engram n-gram shape")
     need((p.dim * (p.hc_mult + 1)) % B == 0, "engram wkv output")
 
@@ -1259,8 +1538,9 @@ def inference_config_v41(p: PresetV41, dense: bool) -> dict:
     }
 
 
-def generate_v41(preset: str, seed: int, out: str, dense: bool = False, tokenizer: bool = True) -> dict:
-    p = PRESETS_V41[preset]
+def generate_v41(preset: str, seed: int, out: str, dense: bool = False, tokenizer: bool = True,
+                 layers: int | None = None, experts: int | None = None, config_only: bool = False) -> dict:
+    p = resolve_preset("v41", preset, layers, experts)
     check_preset_v41(p)
     if seed < 0:
         raise ValueError("seed must be >= 0")
@@ -1269,70 +1549,123 @@ def generate_v41(preset: str, seed: int, out: str, dense: bool = False, tokenize
     hf = hf_config_v41(p, dense)
     write_json(os.path.join(out, "config.json"), hf)
     write_json(os.path.join(out, "inference", "config.json"), inference_config_v41(p, dense))
+    logicals = plan_v41(p, dense)
+    entries = {name: (dt, list(shape)) for t in logicals for name, (dt, shape, _) in t.stored.items()}
+    if config_only:
+        return write_index_only(out, p, entries)
     if tokenizer:
         with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(tok_text)
         write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
-    # Engram hash data (token map, multipliers, primes), checked against the config just written.
-    from tokenizers import Tokenizer
-    hd = _hash_data()
-    hd.write(os.path.join(out, HASH_FILE), hd.build(Tokenizer.from_str(tok_text), hf))
+    hash_files = []
+    if p.engram_layer_ids:  # without Engram layers the loader never reads the hash data: none written
+        # Engram hash data (token map, multipliers, primes), checked against the config just written.
+        from tokenizers import Tokenizer
+        hd = _hash_data()
+        hd.write(os.path.join(out, HASH_FILE), hd.build(Tokenizer.from_str(tok_text), hf))
+        hash_files.append(HASH_FILE)
 
-    logicals = plan_v41(p, dense)
-    entries = {name: (dt, list(shape)) for t in logicals for name, (dt, shape, _) in t.stored.items()}
     tables = [n for t in logicals if t.kind == "fp8row" for n in t.stored]
     holes = [n for t in logicals if t.kind == "fp8row" and t.hole for n in t.stored]
-    produce = Producer(seed, logicals)
-    total = cf.write_safetensors(os.path.join(out, "model.safetensors"), entries, produce, {"format": "pt"},
-                                 last=tables, holes=holes)
+    if p.sharded:
+        assert not tables, "sharded presets have no Engram tables"
+        produce = Producer(seed, logicals, fast=p.fast, order=write_order(p, entries))
+        total, files = write_shards(out, p, entries, produce)
+    else:
+        produce = Producer(seed, logicals, fast=p.fast)
+        total = cf.write_safetensors(os.path.join(out, "model.safetensors"), entries, produce, {"format": "pt"},
+                                     last=tables, holes=holes)
+        files = ["model.safetensors"]
     assert not produce.cache, "unpaired quantised tensors"
-    return {"tensors": len(entries), "bytes": total, "files": ["model.safetensors", HASH_FILE]}
+    return {"tensors": len(entries), "bytes": total, "files": files + hash_files}
 
 
 # ---------------------------------------------------------------------------------------------
 # Driver
 
 
-def generate(preset: str, seed: int, out: str, dense: bool = False, family: str = "v4",
-             tokenizer: bool = True) -> dict:
-    if family == "v41":
-        return generate_v41(preset, seed, out, dense=dense, tokenizer=tokenizer)
-    if family != "v4":
+def resolve_preset(family: str, preset: str, layers: int | None = None, experts: int | None = None):
+    """The preset object for family/preset and the flash-shape flags; raises ValueError."""
+    presets = {"v4": PRESETS, "v41": PRESETS_V41}.get(family)
+    if presets is None:
         raise ValueError(f"unknown family {family}")
-    p = PRESETS[preset]
+    if preset not in presets:
+        raise ValueError(f"preset {preset!r} is not a {family} preset (choose from {', '.join(presets)})")
+    if preset != "flash-shape":
+        if layers is not None or experts is not None:
+            raise ValueError(f"--layers / --experts only apply to the flash-shape presets, not {preset!r}")
+        return presets[preset]
+    return (v4_flash_preset if family == "v4" else v41_flash_preset)(layers, experts)
+
+
+def shard_groups(p, entries: dict) -> list[tuple[str, dict]]:
+    """Sharded presets: [(file name, entries)] for "top" (top-level but head), each layer, "head"."""
+    groups = ["top"] + [f"layer.{l}" for l in range(p.n_layers)] + ["head"]
+    n = len(groups)
+    return [(f"model-{gi + 1:05d}-of-{n:05d}.safetensors",
+             {k: v for k, v in entries.items() if shard_of(k, p) == g}) for gi, g in enumerate(groups)]
+
+
+def write_order(p, entries: dict) -> list[str]:
+    """The order in which write_shards asks for the tensors (shard by shard, each in storage order)."""
+    return [n for _, sub in shard_groups(p, entries) for n in cf.storage_order(sub)]
+
+
+def write_index(out: str, total: int, weight_map: dict) -> None:
+    write_json(os.path.join(out, "model.safetensors.index.json"),
+               {"metadata": {"total_size": total},
+                "weight_map": {k: weight_map[k] for k in sorted(weight_map)}})
+
+
+def write_shards(out: str, p, entries: dict, produce) -> tuple[int, list[str]]:
+    total, files, weight_map = 0, [], {}
+    for fname, sub in shard_groups(p, entries):
+        total += cf.write_safetensors(os.path.join(out, fname), sub, produce, {"format": "pt"})
+        weight_map.update({k: fname for k in sub})
+        files.append(fname)
+    write_index(out, total, weight_map)
+    return total, files
+
+
+def write_index_only(out: str, p, entries: dict) -> dict:
+    """--config-only: no tensors; sharded presets still get model.safetensors.index.json (its
+    total_size is the data-section total the shards would have)."""
+    total = sum(cf.tensor_nbytes(dt, s) for dt, s in entries.values())
+    files = []
+    if p.sharded:
+        write_index(out, total, {k: fname for fname, sub in shard_groups(p, entries) for k in sub})
+        files.append("model.safetensors.index.json")
+    return {"tensors": len(entries), "bytes": total, "files": files}
+
+
+def generate(preset: str, seed: int, out: str, dense: bool = False, family: str = "v4",
+             tokenizer: bool = True, layers: int | None = None, experts: int | None = None,
+             config_only: bool = False) -> dict:
+    if family == "v41":
+        return generate_v41(preset, seed, out, dense=dense, tokenizer=tokenizer, layers=layers, experts=experts,
+                            config_only=config_only)
+    p = resolve_preset(family, preset, layers, experts)
     check_preset(p)
     if seed < 0:
         raise ValueError("seed must be >= 0")
     os.makedirs(os.path.join(out, "inference"), exist_ok=True)
     write_json(os.path.join(out, "config.json"), hf_config(p, dense))
     write_json(os.path.join(out, "inference", "config.json"), inference_config(p, dense))
+    logicals = plan(p, dense)
+    entries = {name: (dt, list(shape)) for t in logicals for name, (dt, shape, _) in t.stored.items()}
+    if config_only:
+        return write_index_only(out, p, entries)
     if tokenizer:
         with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(build_tokenizer_json(p.vocab_size))
         write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
 
-    logicals = plan(p, dense)
-    entries = {name: (dt, list(shape)) for t in logicals for name, (dt, shape, _) in t.stored.items()}
-    produce = Producer(seed, logicals)
-    meta = {"format": "pt"}
-    total = 0
-    files = []
+    produce = Producer(seed, logicals, fast=p.fast, order=write_order(p, entries) if p.sharded else None)
     if not p.sharded:
-        total = cf.write_safetensors(os.path.join(out, "model.safetensors"), entries, produce, meta)
-        files.append("model.safetensors")
+        total = cf.write_safetensors(os.path.join(out, "model.safetensors"), entries, produce, {"format": "pt"})
+        files = ["model.safetensors"]
     else:
-        groups = ["top"] + [f"layer.{l}" for l in range(p.n_layers)] + ["head"]
-        n = len(groups)
-        weight_map = {}
-        for gi, g in enumerate(groups):
-            fname = f"model-{gi + 1:05d}-of-{n:05d}.safetensors"
-            sub = {k: v for k, v in entries.items() if shard_of(k, p) == g}
-            total += cf.write_safetensors(os.path.join(out, fname), sub, produce, meta)
-            weight_map.update({k: fname for k in sub})
-            files.append(fname)
-        write_json(os.path.join(out, "model.safetensors.index.json"),
-                   {"metadata": {"total_size": total},
-                    "weight_map": {k: weight_map[k] for k in sorted(weight_map)}})
+        total, files = write_shards(out, p, entries, produce)
     assert not produce.cache, "unpaired quantised tensors"
     return {"tensors": len(entries), "bytes": total, "files": files}
 
@@ -1347,14 +1680,25 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--dense", action="store_true",
                     help="write every FP8/FP4 weight as its exact BF16 dequantisation")
+    ap.add_argument("--layers", type=int, metavar="N",
+                    help="flash-shape only: the real model's first N layers (v4: 1..43, default 4 layers "
+                         "[0,4,128,4]; v41: 1..40, default 4)")
+    ap.add_argument("--experts", type=int, metavar="E",
+                    help="flash-shape only: routed experts (v4: 6..256, default 16; v41: 6..384, default 384)")
+    ap.add_argument("--config-only", action="store_true",
+                    help="write config.json, inference/config.json (and the shard index) but no tensors")
     ap.add_argument("--no-tokenizer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    presets = PRESETS_V41 if args.family == "v41" else PRESETS
-    if args.preset not in presets:
-        ap.error(f"preset {args.preset!r} is not a {args.family} preset (choose from {', '.join(presets)})")
+    try:
+        resolve_preset(args.family, args.preset, args.layers, args.experts)
+    except ValueError as e:
+        ap.error(str(e))
     info = generate(args.preset, args.seed, args.out, dense=args.dense, family=args.family,
-                    tokenizer=not args.no_tokenizer)
-    print(f"{args.family}/{args.preset} seed {args.seed}{' dense' if args.dense else ''}: "
+                    tokenizer=not args.no_tokenizer, layers=args.layers, experts=args.experts,
+                    config_only=args.config_only)
+    extra = "".join(f" --{k} {v}" for k, v in (("layers", args.layers), ("experts", args.experts)) if v is not None)
+    print(f"{args.family}/{args.preset}{extra} seed {args.seed}{' dense' if args.dense else ''}"
+          f"{' (config only)' if args.config_only else ''}: "
           f"{info['tensors']} tensors, {info['bytes']} bytes in {len(info['files'])} file(s) -> {args.out}")
     return 0
 

@@ -34,13 +34,27 @@ struct Storage {
 using DeviceAllocFn = std::shared_ptr<Storage> (*)(size_t nbytes);
 void register_device_allocator(Device d, DeviceAllocFn fn);
 
+// Byte copies between any two devices, registered by the backend like the allocator: `rows` rows of
+// `row_bytes` bytes, the rows `dpitch` / `spitch` bytes apart (a 2D copy; rows = 1 for a plain one).
+// Copies involving a device finish before the call returns (ordered after the work already queued).
+using DeviceCopyFn = void (*)(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
+                              size_t row_bytes, size_t rows);
+using DeviceMemsetFn = void (*)(void* dst, int value, size_t nbytes);
+void register_device_copy(Device d, DeviceCopyFn copy, DeviceMemsetFn memset);
+void copy_bytes_2d(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
+                   size_t row_bytes, size_t rows);
+inline void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  copy_bytes_2d(dst, nbytes, dst_dev, src, nbytes, src_dev, nbytes, 1);
+}
+void zero_bytes(void* dst, Device dev, size_t nbytes);
+
 class Tensor {
  public:
   Tensor() = default;
 
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::kCPU);
-  static Tensor zeros(const Shape& shape, DType dtype);  // CPU
-  static Tensor full(const Shape& shape, float value);   // CPU float32
+  static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::kCPU);
+  static Tensor full(const Shape& shape, float value);  // CPU float32
   // Wraps bytes owned elsewhere; `owner` keeps them alive as long as any view exists.
   static Tensor borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
                        Device device = Device::kCPU);
@@ -58,15 +72,20 @@ class Tensor {
 
   void* raw() const { return static_cast<char*>(storage_->data) + offset_; }
   template <typename T>
-  T* data() const { return static_cast<T*>(raw()); }
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
 
   // Views share storage. `view` needs a contiguous tensor; -1 infers one dimension.
   Tensor view(const Shape& shape) const;
   Tensor slice(int dim, int64_t begin, int64_t end) const;
   Tensor select(int dim, int64_t index) const;
-  // A dense copy (CPU only) if not already contiguous.
+  // A dense copy on the same device if not already contiguous (on a device: a view whose rows are
+  // contiguous, e.g. a select() on a middle dimension).
   Tensor contiguous() const;
   Tensor clone() const;
+  // A contiguous copy on `d` (this tensor itself when it is already contiguous there).
+  Tensor to(Device d) const;
   // Same dtype reinterpreted with another element type of equal total size (e.g. I8 -> E2M1x2).
   Tensor reinterpret(DType dtype, const Shape& shape) const;
 
@@ -81,5 +100,10 @@ class Tensor {
 };
 
 Shape contiguous_strides(const Shape& shape);
+
+// dst = src for two tensors of one shape and dtype on any devices, each either contiguous or a
+// view whose rows (last dimension) are contiguous and equally spaced (a 2D copy), e.g. a column
+// slice of a matrix. Exact.
+void copy_tensor(const Tensor& dst, const Tensor& src);
 
 }  // namespace deepinfer

@@ -39,6 +39,7 @@ EngineArgs EngineFlags::args(const std::string& model) const {
   a.kv_cache_memory = kv_cache_memory;
   a.seed = seed;
   a.async_scheduling = !no_async_scheduling;
+  a.device = num.device;
   a.dtype = num.dtype;
   a.simulate_qat = !num.no_qat;
   return a;

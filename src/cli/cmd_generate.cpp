@@ -53,7 +53,7 @@ Runner add_generate(CLI::App& app) {
     } else {
       prompt = parse_ids(o->ids, "--prompt-ids");
     }
-    auto model = Model::load(o->model);
+    auto model = Model::load(o->model, o->num.resolved_device());
     auto state = model->new_sequence();
     ForwardOptions fo{o->num.numerics(), false, nullptr};
     using clock = std::chrono::steady_clock;

@@ -51,7 +51,7 @@ Runner add_logits(CLI::App& app) {
       seqs.push_back(parse_ids(o->ids.substr(i, j - i), "--input-ids"));
       i = j + 1;
     }
-    auto model = Model::load(o->model);
+    auto model = Model::load(o->model, o->num.resolved_device());
     const ModelConfig& cfg = model->config();
     Trace trace;
     ForwardOptions fo{o->num.numerics(), true, o->trace.empty() ? nullptr : &trace};
@@ -64,8 +64,8 @@ Runner add_logits(CLI::App& app) {
     for (const auto& s : seqs) longest = std::max(longest, s.size());
     DI_CHECK(o->decode_from == 0 || (!o->decode && o->chunk == 0), "--decode-from takes neither --decode nor --chunk");
     const size_t chunk = o->decode ? 1 : (o->chunk > 0 ? static_cast<size_t>(o->chunk) : longest);
-    for (size_t i = 0, step = o->decode_from > 0 ? static_cast<size_t>(o->decode_from) : chunk; i < longest;
-         i += step, step = o->decode_from > 0 ? 1 : chunk) {
+    for (size_t i = 0, step = o->decode_from > 0 ? static_cast<size_t>(o->decode_from) : chunk;
+         i<longest; i += step, step = o->decode_from> 0 ? 1 : chunk) {
       std::vector<SeqChunk> batch;
       std::vector<size_t> who;
       for (size_t b = 0; b < seqs.size(); ++b) {

@@ -5,8 +5,8 @@
 // window [s, e) scores the targets t in [max(s + 1, previous e), e): every token is scored at most
 // once, with the most context the window gives it; token 0 (and, when S >= W, the first token of
 // each window) has no context and is not scored.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +27,8 @@ Runner add_perplexity(CLI::App& app) {
     NumericsFlags num;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("perplexity", "perplexity of a text file (tokenised with the model's tokenizer.json)");
+  CLI::App* cmd =
+      app.add_subcommand("perplexity", "perplexity of a text file (tokenised with the model's tokenizer.json)");
   cmd->add_option("--model", o->model, "model directory (with tokenizer.json)")->required();
   cmd->add_option("--text-file", o->text_file, "UTF-8 text to score")->required();
   cmd->add_option("--max-tokens-per-window", o->window, "tokens per window (default: --max-model-len, else 1024)")
@@ -69,7 +70,7 @@ Runner add_perplexity(CLI::App& app) {
     const int64_t stride = o->stride > 0 ? o->stride : window;
     DI_CHECK(stride <= window, "--stride ({}) must not exceed the window ({})", stride, window);
 
-    auto model = Model::load(o->model);
+    auto model = Model::load(o->model, o->num.resolved_device());
     const int64_t vocab = model->config().vocab_size;
     const ForwardOptions fo{o->num.numerics(), true, nullptr};
     const int64_t n = static_cast<int64_t>(ids.size());

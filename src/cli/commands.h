@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,12 +20,14 @@ Runner add_perplexity(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_serve(CLI::App& app);
 
-// Shared numerics flags: --dtype bfloat16|float32, --no-simulate-qat.
+// Shared model flags: --device cuda|cpu|auto, --dtype bfloat16|float32, --no-simulate-qat.
 struct NumericsFlags {
+  std::string device = env_value("DEEPINFER_DEVICE");
   std::string dtype = "bfloat16";
   bool no_qat = false;
   void add(CLI::App* cmd);
   ops::Numerics numerics() const;
+  Device resolved_device() const { return resolve_device(device); }
 };
 
 // Shared engine flags (vLLM names): --max-num-batched-tokens, --max-num-seqs, --max-model-len,

@@ -6,6 +6,8 @@
 namespace deepinfer::cli {
 
 void NumericsFlags::add(CLI::App* cmd) {
+  cmd->add_option("--device", device, "where the model runs: cuda, cpu, or auto (cuda when a GPU is visible)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   cmd->add_option("--dtype", dtype, "activation precision between ops: bfloat16 (the model's contract) or float32")
       ->check(CLI::IsMember({"bfloat16", "float32"}));
   cmd->add_flag("--no-simulate-qat", no_qat, "turn off the FP8/FP4 fake-quantisation sites");

@@ -18,10 +18,10 @@ static void fits_read(FILE* f, Tensor& t) {
 }
 
 void dump(const std::string& name, int64_t layer, const Tensor& t) {
-  if (!dump_enabled() || t.dtype() != DType::kF32 || t.device() != Device::kCPU) return;
+  if (!dump_enabled() || t.dtype() != DType::kF32) return;
   std::string path = std::string(dump_dir()) + "/" + name + (layer >= 0 ? ".L" + std::to_string(layer) : "") + ".f32";
   if (FILE* f = std::fopen(path.c_str(), "wb")) {
-    Tensor c = t.contiguous();
+    Tensor c = t.device() == Device::kCPU ? t.contiguous() : t.to(Device::kCPU);
     std::fwrite(c.raw(), sizeof(float), static_cast<size_t>(c.numel()), f);
     std::fclose(f);
   }

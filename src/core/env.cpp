@@ -14,10 +14,17 @@ const std::vector<EnvVar>& env_vars() {
   static const std::vector<EnvVar> vars = {
       {"DEEPINFER_LOG_LEVEL", "info", "log verbosity: debug, info, warn, error", true},
       {"DEEPINFER_NUM_THREADS", "all cores", "CPU backend threads (OpenMP)", true},
+      {"DEEPINFER_DEVICE", "auto", "where the model runs: cuda, cpu, or auto (cuda when a GPU is visible)", true},
       {"DEEPINFER_BATCH_INVARIANT", "1",
        "1: every GEMM row sums in a fixed order whatever the batch (bitwise batch invariance); 0: large "
        "batches use OpenBLAS",
        true},
+      {"DEEPINFER_CUDA_GEMM", "exact",
+       "CUDA linear kernel for FP8/FP4 weights: exact (bit-identical to the CPU op) or tc (tensor cores, within "
+       "tolerance)",
+       true},
+      {"DEEPINFER_OP_PROFILE", "0",
+       "debugging: 1 times every op (synchronising the device around it) and every device copy, printed at exit", true},
       {"DEEPINFER_DUMP_DIR", "", "debugging: write named intermediate tensors of each forward there", true},
       {"DEEPINFER_FORCE_DIR", "", "debugging: replace named V4.1 stream tensors by the files there (teacher forcing)",
        true},
@@ -26,8 +33,7 @@ const std::vector<EnvVar>& env_vars() {
       {"DEEPINFER_TEST_GPU", "0", "tests: 1 runs the tests marked gpu", true},
       {"DEEPINFER_JOBS", "all cores", "make: build and test parallelism", true},
       {"DEEPINFER_HF_MODEL_DIR", "", "model directory used by examples when --model is not given", false},
-      {"DEEPINFER_ENABLE_MTP_VARLEN", "0", "DSpark speculative decoding with confidence-scheduled verification",
-       false},
+      {"DEEPINFER_ENABLE_MTP_VARLEN", "0", "DSpark speculative decoding with confidence-scheduled verification", false},
       {"DEEPINFER_USE_NEXTN_DECODE", "5", "maximum DSpark draft length", false},
       {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact",
        "V4.1 SWA bounded replay: compact = decoder layers prefill only the last KEEP_TOKENS; off = exact", true},

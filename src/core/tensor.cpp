@@ -1,8 +1,13 @@
 #include "deepinfer/tensor.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
+#include "core/env.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer {
@@ -36,6 +41,115 @@ std::string shape_str(const Shape& s) {
 }
 
 void register_device_allocator(Device d, DeviceAllocFn fn) { g_allocators[static_cast<int>(d)] = fn; }
+
+namespace {
+DeviceCopyFn g_copy = nullptr;
+DeviceMemsetFn g_memset = nullptr;
+}  // namespace
+
+void register_device_copy(Device d, DeviceCopyFn copy, DeviceMemsetFn memset) {
+  DI_CHECK(d != Device::kCPU, "register_device_copy: the CPU copies need no registration");
+  g_copy = copy;
+  g_memset = memset;
+}
+
+namespace {
+// DEEPINFER_OP_PROFILE=1 (see src/ops/ops.cpp): counts and times the copies that involve a device, by
+// direction, printed at exit.
+struct CopyProfile {
+  std::mutex mu;
+  double seconds[3] = {0, 0, 0};
+  int64_t calls[3] = {0, 0, 0}, bytes[3] = {0, 0, 0};
+  ~CopyProfile() {
+    static const char* names[3] = {"host->device", "device->host", "device->device"};
+    for (int i = 0; i < 3; ++i)
+      if (calls[i] > 0)
+        std::fprintf(stderr, "copies %-15s %10lld calls %12.3f ms %14lld bytes\n", names[i],
+                     static_cast<long long>(calls[i]), seconds[i] * 1e3, static_cast<long long>(bytes[i]));
+  }
+};
+CopyProfile* copy_profile() {
+  static std::unique_ptr<CopyProfile> p(env_value("DEEPINFER_OP_PROFILE") == "1" ? new CopyProfile() : nullptr);
+  return p.get();
+}
+}  // namespace
+
+void copy_bytes_2d(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
+                   size_t row_bytes, size_t rows) {
+  if (row_bytes == 0 || rows == 0) return;
+  CopyProfile* prof = dst_dev == Device::kCPU && src_dev == Device::kCPU ? nullptr : copy_profile();
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Record {
+    CopyProfile* prof;
+    int dir;
+    size_t bytes;
+    std::chrono::steady_clock::time_point t0;
+    ~Record() {
+      if (!prof) return;
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> lock(prof->mu);
+      prof->seconds[dir] += dt;
+      prof->calls[dir] += 1;
+      prof->bytes[dir] += static_cast<int64_t>(bytes);
+    }
+  } record{prof, dst_dev == Device::kCPU ? 1 : (src_dev == Device::kCPU ? 0 : 2), row_bytes * rows, t0};
+  if (dst_dev == Device::kCPU && src_dev == Device::kCPU) {
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, row_bytes);
+    return;
+  }
+  DI_CHECK(g_copy != nullptr, "no copy registered for device {}: build with CUDA and initialise it",
+           device_name(dst_dev == Device::kCPU ? src_dev : dst_dev));
+  g_copy(dst, dpitch, dst_dev, src, spitch, src_dev, row_bytes, rows);
+}
+
+void zero_bytes(void* dst, Device dev, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dev == Device::kCPU) {
+    std::memset(dst, 0, nbytes);
+    return;
+  }
+  DI_CHECK(g_memset != nullptr, "no memset registered for device {}", device_name(dev));
+  g_memset(dst, 0, nbytes);
+}
+
+namespace {
+// The (rows, row elements, row stride) of a tensor whose last dimension is contiguous and whose
+// rows are equally spaced; false otherwise.
+bool as_rows(const Tensor& t, int64_t& rows, int64_t& cols, int64_t& stride) {
+  if (t.dim() == 0 || t.is_contiguous()) {
+    cols = t.dim() == 0 ? 1 : t.shape().back();
+    rows = cols == 0 ? 0 : t.numel() / cols;
+    stride = cols;
+    return true;
+  }
+  const int nd = t.dim();
+  if (t.strides()[nd - 1] != 1 || nd < 2) return false;
+  // Leading dimensions must collapse into one with a constant stride.
+  for (int k = nd - 2; k > 0; --k)
+    if (t.strides()[k - 1] != t.strides()[k] * t.shape()[k]) return false;
+  cols = t.shape().back();
+  rows = t.numel() / std::max<int64_t>(cols, 1);
+  stride = t.strides()[nd - 2];
+  return true;
+}
+}  // namespace
+
+void copy_tensor(const Tensor& dst, const Tensor& src) {
+  DI_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype(), "copy_tensor: {} into {}", src.describe(),
+           dst.describe());
+  if (src.numel() == 0) return;
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    copy_bytes(dst.raw(), dst.device(), src.raw(), src.device(), src.nbytes());
+    return;
+  }
+  int64_t dr = 0, dc = 0, ds = 0, sr = 0, sc = 0, ss = 0;
+  const bool ok = as_rows(dst, dr, dc, ds) && as_rows(src, sr, sc, ss);
+  DI_CHECK(ok && dst.dtype() != DType::kE2M1x2, "copy_tensor: {} -> {}: rows must be contiguous and equally spaced",
+           src.describe(), dst.describe());
+  const size_t es = dtype_bits(dst.dtype()) / 8;
+  copy_bytes_2d(dst.raw(), ds * es, dst.device(), src.raw(), ss * es, src.device(), dc * es, dr);
+}
 
 Shape contiguous_strides(const Shape& shape) {
   Shape st(shape.size());
@@ -73,9 +187,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.raw(), 0, t.nbytes());
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  zero_bytes(t.raw(), device, t.nbytes());
   return t;
 }
 
@@ -86,8 +200,7 @@ Tensor Tensor::full(const Shape& shape, float value) {
   return t;
 }
 
-Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
-                      Device device) {
+Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner, Device device) {
   Tensor t;
   t.storage_ = std::make_shared<Storage>();
   t.storage_->data = data;
@@ -137,8 +250,8 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::slice(int d, int64_t begin, int64_t end) const {
   if (d < 0) d += dim();
   DI_CHECK(d >= 0 && d < dim(), "slice(): dimension {} out of range for {}", d, describe());
-  DI_CHECK(0 <= begin && begin <= end && end <= shape_[d], "slice({}, {}, {}) out of range for {}", d, begin,
-           end, describe());
+  DI_CHECK(0 <= begin && begin <= end && end <= shape_[d], "slice({}, {}, {}) out of range for {}", d, begin, end,
+           describe());
   DI_CHECK(dtype_ != DType::kE2M1x2 || d != dim() - 1, "cannot slice packed fp4 along its last dimension");
   Tensor t = *this;
   t.offset_ += dtype_nbytes(dtype_, begin * strides_[d]);
@@ -159,8 +272,19 @@ Tensor Tensor::contiguous() const {
   return clone();
 }
 
+Tensor Tensor::to(Device d) const {
+  if (device() == d && is_contiguous()) return *this;
+  Tensor out = empty(shape_, dtype_, d);
+  copy_tensor(out, *this);
+  return out;
+}
+
 Tensor Tensor::clone() const {
-  DI_CHECK(device() == Device::kCPU, "clone() is CPU-only, got {}", describe());
+  if (device() != Device::kCPU) {
+    Tensor out = empty(shape_, dtype_, device());
+    copy_tensor(out, *this);
+    return out;
+  }
   Tensor out = empty(shape_, dtype_);
   if (is_contiguous()) {
     std::memcpy(out.raw(), raw(), nbytes());

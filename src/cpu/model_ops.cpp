@@ -25,8 +25,8 @@ void check_cpu_f32(const Tensor& t, const char* op, const char* name) {
 }
 
 void check_ids(const Tensor& t, int64_t n, const char* op, const char* name) {
-  DI_CHECK(t.defined() && t.device() == Device::kCPU && t.dtype() == DType::kI32 && t.dim() == 1 &&
-               t.is_contiguous() && t.size(0) == n,
+  DI_CHECK(t.defined() && t.device() == Device::kCPU && t.dtype() == DType::kI32 && t.dim() == 1 && t.is_contiguous() &&
+               t.size(0) == n,
            "{}: {} must be int32 [{}] on the CPU, got {}", op, name, n, desc(t));
 }
 
@@ -98,11 +98,11 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   check_cpu_f32(q, "index_scores", "q");
   check_cpu_f32(keys, "index_scores", "keys");
   check_cpu_f32(w, "index_scores", "w");
-  DI_CHECK(keys.dim() == 2 && w.dim() == 2 && q.dim() >= 2, "index_scores: expected keys [N, d], w [T, heads], got {}, {}",
-           keys.describe(), w.describe());
+  DI_CHECK(keys.dim() == 2 && w.dim() == 2 && q.dim() >= 2,
+           "index_scores: expected keys [N, d], w [T, heads], got {}, {}", keys.describe(), w.describe());
   const int64_t T = q.size(0), N = keys.size(0), d = keys.size(1), nh = w.size(1);
-  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "index_scores: q {} does not match w {} and keys {}", q.describe(),
-           w.describe(), keys.describe());
+  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "index_scores: q {} does not match w {} and keys {}",
+           q.describe(), w.describe(), keys.describe());
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "index_scores: ratio {} must be positive", vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, "index_scores", "counts");
   std::vector<int64_t> visible(T);
@@ -161,8 +161,8 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
     DI_CHECK(bias.numel() == E, "moe_route: bias {} for {} experts", bias.describe(), E);
   }
   if (hash) {
-    DI_CHECK(tid2eid.device() == Device::kCPU && tid2eid.is_contiguous() && tid2eid.dim() == 2 && tid2eid.size(1) == k &&
-                 (tid2eid.dtype() == DType::kI32 || tid2eid.dtype() == DType::kI64),
+    DI_CHECK(tid2eid.device() == Device::kCPU && tid2eid.is_contiguous() && tid2eid.dim() == 2 &&
+                 tid2eid.size(1) == k && (tid2eid.dtype() == DType::kI32 || tid2eid.dtype() == DType::kI64),
              "moe_route: tid2eid must be int32/int64 [vocab, {}] on the CPU, got {}", k, tid2eid.describe());
     check_ids(tokens, T, "moe_route", "tokens");
   }
@@ -274,8 +274,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
 
 Tensor gather_rows(const Tensor& x, const Tensor& rows) {
   check_cpu_f32(x, "gather_rows", "x");
-  DI_CHECK(x.dim() >= 1 && rows.defined() && rows.dim() == 1, "gather_rows: expected x [N, ...] and rows [R], got {}, {}",
-           x.describe(), desc(rows));
+  DI_CHECK(x.dim() >= 1 && rows.defined() && rows.dim() == 1,
+           "gather_rows: expected x [N, ...] and rows [R], got {}, {}", x.describe(), desc(rows));
   const int64_t R = rows.size(0), N = x.size(0), width = N == 0 ? 0 : x.numel() / N;
   check_ids(rows, R, "gather_rows", "rows");
   Shape shape = x.shape();
@@ -364,6 +364,12 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   if (src.nbytes() > 0) std::memcpy(dst.raw(), src.raw(), src.nbytes());
 }
 
+void scale(Tensor& x, float s, bool round) {
+  check_cpu_f32(x, "scale", "x");
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] = round ? deepinfer::round_bf16(p[i] * s) : p[i] * s;
+}
+
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
                      bool has_prev) {
   check_cpu_f32(kv, "compress_pool", "kv");
@@ -381,7 +387,9 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
   const float* kp = kv.data<float>();
   const float* sp = score.data<float>();
   const float* ap = ape.defined() ? ape.data<float>() : nullptr;
-  auto sc_at = [&](int64_t row, int64_t col) { return ap ? sp[row * w + col] + ap[(row % r) * w + col] : sp[row * w + col]; };
+  auto sc_at = [&](int64_t row, int64_t col) {
+    return ap ? sp[row * w + col] + ap[(row % r) * w + col] : sp[row * w + col];
+  };
   Tensor out = Tensor::empty({G, d}, DType::kF32);
   std::vector<float> sc(2 * r), kvv(2 * r);
   for (int64_t g = 0; g < G; ++g) {

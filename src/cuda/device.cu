@@ -2,7 +2,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "cuda/device.h"
 #include "deepinfer/error.h"
@@ -18,21 +21,84 @@ void throw_cuda_error(int code, const char* expr, const char* file, int line) {
 
 namespace {
 
-// The kCUDA allocator: one cudaMalloc per storage, freed by the storage's shared owner when the
-// last tensor viewing it goes away.
-std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
+// The kCUDA allocator: a caching pool over cudaMalloc. A freed block goes back to a free list keyed
+// by its rounded size and is handed to the next allocation of that size; memory returns to the
+// driver only when a cudaMalloc fails (then every cached block is freed and the call retried).
+// cudaFree would synchronise the device, and cudaMalloc costs tens of microseconds: an op's output
+// per call must not pay either. Reuse needs no events: every kernel and copy of the backend runs on the
+// legacy default stream, so work on a reused block is ordered after the work of its previous owner.
+// Sizes round up to a power of two below 1 MiB (512 bytes at least) and to whole MiB above.
+struct BlockCache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free;
+};
+
+BlockCache& block_cache() {
+  static BlockCache* c = new BlockCache();  // never destroyed: blocks may be freed during exit
+  return *c;
+}
+
+size_t rounded_size(size_t n) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  if (n <= 512) return 512;
+  if (n < kMiB) {
+    size_t r = 512;
+    while (r < n) r <<= 1;
+    return r;
+  }
+  return (n + kMiB - 1) / kMiB * kMiB;
+}
+
+void* cached_malloc(size_t size) {
+  BlockCache& c = block_cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free.find(size);
+    if (it != c.free.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+  }
   void* p = nullptr;
-  // cudaMalloc(0) may return nullptr; keep every storage non-null so views stay well-formed.
-  DI_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(nbytes, 1)));
+  if (cudaMalloc(&p, size) == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  {  // out of memory: give the cached blocks back and retry once
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [sz, list] : c.free)
+      for (void* q : list) (void)cudaFree(q);
+    c.free.clear();
+  }
+  DI_CUDA_CHECK(cudaMalloc(&p, size));
+  return p;
+}
+
+std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
+  const size_t size = rounded_size(nbytes);
+  void* p = cached_malloc(size);
   auto st = std::make_shared<Storage>();
   st->data = p;
   st->nbytes = nbytes;
   st->device = Device::kCUDA;
-  // A deleter cannot throw; errors here (e.g. at process exit, after the runtime has unloaded)
-  // are ignored.
-  st->owner = std::shared_ptr<void>(p, [](void* q) { (void)cudaFree(q); });
+  st->owner = std::shared_ptr<void>(p, [size](void* q) {
+    BlockCache& c = block_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.free[size].push_back(q);
+  });
   return st;
 }
+
+// Copies on the legacy default stream, where every kernel of the backend runs, so they are ordered
+// after the work already queued; copies to or from the host return once done.
+void cuda_copy(void* dst, size_t dpitch, Device, const void* src, size_t spitch, Device, size_t row_bytes,
+               size_t rows) {
+  if (rows == 1)
+    DI_CUDA_CHECK(cudaMemcpy(dst, src, row_bytes, cudaMemcpyDefault));
+  else
+    DI_CUDA_CHECK(cudaMemcpy2D(dst, dpitch, src, spitch, row_bytes, rows, cudaMemcpyDefault));
+}
+
+void cuda_memset(void* dst, int value, size_t nbytes) { DI_CUDA_CHECK(cudaMemset(dst, value, nbytes)); }
 
 }  // namespace
 
@@ -51,6 +117,7 @@ void init() {
     DI_CHECK(device_count() > 0, "no CUDA device is visible: check the driver and CUDA_VISIBLE_DEVICES");
     DI_CUDA_CHECK(cudaFree(nullptr));  // creates the primary context now rather than on first use
     register_device_allocator(Device::kCUDA, &cuda_alloc);
+    register_device_copy(Device::kCUDA, &cuda_copy, &cuda_memset);
   });
 }
 

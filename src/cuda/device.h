@@ -1,4 +1,4 @@
-// The CUDA backend's device layer: initialisation, the kCUDA allocator, host<->device copies and
+// The CUDA backend's device layer: initialisation, the kCUDA allocator (a caching pool), host<->device copies and
 // error checking.
 //
 // This header is plain C++ (no CUDA headers), so host code compiled by the C++ compiler can

@@ -1,6 +1,7 @@
 // CUDA hyper-connection kernels. Contracts in hc.cuh.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/common.cuh"
@@ -18,36 +19,66 @@ constexpr int kMaxHc = 8;
 __device__ __forceinline__ float exp_f(float x) { return __double2float_rn(exp(static_cast<double>(x))); }
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f(-x))); }
 
-// One block per token: mixes[m] = float(fn[m] . flat) * (1 / sqrt(float(ss / width) + norm_eps)), FP64 sums.
-// mode 0: hc_mixes (writes pre, post, comb); mode 1: hc_head (writes pre only, M = hc).
-__global__ void hc_project_kernel(const float* stream, int64_t width, const float* fn, int M, const float* scale,
-                                  const float* base, int hc, int sinkhorn_iters, float hc_eps, float norm_eps, int mode,
-                                  float* pre, float* post, float* comb) {
-  __shared__ float mixes[kMaxMix];
-  const int64_t t = blockIdx.x;
+// The projections are split over the row's width so that one token still fills the GPU: block (s, t)
+// sums columns [s * chunk, (s + 1) * chunk) of token t into FP64 partials (fn[m] . x for each mix m,
+// then x . x), reduced inside the block in a fixed order (warp shuffles, then warps in order); the
+// finishing kernel adds the partials in split order. The split depends only on the width, so a row's
+// result does not depend on the batch.
+constexpr int kPartThreads = 128;
+constexpr int64_t kPartChunk = 512;
+
+__global__ void hc_partial_kernel(const float* stream, int64_t width, const float* fn, int M, int splits,
+                                  double* part) {
+  __shared__ double warp_sums[kPartThreads / 32][kMaxMix + 1];
+  const int64_t t = blockIdx.y, s = blockIdx.x;
   const float* x = stream + t * width;
+  const int64_t c0 = s * kPartChunk, c1 = min(width, c0 + kPartChunk);
   double ss = 0.0;
   double acc[kMaxMix];
 #pragma unroll
   for (int m = 0; m < kMaxMix; ++m) acc[m] = 0.0;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
     const double xv = x[i];
     ss = __fma_rn(xv, xv, ss);  // the product is exact in FP64, so fma == the CPU's multiply-then-add
 #pragma unroll
     for (int m = 0; m < kMaxMix; ++m)
       if (m < M) acc[m] = __fma_rn(static_cast<double>(fn[m * width + i]), xv, acc[m]);
   }
-  ss = block_reduce(ss, SumOp{}, 0.0);
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(ss / static_cast<double>(width)), norm_eps)));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int m = 0; m < kMaxMix; ++m) {
-    if (m < M) {
-      const double a = block_reduce(acc[m], SumOp{}, 0.0);
-      if (threadIdx.x == 0) mixes[m] = __fmul_rn(static_cast<float>(a), r);
+  for (int m = 0; m <= kMaxMix; ++m) {
+    if (m < M || m == kMaxMix) {
+      double v = m == kMaxMix ? ss : acc[m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) warp_sums[warp][m] = v;
     }
   }
   __syncthreads();
+  if (threadIdx.x <= kMaxMix && (static_cast<int>(threadIdx.x) < M || threadIdx.x == kMaxMix)) {
+    double v = 0.0;
+    for (int w = 0; w < kPartThreads / 32; ++w) v += warp_sums[w][threadIdx.x];
+    part[(t * splits + s) * (kMaxMix + 1) + threadIdx.x] = v;
+  }
+}
+
+// One thread per token: mixes[m] = float(fn[m] . flat) * (1 / sqrt(float(ss / width) + norm_eps)) from the
+// partials. mode 0: hc_mixes (writes pre, post, comb); mode 1: hc_head (writes pre only, M = hc).
+__global__ void hc_finish_kernel(const double* part, int splits, int64_t width, int M, const float* scale,
+                                 const float* base, int hc, int sinkhorn_iters, float hc_eps, float norm_eps, int mode,
+                                 float* pre, float* post, float* comb) {
   if (threadIdx.x != 0) return;
+  const int64_t t = blockIdx.x;
+  double sums[kMaxMix + 1];
+  for (int m = 0; m <= kMaxMix; ++m) sums[m] = 0.0;
+  for (int s = 0; s < splits; ++s) {
+    const double* p = part + (t * splits + s) * (kMaxMix + 1);
+    for (int m = 0; m < M; ++m) sums[m] += p[m];
+    sums[kMaxMix] += p[kMaxMix];
+  }
+  const float r =
+      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(sums[kMaxMix] / static_cast<double>(width)), norm_eps)));
+  float mixes[kMaxMix];
+  for (int m = 0; m < M; ++m) mixes[m] = __fmul_rn(static_cast<float>(sums[m]), r);
   if (mode == 1) {
     for (int j = 0; j < hc; ++j)
       pre[t * hc + j] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mixes[j], scale[0]), base[j])), hc_eps);
@@ -139,11 +170,23 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
   DI_CHECK(base.numel() >= M && scale.numel() >= (mode == 1 ? 1 : 3), "{}: base {} / scale {} too small", op,
            base.describe(), scale.describe());
   if (T == 0) return;
-  DI_CHECK(T < (int64_t{1} << 31), "{}: too many rows", op);
-  hc_project_kernel<<<static_cast<unsigned>(T), 256>>>(
-      stream.data<float>(), width, fn.data<float>(), static_cast<int>(M), scale.data<float>(), base.data<float>(),
-      static_cast<int>(hc), static_cast<int>(iters), hc_eps, norm_eps, mode, pre, post, comb);
-  DI_CUDA_CHECK(cudaGetLastError());
+  DI_CHECK(T < (int64_t{1} << 31) && width > 0, "{}: too many rows or an empty row", op);
+  const int splits = static_cast<int>((width + kPartChunk - 1) / kPartChunk);
+  constexpr int64_t kRowsPerLaunch = 65535;  // grid.y limit
+  const int64_t rows = std::min(T, kRowsPerLaunch);
+  Tensor part = Tensor::empty({rows * splits * (kMaxMix + 1) * 2}, DType::kF32, Device::kCUDA);  // doubles
+  double* p = static_cast<double*>(part.raw());
+  for (int64_t t0 = 0; t0 < T; t0 += kRowsPerLaunch) {
+    const int64_t n = std::min(kRowsPerLaunch, T - t0);
+    hc_partial_kernel<<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(n)), kPartThreads>>>(
+        stream.data<float>() + t0 * width, width, fn.data<float>(), static_cast<int>(M), splits, p);
+    DI_CUDA_CHECK(cudaGetLastError());
+    hc_finish_kernel<<<static_cast<unsigned>(n), 32>>>(
+        p, splits, width, static_cast<int>(M), scale.data<float>(), base.data<float>(), static_cast<int>(hc),
+        static_cast<int>(iters), hc_eps, norm_eps, mode, pre + t0 * hc, post ? post + t0 * hc : nullptr,
+        comb ? comb + t0 * hc * hc : nullptr);
+    DI_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace

@@ -5,11 +5,11 @@
 //  * hc_collapse, hc_expand: one thread per output, the CPU's fp32 order (acc = 0; acc += p_j * s_j
 //    for j = 0..hc-1; expand: post * y + acc) with explicit IEEE operations: bit for bit the CPU op.
 //  * hc_mixes, hc_head: the projection sums (mean of squares, fn . flat(stream)) are FP64 as on the
-//    CPU, but in a block-wide tree instead of the CPU's sequential order; products are exact in
-//    FP64, so the fp32 mixes equal the CPU's unless a double-rounding boundary is hit (rare, one
-//    fp32 ulp). Everything after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order in one
-//    thread per token, exp as fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp
-//    cases). Tests allow 2e-6 relative on pre / post / comb.
+//    CPU, but split over 512-column chunks (one block each, a fixed tree inside) added in chunk order instead of the
+//    CPU's sequential order; products are exact in FP64, so the fp32 mixes equal the CPU's unless a double-rounding
+//    boundary is hit (rare, one fp32 ulp). Everything after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order
+//    in one thread per token, exp as fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp cases).
+//    Tests allow 2e-6 relative on pre / post / comb.
 #pragma once
 
 #include <cstdint>

@@ -7,9 +7,11 @@
 #include <mutex>
 #include <type_traits>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
+#include "cuda/linear_tc.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -683,7 +685,17 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
   DI_CHECK(x.defined() && x.dim() == 2 && w.w.defined() && w.w.dim() == 2,
            "cuda::linear: expected x [M, K] and W [N, K]");
   Tensor y = Tensor::empty({x.size(0), w.w.size(0)}, DType::kF32, Device::kCUDA);
-  linear_into(x, w, opts, y);
+  // DEEPINFER_CUDA_GEMM=tc: the tensor-core kernel (linear_tc.cuh, within tolerance of the CPU op) for
+  // the quantised weights at the FP8 input site; "exact" (default): this file's bit-exact kernel.
+  static const bool tc = [] {
+    const std::string v = env_value("DEEPINFER_CUDA_GEMM");
+    DI_CHECK(v == "exact" || v == "tc", "DEEPINFER_CUDA_GEMM must be 'exact' or 'tc' (got '{}')", v);
+    return v == "tc";
+  }();
+  if (tc && linear_tc_supported(x, w, opts))
+    linear_tc_into(x, w, opts, y);
+  else
+    linear_into(x, w, opts, y);
   return y;
 }
 

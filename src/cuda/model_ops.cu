@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kKeys)
     index_scores_kernel(const float* q, const float* keys, const float* w, const int32_t* counts, int64_t start_pos,
                         int64_t ratio, int T, int N, int nh, int d, bool round, float* out) {
   extern __shared__ float smem[];
-  float* ks = smem;                          // [d][kPad]: the block's keys, transposed
+  float* ks = smem;                                   // [d][kPad]: the block's keys, transposed
   float* qs = smem + static_cast<int64_t>(d) * kPad;  // [kQueries][d]: one head of each query
   __shared__ int vis[kQueries];
   const int tid = threadIdx.x;
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kRouteThreads)
                      bool tid_i64, int64_t vocab, const int32_t* tokens, bool normalize, float norm_eps,
                      float route_scale, int32_t* ids, float* weights) {
   extern __shared__ float sh[];
-  float* s = sh;        // [E] scores
+  float* s = sh;           // [E] scores
   float* biased = sh + E;  // [E] selection keys
   __shared__ float red;
   const int64_t t = blockIdx.x;
@@ -161,7 +162,8 @@ __global__ void __launch_bounds__(kRouteThreads)
       for (int j = 0; j < k; ++j) {
         int64_t id = -1;
         if (ok)
-          id = tid_i64 ? static_cast<const int64_t*>(tid2eid)[tok * k + j] : static_cast<const int32_t*>(tid2eid)[tok * k + j];
+          id = tid_i64 ? static_cast<const int64_t*>(tid2eid)[tok * k + j]
+                       : static_cast<const int32_t*>(tid2eid)[tok * k + j];
         if (id < 0 || id >= E) id = -1;
         ti[j] = static_cast<int32_t>(id);
         tw[j] = id < 0 ? 0.0f : s[id];
@@ -325,8 +327,8 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const f
 // ---- compressor pooling ----------------------------------------------------------------------------
 // One thread per (group, channel): three passes over the group's rows (max, exp sum, weighted sum),
 // each in the CPU's row order; exp recomputed identically in each pass.
-__global__ void compress_pool_kernel(const float* kv, const float* score, const float* ape, int r, int64_t d,
-                                     int64_t w, bool overlap, bool has_prev, int64_t lead, float* out) {
+__global__ void compress_pool_kernel(const float* kv, const float* score, const float* ape, int r, int64_t d, int64_t w,
+                                     bool overlap, bool has_prev, int64_t lead, float* out) {
   const int64_t g = blockIdx.y;
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= d) return;
@@ -394,11 +396,17 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   if (vis.counts.defined()) check_ids(vis.counts, T, op, "counts");
   DI_CHECK(N < (int64_t{1} << 31) && T < (int64_t{1} << 24) * kQueries, "{}: [{}, {}] is too large", op, T, N);
   const size_t smem = (static_cast<size_t>(d) * kPad + static_cast<size_t>(kQueries) * d) * sizeof(float);
-  int dev = 0, optin = 0;
-  DI_CUDA_CHECK(cudaGetDevice(&dev));
-  DI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cudaFuncAttributes attr{};
-  DI_CUDA_CHECK(cudaFuncGetAttributes(&attr, index_scores_kernel));
+  // The device's limits, queried once (each query costs a driver round trip).
+  static const std::pair<int, cudaFuncAttributes> limits = [] {
+    int dev = 0, v = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaFuncAttributes a{};
+    DI_CUDA_CHECK(cudaFuncGetAttributes(&a, index_scores_kernel));
+    return std::make_pair(v, a);
+  }();
+  const int optin = limits.first;
+  const cudaFuncAttributes& attr = limits.second;
   DI_CHECK(smem + attr.sharedSizeBytes <= static_cast<size_t>(optin),
            "{}: key width {} needs {} bytes of shared memory (device: {})", op, d, smem + attr.sharedSizeBytes, optin);
   // The dynamic shared memory limit is raised to what this launch needs (at most optin - static).
@@ -432,8 +440,8 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
     DI_CHECK(bias.numel() == E, "{}: bias {} for {} experts", op, bias.describe(), E);
   }
   if (hash) {
-    DI_CHECK(tid2eid.device() == Device::kCUDA && tid2eid.is_contiguous() && tid2eid.dim() == 2 && tid2eid.size(1) == k &&
-                 (tid2eid.dtype() == DType::kI32 || tid2eid.dtype() == DType::kI64),
+    DI_CHECK(tid2eid.device() == Device::kCUDA && tid2eid.is_contiguous() && tid2eid.dim() == 2 &&
+                 tid2eid.size(1) == k && (tid2eid.dtype() == DType::kI32 || tid2eid.dtype() == DType::kI64),
              "{}: tid2eid must be int32/int64 [vocab, {}] on CUDA, got {}", op, k, tid2eid.describe());
     check_ids(tokens, T, op, "tokens");
   }
@@ -480,9 +488,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
   check_ids(ids, T, op, "ids");
   Tensor out = Tensor::empty({T, copies, dim}, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
-  embedding_kernel<<<grid_for(out.numel(), 256), 256>>>(table.raw(), table.dtype() == DType::kBF16,
-                                                        ids.data<int32_t>(), T, static_cast<int>(copies), dim,
-                                                        out.data<float>());
+  embedding_kernel<<<grid_for(out.numel(), 256), 256>>>(table.raw(), table.dtype() == DType::kBF16, ids.data<int32_t>(),
+                                                        T, static_cast<int>(copies), dim, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -582,7 +589,8 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
   const int64_t r = ratio, lead = overlap ? r : 0;
   DI_CHECK(kv.dim() == 2 && score.shape() == kv.shape() && r >= 1 && r <= 4096 && d >= 1 &&
                kv.size(1) == (overlap ? 2 * d : d) && kv.size(0) >= lead && (kv.size(0) - lead) % r == 0,
-           "{}: kv {} / score {} are not [lead + G*{}, {}]", op, kv.describe(), score.describe(), r, overlap ? 2 * d : d);
+           "{}: kv {} / score {} are not [lead + G*{}, {}]", op, kv.describe(), score.describe(), r,
+           overlap ? 2 * d : d);
   const int64_t w = kv.size(1), G = (kv.size(0) - lead) / r;
   if (ape.defined()) {
     check_f32(ape, op, "ape");
@@ -592,16 +600,34 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
   Tensor out = Tensor::empty({G, d}, DType::kF32, Device::kCUDA);
   if (G == 0) return out;
   const dim3 grid(grid_for(d, 128), static_cast<unsigned>(G));
-  compress_pool_kernel<<<grid, 128>>>(kv.data<float>(), score.data<float>(), ape.defined() ? ape.data<float>() : nullptr,
-                                      static_cast<int>(r), d, w, overlap, has_prev, lead, out.data<float>());
+  compress_pool_kernel<<<grid, 128>>>(kv.data<float>(), score.data<float>(),
+                                      ape.defined() ? ape.data<float>() : nullptr, static_cast<int>(r), d, w, overlap,
+                                      has_prev, lead, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
 
+namespace {
+__global__ void scale_kernel(float* x, int64_t n, float s, bool round) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i] * s;
+  x[i] = round ? round_to_bf16(v) : v;
+}
+}  // namespace
+
+void scale(Tensor& x, float s, bool round) {
+  check_f32(x, "cuda::scale", "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, 256), 256>>>(x.data<float>(), n, s, round);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
   check_f32(q, "cuda::renorm_heads", "q");
-  DI_CHECK(head_dim >= 1 && q.numel() % head_dim == 0, "cuda::renorm_heads: {} is not whole heads of {}",
-           q.describe(), head_dim);
+  DI_CHECK(head_dim >= 1 && q.numel() % head_dim == 0, "cuda::renorm_heads: {} is not whole heads of {}", q.describe(),
+           head_dim);
   const int64_t n = q.numel() / head_dim;
   if (n == 0) return;
   renorm_heads_kernel<<<grid_for(n, 128), 128>>>(q.data<float>(), n, head_dim, eps, round);

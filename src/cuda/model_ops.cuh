@@ -29,6 +29,7 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows);
 ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);
+void scale(Tensor& x, float s, bool round);
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
                      bool has_prev);

@@ -1,7 +1,9 @@
 // CUDA RoPE and Walsh-Hadamard transform. Contracts in rope.cuh.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -19,9 +21,11 @@ void check_contiguous_f32(const Tensor& x, const char* op) {
            x.defined() ? x.describe() : std::string("undefined"));
 }
 
-// One thread per (row, head, pair). cs / sn: [rows, half].
+// One thread per (row, head, pair). cs / sn: the position table [positions, half]; row r sits at
+// position pos[r] when `pos` is given, else at pos0 + r * stride. inverse: the conjugate rotation (-sin).
 __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_width, int64_t rope_dim,
-                            const float* cs, const float* sn, bool round) {
+                            const float* cs, const float* sn, const int64_t* pos, int64_t pos0, int64_t stride,
+                            bool inverse, bool round) {
   const int64_t half = rope_dim / 2;
   const int64_t total = rows * heads * half;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -29,8 +33,9 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_
     const int64_t i = e % half;
     const int64_t h = (e / half) % heads;
     const int64_t r = e / (half * heads);
+    const int64_t p = pos ? pos[r] : pos0 + r * stride;
     float* a = x + (r * heads + h) * head_width + (head_width - rope_dim);
-    const float c = cs[r * half + i], s = sn[r * half + i];
+    const float c = cs[p * half + i], s = inverse ? -sn[p * half + i] : sn[p * half + i];
     const float x0 = a[2 * i], x1 = a[2 * i + 1];
     float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
@@ -65,9 +70,53 @@ __global__ void hadamard_kernel(float* x, int64_t n, float scale, bool round) {
   }
 }
 
-// The cos / sin table buffer (grows on demand, never shrinks).
+// The cos / sin tables of each distinct frequency list, on the device, for positions [0, rows), grown
+// in steps of kTableStep positions on demand (never shrunk): computed on the host once, as the CPU op
+// computes them, so a call uploads nothing unless it reaches past the table.
+constexpr int64_t kTableStep = 4096;
+struct PositionTable {
+  std::vector<float> freq;
+  Tensor cs, sn;  // [rows, half]
+  int64_t rows = 0;
+};
 std::mutex g_table_mu;
-Tensor g_table;
+std::vector<std::unique_ptr<PositionTable>> g_tables;
+
+const PositionTable& position_table(const ops::RopeFreqs& f, int64_t need_rows) {
+  PositionTable* t = nullptr;
+  for (auto& e : g_tables)
+    if (e->freq == f.freq) t = e.get();
+  if (!t) {
+    g_tables.push_back(std::make_unique<PositionTable>());
+    t = g_tables.back().get();
+    t->freq = f.freq;
+  }
+  if (t->rows >= need_rows) return *t;
+  const int64_t half = static_cast<int64_t>(f.freq.size());
+  const int64_t rows = (need_rows + kTableStep - 1) / kTableStep * kTableStep;
+  // The CPU op's values, bit for bit: fp32 angle, double cos / sin rounded to fp32.
+  std::vector<float> cs(static_cast<size_t>(rows * half)), sn(static_cast<size_t>(rows * half));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float pos = static_cast<float>(r);
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = pos * f.freq[i];
+      cs[r * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
+      sn[r * half + i] = static_cast<float>(std::sin(static_cast<double>(ang)));
+    }
+  }
+  // New buffers (the old ones go back to the allocator; work on a reused block is stream-ordered after them).
+  Tensor dcs = Tensor::empty({rows, half}, DType::kF32, Device::kCUDA);
+  Tensor dsn = Tensor::empty({rows, half}, DType::kF32, Device::kCUDA);
+  DI_CUDA_CHECK(cudaMemcpy(dcs.raw(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
+  DI_CUDA_CHECK(cudaMemcpy(dsn.raw(), sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
+  t->cs = dcs;
+  t->sn = dsn;
+  t->rows = rows;
+  return *t;
+}
+
+// Positions as a device buffer when they are not an arithmetic progression (grows on demand).
+Tensor g_positions;
 
 }  // namespace
 
@@ -85,30 +134,32 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
            f.freq.size() * 2, rope_dim);
   const int64_t heads = width / head_width, half = rope_dim / 2;
   if (half == 0) return;
-  // The CPU op's table, bit for bit: fp32 angle, double cos / sin rounded to fp32.
-  std::vector<float> host(static_cast<size_t>(2 * rows * half));
-  float* cs = host.data();
-  float* sn = host.data() + rows * half;
+  // Positions in [0, 2^40) (the fp32 angle of larger ones is meaningless anyway); an arithmetic
+  // progression (every call of the model: consecutive tokens, compressed groups) needs no upload.
+  int64_t max_pos = 0;
+  bool arithmetic = true;
+  const int64_t stride = rows > 1 ? positions[1] - positions[0] : 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const float pos = static_cast<float>(positions[r]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float ang = pos * f.freq[i];
-      cs[r * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
-      const float s = static_cast<float>(std::sin(static_cast<double>(ang)));
-      sn[r * half + i] = inverse ? -s : s;
-    }
+    DI_CHECK(positions[r] >= 0 && positions[r] < (int64_t{1} << 40), "{}: position {} out of range", op, positions[r]);
+    max_pos = std::max(max_pos, positions[r]);
+    arithmetic = arithmetic && positions[r] == positions[0] + r * stride;
   }
   std::lock_guard<std::mutex> lock(g_table_mu);
-  const int64_t need = 2 * rows * half;
-  if (!g_table.defined() || g_table.numel() < need) g_table = Tensor::empty({need}, DType::kF32, Device::kCUDA);
-  float* dev = g_table.data<float>();
-  // Pageable host -> device: the legacy stream's earlier kernels (which may still read the table) finish first.
-  DI_CUDA_CHECK(cudaMemcpy(dev, host.data(), static_cast<size_t>(need) * sizeof(float), cudaMemcpyHostToDevice));
+  const PositionTable& table = position_table(f, max_pos + 1);
+  const int64_t* dpos = nullptr;
+  if (!arithmetic) {
+    if (!g_positions.defined() || g_positions.numel() < rows)
+      g_positions = Tensor::empty({rows}, DType::kI64, Device::kCUDA);
+    DI_CUDA_CHECK(
+        cudaMemcpy(g_positions.raw(), positions, static_cast<size_t>(rows) * sizeof(int64_t), cudaMemcpyHostToDevice));
+    dpos = g_positions.data<int64_t>();
+  }
   constexpr int kThreads = 256;
   const int64_t total = rows * heads * half;
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20);
-  rope_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(x.data<float>(), rows, heads, head_width, rope_dim, dev,
-                                                           dev + rows * half, round);
+  rope_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(x.data<float>(), rows, heads, head_width, rope_dim,
+                                                           table.cs.data<float>(), table.sn.data<float>(), dpos,
+                                                           positions[0], stride, inverse, round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -31,6 +31,16 @@ int64_t EngineArgs::replay_keep_tokens() const {
   return prefill_truncation == "off" ? 0 : keep;
 }
 
+Device resolve_device(const std::string& name) {
+  if (name == "cpu") return Device::kCPU;
+  if (name == "auto" || name.empty()) return ops::device_available(Device::kCUDA) ? Device::kCUDA : Device::kCPU;
+  DI_CHECK(name == "cuda", "device must be 'cuda', 'cpu' or 'auto' (got '{}')", name);
+  DI_CHECK(ops::device_available(Device::kCUDA),
+           "device 'cuda': no CUDA device is usable (a build configured without nvcc has no CUDA backend; else "
+           "check the driver and CUDA_VISIBLE_DEVICES)");
+  return Device::kCUDA;
+}
+
 int64_t read_max_position_embeddings(const std::string& model_dir) {
   namespace fs = std::filesystem;
   for (const char* rel : {"config.json", "inference/config.json"}) {

@@ -5,10 +5,13 @@
 #include <string>
 
 #include "core/env.h"
-
 #include "ops/ops.h"
 
 namespace deepinfer {
+
+// "cuda" / "cpu" / "auto" (or empty: cuda when this build has the CUDA backend and a GPU is visible,
+// else cpu) -> the device; throws deepinfer::Error on anything else or on "cuda" without a GPU.
+Device resolve_device(const std::string& name);
 
 struct EngineArgs {
   std::string model;                      // checkpoint directory (config.json + safetensors)
@@ -20,6 +23,7 @@ struct EngineArgs {
   int64_t kv_cache_memory = int64_t{4} << 30;  // bytes of per-sequence state (CPU)
   uint64_t seed = 0;                           // draws the seeds of requests that bring none
   bool enable_chunked_prefill = true;
+  std::string device = env_value("DEEPINFER_DEVICE");  // "auto", "cuda" or "cpu"
   std::string dtype = "bfloat16";  // "bfloat16": round activations where the reference does; "float32"
   bool simulate_qat = true;        // FP8/FP4 fake-quantisation sites
   bool async_scheduling = true;    // overlap output processing of step N-1 with the model of step N
@@ -33,6 +37,7 @@ struct EngineArgs {
 
   // Throws deepinfer::Error naming the field.
   ops::Numerics numerics() const;
+  Device resolved_device() const { return resolve_device(device); }
 };
 
 // max_position_embeddings (HF form) or max_seq_len (flat form) of `model_dir`/config.json; 0 when

@@ -1,13 +1,12 @@
 #include "engine/engine_core.h"
 
-#include "core/logging.h"
-
 #include <chrono>
 #include <filesystem>
 #include <unordered_map>
 
+#include "core/logging.h"
 #include "deepinfer/error.h"
-#include "engine/cpu_model_runner.h"
+#include "engine/local_model_runner.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "structured/structured.h"
@@ -34,9 +33,9 @@ EngineCore::EngineCore(const EngineArgs& args) {
   DI_CHECK(!args.model.empty(), "engine: no model directory given");
   const ops::Numerics numerics = args.numerics();
   const int64_t replay_keep = args.replay_keep_tokens();
-  std::unique_ptr<Model> model = Model::load(args.model);
+  std::unique_ptr<Model> model = Model::load(args.model, args.resolved_device());
   config_ = model->config();
-  runner_ = std::make_unique<CpuModelRunner>(std::move(model), numerics, replay_keep, args.kv_cache_memory);
+  runner_ = std::make_unique<LocalModelRunner>(std::move(model), numerics, replay_keep, args.kv_cache_memory);
   tokenizer_ = load_tokenizer(args);
   EngineArgs a = args;
   if (a.max_model_len == 0) a.max_model_len = read_max_position_embeddings(args.model);
@@ -99,7 +98,7 @@ void EngineCore::add_request(const std::string& request_id, std::vector<int32_t>
       }
       if (!so_vocab_) {
         so_vocab_ = structured::TokenVocab::from_tokenizer(*tokenizer_, config_.vocab_size,
-                                                          static_cast<int32_t>(config_.eos_token_id));
+                                                           static_cast<int32_t>(config_.eos_token_id));
         think_open_ = tokenizer_->token_to_id("<think>").value_or(-1);
         think_close_ = tokenizer_->token_to_id("</think>").value_or(-1);
       }
@@ -196,7 +195,8 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
 
 // A model step that throws leaves the states of its sequences half advanced: their requests end
 // with finish_reason "abort" and the error, their states are dropped, and every other request goes on.
-void EngineCore::fail_batch(const SchedulerOutput& so, const std::string& message, std::vector<RequestOutput>& outputs) {
+void EngineCore::fail_batch(const SchedulerOutput& so, const std::string& message,
+                            std::vector<RequestOutput>& outputs) {
   log_warn("engine: a model step failed; aborting the {} sequences it ran: {}", so.seqs.size(), message);
   std::vector<std::string> ids;
   for (const ScheduledSeq& s : so.seqs)

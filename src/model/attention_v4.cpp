@@ -41,31 +41,32 @@ Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor
   // The rows to pool, from the group boundary at or before start_pos: with overlap the previous
   // group first, then the state's pending rows of the open group, then the chunk's rows.
   const int64_t lead = overlap ? r : 0, cur = start_pos % r, rows = cur + T, G = rows / r;
-  Tensor kvb = Tensor::empty({lead + rows, width}, DType::kF32), scb = Tensor::empty({lead + rows, width}, DType::kF32);
-  const size_t rb = width * sizeof(float);
+  const Device dev = kv.device();
+  Tensor kvb = Tensor::empty({lead + rows, width}, DType::kF32, dev);
+  Tensor scb = Tensor::empty({lead + rows, width}, DType::kF32, dev);
   if (overlap) {
-    std::memcpy(kvb.data<float>(), st.prev_kv.data(), r * rb);
-    std::memcpy(scb.data<float>(), st.prev_score.data(), r * rb);
+    copy_tensor(kvb.slice(0, 0, r), st.prev_kv);
+    copy_tensor(scb.slice(0, 0, r), st.prev_score);
   }
-  std::memcpy(kvb.data<float>() + lead * width, st.cur_kv.data(), cur * rb);
-  std::memcpy(scb.data<float>() + lead * width, st.cur_score.data(), cur * rb);
-  std::memcpy(kvb.data<float>() + (lead + cur) * width, kv.data<float>(), T * rb);
-  std::memcpy(scb.data<float>() + (lead + cur) * width, score.data<float>(), T * rb);
-  Tensor lat = Tensor::empty({0, d}, DType::kF32);
+  copy_tensor(kvb.slice(0, lead, lead + cur), st.cur_kv.slice(0, 0, cur));
+  copy_tensor(scb.slice(0, lead, lead + cur), st.cur_score.slice(0, 0, cur));
+  copy_tensor(kvb.slice(0, lead + cur, lead + rows), kv);
+  copy_tensor(scb.slice(0, lead + cur, lead + rows), score);
+  Tensor lat = Tensor::empty({0, d}, DType::kF32, dev);
   if (G > 0) {
     lat = ops::compress_pool(kvb.slice(0, 0, lead + G * r), scb.slice(0, 0, lead + G * r), ape, r, d, overlap,
                              st.has_prev);
     for (int64_t g = 0; g < G; ++g) groups.push_back((start_pos - cur) / r + g);
     if (overlap) {  // the last complete group becomes the next one's previous group
-      std::memcpy(st.prev_kv.data(), kvb.data<float>() + (lead + (G - 1) * r) * width, r * rb);
-      std::memcpy(st.prev_score.data(), scb.data<float>() + (lead + (G - 1) * r) * width, r * rb);
+      copy_tensor(st.prev_kv, kvb.slice(0, lead + (G - 1) * r, lead + G * r));
+      copy_tensor(st.prev_score, scb.slice(0, lead + (G - 1) * r, lead + G * r));
       st.has_prev = true;
     }
   }
   // The open group's rows stay pending (scores without the position bias: compress_pool adds it).
   const int64_t left = rows - G * r;
-  std::memcpy(st.cur_kv.data(), kvb.data<float>() + (lead + G * r) * width, left * rb);
-  std::memcpy(st.cur_score.data(), scb.data<float>() + (lead + G * r) * width, left * rb);
+  copy_tensor(st.cur_kv.slice(0, 0, left), kvb.slice(0, lead + G * r, lead + rows));
+  copy_tensor(st.cur_score.slice(0, 0, left), scb.slice(0, lead + G * r, lead + rows));
   st.cur_count = left;
   return lat;
 }
@@ -86,14 +87,14 @@ std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Ten
   ops::hadamard(q, hd, bf);
   if (c.num.simulate_qat) ops::fake_quant_fp4(q, 32);
   Tensor wts = linear_bf16(x, w.weights_proj, c);  // [T, nh]
-  const float wscale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
-  float* wp = wts.data<float>();
-  for (int64_t i = 0; i < wts.numel(); ++i) wp[i] = bf ? round_bf16(wp[i] * wscale) : wp[i] * wscale;
+  const float wscale =
+      static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
+  ops::scale(wts, wscale, bf);
 
   // Scores of every visible index key (ops::index_scores), then the top min(index_topk, kcomp) of
   // each row in score order (kcomp <= index_topk).
   const Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, r}, bf);
-  const Tensor top = ops::topk_rows(scores, kcomp);
+  const Tensor top = ops::topk_rows(scores, kcomp).to(Device::kCPU);  // the index lists are built on the host
   std::vector<int32_t> picks(top.data<int32_t>(), top.data<int32_t>() + T * kcomp);
   if (c.trace) {
     const int64_t ktop = cfg.index_topk;
@@ -144,9 +145,7 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
       ops::apply_rope(keys, cfg.index_head_dim, rd, kpos.data(), rope, false, bf);
       ops::hadamard(keys, cfg.index_head_dim, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp4(keys, 32);
-      for (int64_t i = 0; i < keys.size(0); ++i)
-        std::memcpy(st.index_keys.append(), keys.data<float>() + i * cfg.index_head_dim,
-                    cfg.index_head_dim * sizeof(float));
+      st.index_keys.append_rows(keys);
     }
   }
   const int64_t ratio = w.has_compressor ? w.compressor.ratio : 0;
@@ -158,19 +157,14 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
       for (size_t i = 0; i < groups.size(); ++i) gpos[i] = groups[i] * ratio;
       ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp8(lat, 0, D - rd, 64);
-      for (int64_t i = 0; i < lat.size(0); ++i) std::memcpy(st.compressed.append(), lat.data<float>() + i * D, D * sizeof(float));
+      st.compressed.append_rows(lat);
     }
   }
 
   // The KV table: window rows for positions wstart..start_pos+T-1, then every compressed entry.
   const int64_t wstart = std::max<int64_t>(0, start_pos - W + 1);
   const int64_t nwin = start_pos + T - wstart, ncomp = w.has_compressor ? st.compressed.rows() : 0;
-  Tensor table = Tensor::empty({nwin + ncomp, D}, DType::kF32);
-  for (int64_t p = wstart; p < start_pos + T; ++p) {
-    const float* src = p < start_pos ? st.window.slot(p) : kv.data<float>() + (p - start_pos) * D;
-    std::memcpy(table.data<float>() + (p - wstart) * D, src, D * sizeof(float));
-  }
-  for (int64_t j = 0; j < ncomp; ++j) std::memcpy(table.data<float>() + (nwin + j) * D, st.compressed.row(j), D * sizeof(float));
+  const Tensor table = kv_table(st.window, kv, wstart, start_pos, w.has_compressor ? &st.compressed : nullptr);
 
   // Index lists: W window slots (oldest first, -1 padded) then the compressed picks.
   const int64_t kcomp = ratio == 4 ? std::min(cfg.index_topk, ncomp) : ncomp;
@@ -186,8 +180,10 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
     const int64_t visible = ratio > 0 ? (p + 1) / ratio : 0;
     for (int64_t k = 0; k < kcomp; ++k) {
       int32_t j = -1;
-      if (ratio == 4) j = picks[t * kcomp + k];
-      else if (k < visible) j = static_cast<int32_t>(k);
+      if (ratio == 4)
+        j = picks[t * kcomp + k];
+      else if (k < visible)
+        j = static_cast<int32_t>(k);
       row[W + k] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
     }
   }
@@ -198,8 +194,8 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
     for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(idx.data<int32_t>()[i]);
     dump("idx", c.layer, fi);
   }
-  return attend_and_project(q, table, idx, kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b, positions.data(), rope,
-                            c);
+  return attend_and_project(q, table, idx.to(x.device()), kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b,
+                            positions.data(), rope, c);
 }
 
 }  // namespace deepinfer

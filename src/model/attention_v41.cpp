@@ -31,7 +31,8 @@ Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const 
   }
   // Ratio 2: FP32 projections; each complete pair is pooled per channel by a softmax over its gates.
   Tensor kv = linear_f32(x, w.wkv), score = linear_f32(x, w.wgate);
-  DI_CHECK(st.ratio == r && st.width == D, "compressor: state [{}, {}] for ratio {} and width {}", st.ratio, st.width, r, D);
+  DI_CHECK(st.ratio == r && st.width == D, "compressor: state [{}, {}] for ratio {} and width {}", st.ratio, st.width,
+           r, D);
   Tensor lat = compressor_pool_chunk(st, kv, score, Tensor(), D, false, start_pos, groups);
   if (lat.size(0) == 0) return lat;
   ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
@@ -63,19 +64,18 @@ void select_candidate_blocks(const float* score, int64_t width, int64_t visible,
 // visibility (and the candidate mask on layers after the candidate source), keeps the top
 // k = min(index_topk, keys) by (score desc, index asc) and publishes them ascending.
 void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, const RowPages& keys,
-                 const std::vector<int64_t>& positions, int64_t ratio, SharedAttnV41& shared, const ops::RopeFreqs& rope,
-                 const LayerCtx& c) {
+                 const std::vector<int64_t>& positions, int64_t ratio, SharedAttnV41& shared,
+                 const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = x.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, n = keys.rows();
   const bool bf = c.num.bf16;
-  auto rd = [&](float v) { return bf ? round_bf16(v) : v; };
   Tensor q = linear_q(qr, w.wq_b, c);  // [T, nh*hd]
   ops::apply_rope(q, hd, cfg.rope_head_dim, positions.data(), rope, false, bf);
   if (c.num.simulate_qat) ops::fake_quant_fp4(q, 32);
   Tensor wts = linear_bf16(x, w.weights_proj, c);  // [T, nh]
-  const float wscale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
-  float* wp = wts.data<float>();
-  for (int64_t i = 0; i < wts.numel(); ++i) wp[i] = rd(wp[i] * wscale);
+  const float wscale =
+      static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
+  ops::scale(wts, wscale, bf);
 
   const bool source = c.layer == cfg.candidate_source_layer;
   const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
@@ -94,8 +94,10 @@ void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, 
     trace_picks.assign(T * cfg.index_topk, -1);
     if (source) trace_cand.assign(T * cfg.candidate_topk_blocks, -1);
   }
-  // Scores of every visible key (ops::index_scores: -inf past a row's visible count).
-  Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), positions[0], ratio}, bf);
+  // Scores of every visible key (ops::index_scores: -inf past a row's visible count); the candidate
+  // blocks and the top-k lists are then picked on the host.
+  Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), positions[0], ratio}, bf)
+                      .to(Device::kCPU);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t visible = (positions[t] + 1) / ratio;
@@ -173,8 +175,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
         Tensor k = ops::rms_norm(linear_bf16(lat, w.indexer.wk, c), w.indexer.k_norm, cfg.norm_eps, bf);
         ops::apply_rope(k, cfg.index_head_dim, rd, gpos.data(), rope, false, bf);
         if (c.num.simulate_qat) ops::fake_quant_fp4(k, 32);
-        for (int64_t i = 0; i < k.size(0); ++i)
-          std::memcpy(st.index_keys.append(), k.data<float>() + i * cfg.index_head_dim, cfg.index_head_dim * sizeof(float));
+        st.index_keys.append_rows(k);
       }
     }
     DI_CHECK(src.index_keys.rows() == n_comp, "layer {}: kv source {} holds {} index keys, expected {}", c.layer,
@@ -190,7 +191,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
     if (w.kv_source && !gpos.empty()) {
       ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp4_e4m3_scale(lat, 16);
-      for (int64_t i = 0; i < lat.size(0); ++i) std::memcpy(st.compressed.append(), lat.data<float>() + i * D, D * sizeof(float));
+      st.compressed.append_rows(lat);
     }
     DI_CHECK(src.compressed.rows() == n_comp, "layer {}: kv source holds {} compressed entries, expected {}", c.layer,
              src.compressed.rows(), n_comp);
@@ -205,12 +206,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
            start_pos);
   const int64_t wstart = std::max<int64_t>({0, start_pos - W + 1, window_floor});
   const int64_t nwin = start_pos + T - wstart;
-  Tensor table = Tensor::empty({nwin + n_comp, D}, DType::kF32);
-  for (int64_t p = wstart; p < start_pos + T; ++p) {
-    const float* srow = p < start_pos ? st.window.slot(p) : kv.data<float>() + (p - start_pos) * D;
-    std::memcpy(table.data<float>() + (p - wstart) * D, srow, D * sizeof(float));
-  }
-  for (int64_t j = 0; j < n_comp; ++j) std::memcpy(table.data<float>() + (nwin + j) * D, src->compressed.row(j), D * sizeof(float));
+  const Tensor table = kv_table(st.window, kv, wstart, start_pos, src ? &src->compressed : nullptr);
 
   const int64_t wcols = start_pos == 0 ? std::min(T, W) : W;
   Tensor idx = Tensor::empty({T, wcols + k}, DType::kI32);
@@ -224,8 +220,8 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
       row[wcols + i] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
     }
   }
-  return attend_and_project(q, table, idx, kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b, positions.data(), rope,
-                            c);
+  return attend_and_project(q, table, idx.to(x.device()), kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b,
+                            positions.data(), rope, c);
 }
 
 }  // namespace deepinfer

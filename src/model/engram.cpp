@@ -47,6 +47,10 @@ float weight_at(const Tensor& t, int64_t i) {
 
 Tensor engram_forward(const EngramWeights& w, const Tensor& stream, const std::vector<int64_t>& rows, int64_t n_cols,
                       const LayerCtx& c) {
+  // The tables and projections stay on the host (Model::load does not move them): a device stream
+  // makes the round trip.
+  if (stream.device() != Device::kCPU)
+    return engram_forward(w, stream.to(Device::kCPU), rows, n_cols, c).to(stream.device());
   const ModelConfig& cfg = c.cfg;
   const int64_t T = stream.size(0), hc = cfg.hc_mult, dim = cfg.dim;
   Tensor e = gather_rows(w, rows, n_cols);

@@ -36,20 +36,26 @@ Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& id
 // projections (score without the position bias); the state's pending rows and, with overlap, the
 // previous group complete them. Pools every group the chunk completes (ops::compress_pool, `ape` the
 // V4 position bias or undefined), appends their group ids, updates the state (pending rows and
-// previous group, host-side) and returns the pooled latents [G, d] before the bf16 rounding and norm.
+// previous group, on the state's device) and returns the pooled latents [G, d] before the bf16 rounding and norm.
 Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t d,
                              bool overlap, int64_t start_pos, std::vector<int64_t>& groups);
 
-// The rows of a paged store as one contiguous float32 tensor [rows, width] (the index keys the
-// indexer scores with ops::index_scores).
+// The rows of a paged store as one contiguous float32 tensor [rows, width] on the store's device
+// (the index keys the indexer scores with ops::index_scores).
 Tensor pages_tensor(const RowPages& pages);
-// Host ids as an int32 CPU tensor [n] (token ids, row lists for ops::embedding / gather_rows).
+// Host ids as an int32 tensor [n] on `device` (token ids, row lists for ops::embedding / gather_rows).
 template <typename I>
-Tensor ids_tensor(const std::vector<I>& ids) {
+Tensor ids_tensor(const std::vector<I>& ids, Device device = Device::kCPU) {
   Tensor t = Tensor::empty({static_cast<int64_t>(ids.size())}, DType::kI32);
   for (size_t i = 0; i < ids.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(ids[i]);
-  return t;
+  return t.to(device);
 }
+
+// The KV table of one layer's attention (both families): the window rows of positions
+// [wstart, start_pos) from the ring, the chunk's own rows kv [T, D], then the compressed entries;
+// float32 [start_pos + T - wstart + compressed.rows(), D] on kv's device.
+Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos,
+                const RowPages* compressed);
 
 // MoE of one layer (both families, §2.8). tokens are the chunk's ids (V4 hash routing). Returns [T, dim].
 Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);

@@ -18,11 +18,20 @@ Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
 
 Tensor pages_tensor(const RowPages& pages) {
-  const int64_t n = pages.rows(), w = pages.width();
-  Tensor t = Tensor::empty({n, w}, DType::kF32);
-  for (int64_t r = 0; r < n; r += RowPages::kRowsPerPage)
-    std::memcpy(t.data<float>() + r * w, pages.row(r), std::min(RowPages::kRowsPerPage, n - r) * w * sizeof(float));
+  Tensor t = Tensor::empty({pages.rows(), pages.width()}, DType::kF32, pages.device());
+  pages.copy_to(t);
   return t;
+}
+
+Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos,
+                const RowPages* compressed) {
+  const int64_t T = kv.size(0), D = kv.size(1), nwin = start_pos + T - wstart;
+  const int64_t ncomp = compressed ? compressed->rows() : 0;
+  Tensor table = Tensor::empty({nwin + ncomp, D}, DType::kF32, kv.device());
+  ring.read(wstart, start_pos, table);
+  copy_tensor(table.slice(0, start_pos - wstart, nwin), kv);
+  if (ncomp > 0) compressed->copy_to(table.slice(0, nwin, nwin + ncomp));
+  return table;
 }
 
 Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
@@ -34,21 +43,20 @@ Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& id
   Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf)
                  .view({T, H * D});
   // Slide the window ring forward over this chunk.
-  for (int64_t p = std::max(start_pos, start_pos + T - W); p < start_pos + T; ++p)
-    std::memcpy(ring.slot(p), kv.data<float>() + (p - start_pos) * D, D * sizeof(float));
+  const int64_t p0 = std::max(start_pos, start_pos + T - W);
+  ring.write(p0, start_pos + T, kv.slice(0, p0 - start_pos, T));
   dump("o", c.layer, o);
   ops::apply_rope(o, D, cfg.rope_head_dim, positions, rope, true, bf);
   dump("o_derot", c.layer, o);
   // wo_a is block-diagonal over groups: group g projects only its own heads' outputs.
   const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
-  Tensor z = Tensor::empty({T, G * R}, DType::kF32);
+  Tensor z = Tensor::empty({T, G * R}, DType::kF32, o.device());
   for (int64_t g = 0; g < G; ++g) {
     Tensor og = o.view({T, G, gin}).select(1, g).contiguous();
     ops::QWeight wg = wo_a;
     wg.w = wo_a.w.slice(0, g * R, (g + 1) * R);
     if (wo_a.scale.defined()) wg.scale = wo_a.scale.slice(0, g * R / wo_a.block, (g + 1) * R / wo_a.block);
-    Tensor zg = linear_bf16(og, wg, c);
-    for (int64_t t = 0; t < T; ++t) std::memcpy(z.data<float>() + t * G * R + g * R, zg.data<float>() + t * R, R * sizeof(float));
+    copy_tensor(z.view({T, G, R}).select(1, g), linear_bf16(og, wg, c));
   }
   dump("z", c.layer, z);
   return linear_q(z, wo_b, c);

@@ -6,17 +6,20 @@
 
 #include "cpu/threads.h"
 #include "deepinfer/error.h"
+#include "model/layers_v4.h"
 
 namespace deepinfer {
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+std::unique_ptr<Model> Model::load(const std::string& dir, Device device) {
   const ModelConfig cfg = load_model_config(dir);
-  if (cfg.family == ModelFamily::kV41) return ModelV41::load(dir, cfg);
-  return ModelV4::load(dir, cfg);
+  if (cfg.family == ModelFamily::kV41) return ModelV41::load(dir, cfg, device);
+  return ModelV4::load(dir, cfg, device);
 }
 
-void Model::open(const std::string& dir, const ModelConfig& cfg) {
+void Model::open(const std::string& dir, const ModelConfig& cfg, Device device) {
   cpu::configure_threads();
+  ops::init_device(device);
+  device_ = device;
   cfg_ = cfg;
   DI_CHECK(!cfg.weights_fp8 || cfg.o_lora_rank % cfg.fp8_block == 0,
            "{}: o_lora_rank {} must be a multiple of the FP8 block {} (wo_a is split per group)", cfg.source,
@@ -75,9 +78,7 @@ std::vector<int64_t> Model::wanted_rows(const std::vector<SeqChunk>& batch, cons
 }
 
 Tensor Model::embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const {
-  Tensor ids = Tensor::empty({static_cast<int64_t>(tokens.size())}, DType::kI32);
-  std::copy(tokens.begin(), tokens.end(), ids.data<int32_t>());
-  return ops::embedding(embed, ids, cfg_.hc_mult);  // [T, hc, dim]: hc identical copies
+  return ops::embedding(embed, ids_tensor(tokens, device_), cfg_.hc_mult);  // [T, hc, dim]: hc identical copies
 }
 
 }  // namespace deepinfer

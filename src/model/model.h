@@ -9,8 +9,8 @@
 
 #include "deepinfer/model_config.h"
 #include "io/checkpoint.h"
-#include "model/state.h"
 #include "model/engram_hash.h"
+#include "model/state.h"
 #include "model/weights.h"
 #include "ops/ops.h"
 
@@ -28,8 +28,8 @@ struct Trace {
 
 struct ForwardOptions {
   ops::Numerics numerics;
-  bool all_logits = true;   // logits for every token, or only the last
-  Trace* trace = nullptr;   // optional
+  bool all_logits = true;  // logits for every token, or only the last
+  Trace* trace = nullptr;  // optional
 };
 
 // One sequence's part of a batched forward: its next tokens (a prefill chunk or one decode token)
@@ -37,8 +37,8 @@ struct ForwardOptions {
 struct SeqChunk {
   SequenceState* state = nullptr;
   std::vector<int32_t> tokens;
-  bool want_logits = true;   // the logits of the chunk's last token
-  bool all_logits = false;   // ... or of every token of the chunk (prompt logprobs, verification)
+  bool want_logits = true;  // the logits of the chunk's last token
+  bool all_logits = false;  // ... or of every token of the chunk (prompt logprobs, verification)
   // V4.1 SWA bounded replay (§5): positions below this skip the decoder layers (those after the
   // last kv source); their window attention starts here. 0: exact full prefill. Rows whose logits
   // are wanted must not be skipped.
@@ -52,17 +52,20 @@ class Model {
   virtual ~Model() = default;
   // Loads config.json and the checkpoint in `dir` and builds the model of its family (V4 or V4.1);
   // throws deepinfer::Error on any mismatch.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // device: where the weights, the activations and the sequences' state live (kCUDA uploads the
+  // weights, except the Engram tables and projections, which stay on the host).
+  static std::unique_ptr<Model> load(const std::string& dir, Device device = Device::kCPU);
 
   const ModelConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
   std::unique_ptr<SequenceState> new_sequence(const StatePools& pools = {}) const {
-    return std::make_unique<SequenceState>(cfg_, pools);
+    return std::make_unique<SequenceState>(cfg_, pools, device_);
   }
-  // Returns float32 logits [T or 1, vocab].
+  // Returns float32 logits [T or 1, vocab] on the host.
   Tensor forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const;
   // Several sequences in one forward: their tokens are stacked into one batch for every GEMM and
   // per-token op; attention runs per sequence on its own state. Returns the wanted logits rows,
-  // sequence by sequence in batch order, [rows, vocab]. With the batch-invariant kernels (the
+  // sequence by sequence in batch order, [rows, vocab] on the host. With the batch-invariant kernels (the
   // default) every row equals what the sequence would get alone. opts.all_logits is ignored
   // (each chunk says what it wants); opts.trace records the stacked rows.
   virtual Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const = 0;
@@ -76,17 +79,18 @@ class Model {
   Tensor embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const;
 
   ModelConfig cfg_;
-  Checkpoint ckpt_;  // owns the mappings the weights borrow
+  Device device_ = Device::kCPU;
+  Checkpoint ckpt_;                   // owns the mappings the weights borrow
   std::vector<ops::RopeFreqs> rope_;  // per layer
   // What every family's load does first: threads, the config checks the forward relies on, the
   // checkpoint mapping and the RoPE tables (the weights are bound by the family).
-  void open(const std::string& dir, const ModelConfig& cfg);
+  void open(const std::string& dir, const ModelConfig& cfg, Device device);
   void init_rope();
 };
 
 class ModelV4 final : public Model {
  public:
-  static std::unique_ptr<ModelV4> load(const std::string& dir, const ModelConfig& cfg);
+  static std::unique_ptr<ModelV4> load(const std::string& dir, const ModelConfig& cfg, Device device);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
 
  private:
@@ -95,7 +99,7 @@ class ModelV4 final : public Model {
 
 class ModelV41 final : public Model {
  public:
-  static std::unique_ptr<ModelV41> load(const std::string& dir, const ModelConfig& cfg);
+  static std::unique_ptr<ModelV41> load(const std::string& dir, const ModelConfig& cfg, Device device);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
 
  private:

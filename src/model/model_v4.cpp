@@ -9,11 +9,12 @@
 
 namespace deepinfer {
 
-std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir, const ModelConfig& cfg) {
+std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir, const ModelConfig& cfg, Device device) {
   DI_CHECK(cfg.family == ModelFamily::kV4, "{}: not a DeepSeek-V4 config", cfg.source);
   auto m = std::unique_ptr<ModelV4>(new ModelV4());
-  m->open(dir, cfg);
+  m->open(dir, cfg, device);
   m->w_ = load_weights_v4(m->ckpt_, cfg);
+  move_weights(m->w_, device);
   return m;
 }
 
@@ -33,11 +34,11 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
                                    cfg.hc_eps, cfg.norm_eps);
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
-    Tensor y = Tensor::empty({T, dim}, DType::kF32);
+    Tensor y = Tensor::empty({T, dim}, DType::kF32, device_);
     for (size_t b = 0; b < batch.size(); ++b) {  // attention reads and writes each sequence's own state
       Tensor xb = x.slice(0, offset[b], offset[b + 1]);
       Tensor yb = attention_v4(L.attn, xb, batch[b].state->num_tokens, batch[b].state->layers[l], rope_[l], ctx);
-      std::memcpy(y.data<float>() + offset[b] * dim, yb.data<float>(), yb.numel() * sizeof(float));
+      copy_tensor(y.slice(0, offset[b], offset[b + 1]), yb);
     }
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
@@ -57,10 +58,10 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   const std::vector<int64_t> rows = wanted_rows(batch, offset);
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
-  const Tensor picked = ops::gather_rows(stream, ids_tensor(rows));
+  const Tensor picked = ops::gather_rows(stream, ids_tensor(rows, device_));
   Tensor h = ops::hc_head(picked, w_.hc_head_fn, w_.hc_head_scale, w_.hc_head_base, cfg.hc_eps, cfg.norm_eps, num.bf16);
   h = ops::rms_norm(h, w_.norm, cfg.norm_eps, num.bf16);
-  return linear_f32(h, ops::QWeight{w_.head, {}, 0});
+  return linear_f32(h, ops::QWeight{w_.head, {}, 0}).to(Device::kCPU);
 }
 
 }  // namespace deepinfer

@@ -38,7 +38,7 @@ void compact_rows(const std::vector<int64_t>& drop, std::vector<int64_t>& offset
     rows.swap(kept);
   }
   for (int64_t i = 0; i < R; ++i) tk[i] = tokens[keep[i]];
-  const Tensor rows = ids_tensor(keep);
+  const Tensor rows = ids_tensor(keep, stream.device());
   stream = ops::gather_rows(stream, rows);
   pre = ops::gather_rows(pre, rows);
   tokens.swap(tk);
@@ -47,11 +47,12 @@ void compact_rows(const std::vector<int64_t>& drop, std::vector<int64_t>& offset
 
 }  // namespace
 
-std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir, const ModelConfig& cfg) {
+std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir, const ModelConfig& cfg, Device device) {
   DI_CHECK(cfg.family == ModelFamily::kV41, "{}: not a DeepSeek-V4.1 config", cfg.source);
   auto m = std::unique_ptr<ModelV41>(new ModelV41());
-  m->open(dir, cfg);
+  m->open(dir, cfg, device);
   m->w_ = load_weights_v41(m->ckpt_, cfg);
+  move_weights(m->w_, device);
   m->engram_ = EngramHash::load(dir, cfg);
   return m;
 }
@@ -104,6 +105,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   // The incoming pre-mix of layer 0 selects copy 0.
   Tensor pre = Tensor::zeros({T, hc}, DType::kF32);
   for (int64_t t = 0; t < T; ++t) pre.data<float>()[t * hc] = 1.0f;
+  pre = pre.to(device_);
   std::vector<SharedAttnV41> shared(B);
 
   std::vector<int32_t> layer_tokens = tokens;
@@ -133,13 +135,13 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
     force("attn_in", l, x);
-    Tensor y = Tensor::empty({T, dim}, DType::kF32);
-    for (size_t b = 0; b < B; ++b) {  // attention reads and writes each sequence's own state
+    Tensor y = Tensor::empty({T, dim}, DType::kF32, device_);
+    for (size_t b = 0; b < B; ++b) {             // attention reads and writes each sequence's own state
       if (offset[b + 1] == offset[b]) continue;  // every row of this chunk skipped (bounded replay)
       Tensor xb = x.slice(0, offset[b], offset[b + 1]);
       const int64_t floor = l > last_source ? batch[b].state->replay_floor : 0;
       Tensor yb = attention_v41(L.attn, xb, start[b], floor, *batch[b].state, shared[b], rope_[l], ctx);
-      std::memcpy(y.data<float>() + offset[b] * dim, yb.data<float>(), yb.numel() * sizeof(float));
+      copy_tensor(y.slice(0, offset[b], offset[b + 1]), yb);
     }
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, attn_mix.post, attn_mix.comb, num.bf16);
@@ -166,10 +168,10 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   const std::vector<int64_t> rows = wanted_rows(batch, offset);
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
-  const Tensor row_ids = ids_tensor(rows);
+  const Tensor row_ids = ids_tensor(rows, device_);
   const Tensor picked = ops::gather_rows(stream, row_ids), picked_pre = ops::gather_rows(pre, row_ids);
   Tensor h = ops::rms_norm(ops::hc_collapse(picked, picked_pre, num.bf16), w_.norm, cfg.norm_eps, num.bf16);
-  return linear_f32(h, ops::QWeight{w_.head, {}, 0});
+  return linear_f32(h, ops::QWeight{w_.head, {}, 0}).to(Device::kCPU);
 }
 
 }  // namespace deepinfer

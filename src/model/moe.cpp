@@ -35,10 +35,11 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tok
   ro.norm_eps = fam.moe_norm_eps;
   ro.route_scale = cfg.route_scale;
   const bool hash = w.tid2eid.defined();
-  const ops::Routing routing = hash ? ops::moe_route(logits, Tensor(), w.tid2eid, ids_tensor(tokens), K, ro)
+  const ops::Routing routing = hash ? ops::moe_route(logits, Tensor(), w.tid2eid, ids_tensor(tokens, x.device()), K, ro)
                                     : ops::moe_route(logits, w.gate_bias, Tensor(), Tensor(), K, ro);
   if (c.trace) {
-    const int32_t* idx = routing.ids.data<int32_t>();
+    const Tensor ids = routing.ids.to(Device::kCPU);
+    const int32_t* idx = ids.data<int32_t>();
     auto& rec = c.trace->experts[c.layer];
     for (int64_t t = 0; t < T; ++t) {
       std::vector<int32_t> row(idx + t * K, idx + (t + 1) * K);

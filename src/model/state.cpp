@@ -7,7 +7,8 @@
 
 namespace deepinfer {
 
-PagePool::PagePool(int64_t page_floats, int64_t capacity) : page_floats_(page_floats), capacity_(capacity) {
+PagePool::PagePool(int64_t page_floats, int64_t capacity, Device device)
+    : page_floats_(page_floats), capacity_(capacity), device_(device) {
   DI_CHECK(page_floats > 0 && capacity >= 0, "page pool: bad page size {} or capacity {}", page_floats, capacity);
 }
 
@@ -21,8 +22,8 @@ float* PagePool::acquire() {
   DI_CHECK(static_cast<int64_t>(pages_.size()) < capacity_,
            "state pool exhausted: all {} pages of {} floats are in use (the KV budget accounting let too much in)",
            capacity_, page_floats_);
-  pages_.push_back(std::make_unique<float[]>(page_floats_));
-  return pages_.back().get();
+  pages_.push_back(Tensor::empty({page_floats_}, DType::kF32, device_));
+  return pages_.back().data<float>();
 }
 
 void PagePool::release(float* page) {
@@ -40,13 +41,20 @@ int64_t PagePool::allocated() const {
   return static_cast<int64_t>(pages_.size());
 }
 
-RowPages::RowPages(int64_t width, std::shared_ptr<PagePool> pool) : width_(width), pool_(std::move(pool)) {
-  DI_CHECK(!pool_ || pool_->page_floats() == kRowsPerPage * width_, "row pages of width {} from a pool of {}-float pages",
-           width_, pool_ ? pool_->page_floats() : 0);
+RowPages::RowPages(int64_t width, std::shared_ptr<PagePool> pool, Device device)
+    : width_(width), pool_(std::move(pool)), device_(pool_ ? pool_->device() : device) {
+  DI_CHECK(!pool_ || pool_->page_floats() == kRowsPerPage * width_,
+           "row pages of width {} from a pool of {}-float pages", width_, pool_ ? pool_->page_floats() : 0);
+  DI_CHECK(device_ == device, "row pages on {} from a pool on {}", device_name(device), device_name(device_));
 }
 RowPages::~RowPages() { clear(); }
 RowPages::RowPages(RowPages&& o) noexcept
-    : width_(o.width_), rows_(o.rows_), pool_(std::move(o.pool_)), pages_(std::move(o.pages_)), own_(std::move(o.own_)) {
+    : width_(o.width_),
+      rows_(o.rows_),
+      pool_(std::move(o.pool_)),
+      device_(o.device_),
+      pages_(std::move(o.pages_)),
+      own_(std::move(o.own_)) {
   o.rows_ = 0;
   o.pages_.clear();
 }
@@ -56,6 +64,7 @@ RowPages& RowPages::operator=(RowPages&& o) noexcept {
     width_ = o.width_;
     rows_ = std::exchange(o.rows_, 0);
     pool_ = std::move(o.pool_);
+    device_ = o.device_;
     pages_ = std::move(o.pages_);
     own_ = std::move(o.own_);
     o.pages_.clear();
@@ -75,28 +84,78 @@ float* RowPages::append() {
     if (pool_) {
       pages_.push_back(pool_->acquire());
     } else {
-      own_.push_back(std::make_unique<float[]>(kRowsPerPage * width_));
-      pages_.push_back(own_.back().get());
+      own_.push_back(Tensor::empty({kRowsPerPage * width_}, DType::kF32, device_));
+      pages_.push_back(own_.back().data<float>());
     }
   }
   return row(rows_++);
 }
 
-WindowRing::WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> pool)
-    : window_(window), width_(width), pool_(std::move(pool)) {
+void RowPages::append_rows(const Tensor& src) {
+  const int64_t n = src.dim() == 2 ? src.size(0) : 0;
+  DI_CHECK(src.dim() == 2 && src.size(1) == width_ && src.dtype() == DType::kF32 && src.is_contiguous(),
+           "row pages of width {}: cannot append {}", width_, src.describe());
+  const size_t rb = width_ * sizeof(float);
+  for (int64_t i = 0; i < n;) {
+    float* dst = append();  // the first row of a run that stays inside one page
+    const int64_t run = std::min(n - i, kRowsPerPage - (rows_ - 1) % kRowsPerPage);
+    for (int64_t k = 1; k < run; ++k) append();
+    copy_bytes(dst, device_, src.data<float>() + i * width_, src.device(), run * rb);
+    i += run;
+  }
+}
+
+void RowPages::copy_to(const Tensor& dst) const {
+  DI_CHECK(dst.dim() == 2 && dst.size(0) == rows_ && dst.size(1) == width_ && dst.dtype() == DType::kF32 &&
+               dst.is_contiguous(),
+           "row pages [{}, {}]: cannot copy into {}", rows_, width_, dst.describe());
+  for (int64_t r = 0; r < rows_; r += kRowsPerPage)
+    copy_bytes(dst.data<float>() + r * width_, dst.device(), row(r), device_,
+               std::min(kRowsPerPage, rows_ - r) * width_ * sizeof(float));
+}
+
+WindowRing::WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> pool, Device device)
+    : window_(window), width_(width), pool_(std::move(pool)), device_(pool_ ? pool_->device() : device) {
+  DI_CHECK(device_ == device, "window ring on {} from a pool on {}", device_name(device), device_name(device_));
   if (pool_) {
     DI_CHECK(pool_->page_floats() == window * width, "window ring of {}x{} from a pool of {}-float pages", window,
              width, pool_->page_floats());
     data_ = pool_->acquire();
   } else {
-    own_ = std::make_unique<float[]>(window * width);
-    data_ = own_.get();
+    own_ = Tensor::empty({window * width}, DType::kF32, device_);
+    data_ = own_.data<float>();
   }
-  std::fill(data_, data_ + window * width, 0.0f);
+  zero_bytes(data_, device_, window * width * sizeof(float));
+}
+
+void WindowRing::read(int64_t p0, int64_t p1, const Tensor& dst) const {
+  DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && dst.dtype() == DType::kF32 && dst.is_contiguous() &&
+               dst.numel() >= (p1 - p0) * width_,
+           "window ring: cannot read positions [{}, {}) into {}", p0, p1, dst.describe());
+  for (int64_t p = p0; p < p1;) {
+    const int64_t run = std::min(p1 - p, window_ - p % window_);  // up to the ring's end
+    copy_bytes(dst.data<float>() + (p - p0) * width_, dst.device(), slot(p), device_, run * width_ * sizeof(float));
+    p += run;
+  }
+}
+
+void WindowRing::write(int64_t p0, int64_t p1, const Tensor& src) {
+  DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && src.dtype() == DType::kF32 && src.is_contiguous() &&
+               src.numel() >= (p1 - p0) * width_,
+           "window ring: cannot write positions [{}, {}) from {}", p0, p1, src.describe());
+  for (int64_t p = p0; p < p1;) {
+    const int64_t run = std::min(p1 - p, window_ - p % window_);
+    copy_bytes(slot(p), device_, src.data<float>() + (p - p0) * width_, src.device(), run * width_ * sizeof(float));
+    p += run;
+  }
 }
 WindowRing::~WindowRing() { clear(); }
 WindowRing::WindowRing(WindowRing&& o) noexcept
-    : window_(o.window_), width_(o.width_), pool_(std::move(o.pool_)), data_(std::exchange(o.data_, nullptr)),
+    : window_(o.window_),
+      width_(o.width_),
+      pool_(std::move(o.pool_)),
+      device_(o.device_),
+      data_(std::exchange(o.data_, nullptr)),
       own_(std::move(o.own_)) {}
 WindowRing& WindowRing::operator=(WindowRing&& o) noexcept {
   if (this != &o) {
@@ -104,6 +163,7 @@ WindowRing& WindowRing::operator=(WindowRing&& o) noexcept {
     window_ = o.window_;
     width_ = o.width_;
     pool_ = std::move(o.pool_);
+    device_ = o.device_;
     data_ = std::exchange(o.data_, nullptr);
     own_ = std::move(o.own_);
   }
@@ -112,35 +172,35 @@ WindowRing& WindowRing::operator=(WindowRing&& o) noexcept {
 void WindowRing::clear() {
   if (pool_ && data_) pool_->release(data_);
   data_ = nullptr;
-  own_.reset();
+  own_ = Tensor();
 }
 
-SequenceState::SequenceState(const ModelConfig& cfg, const StatePools& pools) {
+SequenceState::SequenceState(const ModelConfig& cfg, const StatePools& pools, Device device) {
   layers.resize(cfg.n_layers);
   if (cfg.family == ModelFamily::kV41) {
     // V4.1: every layer has its window ring; only kv sources hold compressed KV, index keys and
     // (ratio 2) the open pair of the compressor.
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       LayerState& s = layers[l];
-      s.window = WindowRing(cfg.window_size, cfg.head_dim, pools.window);
+      s.window = WindowRing(cfg.window_size, cfg.head_dim, pools.window, device);
       if (!cfg.is_kv_source(l)) continue;
-      s.compressed = RowPages(cfg.head_dim, pools.compressed);
-      s.index_keys = RowPages(cfg.index_head_dim, pools.index_keys);
-      if (cfg.compress_ratio(l) > 1) s.compressor.init(cfg.compress_ratio(l), cfg.head_dim);
+      s.compressed = RowPages(cfg.head_dim, pools.compressed, device);
+      s.index_keys = RowPages(cfg.index_head_dim, pools.index_keys, device);
+      if (cfg.compress_ratio(l) > 1) s.compressor.init(cfg.compress_ratio(l), cfg.head_dim, device);
     }
     return;
   }
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     LayerState& s = layers[l];
-    s.window = WindowRing(cfg.window_size, cfg.head_dim, pools.window);
+    s.window = WindowRing(cfg.window_size, cfg.head_dim, pools.window, device);
     const int64_t r = cfg.compress_ratio(l);
     if (r > 0) {
       const int64_t c = r == 4 ? 2 : 1;
-      s.compressed = RowPages(cfg.head_dim, pools.compressed);
-      s.compressor.init(r, c * cfg.head_dim);
+      s.compressed = RowPages(cfg.head_dim, pools.compressed, device);
+      s.compressor.init(r, c * cfg.head_dim, device);
       if (r == 4) {
-        s.index_keys = RowPages(cfg.index_head_dim, pools.index_keys);
-        s.index_compressor.init(r, c * cfg.index_head_dim);
+        s.index_keys = RowPages(cfg.index_head_dim, pools.index_keys, device);
+        s.index_compressor.init(r, c * cfg.index_head_dim, device);
       }
     }
   }

@@ -1,6 +1,8 @@
 // Per-sequence decode state of the V4 and V4.1 families (docs/v4-architecture.md §2.7), kept in fixed-size
 // pages per kind (window rows, compressed entries, index keys) so a KV-cache manager can page
-// each pool on its own. Values are the already fake-quantised latents, as float32.
+// each pool on its own. Values are the already fake-quantised latents, as float32. Everything lives
+// on the model's device (host memory or HBM): the pointers handed out are that device's, and the
+// model moves rows with copy_bytes().
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "deepinfer/model_config.h"
+#include "deepinfer/tensor.h"
 
 namespace deepinfer {
 
@@ -19,18 +22,20 @@ namespace deepinfer {
 // instead of growing past the budget.
 class PagePool {
  public:
-  PagePool(int64_t page_floats, int64_t capacity);
+  PagePool(int64_t page_floats, int64_t capacity, Device device = Device::kCPU);
   float* acquire();
   void release(float* page);
   int64_t page_floats() const { return page_floats_; }
   int64_t capacity() const { return capacity_; }
   int64_t in_use() const;
   int64_t allocated() const;  // pages ever allocated (the pool's footprint)
+  Device device() const { return device_; }
 
  private:
   int64_t page_floats_, capacity_;
+  Device device_;
   mutable std::mutex mu_;  // the model may run on the engine's worker thread
-  std::vector<std::unique_ptr<float[]>> pages_;
+  std::vector<Tensor> pages_;
   std::vector<float*> free_;
 };
 
@@ -43,7 +48,7 @@ struct StatePools {
 class RowPages {
  public:
   static constexpr int64_t kRowsPerPage = 64;
-  explicit RowPages(int64_t width = 0, std::shared_ptr<PagePool> pool = nullptr);
+  explicit RowPages(int64_t width = 0, std::shared_ptr<PagePool> pool = nullptr, Device device = Device::kCPU);
   ~RowPages();
   RowPages(RowPages&& o) noexcept;
   RowPages& operator=(RowPages&& o) noexcept;
@@ -56,21 +61,27 @@ class RowPages {
   const float* row(int64_t i) const { return pages_[i / kRowsPerPage] + (i % kRowsPerPage) * width_; }
   float* row(int64_t i) { return pages_[i / kRowsPerPage] + (i % kRowsPerPage) * width_; }
   int64_t num_pages() const { return static_cast<int64_t>(pages_.size()); }
+  Device device() const { return device_; }
+  // Appends the rows of `src` (float32 [n, width], any device); page by page.
+  void append_rows(const Tensor& src);
+  // Copies rows [0, rows()) into dst (float32 [rows(), width] contiguous, any device); page by page.
+  void copy_to(const Tensor& dst) const;
 
  private:
   void clear();
   int64_t width_;
   int64_t rows_ = 0;
   std::shared_ptr<PagePool> pool_;
+  Device device_ = Device::kCPU;
   std::vector<float*> pages_;
-  std::vector<std::unique_ptr<float[]>> own_;  // without a pool
+  std::vector<Tensor> own_;  // without a pool
 };
 
 // Ring of the last `window` rows: slot = position mod window (one pool page when given).
 class WindowRing {
  public:
   WindowRing() = default;
-  WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> pool = nullptr);
+  WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> pool = nullptr, Device device = Device::kCPU);
   ~WindowRing();
   WindowRing(WindowRing&& o) noexcept;
   WindowRing& operator=(WindowRing&& o) noexcept;
@@ -80,30 +91,38 @@ class WindowRing {
   float* slot(int64_t pos) { return data_ + (pos % window_) * width_; }
   const float* slot(int64_t pos) const { return data_ + (pos % window_) * width_; }
   int64_t window() const { return window_; }
+  Device device() const { return device_; }
+  // Copies the rows of positions [p0, p1) (all within the last `window` positions) into dst rows
+  // [0, p1 - p0) (float32 contiguous, any device): at most two copies (the ring wraps once).
+  void read(int64_t p0, int64_t p1, const Tensor& dst) const;
+  // Writes src rows (float32 [p1 - p0, width], any device) as positions [p0, p1), p1 - p0 <= window.
+  void write(int64_t p0, int64_t p1, const Tensor& src);
 
  private:
   void clear();
   int64_t window_ = 0, width_ = 0;
   std::shared_ptr<PagePool> pool_;
+  Device device_ = Device::kCPU;
   float* data_ = nullptr;
-  std::unique_ptr<float[]> own_;
+  Tensor own_;
 };
 
-// Open-group state of one compressor: the FP32 kv and gate-score rows (ape already added) of the
-// tokens of the group being filled and, with overlap (ratio 4), of the previous complete group.
+// Open-group state of one compressor: the FP32 kv and gate-score rows of the tokens of the group
+// being filled and, with overlap (ratio 4), of the previous complete group (scores without the V4
+// position bias `ape`, which compress_pool adds). On the model's device.
 struct CompressorState {
   int64_t ratio = 0, width = 0;  // width = c * d
   bool has_prev = false;
-  std::vector<float> prev_kv, prev_score;  // [ratio, width]; scores without the V4 position bias (ape)
-  std::vector<float> cur_kv, cur_score;    // [ratio, width], first `cur_count` rows valid
+  Tensor prev_kv, prev_score;  // [ratio, width]
+  Tensor cur_kv, cur_score;    // [ratio, width], first `cur_count` rows valid
   int64_t cur_count = 0;
-  void init(int64_t r, int64_t w) {
+  void init(int64_t r, int64_t w, Device device) {
     ratio = r;
     width = w;
-    prev_kv.assign(r * w, 0.0f);
-    prev_score.assign(r * w, 0.0f);
-    cur_kv.assign(r * w, 0.0f);
-    cur_score.assign(r * w, 0.0f);
+    prev_kv = Tensor::zeros({r, w}, DType::kF32, device);
+    prev_score = Tensor::zeros({r, w}, DType::kF32, device);
+    cur_kv = Tensor::zeros({r, w}, DType::kF32, device);
+    cur_score = Tensor::zeros({r, w}, DType::kF32, device);
   }
 };
 
@@ -122,8 +141,9 @@ struct SequenceState {
   std::vector<int32_t> engram_ids;
   // V4.1 bounded replay: the decoder layers hold window KV only from this position on.
   int64_t replay_floor = 0;
-  // pools: where window rings, compressed entries and index keys get their pages (null: own them).
-  explicit SequenceState(const ModelConfig& cfg, const StatePools& pools = {});
+  // pools: where window rings, compressed entries and index keys get their pages (null: own them,
+  // on `device`; pools bring their own device, which must be the same).
+  explicit SequenceState(const ModelConfig& cfg, const StatePools& pools = {}, Device device = Device::kCPU);
 };
 
 }  // namespace deepinfer

@@ -68,7 +68,8 @@ struct Binder : WeightBinder {
     }
     const LinearKind ek = cfg.expert_fp4 ? LinearKind::kFp4 : dense;
     f.experts.reserve(cfg.n_routed_experts);
-    for (int64_t e = 0; e < cfg.n_routed_experts; ++e) f.experts.push_back(expert(fp + ".experts." + std::to_string(e), ek));
+    for (int64_t e = 0; e < cfg.n_routed_experts; ++e)
+      f.experts.push_back(expert(fp + ".experts." + std::to_string(e), ek));
     f.shared = expert(fp + ".shared_experts", dense);
     return w;
   }
@@ -105,6 +106,53 @@ ModelWeights load_weights_v4(Checkpoint& ckpt, const ModelConfig& cfg) {
   }
   reject_unused(ckpt, cfg, "V4", {"mtp."});  // MTP: the speculative module
   return w;
+}
+
+void move_weight(Tensor& t, Device device) {
+  if (t.defined()) t = t.to(device);
+}
+
+void move_weight(ops::QWeight& q, Device device) {
+  move_weight(q.w, device);
+  move_weight(q.scale, device);
+}
+
+namespace {
+void move_expert(ExpertWeights& e, Device d) {
+  move_weight(e.w1, d);
+  move_weight(e.w2, d);
+  move_weight(e.w3, d);
+}
+void move_compressor(CompressorWeights& c, Device d) {
+  move_weight(c.wkv, d);
+  move_weight(c.wgate, d);
+  move_weight(c.ape, d);
+  move_weight(c.norm, d);
+}
+}  // namespace
+
+void move_moe(MoeWeights& m, Device d) {
+  for (Tensor* t : {&m.gate_weight, &m.gate_bias, &m.gate_bias_vl, &m.tid2eid}) move_weight(*t, d);
+  for (ExpertWeights& e : m.experts) move_expert(e, d);
+  move_expert(m.shared, d);
+}
+
+void move_weights(ModelWeights& w, Device d) {
+  if (d == Device::kCPU) return;
+  for (Tensor* t : {&w.embed, &w.head, &w.norm, &w.hc_head_fn, &w.hc_head_base, &w.hc_head_scale}) move_weight(*t, d);
+  for (LayerWeights& L : w.layers) {
+    for (Tensor* t : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base, &L.hc_ffn_scale,
+                      &L.attn_norm, &L.ffn_norm, &L.attn.q_norm, &L.attn.kv_norm, &L.attn.attn_sink})
+      move_weight(*t, d);
+    for (ops::QWeight* q : {&L.attn.wq_a, &L.attn.wq_b, &L.attn.wkv, &L.attn.wo_a, &L.attn.wo_b}) move_weight(*q, d);
+    if (L.attn.has_compressor) move_compressor(L.attn.compressor, d);
+    if (L.attn.has_indexer) {
+      move_weight(L.attn.indexer.wq_b, d);
+      move_weight(L.attn.indexer.weights_proj, d);
+      move_compressor(L.attn.indexer.compressor, d);
+    }
+    move_moe(L.ffn, d);
+  }
 }
 
 }  // namespace deepinfer

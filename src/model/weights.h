@@ -41,10 +41,10 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
-  Tensor gate_weight;  // BF16 [n_experts, dim], used in FP32
-  Tensor gate_bias;    // F32 [n_experts] (score-routed layers)
-  Tensor gate_bias_vl; // F32 [n_experts] (V4.1: the bias for image-span tokens; optional)
-  Tensor tid2eid;      // I64/I32 [vocab, topk] (hash layers)
+  Tensor gate_weight;   // BF16 [n_experts, dim], used in FP32
+  Tensor gate_bias;     // F32 [n_experts] (score-routed layers)
+  Tensor gate_bias_vl;  // F32 [n_experts] (V4.1: the bias for image-span tokens; optional)
+  Tensor tid2eid;       // I64/I32 [vocab, topk] (hash layers)
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
 };
@@ -91,9 +91,9 @@ struct AttentionWeightsV41 {
 
 // Engram (§2.9): the hash table rows are read straight from the checkpoint mapping.
 struct EngramWeights {
-  Tensor table;        // E4M3 [rows, engram_head_dim] (or BF16/F32 when dense)
-  Tensor table_scale;  // E8M0 [rows, engram_head_dim/32] (undefined when dense)
-  ops::QWeight wkv;    // FP8 [dim*(hc+1), n_cols*engram_head_dim]
+  Tensor table;               // E4M3 [rows, engram_head_dim] (or BF16/F32 when dense)
+  Tensor table_scale;         // E8M0 [rows, engram_head_dim/32] (undefined when dense)
+  ops::QWeight wkv;           // FP8 [dim*(hc+1), n_cols*engram_head_dim]
   Tensor q_weight, k_weight;  // [hc, dim]
 };
 
@@ -117,5 +117,14 @@ ModelWeightsV41 load_weights_v41(Checkpoint& ckpt, const ModelConfig& cfg);
 // Binds every tensor of a V4 checkpoint; throws deepinfer::Error naming the tensor on any mismatch,
 // and on tensors the model does not use (MTP `mtp.*` tensors are accepted and skipped).
 ModelWeights load_weights_v4(Checkpoint& ckpt, const ModelConfig& cfg);
+
+// Copies every weight to `device` (a no-op for the CPU, where they stay borrowed from the mapping).
+// V4.1's Engram tables and projections stay on the host (Engram runs there).
+void move_weights(ModelWeights& w, Device device);
+void move_weights(ModelWeightsV41& w, Device device);
+// One tensor / one linear weight (undefined tensors stay undefined).
+void move_weight(Tensor& t, Device device);
+void move_weight(ops::QWeight& q, Device device);
+void move_moe(MoeWeights& m, Device device);
 
 }  // namespace deepinfer

@@ -89,7 +89,8 @@ struct BinderV41 : WeightBinder {
       f.gate_bias_vl = take(fp + ".gate.bias_vl", {cfg.n_routed_experts}, {DType::kF32});
     const LinearKind ek = cfg.expert_fp4 ? LinearKind::kFp4 : dense;
     f.experts.reserve(cfg.n_routed_experts);
-    for (int64_t e = 0; e < cfg.n_routed_experts; ++e) f.experts.push_back(expert(fp + ".experts." + std::to_string(e), ek));
+    for (int64_t e = 0; e < cfg.n_routed_experts; ++e)
+      f.experts.push_back(expert(fp + ".experts." + std::to_string(e), ek));
     f.shared = expert(fp + ".shared_experts", dense);
 
     if (cfg.engram_index(l) >= 0) {
@@ -119,6 +120,31 @@ ModelWeightsV41 load_weights_v41(Checkpoint& ckpt, const ModelConfig& cfg) {
   // serves image inputs, which this engine does not take yet.
   reject_unused(ckpt, cfg, "V4.1", {"mtp.", "vision.", "aligner.", "image_start", "image_end", "image_newline"});
   return w;
+}
+
+void move_weights(ModelWeightsV41& w, Device d) {
+  if (d == Device::kCPU) return;
+  for (Tensor* t : {&w.embed, &w.head, &w.norm}) move_weight(*t, d);
+  for (LayerWeightsV41& L : w.layers) {
+    for (Tensor* t : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base, &L.hc_ffn_scale,
+                      &L.attn_norm, &L.ffn_norm, &L.attn.q_norm, &L.attn.kv_norm, &L.attn.attn_sink})
+      move_weight(*t, d);
+    for (ops::QWeight* q : {&L.attn.wq_a, &L.attn.wq_b, &L.attn.wkv, &L.attn.wo_a, &L.attn.wo_b}) move_weight(*q, d);
+    AttentionWeightsV41& a = L.attn;
+    if (a.kv_source) {
+      move_weight(a.compressor.wkv, d);
+      move_weight(a.compressor.wgate, d);
+      move_weight(a.compressor.norm, d);
+    }
+    if (a.index_source || a.indexer.owns_keys) {
+      move_weight(a.indexer.wq_b, d);
+      move_weight(a.indexer.weights_proj, d);
+      move_weight(a.indexer.wk, d);
+      move_weight(a.indexer.k_norm, d);
+    }
+    move_moe(L.ffn, d);
+    // L.engram stays on the host: engram_forward runs there.
+  }
 }
 
 }  // namespace deepinfer

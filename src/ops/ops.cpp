@@ -2,10 +2,20 @@
 // reaching an op that has no CUDA kernel yet is an error that names the op, never a silent copy.
 #include "ops/ops.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/env.h"
 #include "cpu/cpu_ops.h"
 #include "deepinfer/error.h"
 #if DEEPINFER_HAS_CUDA
 #include "cuda/attention.cuh"
+#include "cuda/device.h"
 #include "cuda/hc.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/model_ops.cuh"
@@ -18,13 +28,108 @@
 namespace deepinfer::ops {
 
 namespace {
+
+// DEEPINFER_OP_PROFILE=1: every op call synchronises its device before and after and adds the wall time
+// to a per-op total, printed at exit (what a decode step spends where; it slows the run down).
+struct OpProfile {
+  struct Row {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+  std::mutex mu;
+  std::map<std::string, Row> rows;
+  ~OpProfile() {
+    if (rows.empty()) return;
+    double total = 0;
+    for (const auto& [name, r] : rows) total += r.seconds;
+    std::fprintf(stderr, "op profile (DEEPINFER_OP_PROFILE): %.3f s in ops\n%-28s %10s %12s %10s %7s\n", total, "op",
+                 "calls", "total ms", "us/call", "share");
+    for (const auto& [name, r] : rows)
+      std::fprintf(stderr, "%-28s %10lld %12.3f %10.2f %6.1f%%\n", name.c_str(), static_cast<long long>(r.calls),
+                   r.seconds * 1e3, r.seconds * 1e6 / std::max<int64_t>(1, r.calls), 100.0 * r.seconds / total);
+  }
+};
+
+OpProfile* op_profile() {
+  static OpProfile* p = env_value("DEEPINFER_OP_PROFILE") == "1" ? new OpProfile() : nullptr;
+  static std::unique_ptr<OpProfile> owner(p);
+  return p;
+}
+
+class OpScope {
+ public:
+  OpScope(const char* name, const Tensor& t) : name_(name), prof_(op_profile()) {
+    if (!prof_) return;
+    device_ = t.defined() ? t.device() : Device::kCPU;
+    synchronize(device_);
+    t0_ = std::chrono::steady_clock::now();
+  }
+  ~OpScope() {
+    if (!prof_) return;
+    try {
+      synchronize(device_);
+    } catch (...) {
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    std::lock_guard<std::mutex> lock(prof_->mu);
+    auto& r = prof_->rows[std::string(name_) + (device_ == Device::kCUDA ? " (cuda)" : "")];
+    r.seconds += dt;
+    ++r.calls;
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  const char* name_;
+  OpProfile* prof_;
+  Device device_ = Device::kCPU;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace
+
+void reset_op_profile() {
+  if (OpProfile* p = op_profile()) {
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->rows.clear();
+  }
+}
+
+namespace {
+
 [[noreturn]] void no_kernel(const char* op, const Tensor& t) {
   fail("ops::{}: no {} kernel for {} (this op runs on the CPU only so far)", op, device_name(t.device()), t.describe());
 }
 bool on_cuda(const Tensor& t) { return t.defined() && t.device() == Device::kCUDA; }
 }  // namespace
 
+bool device_available(Device d) {
+  if (d == Device::kCPU) return true;
+#if DEEPINFER_HAS_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+void init_device(Device d) {
+  if (d == Device::kCPU) return;
+#if DEEPINFER_HAS_CUDA
+  cuda::init();
+#else
+  fail("device cuda: this build of deepinfer has no CUDA backend (nvcc was not found when it was configured)");
+#endif
+}
+
+void synchronize(Device d) {
+  if (d == Device::kCPU) return;
+#if DEEPINFER_HAS_CUDA
+  cuda::synchronize();
+#endif
+}
+
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
+  const OpScope scope("linear", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::linear(x, w, opts);
 #endif
@@ -33,6 +138,7 @@ Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
 }
 
 Tensor dequantize(const QWeight& w) {
+  const OpScope scope("dequantize", w.w);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(w.w)) return cuda::dequantize(w);
 #endif
@@ -41,6 +147,7 @@ Tensor dequantize(const QWeight& w) {
 }
 
 void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block) {
+  const OpScope scope("fake_quant_fp8", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::fake_quant_fp8(x, col_begin, col_end, block);
 #endif
@@ -49,6 +156,7 @@ void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block
 }
 
 void fake_quant_fp4(Tensor& x, int64_t block) {
+  const OpScope scope("fake_quant_fp4", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::fake_quant_fp4(x, block);
 #endif
@@ -57,6 +165,7 @@ void fake_quant_fp4(Tensor& x, int64_t block) {
 }
 
 void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block) {
+  const OpScope scope("fake_quant_fp4_e4m3_scale", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::fake_quant_fp4_e4m3_scale(x, block);
 #endif
@@ -65,6 +174,7 @@ void fake_quant_fp4_e4m3_scale(Tensor& x, int64_t block) {
 }
 
 void round_bf16(Tensor& x, bool enable) {
+  const OpScope scope("round_bf16", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::round_bf16(x, enable);
 #endif
@@ -73,6 +183,7 @@ void round_bf16(Tensor& x, bool enable) {
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
+  const OpScope scope("rms_norm", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::rms_norm(x, w, eps, round);
 #endif
@@ -81,6 +192,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
 }
 
 void hadamard(Tensor& x, int64_t n, bool round) {
+  const OpScope scope("hadamard", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::hadamard(x, n, round);
 #endif
@@ -95,6 +207,7 @@ RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t origi
 
 void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
                 bool inverse, bool round) {
+  const OpScope scope("apply_rope", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::apply_rope(x, head_width, rope_dim, positions, f, inverse, round);
 #endif
@@ -104,6 +217,7 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
 
 HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                int64_t sinkhorn_iters, float hc_eps, float norm_eps) {
+  const OpScope scope("hc_mixes", stream);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(stream)) return cuda::hc_mixes(stream, fn, scale, base, hc, sinkhorn_iters, hc_eps, norm_eps);
 #endif
@@ -112,6 +226,7 @@ HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 }
 
 Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
+  const OpScope scope("hc_collapse", stream);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(stream)) return cuda::hc_collapse(stream, pre, round);
 #endif
@@ -120,6 +235,7 @@ Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
 }
 
 Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round) {
+  const OpScope scope("hc_expand", stream);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(stream)) return cuda::hc_expand(y, stream, post, comb, round);
 #endif
@@ -129,6 +245,7 @@ Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, cons
 
 Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, float hc_eps,
                float norm_eps, bool round) {
+  const OpScope scope("hc_head", stream);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(stream)) return cuda::hc_head(stream, fn, scale, base, hc_eps, norm_eps, round);
 #endif
@@ -138,6 +255,7 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                         bool bf16_probs, bool round) {
+  const OpScope scope("sparse_attention", q);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(q)) return cuda::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
 #endif
@@ -148,6 +266,7 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) { return cpu::topk(scores, n, k, out); }
 
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {
+  const OpScope scope("topk_rows", scores);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(scores)) return cuda::topk_rows(scores, k, sort_by_index);
 #endif
@@ -156,6 +275,7 @@ Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {
 }
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {
+  const OpScope scope("index_scores", q);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(q)) return cuda::index_scores(q, keys, w, vis, round);
 #endif
@@ -165,6 +285,7 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
 
 Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                   const RouteOpts& opts) {
+  const OpScope scope("moe_route", logits);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(logits)) return cuda::moe_route(logits, bias, tid2eid, tokens, k, opts);
 #endif
@@ -173,6 +294,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round) {
+  const OpScope scope("swiglu", g);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round);
 #endif
@@ -181,6 +303,7 @@ Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float lim
 }
 
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
+  const OpScope scope("embedding", table);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(table)) return cuda::embedding(table, ids, copies);
 #endif
@@ -189,6 +312,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
 }
 
 Tensor gather_rows(const Tensor& x, const Tensor& rows) {
+  const OpScope scope("gather_rows", x);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::gather_rows(x, rows);
 #endif
@@ -197,6 +321,7 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
 }
 
 MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts) {
+  const OpScope scope("moe_group", ids);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(ids)) return cuda::moe_group(ids, weights, n_experts);
 #endif
@@ -205,6 +330,7 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts)
 }
 
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
+  const OpScope scope("moe_combine", shared);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(shared)) return cuda::moe_combine(expert_out, slots, shared, round);
 #endif
@@ -212,7 +338,17 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
   return cpu::moe_combine(expert_out, slots, shared, round);
 }
 
+void scale(Tensor& x, float s, bool round) {
+  const OpScope scope("scale", x);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::scale(x, s, round);
+#endif
+  if (on_cuda(x)) no_kernel("scale", x);
+  cpu::scale(x, s, round);
+}
+
 void copy_into(const Tensor& dst, const Tensor& src) {
+  const OpScope scope("copy_into", dst);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(dst)) return cuda::copy_into(dst, src);
 #endif
@@ -222,6 +358,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
 
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
                      bool has_prev) {
+  const OpScope scope("compress_pool", kv);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(kv)) return cuda::compress_pool(kv, score, ape, ratio, d, overlap, has_prev);
 #endif
@@ -230,6 +367,7 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
 }
 
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
+  const OpScope scope("renorm_heads", q);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(q)) return cuda::renorm_heads(q, head_dim, eps, round);
 #endif

@@ -14,6 +14,16 @@
 
 namespace deepinfer::ops {
 
+// ---- devices -------------------------------------------------------------------------------------
+// Whether this build has kernels for `d` and a device of that kind is visible (the CPU: always).
+bool device_available(Device d);
+// Makes `d` usable (allocator and copies registered); throws deepinfer::Error saying why it cannot be.
+void init_device(Device d);
+// Blocks until the work queued on `d` has finished (no-op on the CPU).
+void synchronize(Device d);
+// DEEPINFER_OP_PROFILE=1: forgets the op times gathered so far (a benchmark's warm-up).
+void reset_op_profile();
+
 struct Numerics {
   bool bf16 = true;          // round activations to bf16 where the reference does
   bool simulate_qat = true;  // apply the FP8/FP4 fake-quantisation sites
@@ -189,6 +199,10 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
 // ss = FP64 sum in ascending i of rd(q_i * q_i), mean = rd(float(ss / head_dim)),
 // r = rd(1 / sqrt(rd(mean + eps))) (fp32), q_i = rd(q_i * r).
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
+
+// In place: x = rd(x * s) elementwise on float32 x (rd = bf16 rounding when `round`, identity
+// otherwise): the indexer's weight scaling. Exact (one fp32 product per value).
+void scale(Tensor& x, float s, bool round);
 
 // Copies src into dst (same shape and dtype, both contiguous, one device; dst may be a row slice of a
 // larger tensor, e.g. Tensor::slice(0, a, b)). Exact.

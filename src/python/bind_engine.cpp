@@ -32,18 +32,32 @@ EngineArgs make_args(const std::string& model, const py::kwargs& kw) {
   for (auto item : kw) {
     const std::string k = py::cast<std::string>(item.first);
     const py::handle v = item.second;
-    if (k == "tokenizer") a.tokenizer = py::cast<std::string>(v);
-    else if (k == "skip_tokenizer_init") a.skip_tokenizer_init = py::cast<bool>(v);
-    else if (k == "max_num_batched_tokens") a.max_num_batched_tokens = py::cast<int64_t>(v);
-    else if (k == "max_num_seqs") a.max_num_seqs = py::cast<int64_t>(v);
-    else if (k == "max_model_len") a.max_model_len = py::cast<int64_t>(v);
-    else if (k == "kv_cache_memory") a.kv_cache_memory = py::cast<int64_t>(v);
-    else if (k == "seed") a.seed = py::cast<uint64_t>(v);
-    else if (k == "enable_chunked_prefill") a.enable_chunked_prefill = py::cast<bool>(v);
-    else if (k == "dtype") a.dtype = py::cast<std::string>(v);
-    else if (k == "simulate_qat") a.simulate_qat = py::cast<bool>(v);
-    else if (k == "async_scheduling") a.async_scheduling = py::cast<bool>(v);
-    else throw py::type_error("unknown engine argument '" + k + "'");
+    if (k == "tokenizer")
+      a.tokenizer = py::cast<std::string>(v);
+    else if (k == "skip_tokenizer_init")
+      a.skip_tokenizer_init = py::cast<bool>(v);
+    else if (k == "max_num_batched_tokens")
+      a.max_num_batched_tokens = py::cast<int64_t>(v);
+    else if (k == "max_num_seqs")
+      a.max_num_seqs = py::cast<int64_t>(v);
+    else if (k == "max_model_len")
+      a.max_model_len = py::cast<int64_t>(v);
+    else if (k == "kv_cache_memory")
+      a.kv_cache_memory = py::cast<int64_t>(v);
+    else if (k == "seed")
+      a.seed = py::cast<uint64_t>(v);
+    else if (k == "enable_chunked_prefill")
+      a.enable_chunked_prefill = py::cast<bool>(v);
+    else if (k == "dtype")
+      a.dtype = py::cast<std::string>(v);
+    else if (k == "device")
+      a.device = py::cast<std::string>(v);
+    else if (k == "simulate_qat")
+      a.simulate_qat = py::cast<bool>(v);
+    else if (k == "async_scheduling")
+      a.async_scheduling = py::cast<bool>(v);
+    else
+      throw py::type_error("unknown engine argument '" + k + "'");
   }
   return a;
 }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "engine/cpu_model_runner.h"
+#include "engine/local_model_runner.h"
 #include "engine/engine_core.h"
 #include "model/model.h"
 #include "st_writer.h"
@@ -257,7 +257,7 @@ TEST(Engine, AFailedStepAbortsItsRequestsAndTheEngineGoesOn) {
     args.max_num_seqs = 2;
     args.async_scheduling = async;
     const ModelConfig cfg = load_model_config(args.model);
-    auto inner = std::make_unique<CpuModelRunner>(Model::load(args.model), args.numerics());
+    auto inner = std::make_unique<LocalModelRunner>(Model::load(args.model), args.numerics());
     EngineCore engine(args, cfg, std::make_unique<FailingRunner>(std::move(inner), 3));
     SamplingParams p;
     p.temperature = 0.8f;
@@ -500,7 +500,7 @@ TEST(Engine, KvAccountingMatchesTheRunnerState) {
     p.max_tokens = 100;
     p.ignore_eos = true;
     engine.add_request("a", std::vector<int32_t>(20, 9), p);
-    const auto& runner = dynamic_cast<const CpuModelRunner&>(engine.runner());
+    const auto& runner = dynamic_cast<const LocalModelRunner&>(engine.runner());
     const StatePools& pools = runner.pools();
     ASSERT_TRUE(pools.window && pools.compressed && pools.index_keys);
     for (int step = 0; step < 90; ++step) {  // the 100th token would finish it

@@ -889,9 +889,9 @@ void test_moe_route() {
       o.norm_eps = c.eps;
       o.route_scale = c.scale;
       const di::ops::Routing want = di::ops::moe_route(logits, bias, tid2eid, tokens, c.k, o);
-      const di::ops::Routing got = di::ops::moe_route(dev(logits), bias.defined() ? dev(bias) : di::Tensor(),
-                                                      c.hash ? dev(tid2eid) : di::Tensor(),
-                                                      c.hash ? dev(tokens) : di::Tensor(), c.k, o);
+      const di::ops::Routing got =
+          di::ops::moe_route(dev(logits), bias.defined() ? dev(bias) : di::Tensor(),
+                             c.hash ? dev(tid2eid) : di::Tensor(), c.hash ? dev(tokens) : di::Tensor(), c.k, o);
       std::string p = compare_idx(want.ids, got.ids);
       const std::string w = close_to(want.weights, got.weights, 1e-6, 1e-30, "1e-6 relative (exp/log1p ulps)");
       return p.empty() ? w : p;
@@ -905,15 +905,16 @@ void test_swiglu() {
     float limit;
     bool weights, round;
   };
-  const Case cases[] = {{64, 2048, 10.0f, true, true},   {64, 2048, 10.0f, false, true}, {1, 2048, 10.0f, true, true},
-                        {33, 2048, 10.0f, true, false},  {17, 300, 0.0f, false, true},   {17, 300, 0.0f, true, false}};
+  const Case cases[] = {{64, 2048, 10.0f, true, true},  {64, 2048, 10.0f, false, true}, {1, 2048, 10.0f, true, true},
+                        {33, 2048, 10.0f, true, false}, {17, 300, 0.0f, false, true},   {17, 300, 0.0f, true, false}};
   uint32_t seed = 33000;
   for (const Case& c : cases) {
     char name[200];
     std::snprintf(name, sizeof name, "swiglu [%lld, %lld] limit %g weights=%d round=%d", static_cast<long long>(c.T),
                   static_cast<long long>(c.I), c.limit, c.weights ? 1 : 0, c.round ? 1 : 0);
     run_case(name, [&] {
-      const di::Tensor g = normal_tensor({c.T, c.I}, 6.0f, seed++, true), u = normal_tensor({c.T, c.I}, 6.0f, seed++, true);
+      const di::Tensor g = normal_tensor({c.T, c.I}, 6.0f, seed++, true),
+                       u = normal_tensor({c.T, c.I}, 6.0f, seed++, true);
       di::Tensor w;
       if (c.weights) w = normal_tensor({c.T}, 0.3f, seed++, false);
       const di::Tensor want = di::ops::swiglu(g, u, w, c.limit, c.round);
@@ -978,9 +979,9 @@ void test_moe_dispatch() {
   };
   // V4.1-Flash: 256 experts, 6 active, dim 4096; hash layers can repeat an expert within a token.
   const Case cases[] = {
-      {"flash prefill", 512, 256, 6, 4096, true},  {"flash decode", 1, 256, 6, 4096, true},
+      {"flash prefill", 512, 256, 6, 4096, true},    {"flash decode", 1, 256, 6, 4096, true},
       {"flash decode batch", 9, 256, 6, 4096, true}, {"hash repeats", 200, 64, 8, 512, false},
-      {"long chunk", 3000, 256, 6, 256, true},     {"odd", 37, 7, 3, 300, false},
+      {"long chunk", 3000, 256, 6, 256, true},       {"odd", 37, 7, 3, 300, false},
   };
   uint32_t seed = 35000;
   for (const Case& c : cases) {
@@ -1059,8 +1060,8 @@ void test_compress_pool() {
       di::Tensor ape;
       if (c.ape) ape = normal_tensor({c.r, w}, 1.0f, seed++, false);
       const di::Tensor want = di::ops::compress_pool(kv, score, ape, c.r, c.d, c.overlap, c.has_prev);
-      const di::Tensor got = di::ops::compress_pool(dev(kv), dev(score), c.ape ? dev(ape) : di::Tensor(), c.r, c.d,
-                                                    c.overlap, c.has_prev);
+      const di::Tensor got =
+          di::ops::compress_pool(dev(kv), dev(score), c.ape ? dev(ape) : di::Tensor(), c.r, c.d, c.overlap, c.has_prev);
       return close_to(want, got, 1e-5, 1e-6, "1e-5 relative + 1e-6 (exp ulps)");
     });
   }
@@ -1086,6 +1087,30 @@ void test_renorm_heads() {
       return exact(want, got);
     });
   }
+}
+
+// ---- scale (indexer weights) and the device copies (copy_tensor, Tensor::to / clone) ----
+void test_scale_and_copies() {
+  uint32_t seed = 38000;
+  for (const bool round : {true, false}) {
+    run_case(round ? "scale [300, 64] round=1" : "scale [300, 64] round=0", [&] {
+      di::Tensor want = normal_tensor({300, 64}, 3.0f, seed++, round);
+      di::Tensor got = dev(want);
+      di::ops::scale(want, 0.0110485f, round);
+      di::ops::scale(got, 0.0110485f, round);
+      return exact(want, got);
+    });
+  }
+  run_case("copy_tensor column slices host->device->host", [&] {
+    di::Tensor a = normal_tensor({37, 96}, 1.0f, seed++, false);
+    di::Tensor d = di::Tensor::zeros({37, 3, 32}, di::DType::kF32, di::Device::kCUDA);
+    for (int g = 0; g < 3; ++g) di::copy_tensor(d.select(1, g), a.view({37, 3, 32}).select(1, g).contiguous());
+    di::Tensor back = d.view({37, 96}).clone().to(di::Device::kCPU);
+    di::Tensor strided = d.select(1, 1).contiguous();  // a device 2D copy
+    di::Tensor want1 = a.view({37, 3, 32}).select(1, 1).contiguous();
+    const std::string e = exact(a, back);
+    return e.empty() ? exact(want1, strided) : e;
+  });
 }
 
 }  // namespace
@@ -1120,6 +1145,7 @@ int main() {
   test_moe_dispatch();
   test_compress_pool();
   test_renorm_heads();
+  test_scale_and_copies();
   try {
     di::cuda::synchronize();
   } catch (const std::exception& e) {

@@ -237,8 +237,8 @@ def test_other_seed_differs(ckpts, tmp_path):
     b = read_raw(str(tmp_path / "model.safetensors"))
     assert a.keys() == b.keys()
     assert all(not np.array_equal(a[k][1], b[k][1]) for k in a if a[k][1].size > 64), "seed ignored"
-    r = run_tool("--family", "v41", "--preset", "flash-shape", "--out", str(tmp_path / "x"))
-    assert r.returncode != 0 and "not a v41 preset" in r.stderr
+    r = run_tool("--family", "v4", "--preset", "engram-huge", "--out", str(tmp_path / "x"))
+    assert r.returncode != 0 and "not a v4 preset" in r.stderr
 
 
 @pytest.mark.parametrize("dense", [False, True])

@@ -1,4 +1,5 @@
-// CpuModelRunner: the ModelRunner over a Model (V4 or V4.1) on the CPU: a SequenceState per sequence, one
+// LocalModelRunner: the ModelRunner over a Model (V4 or V4.1) in this process, on the model's device (CPU or
+// CUDA): a SequenceState per sequence (in that device's memory), one
 // forward_batch per step.
 #pragma once
 
@@ -10,14 +11,14 @@
 
 namespace deepinfer {
 
-class CpuModelRunner final : public ModelRunner {
+class LocalModelRunner final : public ModelRunner {
  public:
   // replay_keep_tokens > 0: V4.1 bounded replay (SeqChunk::replay_from) for prefill chunks.
   // state_budget_bytes > 0: sequences take their window rings, compressed entries and index keys
   // from page pools that never grow past that many bytes each (the KvCacheManager's budget);
   // 0: every sequence allocates its own.
-  CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens = 0,
-                 int64_t state_budget_bytes = 0);
+  LocalModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens = 0,
+                   int64_t state_budget_bytes = 0);
   const StatePools& pools() const { return pools_; }
 
   ModelRunnerOutput execute(const SchedulerOutput& out) override;

@@ -1,4 +1,4 @@
-#include "engine/cpu_model_runner.h"
+#include "engine/local_model_runner.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,14 +7,14 @@
 
 namespace deepinfer {
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens,
+LocalModelRunner::LocalModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens,
                                int64_t state_budget_bytes)
     : model_(std::move(model)), replay_keep_(replay_keep_tokens) {
-  DI_CHECK(model_ != nullptr, "CpuModelRunner: no model");
+  DI_CHECK(model_ != nullptr, "LocalModelRunner: no model");
   if (state_budget_bytes > 0) {
     const ModelConfig& cfg = model_->config();
     auto pool = [&](int64_t page_floats) {
-      return std::make_shared<PagePool>(page_floats, state_budget_bytes / (page_floats * 4));
+      return std::make_shared<PagePool>(page_floats, state_budget_bytes / (page_floats * 4), model_->device());
     };
     pools_.window = pool(cfg.window_size * cfg.head_dim);
     pools_.compressed = pool(RowPages::kRowsPerPage * cfg.head_dim);
@@ -24,12 +24,12 @@ CpuModelRunner::CpuModelRunner(std::unique_ptr<Model> model, const ops::Numerics
   opts_.all_logits = false;
 }
 
-const SequenceState* CpuModelRunner::state(int64_t seq_id) const {
+const SequenceState* LocalModelRunner::state(int64_t seq_id) const {
   auto it = states_.find(seq_id);
   return it == states_.end() ? nullptr : it->second.get();
 }
 
-ModelRunnerOutput CpuModelRunner::execute(const SchedulerOutput& out) {
+ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
   for (int64_t id : out.freed_seq_ids) states_.erase(id);
   ModelRunnerOutput result;
   result.vocab = model_->config().vocab_size;

@@ -1,0 +1,235 @@
+// End-to-end GPU benchmark of a checkpoint on the CUDA backend (issue 8): decode tokens/s per
+// sequence and in total at several batch sizes, and prefill tokens/s of one long prompt, each against
+// the memory roofline: the bytes a step must move (the weights it touches plus the sequence state
+// it reads) divided by the device-to-device copy bandwidth measured in the same run.
+//
+//   ./bench_cuda_model CKPT_DIR [--batches 1,8,32,128,256] [--context 128] [--steps 8] [--prefill 4096]
+//
+// Bytes per decode step (the roofline's numerator), from the checkpoint's own tensor sizes:
+//   every non-expert weight once (attention, compressors, indexers, norms, hc, gate, shared expert,
+//   the head; the embedding only for the B rows it gathers; Engram tables excluded: host-side), plus
+//   each routed expert the step's tokens hit (counted from the forward's trace), plus the state read:
+//   per sequence and layer the window rows and compressed entries attended (as the engine stores
+//   them, float32) and the index keys scored.
+// Prints SKIP and exits 0 without a GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "deepinfer/error.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+namespace di = deepinfer;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Device-to-device copy bandwidth (bytes read + written per second) over a 2 GiB buffer.
+double copy_bandwidth() {
+  const size_t n = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  DI_CUDA_CHECK(cudaMalloc(&a, n));
+  DI_CUDA_CHECK(cudaMalloc(&b, n));
+  DI_CUDA_CHECK(cudaMemset(a, 1, n));
+  cudaEvent_t e0, e1;
+  DI_CUDA_CHECK(cudaEventCreate(&e0));
+  DI_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 2; ++i) DI_CUDA_CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+  DI_CUDA_CHECK(cudaEventRecord(e0));
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i) DI_CUDA_CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+  DI_CUDA_CHECK(cudaEventRecord(e1));
+  DI_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  DI_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  DI_CUDA_CHECK(cudaFree(a));
+  DI_CUDA_CHECK(cudaFree(b));
+  return 2.0 * n * reps / (ms * 1e-3);
+}
+
+struct WeightBytes {
+  double dense = 0;            // read once per step whatever the batch
+  double embed_row = 0;        // one embedding row
+  std::vector<double> expert;  // per layer: bytes of one routed expert (w1 + w2 + w3 + scales)
+};
+
+WeightBytes weight_bytes(const std::string& dir, const di::ModelConfig& cfg) {
+  di::Checkpoint ck = di::Checkpoint::open(dir);
+  WeightBytes w;
+  w.expert.assign(cfg.n_layers, 0.0);
+  for (const std::string& n : ck.names()) {
+    const di::TensorInfo& t = ck.info(n);
+    const double bytes = static_cast<double>(t.end - t.begin);
+    if (n.rfind("mtp.", 0) == 0 || n.find(".engram.") != std::string::npos) continue;
+    if (n == "embed.weight" || n == "model.embed_tokens.weight") {
+      w.embed_row = bytes / std::max<int64_t>(1, t.shape[0]);
+      continue;
+    }
+    const size_t e = n.find(".ffn.experts.");
+    if (e != std::string::npos) {
+      const int64_t layer = std::stoll(n.substr(n.find("layers.") + 7));
+      if (n.find(".ffn.experts.0.") != std::string::npos && layer < cfg.n_layers) w.expert[layer] += bytes;
+      continue;
+    }
+    w.dense += bytes;
+  }
+  return w;
+}
+
+// State bytes one sequence's decode step reads at position p (float32 rows, as stored).
+double state_bytes(const di::ModelConfig& cfg, int64_t p) {
+  double b = 0;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const int64_t r = cfg.compress_ratio(l);
+    int64_t rows = std::min<int64_t>(p + 1, cfg.window_size);
+    if (r > 0) {
+      const int64_t n = (p + 1) / r;
+      rows += std::min<int64_t>(n, cfg.index_topk);
+      b += static_cast<double>(n) * cfg.index_head_dim * 4;  // index keys scored
+    }
+    b += static_cast<double>(rows) * cfg.head_dim * 4;
+  }
+  return b;
+}
+
+std::vector<int32_t> ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::vector<int32_t> v(n);
+  uint32_t s = seed * 2654435761u + 99u;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(vocab));
+  }
+  return v;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    out.push_back(std::stoll(s.substr(i, j - i)));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!di::ops::device_available(di::Device::kCUDA)) {
+    std::printf("SKIP: no CUDA device\n");
+    return 0;
+  }
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N]\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  std::vector<int64_t> batches = {1, 8, 32, 128, 256};
+  int64_t context = 128, steps = 8, prefill = 4096;
+  for (int a = 2; a + 1 < argc; a += 2) {
+    const std::string k = argv[a], v = argv[a + 1];
+    if (k == "--batches")
+      batches = parse_list(v);
+    else if (k == "--context")
+      context = std::stoll(v);
+    else if (k == "--steps")
+      steps = std::stoll(v);
+    else if (k == "--prefill")
+      prefill = std::stoll(v);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    const double t_load = now_s();
+    auto model = di::Model::load(dir, di::Device::kCUDA);
+    di::ops::synchronize(di::Device::kCUDA);
+    const di::ModelConfig& cfg = model->config();
+    std::printf("model %s: %lld layers, dim %lld, %lld experts top-%lld, vocab %lld; loaded to the GPU in %.1f s\n",
+                dir.c_str(), static_cast<long long>(cfg.n_layers), static_cast<long long>(cfg.dim),
+                static_cast<long long>(cfg.n_routed_experts), static_cast<long long>(cfg.n_activated_experts),
+                static_cast<long long>(cfg.vocab_size), now_s() - t_load);
+    const double bw = copy_bandwidth();
+    const WeightBytes wb = weight_bytes(dir, cfg);
+    std::printf("D2D copy bandwidth (read + write) %.0f GB/s; dense weights %.3f GB, one routed expert %.1f MB\n\n",
+                bw / 1e9, wb.dense / 1e9, (wb.expert.empty() ? 0.0 : wb.expert[0]) / 1e6);
+
+    di::ForwardOptions fo;
+    fo.all_logits = false;
+    std::printf(
+        "| batch | context | ms / step | tokens/s per seq | tokens/s total | GB / step (roofline) | roofline ms | "
+        "fraction of roofline |\n|---|---|---|---|---|---|---|---|\n");
+    for (const int64_t B : batches) {
+      // B sequences with `context` tokens each, prefilled 4096 tokens per forward at most.
+      std::vector<std::unique_ptr<di::SequenceState>> seqs;
+      for (int64_t b = 0; b < B; ++b) seqs.push_back(model->new_sequence());
+      const int64_t per = std::max<int64_t>(1, 4096 / context);
+      for (int64_t b0 = 0; b0 < B; b0 += per) {
+        std::vector<di::SeqChunk> batch;
+        for (int64_t b = b0; b < std::min(B, b0 + per); ++b)
+          batch.push_back({seqs[b].get(), ids(context, cfg.vocab_size, static_cast<uint32_t>(b)), true, false});
+        model->forward_batch(batch, fo);
+      }
+      std::vector<int32_t> next(B, 1);
+      double total = 0, bytes = 0;
+      for (int64_t s = 0; s < steps + 2; ++s) {  // 2 warm-up steps
+        std::vector<di::SeqChunk> batch;
+        for (int64_t b = 0; b < B; ++b) batch.push_back({seqs[b].get(), {next[b]}, true, false});
+        di::Trace trace;
+        di::ForwardOptions f2 = fo;
+        f2.trace = &trace;
+        const double t0 = now_s();
+        const di::Tensor logits = model->forward_batch(batch, s >= 2 ? fo : f2);
+        const double dt = now_s() - t0;
+        for (int64_t b = 0; b < B; ++b) {
+          const float* row = logits.data<float>() + b * cfg.vocab_size;
+          next[b] = static_cast<int32_t>(std::max_element(row, row + cfg.vocab_size) - row);
+        }
+        if (s == 1) di::ops::reset_op_profile();  // DEEPINFER_OP_PROFILE: the timed steps only
+        if (s < 2) {                              // the step's bytes, from its trace (the timed steps route alike)
+          if (s == 1) {
+            bytes = wb.dense + B * wb.embed_row;
+            for (const auto& [layer, ex] : trace.experts)
+              bytes += std::set<int32_t>(ex.begin(), ex.end()).size() * wb.expert[layer];
+            for (int64_t b = 0; b < B; ++b) bytes += state_bytes(cfg, seqs[b]->num_tokens);
+          }
+          continue;
+        }
+        total += dt;
+      }
+      const double ms = total / steps * 1e3, roof_ms = bytes / bw * 1e3;
+      std::printf("| %lld | %lld | %.2f | %.1f | %.1f | %.3f | %.3f | %.1f%% |\n", static_cast<long long>(B),
+                  static_cast<long long>(context), ms, 1e3 / ms, B * 1e3 / ms, bytes / 1e9, roof_ms,
+                  100.0 * roof_ms / ms);
+      std::fflush(stdout);
+    }
+    if (prefill > 0) {
+      auto seq = model->new_sequence();
+      const std::vector<int32_t> p = ids(prefill, cfg.vocab_size, 4242);
+      auto warm = model->new_sequence();
+      model->forward(ids(64, cfg.vocab_size, 1), *warm, fo);
+      const double t0 = now_s();
+      model->forward(p, *seq, fo);
+      const double dt = now_s() - t0;
+      std::printf("\nprefill %lld tokens in one forward: %.3f s, %.0f tokens/s\n", static_cast<long long>(prefill), dt,
+                  prefill / dt);
+    }
+  } catch (const std::exception& e) {
+    std::printf("FAILED: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

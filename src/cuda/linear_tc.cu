@@ -1,0 +1,478 @@
+// Tensor-core linear (FP8 MMA, swap AB) for E4M3 / E2M1 weights with the FP8 input site. Contract and
+// numerics in linear_tc.cuh.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <numeric>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/linear_tc.cuh"
+#include "cuda/quant.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+enum Fmt : int { kFp8 = 0, kFp4 = 1 };
+
+constexpr int kBK = 128;  // K columns per pipeline stage (4 MMA k steps of 32)
+constexpr int kXS = 160;  // smem bytes per x-code row and per E4M3 weight row (128 + 32: LDS.64 conflict free)
+constexpr int kW4S = 80;  // smem bytes per packed-FP4 weight row (64 + 16: LDS.32 conflict free)
+
+// ---- small device helpers ----------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 2^(e-127) (e = 0: the subnormal 2^-127; 255: NaN), exact.
+__device__ __forceinline__ float e8m0_f32(uint32_t e) {
+  if (e == 255u) return __uint_as_float(0x7fc00000u);
+  if (e == 0u) return __uint_as_float(0x00400000u);
+  return __uint_as_float(e << 23);
+}
+
+// Eight e2m1 codes (nibble i of w = element i) -> eight e4m3 bytes (lo: elements 0..3, hi: 4..7), exact:
+// magnitudes through an 8-entry byte table, signs (nibble bit 3) by a sign-replicating byte permute.
+__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kT0 = 0x3C383000u;  // e4m3 of 0, 0.5, 1, 1.5
+  constexpr uint32_t kT1 = 0x4C484440u;  // e4m3 of 2, 3, 4, 6
+  const uint32_t ml = prmt(kT0, kT1, w & 0x7777u);
+  const uint32_t mh = prmt(kT0, kT1, (w >> 16) & 0x7777u);
+  const uint32_t w4 = w << 4;  // msb of byte j of w4: bit 8j + 3 of w (even nibbles); of w: bit 8j + 7 (odd)
+  const uint32_t sl = prmt(w4, w, 0xD9C8u);
+  const uint32_t sh = prmt(w4, w, 0xFBEAu);
+  lo = ml | (sl & 0x80808080u);
+  hi = mh | (sh & 0x80808080u);
+}
+
+// Two e4m3 codes (the low / high 16 bits of v) -> an f16x2 of the same values (exact).
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(d) : "r"(v));
+  return d;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(d) : "r"(v));
+  return d;
+}
+
+// d += A(16x16 f16, row) . B(16x8 f16, col), FP32 accumulation.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- x pre-pass: FP8 quantisation (the CPU's fake_quant_fp8, kept as codes + scales) ------------------------
+// One warp per (row m < M, act group): codes xq[m * K + c] (e4m3 bytes), scales sx32[(c / 32) * M4 + m]
+// (the group's scale, repeated for each 32 columns).
+__global__ void __launch_bounds__(256) quant_x_kernel(const float* __restrict__ x, int64_t ldx, int M, int K, int act,
+                                                      int M4, uint8_t* __restrict__ xq, float* __restrict__ sx32) {
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int ngroups = K / act;
+  if (gw >= static_cast<int64_t>(M) * ngroups) return;
+  const int m = static_cast<int>(gw / ngroups), grp = static_cast<int>(gw % ngroups);
+  const int lane = threadIdx.x & 31;
+  const float* p = x + m * ldx + static_cast<int64_t>(grp) * act;
+  float amax = 0.0f;
+  for (int c = lane; c < act; c += 32) amax = fmaxf(amax, fabsf(p[c]));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
+  uint8_t* q = xq + static_cast<int64_t>(m) * K + static_cast<int64_t>(grp) * act;
+  for (int c = lane; c < act; c += 32) {
+    float v = p[c] / s;
+    v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
+    q[c] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+  }
+  for (int j = lane; j < act / 32; j += 32) sx32[(static_cast<int64_t>(grp) * (act / 32) + j) * M4 + m] = s;
+}
+
+// ---- the GEMM ------------------------------------------------------------------------------------------------
+// Thread block: R = WR * MI * 16 weight rows [n0, n0 + R) x BT = WT * NI * 8 tokens [m0, m0 + BT), all of K in
+// stages of kBK columns. Stage layout: weight rows [R][WS], x codes [BT][kXS], x scales [4][BT] floats,
+// FP4 weight scales [R][4] bytes. Rows >= N and tokens >= M are not loaded (their smem holds stale data,
+// which only reaches outputs that are never stored: every MMA output depends on its own row and column).
+template <int FMT, int MI, int NI, int WR, int WT>
+struct TcCfg {
+  static constexpr int kR = WR * MI * 16;
+  static constexpr int kBT = WT * NI * 8;
+  static constexpr int kThreads = WR * WT * 32;
+  static constexpr int kWS = FMT == kFp8 ? kXS : kW4S;
+  static constexpr int kXOff = kR * kWS;
+  static constexpr int kSxOff = kXOff + kBT * kXS;
+  static constexpr int kSwOff = kSxOff + 4 * kBT * 4;
+  static constexpr int kStage = (kSwOff + (FMT == kFp4 ? kR * 4 : 0) + 15) / 16 * 16;
+};
+
+template <int FMT, int MI, int NI, int WR, int WT, int S>
+__global__ void __launch_bounds__(WR* WT * 32)
+    tc_kernel(const uint8_t* __restrict__ w, int64_t ldw, const uint8_t* __restrict__ sc, int64_t lds, int B, int N,
+              int K, int M, int M4, const uint8_t* __restrict__ xq, const float* __restrict__ sx32, int fsteps,
+              float* __restrict__ y, bool round) {
+  using C = TcCfg<FMT, MI, NI, WR, WT>;
+  constexpr int R = C::kR, BT = C::kBT, NT = C::kThreads, WS = C::kWS;
+  constexpr int WP = FMT == kFp8 ? kBK / 16 : kBK / 32;  // 16-byte pieces per weight row and stage
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.x * R, m0 = blockIdx.y * BT;
+  const int nk = K / kBK;
+
+  auto load = [&](int i) {
+    uint8_t* st = smem + (i % S) * C::kStage;
+    const int64_t k0 = static_cast<int64_t>(i) * kBK;
+    const int64_t wb0 = FMT == kFp8 ? k0 : k0 / 2;
+#pragma unroll
+    for (int p = tid; p < R * WP; p += NT) {
+      const int r = p / WP, o = p % WP;
+      if (n0 + r < N) cp_async16(st + r * WS + o * 16, w + static_cast<int64_t>(n0 + r) * ldw + wb0 + o * 16);
+    }
+#pragma unroll
+    for (int p = tid; p < BT * 8; p += NT) {
+      const int t = p / 8, o = p % 8;
+      if (m0 + t < M) cp_async16(st + C::kXOff + t * kXS + o * 16, xq + static_cast<int64_t>(m0 + t) * K + k0 + o * 16);
+    }
+#pragma unroll
+    for (int p = tid; p < BT; p += NT) {  // 4 k steps x BT / 4 pieces of 4 tokens
+      const int j = p / (BT / 4), q = p % (BT / 4);
+      if (m0 + 4 * q < M) cp_async16(st + C::kSxOff + (j * BT + 4 * q) * 4, sx32 + (k0 / 32 + j) * M4 + m0 + 4 * q);
+    }
+    if constexpr (FMT == kFp4) {
+      for (int p = tid; p < R; p += NT)
+        if (n0 + p < N) cp_async4(st + C::kSwOff + p * 4, sc + static_cast<int64_t>(n0 + p) * lds + k0 / 32);
+    }
+  };
+
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < nk) load(s);
+    cp_async_commit();
+  }
+
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3, warp = tid >> 5;
+  const int rbase = (warp % WR) * MI * 16, tbase = (warp / WR) * NI * 8;
+  float acc[MI][NI][4], tot[MI][NI][4];
+#pragma unroll
+  for (int a = 0; a < MI; ++a)
+#pragma unroll
+    for (int b = 0; b < NI; ++b)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[a][b][c] = tot[a][b][c] = 0.0f;
+  int cnt = 0;
+
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // stage it landed for everyone; stage it - 1 is free for reuse
+    if (it + S - 1 < nk) load(it + S - 1);
+    cp_async_commit();
+
+    const uint8_t* st = smem + (it % S) * C::kStage;
+    float swf[MI][4];  // E4M3 tile scales of this stage's 4 k steps (one per m16 tile: 16 | B)
+    if constexpr (FMT == kFp8) {
+#pragma unroll
+      for (int a = 0; a < MI; ++a) {
+        const int row = min(n0 + rbase + a * 16, N - 1);
+        const uint8_t* srow = sc + static_cast<int64_t>(row / B) * lds;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) swf[a][j] = e8m0_f32(__ldg(srow + (it * kBK + 32 * j) / B));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // Lane (g, t) holds elements 8t .. 8t + 7 of the 32-column k step j for its rows / token: as e4m3 bytes
+      // in two words (w0: 8t .. 8t + 3, w1: 8t + 4 .. 8t + 7), converted to f16 pairs; k16 half h uses word h
+      // (f16 k slots 2t, 2t + 1 <- bytes 0, 1; slots 2t + 8, 2t + 9 <- bytes 2, 3), the same for A and B.
+      uint32_t bf[2][NI][2];
+#pragma unroll
+      for (int b = 0; b < NI; ++b) {
+        const uint2 v = *reinterpret_cast<const uint2*>(st + C::kXOff + (tbase + b * 8 + g) * kXS + j * 32 + 8 * t);
+        bf[0][b][0] = e4m3x2_lo(v.x), bf[0][b][1] = e4m3x2_hi(v.x);
+        bf[1][b][0] = e4m3x2_lo(v.y), bf[1][b][1] = e4m3x2_hi(v.y);
+      }
+#pragma unroll
+      for (int a = 0; a < MI; ++a) {
+        const int r0 = rbase + a * 16 + g;
+        uint32_t lo0, lo1, hi0, hi1;  // e4m3 words: row r0 (lo) and r0 + 8 (hi), elements 8t.. (0) and 8t + 4.. (1)
+        if constexpr (FMT == kFp8) {
+          const uint2 l = *reinterpret_cast<const uint2*>(st + r0 * WS + j * 32 + 8 * t);
+          const uint2 h = *reinterpret_cast<const uint2*>(st + (r0 + 8) * WS + j * 32 + 8 * t);
+          lo0 = l.x, lo1 = l.y, hi0 = h.x, hi1 = h.y;
+        } else {
+          fp4x8_to_e4m3(*reinterpret_cast<const uint32_t*>(st + r0 * WS + j * 16 + 4 * t), lo0, lo1);
+          fp4x8_to_e4m3(*reinterpret_cast<const uint32_t*>(st + (r0 + 8) * WS + j * 16 + 4 * t), hi0, hi1);
+        }
+        const uint32_t a0[4] = {e4m3x2_lo(lo0), e4m3x2_lo(hi0), e4m3x2_hi(lo0), e4m3x2_hi(hi0)};
+        const uint32_t a1[4] = {e4m3x2_lo(lo1), e4m3x2_lo(hi1), e4m3x2_hi(lo1), e4m3x2_hi(hi1)};
+#pragma unroll
+        for (int b = 0; b < NI; ++b) {
+          mma_f16(acc[a][b], a0, bf[0][b]);
+          mma_f16(acc[a][b], a1, bf[1][b]);
+        }
+      }
+      if (++cnt == fsteps) {  // end of a fold block: tot += P * (sw * sx), in K order
+        cnt = 0;
+        float2 sxv[NI];
+#pragma unroll
+        for (int b = 0; b < NI; ++b)
+          sxv[b] = *reinterpret_cast<const float2*>(st + C::kSxOff + (j * BT + tbase + b * 8 + 2 * t) * 4);
+#pragma unroll
+        for (int a = 0; a < MI; ++a) {
+          float s0, s1;
+          if constexpr (FMT == kFp8) {
+            s0 = s1 = swf[a][j];
+          } else {
+            const int r0 = rbase + a * 16 + g;
+            s0 = e8m0_f32(st[C::kSwOff + r0 * 4 + j]);
+            s1 = e8m0_f32(st[C::kSwOff + (r0 + 8) * 4 + j]);
+          }
+#pragma unroll
+          for (int b = 0; b < NI; ++b) {
+            tot[a][b][0] = __fmaf_rn(acc[a][b][0], __fmul_rn(s0, sxv[b].x), tot[a][b][0]);
+            tot[a][b][1] = __fmaf_rn(acc[a][b][1], __fmul_rn(s0, sxv[b].y), tot[a][b][1]);
+            tot[a][b][2] = __fmaf_rn(acc[a][b][2], __fmul_rn(s1, sxv[b].x), tot[a][b][2]);
+            tot[a][b][3] = __fmaf_rn(acc[a][b][3], __fmul_rn(s1, sxv[b].y), tot[a][b][3]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int a = 0; a < MI; ++a) {
+#pragma unroll
+    for (int b = 0; b < NI; ++b) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = n0 + rbase + a * 16 + g + (c >= 2 ? 8 : 0);
+        const int m = m0 + tbase + b * 8 + 2 * t + (c & 1);
+        if (n < N && m < M) {
+          const float v = tot[a][b][c];
+          y[static_cast<int64_t>(m) * N + n] = round ? round_to_bf16(v) : v;
+        }
+      }
+    }
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------------------
+struct Workspace {
+  std::mutex mu;
+  uint8_t* p = nullptr;
+  size_t bytes = 0;
+};
+uint8_t* workspace_for(size_t bytes) {
+  static Workspace ws;
+  std::lock_guard<std::mutex> lock(ws.mu);
+  if (ws.bytes < bytes) {
+    if (ws.p != nullptr) {
+      DI_CUDA_CHECK(cudaDeviceSynchronize());
+      DI_CUDA_CHECK(cudaFree(ws.p));
+      ws.p = nullptr;
+      ws.bytes = 0;
+    }
+    const size_t want = std::max<size_t>(bytes, size_t{1} << 20);
+    DI_CUDA_CHECK(cudaMalloc(&ws.p, want));
+    ws.bytes = want;
+  }
+  return ws.p;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+struct Args {
+  const uint8_t* w;
+  int64_t ldw;
+  const uint8_t* sc;
+  int64_t lds;
+  int B, N, K, M, M4;
+  const uint8_t* xq;
+  const float* sx32;
+  int fsteps;
+  float* y;
+  bool round;
+};
+
+template <int FMT, int MI, int NI, int WR, int WT, int S>
+void launch(const Args& a, cudaStream_t stream) {
+  using C = TcCfg<FMT, MI, NI, WR, WT>;
+  auto* kernel = tc_kernel<FMT, MI, NI, WR, WT, S>;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S * C::kStage));
+  });
+  const dim3 grid(static_cast<unsigned>((a.N + C::kR - 1) / C::kR), static_cast<unsigned>((a.M + C::kBT - 1) / C::kBT));
+  kernel<<<grid, C::kThreads, S * C::kStage, stream>>>(a.w, a.ldw, a.sc, a.lds, a.B, a.N, a.K, a.M, a.M4, a.xq, a.sx32,
+                                                       a.fsteps, a.y, a.round);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+// Decode pipelines: as many stages as fit about 96 KiB (deep, to keep enough weight bytes in flight with few
+// blocks per SM), at most 12 (FP8) / 24 (FP4, half the bytes a stage), at least 3.
+template <int FMT, int NI, int WR>
+constexpr int decode_stages() {
+  constexpr int kStage = TcCfg<FMT, 1, NI, WR, 1>::kStage;
+  constexpr int kMax = FMT == kFp8 ? 12 : 24;
+  constexpr int s = 96 * 1024 / kStage;
+  return s < 3 ? 3 : (s > kMax ? kMax : s);
+}
+
+template <int FMT>
+void dispatch(const Args& a, cudaStream_t stream) {
+  if (a.M <= 64) {
+    // One pass over the weight: every token of the batch in one tile; 16 or 64 weight rows per block,
+    // so that there are about two blocks per SM or more.
+    const bool wide = (a.N + 63) / 64 >= 2 * sm_count();
+    auto go = [&](auto ni) {
+      constexpr int NI = decltype(ni)::value;
+      if (wide)
+        launch<FMT, 1, NI, 4, 1, decode_stages<FMT, NI, 4>()>(a, stream);
+      else
+        launch<FMT, 1, NI, 1, 1, decode_stages<FMT, NI, 1>()>(a, stream);
+    };
+    if (a.M <= 8)
+      go(std::integral_constant<int, 1>{});
+    else if (a.M <= 16)
+      go(std::integral_constant<int, 2>{});
+    else if (a.M <= 32)
+      go(std::integral_constant<int, 4>{});
+    else
+      go(std::integral_constant<int, 8>{});
+  } else if (a.M <= 256) {
+    launch<FMT, 2, 4, 2, 2, 4>(a, stream);  // 64 x 64 tiles, 4 warps of 32 x 32
+  } else {
+    launch<FMT, 2, 8, 4, 2, 4>(a, stream);  // 128 x 128 tiles, 8 warps of 32 x 64
+  }
+}
+
+// Why linear_tc cannot take this call ("" when it can).
+std::string unsupported(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts) {
+  if (!x.defined() || x.device() != Device::kCUDA || x.dtype() != DType::kF32 || x.dim() != 2)
+    return "x must be a 2-D float32 CUDA tensor";
+  if (x.size(1) > 1 && x.strides()[1] != 1) return "x's rows must be dense";
+  const Tensor& w = qw.w;
+  if (!w.defined() || w.device() != Device::kCUDA || w.dim() != 2) return "the weight must be a 2-D CUDA tensor";
+  if (w.size(1) > 1 && w.strides()[1] != 1) return "the weight's rows must be dense";
+  const int64_t M = x.size(0), N = w.size(0), K = w.size(1);
+  if (x.size(1) != K) return "x and the weight disagree on K";
+  if (opts.act_quant_block <= 0 || opts.act_quant_block % 32 != 0)
+    return "needs the FP8 input site (act_quant_block a positive multiple of 32)";
+  if (K % kBK != 0) return "needs K % 128 == 0";
+  if (K % opts.act_quant_block != 0) return "needs K to be a multiple of act_quant_block";
+  if (M >= (int64_t{1} << 22) || N >= (int64_t{1} << 30) || K >= (int64_t{1} << 30)) return "too large";
+  if (M * K >= (int64_t{1} << 40)) return "too large";
+  const Tensor& s = qw.scale;
+  int64_t srows = 0, scols = 0, KS = 0;
+  if (w.dtype() == DType::kE4M3) {
+    if (qw.block <= 0 || qw.block % 32 != 0) return "needs an E4M3 block that is a multiple of 32";
+    srows = (N + qw.block - 1) / qw.block, scols = (K + qw.block - 1) / qw.block;
+    KS = std::gcd(opts.act_quant_block, qw.block);
+    if (w.strides()[0] % 16 != 0) return "needs 16-byte aligned weight rows";
+  } else if (w.dtype() == DType::kE2M1x2) {
+    if (!w.is_contiguous()) return "a packed FP4 weight must be contiguous";
+    srows = N, scols = K / 32;
+    KS = 32;
+  } else {
+    return "only E4M3 and packed E2M1 weights";
+  }
+  if (reinterpret_cast<uintptr_t>(w.raw()) % 16 != 0) return "needs a 16-byte aligned weight";
+  if (K % KS != 0) return "needs K to be a multiple of gcd(act_quant_block, block)";
+  if (!s.defined() || s.device() != Device::kCUDA || s.dtype() != DType::kE8M0 || s.dim() != 2 || s.size(0) != srows ||
+      s.size(1) != scols || (scols > 1 && s.strides()[1] != 1))
+    return "the scale does not match the weight";
+  if (w.dtype() == DType::kE2M1x2 && (s.strides()[0] % 4 != 0 || reinterpret_cast<uintptr_t>(s.raw()) % 4 != 0))
+    return "needs 4-byte aligned FP4 scale rows";
+  return "";
+}
+
+}  // namespace
+
+bool linear_tc_supported(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts) {
+  return unsupported(x, w, opts).empty();
+}
+
+void linear_tc_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y,
+                    CUstream_st* stream_ptr) {
+  const char* op = "cuda::linear_tc";
+  const std::string why = unsupported(x, qw, opts);
+  DI_CHECK(why.empty(), "{}: unsupported call (x {}, weight {}): {}", op, x.defined() ? x.describe() : "undefined",
+           qw.w.defined() ? qw.w.describe() : "undefined", why);
+  const cudaStream_t stream = stream_ptr;
+  const int64_t M = x.size(0), N = qw.w.size(0), K = qw.w.size(1);
+  DI_CHECK(y.defined() && y.device() == Device::kCUDA && y.dtype() == DType::kF32 && y.is_contiguous() &&
+               y.dim() == 2 && y.size(0) == M && y.size(1) == N,
+           "{}: output {} is not a contiguous float32 CUDA [{}, {}]", op, y.describe(), M, N);
+  if (M == 0 || N == 0) return;
+
+  const int act = static_cast<int>(opts.act_quant_block);
+  const int64_t M4 = (M + 3) / 4 * 4;
+  const int64_t code_bytes = (M * K + 255) / 256 * 256;
+  uint8_t* ws = workspace_for(static_cast<size_t>(code_bytes + (K / 32) * M4 * 4));
+  Args a{};
+  a.xq = ws;
+  a.sx32 = reinterpret_cast<const float*>(ws + code_bytes);
+
+  const int64_t warps = M * (K / act);
+  quant_x_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(
+      x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), act, static_cast<int>(M4), ws,
+      reinterpret_cast<float*>(ws + code_bytes));
+  DI_CUDA_CHECK(cudaGetLastError());
+
+  a.w = static_cast<const uint8_t*>(qw.w.raw());
+  a.sc = static_cast<const uint8_t*>(qw.scale.raw());
+  a.lds = qw.scale.strides()[0];
+  a.N = static_cast<int>(N), a.K = static_cast<int>(K), a.M = static_cast<int>(M), a.M4 = static_cast<int>(M4);
+  a.y = y.data<float>();
+  a.round = opts.round_out_bf16;
+  if (qw.w.dtype() == DType::kE4M3) {
+    a.ldw = qw.w.strides()[0];
+    a.B = static_cast<int>(qw.block);
+    a.fsteps = static_cast<int>(std::gcd(opts.act_quant_block, qw.block) / 32);
+    dispatch<kFp8>(a, stream);
+  } else {
+    a.ldw = K / 2;
+    a.B = 32;
+    a.fsteps = 1;
+    dispatch<kFp4>(a, stream);
+  }
+}
+
+Tensor linear_tc(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts) {
+  DI_CHECK(x.defined() && x.dim() == 2 && w.w.defined() && w.w.dim() == 2,
+           "cuda::linear_tc: expected x [M, K] and W [N, K]");
+  Tensor y = Tensor::empty({x.size(0), w.w.size(0)}, DType::kF32, Device::kCUDA);
+  linear_tc_into(x, w, opts, y);
+  return y;
+}
+
+}  // namespace deepinfer::cuda

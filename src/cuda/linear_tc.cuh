@@ -1,0 +1,66 @@
+// Tensor-core CUDA linear for the quantised weights (E4M3 + E8M0 tiles, packed E2M1 + E8M0 per 32) with
+// the FP8 input site (act_quant_block > 0): an alternative implementation of the ops::linear contract
+// (src/ops/ops.h) that is numerically close to the CPU op, not bit-exact. Not wired into any dispatch.
+//
+// Numerics. x is first quantised per row and act_quant_block columns exactly as the CPU's fake_quant_fp8
+// (amax floored at 1e-4, ue8m0 scale sx = 2^ceil(log2(amax / 448)), codes e4m3_rne(x / sx)), so the CPU's
+// quantised x equals cx * sx bit for bit. FP4 codes are exact in E4M3, so every weight is cw * sw with an
+// E4M3 code cw and a power of two sw (E8M0). For each fold block of KS = gcd(act_quant_block, weight
+// scale block) columns (32 for V4.1 and for FP4 weights, 128 for V4) both scales are constant, and
+//     y[m, n] = sum over fold blocks b, in K order, of  fma(P_b[m, n], sx[m, b] * sw[n, b], tot)
+// where P_b = sum of cx * cw over the block is computed by the tensor core with FP32 accumulation.
+// The MMA: sm_90 has no native FP8 mma.sync (ptxas lowers mma.m16n8k32.e4m3 to FP16 HMMAs plus
+// conversions; native FP8 is WGMMA only), so the kernel converts the codes to FP16 itself (exact:
+// cvt.rn.f16x2.e4m3x2) and issues mma.sync.m16n8k16.row.col.f32.f16.f16.f32, two per 32-column k step,
+// each converted fragment reused across the warp's tile; a fold block chains its 2 KS / 32 MMAs through
+// the accumulator. Each product cx * cw is exact; what differs from the CPU op is (a) the order (and the
+// tensor core's internal alignment) of the FP32 additions inside a fold block, and (b) the order of the
+// additions across blocks (sequential here, the CPU's 8-lane tree there). sx * sw is exact (powers of
+// two) unless it leaves the fp32 range. Error bound used by the test: |y - y_cpu| <= (K/16 + 64) 2^-24 S
+// with S = sum_k |x_k w_k| (both sides' worst-case FP32 summation error; tests/cuda/test_cuda_linear_tc.cpp).
+// round_out_bf16 rounds the final y to bf16 (nearest even) once. Weight NaN codes propagate through the
+// MMA (the row turns NaN, as on the CPU).
+// Batch invariance: every output sums its fold blocks in K order from 0, and each block's MMA chain
+// depends only on that output's row of x and row of W, so a row's result does not depend on M, on the
+// row's position in the batch, or on the tile configuration (which is chosen from M and N).
+//
+// Kernel shape ("swap AB"). The MMA's M dimension holds 16 weight rows, its N dimension 8 tokens; within
+// one 32-column k step both operands use the same fixed permutation of the 32 columns so that every lane
+// reads 8 contiguous bytes per row (FP8) or one 32-bit word of 8 nibbles (FP4, expanded to E4M3 bytes in
+// registers with two byte permutes for the magnitudes and two for the signs, then to FP16 as FP8). A thread block owns
+// WR x MI x 16 weight rows and WT x NI x 8 tokens (warps WR x WT, each MI x NI MMA tiles), walks all of K
+// in stages of 128 columns (16-byte cp.async, S stages: weight rows, x codes, x scales and FP4 weight
+// scales; E4M3 tile scales are read through the L1), and keeps FP32 running totals in registers:
+//   M <= 64  (decode, small batches): MI = 1, NI = ceil(M / 8) rounded up to 1/2/4/8, WT = 1, WR = 4 when
+//            N / 64 >= 2 x the SM count, else 1 (16-row blocks); 3..24 stages (~96 KiB); the weight is
+//            read once from HBM.
+//   M <= 256: 64 x 64 tiles (4 warps, 32 x 32 each); M > 256: 128 x 128 tiles (8 warps, 32 x 64 each).
+// x is quantised by a pre-pass into a cached workspace: codes uint8 [M, K] and scales float [K/32, M4]
+// (one per 32 columns, repeated over an act block; M4 = M rounded up to 4).
+// Requirements (else linear_tc_supported is false): x float32 [M, K] on kCUDA with dense rows,
+// act_quant_block > 0 and a multiple of 32, K % 128 == 0, E4M3 block a multiple of 32 (or E2M1x2 with
+// scale [N, K/32]), 16-byte aligned weight rows, 4-byte aligned scale rows.
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/tensor.h"
+#include "ops/ops.h"
+
+struct CUstream_st;
+
+namespace deepinfer::cuda {
+
+// Whether linear_tc handles this call (shapes, formats, devices and alignment; see above).
+bool linear_tc_supported(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts);
+
+// y[M, N] = x[M, K] . W^T into a preallocated float32 [M, N] contiguous CUDA tensor on `stream`
+// (nullptr: the legacy default stream). Throws deepinfer::Error when !linear_tc_supported. The x workspace
+// is cached and grows on demand (a grow synchronises the device).
+void linear_tc_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
+                    CUstream_st* stream = nullptr);
+
+// As linear_tc_into, allocating y.
+Tensor linear_tc(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts);
+
+}  // namespace deepinfer::cuda

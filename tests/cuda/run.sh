@@ -1,0 +1,28 @@
+#!/bin/bash
+# The GPU checks of issue 8 in one command (`make test-cuda` runs it on a build directory; on a GPU
+# machine without the build dependencies, point it at prebuilt binaries):
+#   bash tests/cuda/run.sh BIN_DIR [OUT_DIR]
+# BIN_DIR holds deepinfer_cuda_tests (every CUDA op against the CPU op) and deepinfer_cuda_model_tests
+# (checkpoints on the CPU and the GPU, greedy tokens compared). The checkpoints: the tiny V4 and V4.1
+# presets of tools/make_checkpoint.py (generated here, numpy only) and the shipped trained model
+# models/mini-v41. Exit status: non-zero if any case failed.
+set -u
+here=$(cd "$(dirname "$0")/../.." && pwd)
+bin=$(cd "$1" && pwd)
+out=${2:-/tmp/deepinfer-test-cuda}
+mkdir -p "$out/ckpt"
+find_bin() { for c in "$bin/$1" "$bin/src/cuda/$1"; do [ -x "$c" ] && { echo "$c"; return; }; done; echo "missing $1 in $bin" >&2; exit 2; }
+ops=$(find_bin deepinfer_cuda_tests)
+model=$(find_bin deepinfer_cuda_model_tests)
+python3 "${MAKE_CHECKPOINT:-$here/tools/make_checkpoint.py}" --family v4 --preset tiny --seed 1 --out "$out/ckpt/tiny-v4" > /dev/null || exit 2
+python3 "${MAKE_CHECKPOINT:-$here/tools/make_checkpoint.py}" --family v41 --preset tiny --seed 1 --out "$out/ckpt/tiny-v41" > /dev/null || exit 2
+rc=0
+SECONDS=0
+"$ops" > "$out/ops.txt" 2>&1 || rc=1
+echo "ops: $(grep -c '^PASS ' "$out/ops.txt") PASS, $(grep -c '^FAIL ' "$out/ops.txt") FAIL (${SECONDS}s)"
+grep '^FAIL ' "$out/ops.txt"
+SECONDS=0
+"$model" "$out/ckpt/tiny-v4" "$out/ckpt/tiny-v41" "$here/models/mini-v41" 2>&1 | tee "$out/model.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+echo "model: ${SECONDS}s"
+exit $rc

@@ -1,0 +1,355 @@
+// GPU check of the tensor-core linear (src/cuda/linear_tc.cu) against the CPU op ops::linear.
+//
+// Not a ctest test (CI has no GPU). Run on a Hopper machine:
+//   ./build/src/cuda/deepinfer_cuda_linear_tc_tests
+// Prints one PASS/FAIL line per case (and "     differ x/n max|d|/S ..." under each comparison); exit
+// status 0 = all passed, 1 = a failure, 2 = no GPU.
+//
+// Tolerance. With xq the CPU's FP8-quantised x and W the dequantised weight, every product xq_k * W_k is
+// exact on both sides, so the two results are two orders of FP32 additions of the same terms. With
+// S = sum_k |xq_k W_k| (computed on the GPU by cuda::linear from |xq| and |W|, both exact in bf16) and
+// u = 2^-24, a recursive FP32 sum of depth d is off by at most about d u S; the CPU's depth is about
+// K/32 + 8, the tensor-core kernel's K/KS + 2 KS/16 (fold blocks plus the MMA chain in a block, allowing a
+// few ulps for the MMA's internal alignment), so each output must satisfy
+//     |y_tc - y_cpu| <= (K/16 + 64) u S + 1e-35
+// plus, with round_out_bf16, one bf16 step: + 2^-7 max(|y_tc|, |y_cpu|). NaN == NaN.
+// Batch invariance is checked bit for bit: a row computed in M = 64 / 300 calls equals the same row
+// computed alone (M = 1) and at another position of an M = 16 call.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/linear.cuh"
+#include "cuda/linear_tc.cuh"
+#include "deepinfer/dtype.h"
+#include "deepinfer/error.h"
+#include "ops/ops.h"
+
+namespace di = deepinfer;
+
+namespace {
+
+int g_failures = 0;
+
+void report(const std::string& name, const std::string& problem) {
+  if (problem.empty()) {
+    std::printf("PASS %s\n", name.c_str());
+  } else {
+    std::printf("FAIL %s: %s\n", name.c_str(), problem.c_str());
+    ++g_failures;
+  }
+  std::fflush(stdout);
+}
+
+void run_case(const std::string& name, const std::function<std::string()>& body) {
+  try {
+    report(name, body());
+  } catch (const std::exception& e) {
+    report(name, std::string("threw: ") + e.what());
+  }
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Random float32 [rows, cols] (as tests/cuda/test_cuda_ops.cpp): magnitudes over 10^-6 .. 10^3 per row,
+// a few exact zeros and some values on e4m3 rounding ties.
+di::Tensor random_rows(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> expo(-6.0f, 3.0f);
+  std::uniform_int_distribution<int> pick(0, 31);
+  di::Tensor t = di::Tensor::empty({rows, cols}, di::DType::kF32);
+  float* p = t.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float row_scale = std::pow(10.0f, expo(rng));
+    for (int64_t c = 0; c < cols; ++c) {
+      const int k = pick(rng);
+      if (k == 0) {
+        p[r * cols + c] = 0.0f;
+      } else if (k == 1) {
+        p[r * cols + c] = 1.0625f * row_scale;
+      } else {
+        p[r * cols + c] = normal(rng) * row_scale;
+      }
+    }
+  }
+  di::ops::round_bf16(t, true);  // activations live on the bf16 grid
+  return t;
+}
+
+// Random E4M3 (no NaN codes) or packed E2M1 weights with E8M0 scales around 2^-12 .. 2^1.
+di::ops::QWeight random_weight(di::DType dt, int64_t N, int64_t K, int64_t block, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  di::ops::QWeight q;
+  auto scales = [&](int64_t rows, int64_t cols, int lo, int hi) {
+    std::uniform_int_distribution<int> e(lo, hi);
+    di::Tensor s = di::Tensor::empty({rows, cols}, di::DType::kE8M0);
+    for (int64_t i = 0; i < rows * cols; ++i) s.data<uint8_t>()[i] = static_cast<uint8_t>(e(rng));
+    return s;
+  };
+  q.w = di::Tensor::empty({N, K}, dt);
+  if (dt == di::DType::kE4M3) {
+    uint8_t* p = q.w.data<uint8_t>();
+    for (int64_t i = 0; i < N * K; ++i) {
+      int c = byte(rng);
+      while ((c & 0x7f) == 0x7f) c = byte(rng);
+      p[i] = static_cast<uint8_t>(c);
+    }
+    q.block = block;
+    q.scale = scales((N + block - 1) / block, (K + block - 1) / block, 115, 125);
+  } else {
+    uint8_t* p = static_cast<uint8_t*>(q.w.raw());
+    for (int64_t i = 0; i < N * K / 2; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+    q.scale = scales(N, K / 32, 118, 128);
+  }
+  return q;
+}
+
+di::ops::QWeight to_device(const di::ops::QWeight& q) {
+  di::ops::QWeight d = q;
+  d.w = di::cuda::copy_to_device(q.w);
+  if (q.scale.defined()) d.scale = di::cuda::copy_to_device(q.scale);
+  return d;
+}
+
+// |W| dequantised, as an exact BF16 [N, K] CUDA weight (e4m3 / e2m1 times a power of two fit bf16).
+di::ops::QWeight abs_weight_bf16(const di::ops::QWeight& wh) {
+  const di::Tensor d = di::ops::dequantize(wh);
+  di::Tensor b = di::Tensor::empty({d.size(0), d.size(1)}, di::DType::kBF16);
+  const float* s = d.data<float>();
+  uint16_t* o = b.data<uint16_t>();
+  for (int64_t i = 0; i < d.numel(); ++i) o[i] = di::f32_to_bf16(std::fabs(s[i]));
+  di::ops::QWeight q;
+  q.w = di::cuda::copy_to_device(b);
+  return q;
+}
+
+// S[m, n] = sum_k |xq[m, k] W[n, k]| (host copy), xq the CPU's FP8 quantisation of x.
+di::Tensor abs_sums(const di::Tensor& x, int64_t act, const di::ops::QWeight& absw) {
+  di::Tensor xq = x.clone();
+  di::ops::fake_quant_fp8(xq, 0, xq.size(1), act);
+  float* p = xq.data<float>();
+  for (int64_t i = 0; i < xq.numel(); ++i) p[i] = std::fabs(p[i]);
+  return di::cuda::copy_to_host(di::cuda::linear(di::cuda::copy_to_device(xq), absw, di::ops::LinearOpts{}));
+}
+
+std::string compare_tol(const di::Tensor& want, const di::Tensor& got, const di::Tensor& S, int64_t K, bool round,
+                        std::string& stats) {
+  const int64_t n = want.numel();
+  if (got.numel() != n || S.numel() != n) return "size mismatch";
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  const float* s = S.data<float>();
+  const double rel = static_cast<double>(K / 16 + 64) * std::ldexp(1.0, -24);
+  int64_t differ = 0, bad = 0, first = -1;
+  double max_ratio = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (bits(a[i]) == bits(b[i])) continue;
+    ++differ;
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    double tol = rel * s[i] + 1e-35;
+    if (round) tol += std::ldexp(1.0, -7) * std::max(std::fabs(a[i]), std::fabs(b[i]));
+    if (!round && s[i] > 0) max_ratio = std::max(max_ratio, d / s[i]);
+    if (!(d <= tol)) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  char buf[300];
+  std::snprintf(buf, sizeof buf, "differ %lld/%lld max|d|/S %.3g (tol %.3g)", static_cast<long long>(differ),
+                static_cast<long long>(n), max_ratio, rel);
+  stats = buf;
+  if (bad == 0) return "";
+  std::snprintf(buf, sizeof buf, "%lld of %lld out of tolerance; first at %lld: cpu %.9g, tc %.9g, S %.9g; %s",
+                static_cast<long long>(bad), static_cast<long long>(n), static_cast<long long>(first), a[first],
+                b[first], s[first], stats.c_str());
+  return buf;
+}
+
+struct Case {
+  const char* what;
+  di::DType dt;
+  int64_t N, K, block, act;
+};
+
+void test_against_cpu() {
+  const Case cases[] = {
+      {"v4.1 [1280,5120]", di::DType::kE4M3, 1280, 5120, 32, 32},
+      {"v4.1 [32768,1280]", di::DType::kE4M3, 32768, 1280, 32, 32},
+      {"v4.1 [512,5120]", di::DType::kE4M3, 512, 5120, 32, 32},
+      {"v4.1 [5120,8192]", di::DType::kE4M3, 5120, 8192, 32, 32},
+      {"v4.1 expert [2304,5120]", di::DType::kE2M1x2, 2304, 5120, 0, 32},
+      {"v4.1 expert [5120,2304]", di::DType::kE2M1x2, 5120, 2304, 0, 32},
+      {"v4 block 128 [1280,5120]", di::DType::kE4M3, 1280, 5120, 128, 128},
+      {"v4 block 128 [5120,8192]", di::DType::kE4M3, 5120, 8192, 128, 128},
+      {"fp8 block 32, act 128", di::DType::kE4M3, 1280, 5120, 32, 128},
+      {"fp8 block 128, act 32", di::DType::kE4M3, 640, 2048, 128, 32},
+      {"fp8 block 64, act 64, ragged N", di::DType::kE4M3, 333, 2176, 64, 64},
+      {"fp8 block 128 ragged N", di::DType::kE4M3, 1000, 4096, 128, 128},
+      {"fp8 block 32 short K, N 37", di::DType::kE4M3, 37, 256, 32, 32},
+      {"fp4 short K, N 37", di::DType::kE2M1x2, 37, 128, 0, 32},
+      {"fp4 act 128", di::DType::kE2M1x2, 768, 1024, 0, 128},
+  };
+  uint32_t seed = 7000;
+  for (const Case& c : cases) {
+    const di::ops::QWeight wh = random_weight(c.dt, c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    const di::ops::QWeight absw = abs_weight_bf16(wh);
+    struct Run {
+      int64_t M;
+      bool round;
+    };
+    for (const Run run : {Run{1, false}, Run{3, false}, Run{3, true}, Run{16, false}, Run{64, false}, Run{64, true},
+                          Run{256, false}, Run{300, true}}) {
+      char name[240];
+      std::snprintf(name, sizeof name, "linear_tc %s %s N=%lld K=%lld B=%lld act=%lld round=%d M=%lld", c.what,
+                    di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
+                    static_cast<long long>(c.block), static_cast<long long>(c.act), run.round ? 1 : 0,
+                    static_cast<long long>(run.M));
+      run_case(name, [&] {
+        const di::Tensor x = random_rows(run.M, c.K, seed++);
+        di::ops::LinearOpts o;
+        o.act_quant_block = c.act;
+        o.round_out_bf16 = run.round;
+        const di::Tensor xd = di::cuda::copy_to_device(x);
+        if (!di::cuda::linear_tc_supported(xd, wd, o)) return std::string("linear_tc_supported is false");
+        const di::Tensor want = di::ops::linear(x, wh, o);
+        const di::Tensor got = di::cuda::copy_to_host(di::cuda::linear_tc(xd, wd, o));
+        const di::Tensor S = abs_sums(x, c.act, absw);
+        std::string stats;
+        const std::string r = compare_tol(want, got, S, c.K, run.round, stats);
+        std::printf("     %s\n", stats.c_str());
+        return r;
+      });
+    }
+  }
+}
+
+void test_unsupported() {
+  struct U {
+    const char* what;
+    di::DType dt;
+    int64_t N, K, block, act;
+  };
+  const U us[] = {
+      {"fp8 K=96 N=37", di::DType::kE4M3, 37, 96, 32, 32},
+      {"fp4 K=96 N=37", di::DType::kE2M1x2, 37, 96, 0, 32},
+      {"fp8 without the act quant site", di::DType::kE4M3, 64, 256, 32, 0},
+      {"fp8 act 16", di::DType::kE4M3, 64, 256, 32, 16},
+  };
+  uint32_t seed = 9000;
+  for (const U& u : us) {
+    run_case(std::string("linear_tc_supported is false: ") + u.what, [&] {
+      const di::ops::QWeight wd = to_device(random_weight(u.dt, u.N, u.K, u.block, seed++));
+      const di::Tensor xd = di::cuda::copy_to_device(random_rows(2, u.K, seed++));
+      di::ops::LinearOpts o;
+      o.act_quant_block = u.act;
+      if (di::cuda::linear_tc_supported(xd, wd, o)) return std::string("supported() returned true");
+      try {
+        (void)di::cuda::linear_tc(xd, wd, o);
+      } catch (const di::Error&) {
+        return std::string();
+      }
+      return std::string("linear_tc did not throw");
+    });
+  }
+  run_case("linear_tc_supported is false: bf16 weight", [&] {
+    di::ops::QWeight q;
+    q.w = di::Tensor::zeros({64, 256}, di::DType::kBF16, di::Device::kCUDA);
+    const di::Tensor xd = di::cuda::copy_to_device(random_rows(2, 256, 1));
+    di::ops::LinearOpts o;
+    o.act_quant_block = 32;
+    return di::cuda::linear_tc_supported(xd, q, o) ? std::string("supported() returned true") : std::string();
+  });
+}
+
+// Row r of a batch equals, bit for bit, the row computed alone and at another position in another batch.
+void test_batch_invariance() {
+  const Case cases[] = {
+      {"v4.1 fp8 [1280,5120]", di::DType::kE4M3, 1280, 5120, 32, 32},
+      {"v4.1 fp8 [32768,1280]", di::DType::kE4M3, 32768, 1280, 32, 32},
+      {"v4.1 fp4 [2304,5120]", di::DType::kE2M1x2, 2304, 5120, 0, 32},
+      {"v4 fp8 block 128 [5120,8192]", di::DType::kE4M3, 5120, 8192, 128, 128},
+  };
+  uint32_t seed = 11000;
+  for (const Case& c : cases) {
+    const di::ops::QWeight wd = to_device(random_weight(c.dt, c.N, c.K, c.block, seed++));
+    for (const bool round : {false, true}) {
+      char name[240];
+      std::snprintf(name, sizeof name, "linear_tc batch invariance %s round=%d (M = 1, 16, 64, 300)", c.what,
+                    round ? 1 : 0);
+      run_case(name, [&] {
+        di::ops::LinearOpts o;
+        o.act_quant_block = c.act;
+        o.round_out_bf16 = round;
+        const di::Tensor big = random_rows(300, c.K, seed++);
+        const di::Tensor other = random_rows(16, c.K, seed++);
+        const di::Tensor y300 = di::cuda::copy_to_host(di::cuda::linear_tc(di::cuda::copy_to_device(big), wd, o));
+        const di::Tensor y64 = di::cuda::copy_to_host(
+            di::cuda::linear_tc(di::cuda::copy_to_device(big.slice(0, 0, 64).contiguous()), wd, o));
+        const int64_t K = c.K, N = c.N;
+        for (const int64_t r : {int64_t{0}, int64_t{5}, int64_t{37}, int64_t{63}}) {
+          const di::Tensor xr = big.slice(0, r, r + 1).contiguous();
+          const di::Tensor y1 = di::cuda::copy_to_host(di::cuda::linear_tc(di::cuda::copy_to_device(xr), wd, o));
+          di::Tensor x16 = other.clone();
+          const int64_t pos = (r * 7 + 3) % 16;
+          std::memcpy(x16.data<float>() + pos * K, xr.data<float>(), static_cast<size_t>(K) * sizeof(float));
+          const di::Tensor y16 = di::cuda::copy_to_host(di::cuda::linear_tc(di::cuda::copy_to_device(x16), wd, o));
+          const float* a = y64.data<float>() + r * N;
+          const float* b300 = y300.data<float>() + r * N;
+          const float* b1 = y1.data<float>();
+          const float* b16 = y16.data<float>() + pos * N;
+          for (int64_t n = 0; n < N; ++n) {
+            if (bits(a[n]) != bits(b1[n]) || bits(a[n]) != bits(b16[n]) || bits(a[n]) != bits(b300[n])) {
+              char buf[240];
+              std::snprintf(buf, sizeof buf, "row %lld col %lld: M=64 %.9g, M=1 %.9g, M=16 (pos %lld) %.9g, M=300 %.9g",
+                            static_cast<long long>(r), static_cast<long long>(n), a[n], b1[n],
+                            static_cast<long long>(pos), b16[n], b300[n]);
+              return std::string(buf);
+            }
+          }
+        }
+        return std::string();
+      });
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  const int n = di::cuda::device_count();
+  if (n == 0) {
+    std::printf("SKIP: no CUDA device visible; these tests need a GPU (sm_90)\n");
+    return 2;
+  }
+  try {
+    di::cuda::init();
+  } catch (const std::exception& e) {
+    std::printf("FAIL init: %s\n", e.what());
+    return 1;
+  }
+  test_unsupported();
+  test_batch_invariance();
+  test_against_cpu();
+  try {
+    di::cuda::synchronize();
+  } catch (const std::exception& e) {
+    report("synchronize", e.what());
+  }
+  std::printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
