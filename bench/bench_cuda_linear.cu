@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cuda/device.h"
-#include "cuda_bench_util.cuh"
 #include "cuda/linear.cuh"
+#include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
 
@@ -26,16 +26,6 @@ namespace {
   do {                                                                 \
     if ((expr) != CUBLAS_STATUS_SUCCESS) di::fail("{} failed", #expr); \
   } while (0)
-
-__global__ void read_kernel(const float4* p, size_t n, float* out) {
-  float s = 0.0f;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float4 v = p[i];
-    s += v.x + v.y + v.z + v.w;
-  }
-  if (s == 123.456f) *out = s;  // never true for the data used; keeps the loads
-}
 
 using deepinfer::bench::next_u32;
 using deepinfer::bench::time_graph;
@@ -75,7 +65,8 @@ int main() {
   CK(cudaMalloc(&sink, 4));
   CK(cudaMemset(src, 0x3c, big));  // small finite floats, not zeros
   const double t_read = time_graph(st, 4, [&](int) {
-    read_kernel<<<prop.multiProcessorCount * 8, 512, 0, st>>>(static_cast<const float4*>(src), big / 16, sink);
+    deepinfer::bench::read_kernel<<<prop.multiProcessorCount * 8, 512, 0, st>>>(static_cast<const float4*>(src),
+                                                                                big / 16, sink);
   });
   const double t_copy =
       time_graph(st, 4, [&](int) { CK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice, st)); });

@@ -1,4 +1,5 @@
-// Helpers shared by the CUDA benchmarks: a deterministic xorshift for test data and CUDA-graph timing.
+// Helpers shared by the CUDA benchmarks: a deterministic xorshift for test data, the HBM read-ceiling kernel
+// and CUDA-graph timing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,17 @@
 #include "deepinfer/error.h"
 
 namespace deepinfer::bench {
+
+// The HBM read ceiling's kernel: streams n float4 values (a graph of calls over a buffer larger than L2).
+inline __global__ void read_kernel(const float4* p, size_t n, float* out) {
+  float s = 0.0f;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float4 v = p[i];
+    s += v.x + v.y + v.z + v.w;
+  }
+  if (s == 123.456f) *out = s;  // never true for the data used; keeps the loads
+}
 
 inline uint32_t next_u32() {
   static uint64_t rng = 0x9E3779B97F4A7C15ull;

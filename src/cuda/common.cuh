@@ -1,13 +1,43 @@
-// Small helpers shared by the CUDA kernels: viewing a tensor as rows, block-wide reductions and
-// bf16 rounding. Host parts are plain C++; device parts compile only under nvcc.
+// Small helpers shared by the CUDA kernels: viewing a tensor as rows, a growing workspace, block-wide
+// reductions and bf16 rounding. Host parts are plain C++; device parts compile only under nvcc.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 
 #include "deepinfer/error.h"
 #include "deepinfer/tensor.h"
 
 namespace deepinfer::cuda {
+
+// A device scratch buffer that grows on demand and never shrinks (kernels' private workspaces).
+// Growing waits for the device first: work queued earlier may still read the old buffer.
+class GrowingBuffer {
+ public:
+  void* get(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes_ < bytes) {
+      if (p_ != nullptr) {
+        DI_CHECK(cudaDeviceSynchronize() == cudaSuccess && cudaFree(p_) == cudaSuccess,
+                 "cuda: could not release a workspace of {} bytes", bytes_);
+        p_ = nullptr;
+        bytes_ = 0;
+      }
+      const size_t want = std::max<size_t>(bytes, size_t{1} << 20);
+      DI_CHECK(cudaMalloc(&p_, want) == cudaSuccess, "cuda: could not allocate a workspace of {} bytes", want);
+      bytes_ = want;
+    }
+    return p_;
+  }
+
+ private:
+  std::mutex mu_;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 // A float32 tensor on kCUDA seen as `rows` rows of `cols` contiguous values, `row_stride`
 // elements apart. Accepts 1-D tensors (one row), 2-D tensors whose last dimension is dense (so

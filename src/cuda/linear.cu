@@ -467,30 +467,9 @@ __global__ void __launch_bounds__(128)
 }
 
 // ---- host side --------------------------------------------------------------------------------------------
-struct Workspace {
-  std::mutex mu;
-  float* p = nullptr;
-  size_t bytes = 0;
-};
-Workspace& workspace() {
-  static Workspace ws;
-  return ws;
-}
 float* workspace_for(size_t bytes) {
-  Workspace& ws = workspace();
-  std::lock_guard<std::mutex> lock(ws.mu);
-  if (ws.bytes < bytes) {
-    if (ws.p != nullptr) {
-      DI_CUDA_CHECK(cudaDeviceSynchronize());
-      DI_CUDA_CHECK(cudaFree(ws.p));
-      ws.p = nullptr;
-      ws.bytes = 0;
-    }
-    const size_t want = std::max<size_t>(bytes, size_t{1} << 20);
-    DI_CUDA_CHECK(cudaMalloc(&ws.p, want));
-    ws.bytes = want;
-  }
-  return ws.p;
+  static GrowingBuffer ws;
+  return static_cast<float*>(ws.get(bytes));
 }
 
 int smem_optin() {

@@ -278,26 +278,9 @@ __global__ void __launch_bounds__(WR* WT * 32)
 }
 
 // ---- host side --------------------------------------------------------------------------------------------
-struct Workspace {
-  std::mutex mu;
-  uint8_t* p = nullptr;
-  size_t bytes = 0;
-};
 uint8_t* workspace_for(size_t bytes) {
-  static Workspace ws;
-  std::lock_guard<std::mutex> lock(ws.mu);
-  if (ws.bytes < bytes) {
-    if (ws.p != nullptr) {
-      DI_CUDA_CHECK(cudaDeviceSynchronize());
-      DI_CUDA_CHECK(cudaFree(ws.p));
-      ws.p = nullptr;
-      ws.bytes = 0;
-    }
-    const size_t want = std::max<size_t>(bytes, size_t{1} << 20);
-    DI_CUDA_CHECK(cudaMalloc(&ws.p, want));
-    ws.bytes = want;
-  }
-  return ws.p;
+  static GrowingBuffer ws;
+  return static_cast<uint8_t*>(ws.get(bytes));
 }
 
 int sm_count() {

@@ -18,13 +18,12 @@ namespace deepinfer {
 
 namespace {
 
-// Runs a compressor over the chunk; returns the latents (after norm, before RoPE) of every group
-// the chunk completes, [n_new, d], and their group ids in `groups`.
-Tensor compressor(const CompressorWeights& w, CompressorState& st, const Tensor& x, int64_t start_pos,
-                  std::vector<int64_t>& groups, const LayerCtx& c) {
+// Runs a compressor over the chunk from its FP32 projections kv / score [T, c*d] (attention_rows_v4);
+// returns the latents (after norm, before RoPE) of every group the chunk completes, [n_new, d], and
+// their group ids in `groups`.
+Tensor compressor(const CompressorWeights& w, CompressorState& st, const Tensor& kv, const Tensor& score,
+                  int64_t start_pos, std::vector<int64_t>& groups, const LayerCtx& c) {
   DI_CHECK(st.ratio == w.ratio, "compressor: state ratio {} for weights of ratio {}", st.ratio, w.ratio);
-  Tensor kv = linear_f32(x, w.wkv);  // [T, c*d] FP32
-  Tensor score = linear_f32(x, w.wgate);
   Tensor lat = compressor_pool_chunk(st, kv, score, w.ape, w.head_dim, w.overlap, start_pos, groups);
   if (lat.size(0) == 0) return lat;
   ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
@@ -73,24 +72,14 @@ Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor
 
 namespace {
 
-// Lightning indexer (§2.5): scores every visible index key for every query and keeps the top
-// min(index_topk, visible) by (score desc, index asc). Returns picks per query, -1 padded to
-// `kcomp` entries, in score order.
-std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Tensor& qr, int64_t start_pos,
-                             const RowPages& keys, const ops::RopeFreqs& rope, const std::vector<int64_t>& positions,
-                             int64_t kcomp, const LayerCtx& c) {
+// Lightning indexer (§2.5): scores every visible index key for every query (q [T, heads*d] and the
+// scaled weights wts [T, heads] from attention_rows_v4) and keeps the top min(index_topk, visible) by
+// (score desc, index asc). Returns picks per query, -1 padded to `kcomp` entries, in score order.
+std::vector<int32_t> indexer(const Tensor& q, const Tensor& wts, int64_t start_pos, const RowPages& keys, int64_t kcomp,
+                             const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = x.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, r = 4;
+  const int64_t T = q.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, r = 4;
   const bool bf = c.num.bf16;
-  Tensor q = linear_q(qr, w.wq_b, c);  // [T, nh*hd]
-  ops::apply_rope(q, hd, cfg.rope_head_dim, positions.data(), rope, false, bf);
-  ops::hadamard(q, hd, bf);
-  if (c.num.simulate_qat) ops::fake_quant_fp4(q, 32);
-  Tensor wts = linear_bf16(x, w.weights_proj, c);  // [T, nh]
-  const float wscale =
-      static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
-  ops::scale(wts, wscale, bf);
-
   // Scores of every visible index key (ops::index_scores), then the top min(index_topk, kcomp) of
   // each row in score order (kcomp <= index_topk).
   const Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, r}, bf);
@@ -112,33 +101,66 @@ std::vector<int32_t> indexer(const IndexerWeights& w, const Tensor& x, const Ten
 
 }  // namespace
 
-Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_pos, LayerState& st,
-                    const ops::RopeFreqs& rope, const LayerCtx& c) {
+AttnRows AttnRows::rows(int64_t a, int64_t b) const {
+  auto cut = [&](const Tensor& t) { return t.defined() ? t.slice(0, a, b) : Tensor(); };
+  return AttnRows{cut(qr), cut(q), cut(kv), cut(ckv), cut(cscore), cut(ikv), cut(iscore), cut(iq), cut(iw)};
+}
+
+AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int64_t* positions,
+                           const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = x.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
+  const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
+  const bool bf = c.num.bf16;
+  AttnRows r;
+  // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
+  r.qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
+  r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
+  dump("q_proj", c.layer, r.q);
+  ops::renorm_heads(r.q, D, cfg.norm_eps, bf);
+  ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
+  dump("q", c.layer, r.q);
+  dump("qr", c.layer, r.qr);
+
+  // Window KV: one shared latent per token, RoPE, FP8 fake quant of the NoPE part.
+  r.kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
+  ops::apply_rope(r.kv, D, rd, positions, rope, false, bf);
+  if (c.num.simulate_qat) ops::fake_quant_fp8(r.kv, 0, D - rd, 64);
+  dump("kv", c.layer, r.kv);
+
+  // The compressors' FP32 projections and the indexer's queries and head weights.
+  if (w.has_compressor) {
+    r.ckv = linear_f32(x, w.compressor.wkv);  // [T, c*d]
+    r.cscore = linear_f32(x, w.compressor.wgate);
+  }
+  if (w.has_indexer) {
+    const int64_t nh = cfg.index_n_heads, hd = cfg.index_head_dim;
+    r.ikv = linear_f32(x, w.indexer.compressor.wkv);
+    r.iscore = linear_f32(x, w.indexer.compressor.wgate);
+    r.iq = linear_q(r.qr, w.indexer.wq_b, c);  // [T, nh*hd]
+    ops::apply_rope(r.iq, hd, rd, positions, rope, false, bf);
+    ops::hadamard(r.iq, hd, bf);
+    if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
+    r.iw = linear_bf16(x, w.indexer.weights_proj, c);  // [T, nh]
+    ops::scale(r.iw,
+               static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5)),
+               bf);
+  }
+  return r;
+}
+
+Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
+                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = r.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
   std::vector<int64_t> positions(T);
   for (int64_t i = 0; i < T; ++i) positions[i] = start_pos + i;
-
-  // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
-  Tensor qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
-  Tensor q = linear_q(qr, w.wq_b, c);  // [T, H*D]
-  dump("q_proj", c.layer, q);
-  ops::renorm_heads(q, D, cfg.norm_eps, bf);
-  ops::apply_rope(q, D, rd, positions.data(), rope, false, bf);
-  dump("q", c.layer, q);
-  dump("qr", c.layer, qr);
-
-  // Window KV: one shared latent per token, RoPE, FP8 fake quant of the NoPE part.
-  Tensor kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
-  ops::apply_rope(kv, D, rd, positions.data(), rope, false, bf);
-  if (c.num.simulate_qat) ops::fake_quant_fp8(kv, 0, D - rd, 64);
-  dump("kv", c.layer, kv);
+  const Tensor& kv = r.kv;
 
   // Compressors (indexer's first, §2.5 order; both run before any scoring or attention).
   if (w.has_indexer) {
     std::vector<int64_t> groups;
-    Tensor keys = compressor(w.indexer.compressor, st.index_compressor, x, start_pos, groups, c);
+    Tensor keys = compressor(w.indexer.compressor, st.index_compressor, r.ikv, r.iscore, start_pos, groups, c);
     std::vector<int64_t> kpos(groups.size());
     for (size_t i = 0; i < groups.size(); ++i) kpos[i] = groups[i] * 4;
     if (!groups.empty()) {
@@ -151,7 +173,7 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
   const int64_t ratio = w.has_compressor ? w.compressor.ratio : 0;
   if (w.has_compressor) {
     std::vector<int64_t> groups;
-    Tensor lat = compressor(w.compressor, st.compressor, x, start_pos, groups, c);
+    Tensor lat = compressor(w.compressor, st.compressor, r.ckv, r.cscore, start_pos, groups, c);
     if (!groups.empty()) {
       std::vector<int64_t> gpos(groups.size());
       for (size_t i = 0; i < groups.size(); ++i) gpos[i] = groups[i] * ratio;
@@ -169,7 +191,7 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
   // Index lists: W window slots (oldest first, -1 padded) then the compressed picks.
   const int64_t kcomp = ratio == 4 ? std::min(cfg.index_topk, ncomp) : ncomp;
   std::vector<int32_t> picks;
-  if (ratio == 4) picks = indexer(w.indexer, x, qr, start_pos, st.index_keys, rope, positions, kcomp, c);
+  if (ratio == 4) picks = indexer(r.iq, r.iw, start_pos, st.index_keys, kcomp, c);
   Tensor idx = Tensor::empty({T, W + kcomp}, DType::kI32);
   for (int64_t t = 0; t < T; ++t) {
     int32_t* row = idx.data<int32_t>() + t * (W + kcomp);
@@ -194,8 +216,7 @@ Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_po
     for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(idx.data<int32_t>()[i]);
     dump("idx", c.layer, fi);
   }
-  return attend_and_project(q, table, idx.to(x.device()), kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b,
-                            positions.data(), rope, c);
+  return attend(r.q, table, idx.to(kv.device()), kv, w.attn_sink, start_pos, st.window, c);
 }
 
 }  // namespace deepinfer

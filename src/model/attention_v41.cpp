@@ -19,18 +19,19 @@ namespace deepinfer {
 
 namespace {
 
-// The compressor of a kv source: latents (after norm, before RoPE) of the groups the chunk
-// completes, [n, head_dim], with their group ids.
-Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const Tensor& x, int64_t start_pos,
+// The compressor of a kv source over the chunk's rows (attention_rows_v41): latents (after norm,
+// before RoPE) of the groups the chunk completes, [n, head_dim], with their group ids.
+Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const AttnRows& rows, int64_t start_pos,
                       std::vector<int64_t>& groups, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = x.size(0), r = w.ratio, D = cfg.head_dim;
-  if (r == 1) {  // every token is its own entry: a plain BF16 projection
+  const int64_t T = rows.q.size(0), r = w.ratio, D = cfg.head_dim;
+  if (r == 1) {  // every token is its own entry: the normed BF16 projection
     for (int64_t i = 0; i < T; ++i) groups.push_back(start_pos + i);
-    return ops::rms_norm(linear_bf16(x, w.wkv, c), w.norm, cfg.norm_eps, c.num.bf16);
+    return rows.ckv;
   }
   // Ratio 2: FP32 projections; each complete pair is pooled per channel by a softmax over its gates.
-  Tensor kv = linear_f32(x, w.wkv), score = linear_f32(x, w.wgate);
+  const Tensor& kv = rows.ckv;
+  const Tensor& score = rows.cscore;
   DI_CHECK(st.ratio == r && st.width == D, "compressor: state [{}, {}] for ratio {} and width {}", st.ratio, st.width,
            r, D);
   Tensor lat = compressor_pool_chunk(st, kv, score, Tensor(), D, false, start_pos, groups);
@@ -60,22 +61,15 @@ void select_candidate_blocks(const float* score, int64_t width, int64_t visible,
   }
 }
 
-// The indexer of an index source: scores every key of its kv source for every query, applies
-// visibility (and the candidate mask on layers after the candidate source), keeps the top
-// k = min(index_topk, keys) by (score desc, index asc) and publishes them ascending.
-void indexer_v41(const IndexerWeightsV41& w, const Tensor& x, const Tensor& qr, const RowPages& keys,
-                 const std::vector<int64_t>& positions, int64_t ratio, SharedAttnV41& shared,
-                 const ops::RopeFreqs& rope, const LayerCtx& c) {
+// The indexer of an index source: scores every key of its kv source for every query (q [T, nh*hd],
+// wts [T, nh] from attention_rows_v41), applies visibility (and the candidate mask on layers after
+// the candidate source), keeps the top k = min(index_topk, keys) by (score desc, index asc) and
+// publishes them ascending.
+void indexer_v41(const Tensor& q, const Tensor& wts, const RowPages& keys, const std::vector<int64_t>& positions,
+                 int64_t ratio, SharedAttnV41& shared, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = x.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, n = keys.rows();
+  const int64_t T = q.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, n = keys.rows();
   const bool bf = c.num.bf16;
-  Tensor q = linear_q(qr, w.wq_b, c);  // [T, nh*hd]
-  ops::apply_rope(q, hd, cfg.rope_head_dim, positions.data(), rope, false, bf);
-  if (c.num.simulate_qat) ops::fake_quant_fp4(q, 32);
-  Tensor wts = linear_bf16(x, w.weights_proj, c);  // [T, nh]
-  const float wscale =
-      static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5));
-  ops::scale(wts, wscale, bf);
 
   const bool source = c.layer == cfg.candidate_source_layer;
   const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
@@ -139,27 +133,56 @@ int64_t window_row(int64_t p, int64_t start_pos, int64_t T, int64_t W, int64_t f
 
 }  // namespace
 
-Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t start_pos, int64_t window_floor,
-                     SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
+AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const int64_t* positions,
+                            const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const FamilyNumerics fam = family_numerics(cfg.family);
-  const int64_t T = x.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
+  const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
+  const bool bf = c.num.bf16;
+  AttnRows r;
+  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
+  r.qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
+  r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
+  ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
+  dump("q", c.layer, r.q);
+
+  // Window KV: RoPE, then FP8 fake quant over the whole vector (RoPE tail included), block 32.
+  r.kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
+  ops::apply_rope(r.kv, D, rd, positions, rope, false, bf);
+  if (c.num.simulate_qat) ops::fake_quant_fp8(r.kv, 0, fam.window_quant_rope_dims ? D : D - rd, fam.window_quant_block);
+  dump("kv", c.layer, r.kv);
+
+  const bool compressed = cfg.compress_ratio(c.layer) > 0;
+  if (compressed && w.kv_source) {
+    if (w.compressor.ratio == 1) {  // every token its own entry: the normed BF16 projection
+      r.ckv = ops::rms_norm(linear_bf16(x, w.compressor.wkv, c), w.compressor.norm, cfg.norm_eps, bf);
+    } else {  // ratio 2: the FP32 projections the pooling gates
+      r.ckv = linear_f32(x, w.compressor.wkv);
+      r.cscore = linear_f32(x, w.compressor.wgate);
+    }
+  }
+  if (compressed && w.index_source) {
+    const int64_t nh = cfg.index_n_heads, hd = cfg.index_head_dim;
+    r.iq = linear_q(r.qr, w.indexer.wq_b, c);  // [T, nh*hd]
+    ops::apply_rope(r.iq, hd, rd, positions, rope, false, bf);
+    if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
+    r.iw = linear_bf16(x, w.indexer.weights_proj, c);  // [T, nh]
+    ops::scale(r.iw,
+               static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5)),
+               bf);
+  }
+  return r;
+}
+
+Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
+                         SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = rows.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
   LayerState& st = seq.layers[c.layer];
   std::vector<int64_t> positions(T);
   for (int64_t i = 0; i < T; ++i) positions[i] = start_pos + i;
-
-  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
-  Tensor qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
-  Tensor q = linear_q(qr, w.wq_b, c);  // [T, H*D]
-  ops::apply_rope(q, D, rd, positions.data(), rope, false, bf);
-  dump("q", c.layer, q);
-
-  // Window KV: RoPE, then FP8 fake quant over the whole vector (RoPE tail included), block 32.
-  Tensor kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
-  ops::apply_rope(kv, D, rd, positions.data(), rope, false, bf);
-  if (c.num.simulate_qat) ops::fake_quant_fp8(kv, 0, fam.window_quant_rope_dims ? D : D - rd, fam.window_quant_block);
-  dump("kv", c.layer, kv);
+  const Tensor& kv = rows.kv;
 
   const int64_t ratio = cfg.compress_ratio(c.layer);
   const int64_t n_comp = ratio > 0 ? (start_pos + T) / ratio : 0;  // entries visible to the chunk's last query
@@ -169,7 +192,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
     std::vector<int64_t> gpos;
     if (w.kv_source) {
       std::vector<int64_t> groups;
-      lat = compressor_v41(w.compressor, st.compressor, x, start_pos, groups, c);
+      lat = compressor_v41(w.compressor, st.compressor, rows, start_pos, groups, c);
       for (int64_t g : groups) gpos.push_back(g * ratio);  // entry j stands at its group's first token
       if (!groups.empty() && w.indexer.owns_keys) {
         Tensor k = ops::rms_norm(linear_bf16(lat, w.indexer.wk, c), w.indexer.k_norm, cfg.norm_eps, bf);
@@ -185,7 +208,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
         shared.k = 0;
         shared.picks.clear();
       } else {
-        indexer_v41(w.indexer, x, qr, src.index_keys, positions, ratio, shared, rope, c);
+        indexer_v41(rows.iq, rows.iw, src.index_keys, positions, ratio, shared, c);
       }
     }
     if (w.kv_source && !gpos.empty()) {
@@ -220,8 +243,7 @@ Tensor attention_v41(const AttentionWeightsV41& w, const Tensor& x, int64_t star
       row[wcols + i] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
     }
   }
-  return attend_and_project(q, table, idx.to(x.device()), kv, w.attn_sink, start_pos, st.window, w.wo_a, w.wo_b,
-                            positions.data(), rope, c);
+  return attend(rows.q, table, idx.to(kv.device()), kv, w.attn_sink, start_pos, st.window, c);
 }
 
 }  // namespace deepinfer

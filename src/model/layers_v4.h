@@ -20,17 +20,38 @@ Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 
-// Attention of one layer over the chunk x [T, dim] (already collapsed and normalised) at
-// positions start_pos..start_pos+T-1; updates the layer's state. Returns [T, dim].
-Tensor attention_v4(const AttentionWeights& w, const Tensor& x, int64_t start_pos, LayerState& st,
-                    const ops::RopeFreqs& rope, const LayerCtx& c);
+// Attention of one layer runs in three steps so that every projection sees the whole stacked batch
+// (each weight read once per step) and only the state-dependent middle runs per sequence:
+//   attention_rows_*  the per-token projections of all rows (x [T, dim] collapsed and normalised,
+//                     positions[T] each row's position),
+//   attention_seq_*   per sequence, on its rows (AttnRows::rows): compressors, indexer, KV table and
+//                     index lists, sparse attention, the window ring; returns o [T_b, H*D],
+//   attention_output  the stacked o back to [T, dim].
+// The per-token projections of one layer's attention. V4: qr, q (re-normed, RoPE), kv (window KV),
+// ckv / cscore (the compressor's FP32 projections), ikv / iscore (the indexer compressor's), iq / iw
+// (the indexer's queries and scaled head weights). V4.1: qr, q, kv, ckv / cscore (kv sources: ratio 1
+// ckv is the normed latent; ratio 2 the FP32 projections), iq / iw (index sources). Undefined when unused.
+struct AttnRows {
+  Tensor qr, q, kv;
+  Tensor ckv, cscore;
+  Tensor ikv, iscore;
+  Tensor iq, iw;
+  AttnRows rows(int64_t a, int64_t b) const;  // rows [a, b) of each
+};
+AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int64_t* positions,
+                           const ops::RopeFreqs& rope, const LayerCtx& c);
+// One sequence's chunk at positions start_pos..start_pos+T-1 (r: its rows); updates the layer's state.
+Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
+                        const ops::RopeFreqs& rope, const LayerCtx& c);
 
-// The end of both families' attention (§2.4): sparse attention of q [T, H*D] over the KV table by
-// idx with the per-head sink, the chunk's window KV kv [T, D] written into the ring, then the output:
-// conjugate RoPE at the query positions, the grouped BF16 wo_a, then wo_b. Returns [T, dim].
-Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
-                          int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
-                          const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c);
+// Both families (§2.4): sparse attention of q [T, H*D] over the KV table by idx with the per-head sink,
+// then the chunk's window KV kv [T, D] written into the ring. Returns o [T, H*D].
+Tensor attend(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
+              int64_t start_pos, WindowRing& ring, const LayerCtx& c);
+// The output of both families (§2.4) over stacked rows: conjugate RoPE of o (in place) at the rows'
+// positions, the grouped BF16 wo_a, then wo_b. Returns [T, dim].
+Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
+                        const ops::RopeFreqs& rope, const LayerCtx& c);
 
 // The compressors' pooling over a chunk (both families): kv / score [T, width] are the chunk's FP32
 // projections (score without the position bias); the state's pending rows and, with overlap, the

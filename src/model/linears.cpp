@@ -34,9 +34,8 @@ Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_
   return table;
 }
 
-Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
-                          int64_t start_pos, WindowRing& ring, const ops::QWeight& wo_a, const ops::QWeight& wo_b,
-                          const int64_t* positions, const ops::RopeFreqs& rope, const LayerCtx& c) {
+Tensor attend(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
+              int64_t start_pos, WindowRing& ring, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = q.size(0), H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -45,6 +44,14 @@ Tensor attend_and_project(const Tensor& q, const Tensor& table, const Tensor& id
   // Slide the window ring forward over this chunk.
   const int64_t p0 = std::max(start_pos, start_pos + T - W);
   ring.write(p0, start_pos + T, kv.slice(0, p0 - start_pos, T));
+  return o;
+}
+
+Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
+                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = o.size(0), H = cfg.n_heads, D = cfg.head_dim;
+  const bool bf = c.num.bf16;
   dump("o", c.layer, o);
   ops::apply_rope(o, D, cfg.rope_head_dim, positions, rope, true, bf);
   dump("o_derot", c.layer, o);

@@ -66,6 +66,13 @@ std::vector<int32_t> Model::stack_batch(const std::vector<SeqChunk>& batch, std:
   return tokens;
 }
 
+std::vector<int64_t> Model::stacked_positions(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offsets) {
+  std::vector<int64_t> pos(offsets.back());
+  for (size_t b = 0; b < batch.size(); ++b)
+    for (int64_t r = offsets[b]; r < offsets[b + 1]; ++r) pos[r] = batch[b].state->num_tokens + (r - offsets[b]);
+  return pos;
+}
+
 std::vector<int64_t> Model::wanted_rows(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offset) {
   std::vector<int64_t> rows;
   for (size_t b = 0; b < batch.size(); ++b) {

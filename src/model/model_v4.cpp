@@ -21,10 +21,11 @@ std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir, const ModelConfig
 Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const {
   const ModelConfig& cfg = cfg_;
   const ops::Numerics& num = opts.numerics;
-  const int64_t hc = cfg.hc_mult, dim = cfg.dim;
+  const int64_t hc = cfg.hc_mult;
   std::vector<int64_t> offset;
   const std::vector<int32_t> tokens = stack_batch(batch, offset);
   const int64_t T = offset.back();
+  const std::vector<int64_t> positions = stacked_positions(batch, offset);
   Tensor stream = embed_stream(w_.embed, tokens);  // expanded to hc identical copies
 
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -34,12 +35,14 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
                                    cfg.hc_eps, cfg.norm_eps);
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
-    Tensor y = Tensor::empty({T, dim}, DType::kF32, device_);
-    for (size_t b = 0; b < batch.size(); ++b) {  // attention reads and writes each sequence's own state
-      Tensor xb = x.slice(0, offset[b], offset[b + 1]);
-      Tensor yb = attention_v4(L.attn, xb, batch[b].state->num_tokens, batch[b].state->layers[l], rope_[l], ctx);
-      copy_tensor(y.slice(0, offset[b], offset[b + 1]), yb);
+    const AttnRows rows = attention_rows_v4(L.attn, x, positions.data(), rope_[l], ctx);
+    Tensor o = Tensor::empty({T, cfg.n_heads * cfg.head_dim}, DType::kF32, device_);
+    for (size_t b = 0; b < batch.size(); ++b) {  // the middle reads and writes each sequence's own state
+      const Tensor ob = attention_seq_v4(L.attn, rows.rows(offset[b], offset[b + 1]), batch[b].state->num_tokens,
+                                         batch[b].state->layers[l], rope_[l], ctx);
+      copy_tensor(o.slice(0, offset[b], offset[b + 1]), ob);
     }
+    Tensor y = attention_output(o, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
 

@@ -60,7 +60,7 @@ std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir, const ModelConf
 Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const {
   const ModelConfig& cfg = cfg_;
   const ops::Numerics& num = opts.numerics;
-  const int64_t hc = cfg.hc_mult, dim = cfg.dim;
+  const int64_t hc = cfg.hc_mult;
   std::vector<int64_t> offset;
   const std::vector<int32_t> tokens = stack_batch(batch, offset);
   const int64_t T = offset.back();  // before any bounded-replay compaction
@@ -135,14 +135,19 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
     force("attn_in", l, x);
-    Tensor y = Tensor::empty({T, dim}, DType::kF32, device_);
-    for (size_t b = 0; b < B; ++b) {             // attention reads and writes each sequence's own state
+    std::vector<int64_t> positions(T);  // each stacked row's position (the kept rows after a compaction)
+    for (size_t b = 0; b < B; ++b)
+      for (int64_t r = offset[b]; r < offset[b + 1]; ++r) positions[r] = start[b] + (r - offset[b]);
+    const AttnRows rows = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
+    Tensor o = Tensor::empty({T, cfg.n_heads * cfg.head_dim}, DType::kF32, device_);
+    for (size_t b = 0; b < B; ++b) {             // the middle reads and writes each sequence's own state
       if (offset[b + 1] == offset[b]) continue;  // every row of this chunk skipped (bounded replay)
-      Tensor xb = x.slice(0, offset[b], offset[b + 1]);
       const int64_t floor = l > last_source ? batch[b].state->replay_floor : 0;
-      Tensor yb = attention_v41(L.attn, xb, start[b], floor, *batch[b].state, shared[b], rope_[l], ctx);
-      copy_tensor(y.slice(0, offset[b], offset[b + 1]), yb);
+      const Tensor ob = attention_seq_v41(L.attn, rows.rows(offset[b], offset[b + 1]), start[b], floor, *batch[b].state,
+                                          shared[b], rope_[l], ctx);
+      copy_tensor(o.slice(0, offset[b], offset[b + 1]), ob);
     }
+    Tensor y = attention_output(o, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, attn_mix.post, attn_mix.comb, num.bf16);
 

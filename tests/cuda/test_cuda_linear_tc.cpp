@@ -28,6 +28,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_tc.cuh"
+#include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
 #include "ops/ops.h"
@@ -36,93 +37,7 @@ namespace di = deepinfer;
 
 namespace {
 
-int g_failures = 0;
-
-void report(const std::string& name, const std::string& problem) {
-  if (problem.empty()) {
-    std::printf("PASS %s\n", name.c_str());
-  } else {
-    std::printf("FAIL %s: %s\n", name.c_str(), problem.c_str());
-    ++g_failures;
-  }
-  std::fflush(stdout);
-}
-
-void run_case(const std::string& name, const std::function<std::string()>& body) {
-  try {
-    report(name, body());
-  } catch (const std::exception& e) {
-    report(name, std::string("threw: ") + e.what());
-  }
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// Random float32 [rows, cols] (as tests/cuda/test_cuda_ops.cpp): magnitudes over 10^-6 .. 10^3 per row,
-// a few exact zeros and some values on e4m3 rounding ties.
-di::Tensor random_rows(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> expo(-6.0f, 3.0f);
-  std::uniform_int_distribution<int> pick(0, 31);
-  di::Tensor t = di::Tensor::empty({rows, cols}, di::DType::kF32);
-  float* p = t.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float row_scale = std::pow(10.0f, expo(rng));
-    for (int64_t c = 0; c < cols; ++c) {
-      const int k = pick(rng);
-      if (k == 0) {
-        p[r * cols + c] = 0.0f;
-      } else if (k == 1) {
-        p[r * cols + c] = 1.0625f * row_scale;
-      } else {
-        p[r * cols + c] = normal(rng) * row_scale;
-      }
-    }
-  }
-  di::ops::round_bf16(t, true);  // activations live on the bf16 grid
-  return t;
-}
-
-// Random E4M3 (no NaN codes) or packed E2M1 weights with E8M0 scales around 2^-12 .. 2^1.
-di::ops::QWeight random_weight(di::DType dt, int64_t N, int64_t K, int64_t block, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(0, 255);
-  di::ops::QWeight q;
-  auto scales = [&](int64_t rows, int64_t cols, int lo, int hi) {
-    std::uniform_int_distribution<int> e(lo, hi);
-    di::Tensor s = di::Tensor::empty({rows, cols}, di::DType::kE8M0);
-    for (int64_t i = 0; i < rows * cols; ++i) s.data<uint8_t>()[i] = static_cast<uint8_t>(e(rng));
-    return s;
-  };
-  q.w = di::Tensor::empty({N, K}, dt);
-  if (dt == di::DType::kE4M3) {
-    uint8_t* p = q.w.data<uint8_t>();
-    for (int64_t i = 0; i < N * K; ++i) {
-      int c = byte(rng);
-      while ((c & 0x7f) == 0x7f) c = byte(rng);
-      p[i] = static_cast<uint8_t>(c);
-    }
-    q.block = block;
-    q.scale = scales((N + block - 1) / block, (K + block - 1) / block, 115, 125);
-  } else {
-    uint8_t* p = static_cast<uint8_t*>(q.w.raw());
-    for (int64_t i = 0; i < N * K / 2; ++i) p[i] = static_cast<uint8_t>(byte(rng));
-    q.scale = scales(N, K / 32, 118, 128);
-  }
-  return q;
-}
-
-di::ops::QWeight to_device(const di::ops::QWeight& q) {
-  di::ops::QWeight d = q;
-  d.w = di::cuda::copy_to_device(q.w);
-  if (q.scale.defined()) d.scale = di::cuda::copy_to_device(q.scale);
-  return d;
-}
+using namespace cuda_test;  // NOLINT: the shared test helpers
 
 // |W| dequantised, as an exact BF16 [N, K] CUDA weight (e4m3 / e2m1 times a power of two fit bf16).
 di::ops::QWeight abs_weight_bf16(const di::ops::QWeight& wh) {
