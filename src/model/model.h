@@ -64,7 +64,8 @@ class Model {
   // Returns float32 logits [T or 1, vocab] on the host.
   Tensor forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const;
   // Several sequences in one forward: their tokens are stacked into one batch for every GEMM and
-  // per-token op; attention runs per sequence on its own state. Returns the wanted logits rows,
+  // per-token op (the attention projections included); only attention's state-dependent middle runs
+  // per sequence on its own state. Returns the wanted logits rows,
   // sequence by sequence in batch order, [rows, vocab] on the host. With the batch-invariant kernels (the
   // default) every row equals what the sequence would get alone. opts.all_logits is ignored
   // (each chunk says what it wants); opts.trace records the stacked rows.
