@@ -133,17 +133,14 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
     r.cscore = linear_f32(x, w.compressor.wgate);
   }
   if (w.has_indexer) {
-    const int64_t nh = cfg.index_n_heads, hd = cfg.index_head_dim;
+    const int64_t hd = cfg.index_head_dim;
     r.ikv = linear_f32(x, w.indexer.compressor.wkv);
     r.iscore = linear_f32(x, w.indexer.compressor.wgate);
     r.iq = linear_q(r.qr, w.indexer.wq_b, c);  // [T, nh*hd]
     ops::apply_rope(r.iq, hd, rd, positions, rope, false, bf);
     ops::hadamard(r.iq, hd, bf);
     if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
-    r.iw = linear_bf16(x, w.indexer.weights_proj, c);  // [T, nh]
-    ops::scale(r.iw,
-               static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5)),
-               bf);
+    r.iw = indexer_head_weights(x, w.indexer.weights_proj, c);  // [T, nh]
   }
   return r;
 }

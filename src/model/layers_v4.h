@@ -61,6 +61,10 @@ Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight&
 Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t d,
                              bool overlap, int64_t start_pos, std::vector<int64_t>& groups);
 
+// The indexer's head weights of both families (§2.5, §2.6): the BF16 projection of x scaled by
+// (index_head_dim * index_n_heads)^-1/2 (rounded to bf16 in bf16 mode). [T, index_n_heads].
+Tensor indexer_head_weights(const Tensor& x, const ops::QWeight& proj, const LayerCtx& c);
+
 // The rows of a paged store as one contiguous float32 tensor [rows, width] on the store's device
 // (the index keys the indexer scores with ops::index_scores).
 Tensor pages_tensor(const RowPages& pages);

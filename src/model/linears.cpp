@@ -17,6 +17,14 @@ Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
 }
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
 
+Tensor indexer_head_weights(const Tensor& x, const ops::QWeight& proj, const LayerCtx& c) {
+  const int64_t nh = c.cfg.index_n_heads, hd = c.cfg.index_head_dim;
+  Tensor w = linear_bf16(x, proj, c);
+  ops::scale(w, static_cast<float>(std::pow(static_cast<double>(hd), -0.5) * std::pow(static_cast<double>(nh), -0.5)),
+             c.num.bf16);
+  return w;
+}
+
 Tensor pages_tensor(const RowPages& pages) {
   Tensor t = Tensor::empty({pages.rows(), pages.width()}, DType::kF32, pages.device());
   pages.copy_to(t);
