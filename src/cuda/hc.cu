@@ -61,62 +61,70 @@ __global__ void hc_partial_kernel(const float* stream, int64_t width, const floa
   }
 }
 
-// One thread per token: mixes[m] = float(fn[m] . flat) * (1 / sqrt(float(ss / width) + norm_eps)) from the
-// partials. mode 0: hc_mixes (writes pre, post, comb); mode 1: hc_head (writes pre only, M = hc).
-__global__ void hc_finish_kernel(const double* part, int splits, int64_t width, int M, const float* scale,
-                                 const float* base, int hc, int sinkhorn_iters, float hc_eps, float norm_eps, int mode,
-                                 float* pre, float* post, float* comb) {
-  if (threadIdx.x != 0) return;
+// One block of kFinishThreads per token. Thread m (m < M, and thread kMaxMix for x . x) adds its
+// column of partials in split order (the same FP64 adds as before, one column per thread instead of
+// all columns in one thread). Then warp 0 finishes: mixes[m] = float(fn[m] . flat) *
+// (1 / sqrt(float(ss / width) + norm_eps)); lane j < hc writes pre[j] (and post[j]); for comb, lane
+// l < hc*hc owns c[l] (row l / hc, column l % hc) in a register and every row / column sum is formed
+// by each lane of that row / column with shuffles, sequentially in the CPU's order (k ascending for
+// a row, j ascending for a column), so each value sees exactly the CPU's fp32 operation sequence.
+// mode 0: hc_mixes (writes pre, post, comb); mode 1: hc_head (writes pre only, M = hc).
+constexpr int kFinishThreads = 64;
+
+__global__ void __launch_bounds__(kFinishThreads)
+    hc_finish_kernel(const double* part, int splits, int64_t width, int M, const float* scale, const float* base,
+                     int hc, int sinkhorn_iters, float hc_eps, float norm_eps, int mode, float* pre, float* post,
+                     float* comb) {
+  __shared__ double sums[kMaxMix + 1];
   const int64_t t = blockIdx.x;
-  double sums[kMaxMix + 1];
-  for (int m = 0; m <= kMaxMix; ++m) sums[m] = 0.0;
-  for (int s = 0; s < splits; ++s) {
-    const double* p = part + (t * splits + s) * (kMaxMix + 1);
-    for (int m = 0; m < M; ++m) sums[m] += p[m];
-    sums[kMaxMix] += p[kMaxMix];
+  const int tid = threadIdx.x;
+  if (tid <= kMaxMix && (tid < M || tid == kMaxMix)) {
+    const double* p = part + t * splits * (kMaxMix + 1) + tid;
+    double v = 0.0;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) v += p[static_cast<int64_t>(s) * (kMaxMix + 1)];
+    sums[tid] = v;
   }
+  __syncthreads();
+  if (tid >= 32) return;
+  const int lane = tid;
   const float r =
       __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(sums[kMaxMix] / static_cast<double>(width)), norm_eps)));
-  float mixes[kMaxMix];
-  for (int m = 0; m < M; ++m) mixes[m] = __fmul_rn(static_cast<float>(sums[m]), r);
-  if (mode == 1) {
-    for (int j = 0; j < hc; ++j)
-      pre[t * hc + j] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mixes[j], scale[0]), base[j])), hc_eps);
-    return;
+  if (lane < hc) {
+    const float mix = __fmul_rn(static_cast<float>(sums[lane]), r);
+    pre[t * hc + lane] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[0]), base[lane])), hc_eps);
   }
-  for (int j = 0; j < hc; ++j)
-    pre[t * hc + j] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mixes[j], scale[0]), base[j])), hc_eps);
-  for (int j = 0; j < hc; ++j)
-    post[t * hc + j] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mixes[hc + j], scale[1]), base[hc + j])));
-  float c[kMaxHc * kMaxHc];
-  for (int j = 0; j < hc * hc; ++j) c[j] = __fadd_rn(__fmul_rn(mixes[2 * hc + j], scale[2]), base[2 * hc + j]);
+  if (mode == 1) return;
+  if (lane < hc) {
+    const float mix = __fmul_rn(static_cast<float>(sums[hc + lane]), r);
+    post[t * hc + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[1]), base[hc + lane])));
+  }
+  // Lanes past hc*hc mirror lane 0 (their values are never written); all lanes take part in the shuffles.
+  const int l = lane < hc * hc ? lane : 0;
+  const int row0 = (l / hc) * hc, col = l % hc;
+  constexpr unsigned kAll = 0xffffffffu;
+  float c = __fadd_rn(__fmul_rn(__fmul_rn(static_cast<float>(sums[2 * hc + l]), r), scale[2]), base[2 * hc + l]);
   // Row softmax + eps, then column normalisation, then (iters - 1) row / column rounds (the CPU's order).
-  for (int j = 0; j < hc; ++j) {
+  {
     float mx = -INFINITY;
-    for (int k = 0; k < hc; ++k) mx = fmaxf(mx, c[j * hc + k]);
+    for (int k = 0; k < hc; ++k) mx = fmaxf(mx, __shfl_sync(kAll, c, row0 + k));
+    const float e = exp_f(__fsub_rn(c, mx));
     float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      c[j * hc + k] = exp_f(__fsub_rn(c[j * hc + k], mx));
-      sum = __fadd_rn(sum, c[j * hc + k]);
-    }
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = __fadd_rn(__fdiv_rn(c[j * hc + k], sum), hc_eps);
+    for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, __shfl_sync(kAll, e, row0 + k));
+    c = __fadd_rn(__fdiv_rn(e, sum), hc_eps);
   }
   const int rounds = sinkhorn_iters > 1 ? sinkhorn_iters : 1;  // the CPU always normalises columns once
   for (int it = 0; it < rounds; ++it) {
     if (it > 0) {
-      for (int j = 0; j < hc; ++j) {
-        float sum = 0.0f;
-        for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, c[j * hc + k]);
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = __fdiv_rn(c[j * hc + k], __fadd_rn(sum, hc_eps));
-      }
-    }
-    for (int k = 0; k < hc; ++k) {
       float sum = 0.0f;
-      for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, c[j * hc + k]);
-      for (int j = 0; j < hc; ++j) c[j * hc + k] = __fdiv_rn(c[j * hc + k], __fadd_rn(sum, hc_eps));
+      for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, __shfl_sync(kAll, c, row0 + k));
+      c = __fdiv_rn(c, __fadd_rn(sum, hc_eps));
     }
+    float sum = 0.0f;
+    for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, __shfl_sync(kAll, c, j * hc + col));
+    c = __fdiv_rn(c, __fadd_rn(sum, hc_eps));
   }
-  for (int j = 0; j < hc * hc; ++j) comb[t * hc * hc + j] = c[j];
+  if (lane < hc * hc) comb[t * hc * hc + lane] = c;
 }
 
 __global__ void hc_collapse_kernel(const float* stream, const float* pre, int64_t T, int hc, int64_t dim, bool round,
@@ -181,7 +189,7 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
     hc_partial_kernel<<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(n)), kPartThreads>>>(
         stream.data<float>() + t0 * width, width, fn.data<float>(), static_cast<int>(M), splits, p);
     DI_CUDA_CHECK(cudaGetLastError());
-    hc_finish_kernel<<<static_cast<unsigned>(n), 32>>>(
+    hc_finish_kernel<<<static_cast<unsigned>(n), kFinishThreads>>>(
         p, splits, width, static_cast<int>(M), scale.data<float>(), base.data<float>(), static_cast<int>(hc),
         static_cast<int>(iters), hc_eps, norm_eps, mode, pre + t0 * hc, post ? post + t0 * hc : nullptr,
         comb ? comb + t0 * hc * hc : nullptr);

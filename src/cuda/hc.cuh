@@ -8,7 +8,8 @@
 //    CPU, but split over 512-column chunks (one block each, a fixed tree inside) added in chunk order instead of the
 //    CPU's sequential order; products are exact in FP64, so the fp32 mixes equal the CPU's unless a double-rounding
 //    boundary is hit (rare, one fp32 ulp). Everything after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order
-//    in one thread per token, exp as fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp cases).
+//    per value in one warp per token (lane l owns comb[l]; row / column sums formed sequentially from shuffles in the
+//    CPU's order), exp as fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp cases).
 //    Tests allow 2e-6 relative on pre / post / comb.
 #pragma once
 

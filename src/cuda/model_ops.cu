@@ -1,6 +1,8 @@
 // CUDA kernels of the model-level ops. Contracts in model_ops.cuh (and ops.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,10 +109,115 @@ __global__ void __launch_bounds__(kKeys)
   }
 }
 
+// Few queries (decode): one block per (query, key range). The query's heads are staged in shared memory
+// once per block; each warp then takes groups of kWarpKeys keys, staged in its own slice of shared
+// memory. Lane l owns heads l and l + 32 and forms their dots with each of the group's keys, every
+// dot its own sequential fp32 chain over i ascending (float4 loads, the 4 values used in order, no
+// FMA). The lanes then store their heads' terms (rd(rd(dot) * w) for rd(dot) > 0, else +0.0: the
+// FP64 sum starts at +0.0 and so is never -0.0, and adding +/-0.0 to it changes nothing, so this
+// equals skipping the term) and lane kk adds key kk's 64 terms in head order in FP64. Needs
+// heads <= 64 and d % 4 == 0.
+constexpr int kDecWarps = 8;
+constexpr int kDecThreads = kDecWarps * 32;
+constexpr int kWarpKeys = 8;             // keys per warp group
+constexpr int kDecHeads = 64;            // heads per block (2 per lane)
+constexpr int kTermPad = kDecHeads + 1;  // term rows, padded against bank conflicts
+constexpr int kDecMaxQueries = 16;       // at most this many queries take this kernel
+
+__global__ void __launch_bounds__(kDecThreads)
+    index_scores_decode_kernel(const float* q, const float* keys, const float* w, const int32_t* counts,
+                               int64_t start_pos, int64_t ratio, int N, int nh, int d, int slice, bool round,
+                               float* out) {
+  extern __shared__ float4 smem4[];
+  const int dq = d / 4, qstride = dq + 1;  // float4s per row; q rows padded by one float4
+  float4* qs = smem4;                      // [kDecHeads][qstride]
+  float* warp_smem = reinterpret_cast<float*>(smem4 + kDecHeads * qstride);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int t = blockIdx.y;
+  int vis;
+  {
+    const int64_t c = counts ? counts[t] : (start_pos + t + 1) / ratio;
+    vis = static_cast<int>(c < 0 ? 0 : (c > N ? N : c));
+  }
+  float* out_row = out + static_cast<int64_t>(t) * N;
+  const int groups = (N + kWarpKeys - 1) / kWarpKeys, vis_groups = (vis + kWarpKeys - 1) / kWarpKeys;
+  const int first = blockIdx.x * kDecWarps, stride = gridDim.x * kDecWarps;
+  // Groups no query row sees: -inf only.
+  for (int g = first + warp; g < groups; g += stride)
+    if (g >= vis_groups && lane < kWarpKeys && g * kWarpKeys + lane < N) out_row[g * kWarpKeys + lane] = -INFINITY;
+  if (first >= vis_groups) return;  // block-uniform
+  const float4* qrow = reinterpret_cast<const float4*>(q + static_cast<int64_t>(t) * nh * d);
+  for (int idx = tid; idx < kDecHeads * dq; idx += kDecThreads) {
+    const int h = idx / dq, i = idx - h * dq;
+    qs[h * qstride + i] = h < nh ? qrow[h * dq + i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const int h0 = lane, h1 = lane + 32;
+  const float w0 = h0 < nh ? w[static_cast<int64_t>(t) * nh + h0] : 0.0f;
+  const float w1 = h1 < nh ? w[static_cast<int64_t>(t) * nh + h1] : 0.0f;
+  __syncthreads();
+  float4* ks = reinterpret_cast<float4*>(warp_smem + static_cast<int64_t>(warp) * slice);  // [kWarpKeys][dq]
+  float* terms = warp_smem + static_cast<int64_t>(warp) * slice;                           // [kWarpKeys][kTermPad]
+  const float4* qa = qs + h0 * qstride;
+  const float4* qb = qs + h1 * qstride;
+  for (int g = first + warp; g < vis_groups; g += stride) {
+    const int j0 = g * kWarpKeys;
+    const int nk = min(kWarpKeys, N - j0);
+    const float4* kg = reinterpret_cast<const float4*>(keys + static_cast<int64_t>(j0) * d);
+    __syncwarp();  // the previous group's terms consumed
+    for (int idx = lane; idx < kWarpKeys * dq; idx += 32)
+      ks[idx] = idx < nk * dq ? kg[idx] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncwarp();
+    float acc0[kWarpKeys], acc1[kWarpKeys];
+#pragma unroll
+    for (int kk = 0; kk < kWarpKeys; ++kk) acc0[kk] = acc1[kk] = 0.0f;
+    for (int i = 0; i < dq; ++i) {
+      const float4 a = qa[i], b = qb[i];
+#pragma unroll
+      for (int kk = 0; kk < kWarpKeys; ++kk) {
+        const float4 kv = ks[kk * dq + i];
+        acc0[kk] = __fadd_rn(acc0[kk], __fmul_rn(a.x, kv.x));
+        acc1[kk] = __fadd_rn(acc1[kk], __fmul_rn(b.x, kv.x));
+        acc0[kk] = __fadd_rn(acc0[kk], __fmul_rn(a.y, kv.y));
+        acc1[kk] = __fadd_rn(acc1[kk], __fmul_rn(b.y, kv.y));
+        acc0[kk] = __fadd_rn(acc0[kk], __fmul_rn(a.z, kv.z));
+        acc1[kk] = __fadd_rn(acc1[kk], __fmul_rn(b.z, kv.z));
+        acc0[kk] = __fadd_rn(acc0[kk], __fmul_rn(a.w, kv.w));
+        acc1[kk] = __fadd_rn(acc1[kk], __fmul_rn(b.w, kv.w));
+      }
+    }
+    __syncwarp();  // every lane done reading ks before terms (same memory) are written
+#pragma unroll
+    for (int kk = 0; kk < kWarpKeys; ++kk) {
+      const float d0 = round ? round_to_bf16(acc0[kk]) : acc0[kk];
+      const float d1 = round ? round_to_bf16(acc1[kk]) : acc1[kk];
+      float p0 = 0.0f, p1 = 0.0f;
+      if (d0 > 0) {
+        p0 = __fmul_rn(d0, w0);
+        if (round) p0 = round_to_bf16(p0);
+      }
+      if (d1 > 0) {
+        p1 = __fmul_rn(d1, w1);
+        if (round) p1 = round_to_bf16(p1);
+      }
+      terms[kk * kTermPad + h0] = p0;
+      terms[kk * kTermPad + h1] = p1;
+    }
+    __syncwarp();
+    if (lane < nk) {
+      const float* tr = terms + lane * kTermPad;
+      double total = 0.0;
+      for (int h = 0; h < nh; ++h) total += static_cast<double>(tr[h]);
+      const float sc = __double2float_rn(total);
+      const int j = j0 + lane;
+      out_row[j] = j < vis ? (round ? round_to_bf16(sc) : sc) : -INFINITY;
+    }
+  }
+}
+
 // ---- moe_route --------------------------------------------------------------------------------------
 constexpr int kRouteThreads = 256;
 
-__global__ void __launch_bounds__(kRouteThreads)
+__global__ void __launch_bounds__(kRouteThreads, 1)
     moe_route_kernel(const float* logits, int E, int k, int func, float temp, const float* bias, const void* tid2eid,
                      bool tid_i64, int64_t vocab, const int32_t* tokens, bool normalize, float norm_eps,
                      float route_scale, int32_t* ids, float* weights) {
@@ -180,15 +287,17 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias ? __fadd_rn(s[e], bias[e]) : s[e];
   __syncthreads();
-  if (tid != 0) return;
-  // k passes of (score desc, index asc) argmax over the not yet chosen, -inf never chosen: the
-  // order of the CPU's partial_sort. Chosen entries are marked by setting them to -inf.
+  if (tid >= 32) return;
+  // k passes of (score desc, index asc) argmax over the not yet chosen, -inf never chosen: the order
+  // of the CPU's partial_sort. Warp 0 only: lane l scans e = l, l + 32, ... ascending (keeping the
+  // first of equal keys), then a butterfly keeps the larger key, the lower index on ties, so every
+  // lane ends with the same pick (for NaN-free keys). Chosen entries are set to -inf by their lane.
+  const int lane = tid;
   float sum = 0.0f;
-  int picked = 0;
   for (int j = 0; j < k; ++j) {
     int best = -1;
     float bv = -INFINITY;
-    for (int e = 0; e < E; ++e) {
+    for (int e = lane; e < E; e += 32) {
       const float v = biased[e];
       if (v == -INFINITY) continue;
       if (best < 0 || v > bv) {
@@ -196,17 +305,27 @@ __global__ void __launch_bounds__(kRouteThreads)
         bv = v;
       }
     }
-    ti[j] = best;
-    if (best < 0) {
-      tw[j] = 0.0f;
-      continue;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+        best = ob;
+        bv = ov;
+      }
     }
-    biased[best] = -INFINITY;
-    ++picked;
-    tw[j] = s[best];
-    sum = __fadd_rn(sum, tw[j]);
+    if (best >= 0 && lane == (best & 31)) biased[best] = -INFINITY;  // only this lane reads biased[best]
+    if (lane == 0) {
+      ti[j] = best;
+      if (best < 0) {
+        tw[j] = 0.0f;
+      } else {
+        tw[j] = s[best];
+        sum = __fadd_rn(sum, tw[j]);
+      }
+    }
   }
-  (void)picked;
+  if (lane != 0) return;
   const float denom = __fadd_rn(sum, norm_eps);
   for (int j = 0; j < k; ++j) {
     float v = tw[j];
@@ -249,22 +368,61 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
 }
 
 // ---- MoE dispatch and combine ------------------------------------------------------------------------
-__global__ void moe_count_kernel(const int32_t* ids, int64_t P, int E, int32_t* counts) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= P) return;
-  const int32_t e = ids[i];
-  if (e >= 0 && e < E) atomicAdd(counts + e, 1);
-}
+// Counts and offsets in one block: counts[e] from the ids (shared-memory atomics when E fits, else
+// global ones), then offsets[e] = sum of counts[0..e), offsets[E] = the total, by a block-wide scan in
+// chunks of kScanThreads (integer adds: exact in any order). Also writes slots[i] = -1 for the ids
+// outside [0, E) (the grouping kernel writes the others).
+constexpr int kScanThreads = 1024;
+constexpr int kScanSharedMax = 8192;  // experts counted in shared memory
 
-// offsets[e] = sum of counts[0..e), offsets[E] = the total (one thread: E is a few hundred).
-__global__ void moe_offsets_kernel(const int32_t* counts, int E, int32_t* offsets) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  int32_t run = 0;
-  for (int e = 0; e < E; ++e) {
-    offsets[e] = run;
-    run += counts[e];
+__global__ void __launch_bounds__(kScanThreads)
+    moe_offsets_kernel(const int32_t* ids, int64_t P, int E, int32_t* gcounts, int32_t* offsets, int32_t* slots) {
+  __shared__ int32_t scounts[kScanSharedMax];
+  __shared__ int32_t warp_sums[kScanThreads / 32];
+  __shared__ int32_t carry_sh;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool in_shared = E <= kScanSharedMax;
+  int32_t* counts = in_shared ? scounts : gcounts;  // gcounts is zeroed by the host when not in shared
+  if (in_shared)
+    for (int e = tid; e < E; e += kScanThreads) scounts[e] = 0;
+  __syncthreads();
+  for (int64_t i = tid; i < P; i += kScanThreads) {
+    const int32_t e = ids[i];
+    if (e >= 0 && e < E)
+      atomicAdd(counts + e, 1);
+    else
+      slots[i] = -1;
   }
-  offsets[E] = run;
+  __syncthreads();  // also orders the global atomics before the reads below (same block)
+  int32_t carry = 0;
+  for (int c0 = 0; c0 < E; c0 += kScanThreads) {
+    const int e = c0 + tid;
+    const int32_t v = e < E ? (in_shared ? scounts[e] : __ldcg(gcounts + e)) : 0;
+    int32_t x = v;  // inclusive scan in the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int32_t ws = warp_sums[lane];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t y = __shfl_up_sync(0xffffffffu, ws, o);
+        if (lane >= o) ws += y;
+      }
+      warp_sums[lane] = ws;  // inclusive over warps
+      if (lane == 31) carry_sh = ws;
+    }
+    __syncthreads();
+    const int32_t excl = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + x - v;
+    if (e < E) offsets[e] = excl;
+    carry += carry_sh;
+    __syncthreads();  // warp_sums / carry_sh read before the next chunk writes them
+  }
+  if (tid == 0) offsets[E] = carry;
 }
 
 constexpr int kGroupThreads = 256;
@@ -395,6 +553,51 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "{}: ratio {} must be positive", op, vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, op, "counts");
   DI_CHECK(N < (int64_t{1} << 31) && T < (int64_t{1} << 24) * kQueries, "{}: [{}, {}] is too large", op, T, N);
+  // Few queries: the head-parallel kernel (same values, more parallelism for one query).
+  {
+    const bool aligned = reinterpret_cast<uintptr_t>(q.data<float>()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(keys.data<float>()) % 16 == 0;
+    const int64_t slice = std::max<int64_t>(kWarpKeys * d, kWarpKeys * kTermPad);  // floats per warp
+    const size_t dsmem = static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
+                         static_cast<size_t>(kDecWarps * slice) * sizeof(float);
+    static const std::pair<int, int> dev_info = [] {
+      int dev = 0, optin = 0, sms = 0;
+      DI_CUDA_CHECK(cudaGetDevice(&dev));
+      DI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+      DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      return std::make_pair(optin, sms);
+    }();
+    if (T >= 1 && T <= kDecMaxQueries && nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned &&
+        dsmem <= static_cast<size_t>(dev_info.first)) {
+      static size_t dec_configured = 48 * 1024;
+      if (dsmem > dec_configured) {
+        DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(dsmem)));
+        dec_configured = dsmem;
+      }
+      static size_t occ_smem = 0;
+      static int occ_blocks = 1;
+      if (occ_smem != dsmem) {
+        int b = 0;
+        DI_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, index_scores_decode_kernel, kDecThreads, dsmem));
+        occ_blocks = std::max(b, 1);
+        occ_smem = dsmem;
+      }
+      Tensor out = Tensor::empty({T, N}, DType::kF32, Device::kCUDA);
+      if (N == 0) return out;
+      const int64_t groups = (N + kWarpKeys - 1) / kWarpKeys;
+      const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
+      const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(dev_info.second) * occ_blocks / T);
+      const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
+      index_scores_decode_kernel<<<grid, kDecThreads, dsmem>>>(
+          q.data<float>(), keys.data<float>(), w.data<float>(),
+          vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(N),
+          static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round, out.data<float>());
+      DI_CUDA_CHECK(cudaGetLastError());
+      return out;
+    }
+  }
   const size_t smem = (static_cast<size_t>(d) * kPad + static_cast<size_t>(kQueries) * d) * sizeof(float);
   // The device's limits, queried once (each query costs a driver round trip).
   static const std::pair<int, cudaFuncAttributes> limits = [] {
@@ -528,13 +731,9 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   Tensor counts = Tensor::empty({2 * E + 1}, DType::kI32, Device::kCUDA);  // counts [E], offsets [E + 1]
   int32_t* cp = counts.data<int32_t>();
   int32_t* op_ = cp + E;
-  DI_CUDA_CHECK(cudaMemsetAsync(cp, 0, E * sizeof(int32_t)));
-  if (P > 0) {
-    DI_CUDA_CHECK(cudaMemsetAsync(g.slots.raw(), 0xff, P * sizeof(int32_t)));  // -1: an id outside [0, E)
-    moe_count_kernel<<<grid_for(P, 256), 256>>>(ids.data<int32_t>(), P, static_cast<int>(E), cp);
-    DI_CUDA_CHECK(cudaGetLastError());
-  }
-  moe_offsets_kernel<<<1, 1>>>(cp, static_cast<int>(E), op_);
+  if (E > kScanSharedMax) DI_CUDA_CHECK(cudaMemsetAsync(cp, 0, E * sizeof(int32_t)));
+  moe_offsets_kernel<<<1, kScanThreads>>>(ids.data<int32_t>(), P, static_cast<int>(E), cp, op_,
+                                          g.slots.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   if (P > 0) {
     moe_group_kernel<<<static_cast<unsigned>(E), kGroupThreads>>>(ids.data<int32_t>(), weights.data<float>(), P,

@@ -2,12 +2,15 @@
 // swiglu, embedding, gather_rows, moe_group, moe_combine, copy_into, compress_pool and renorm_heads
 // (src/ops/ops.h) on tensors that live on kCUDA.
 //
-// index_scores replays the CPU order exactly (one thread per (query, key): fp32 dots in ascending i
-// with separate multiply and add, the head sum in FP64 in head order), so it is bit-identical.
+// index_scores replays the CPU order exactly (fp32 dots in ascending i with separate multiply and add,
+// the head sum in FP64 in head order), so it is bit-identical: for up to 16 queries (decode) one lane
+// per head (two heads a lane, one key group a warp, the head sum by one lane per key), else one thread
+// per (query, key) for 8 queries a block.
 // embedding and gather_rows are copies (exact). moe_route and swiglu take exp / log1p as
 // fp32(exp(double)) / fp32(log1p(double)) rather than glibc's expf / log1pf (which differ in rare
 // ~0.5-1 ulp cases), so their values may differ by an ulp; the selection order, the weight sums and
-// everything else follow the CPU's sequence. moe_group (count, scan, ordered compaction per expert),
+// everything else follow the CPU's sequence (the top-k by one warp: per-lane scans, then a butterfly on
+// (score desc, index asc)). moe_group (count + scan in one block, ordered compaction per expert),
 // moe_combine (a token's outputs added in sorted grouped order), copy_into and renorm_heads (one
 // thread per head, sequential FP64 sum) are bit-identical; compress_pool replays the CPU order with exp
 // as fp32(exp(double)) (ulps). Device-side checks are limited: ids / rows / tokens
