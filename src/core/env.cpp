@@ -20,8 +20,8 @@ const std::vector<EnvVar>& env_vars() {
        "batches use OpenBLAS",
        true},
       {"DEEPINFER_CUDA_GEMM", "exact",
-       "CUDA linear kernel for FP8/FP4 weights: exact (bit-identical to the CPU op) or tc (tensor cores, within "
-       "tolerance)",
+       "CUDA linear kernel for FP8/FP4 weights: exact (bit-identical to the CPU op), tc (tensor cores, within "
+       "tolerance) or auto (tc from 64 rows up; not batch-invariant)",
        true},
       {"DEEPINFER_OP_PROFILE", "0",
        "debugging: 1 times every op (synchronising the device around it) and every device copy, printed at exit", true},

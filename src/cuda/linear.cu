@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <type_traits>
 
@@ -665,13 +666,17 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
            "cuda::linear: expected x [M, K] and W [N, K]");
   Tensor y = Tensor::empty({x.size(0), w.w.size(0)}, DType::kF32, Device::kCUDA);
   // DEEPINFER_CUDA_GEMM=tc: the tensor-core kernel (linear_tc.cuh, within tolerance of the CPU op) for
-  // the quantised weights at the FP8 input site; "exact" (default): this file's bit-exact kernel.
-  static const bool tc = [] {
+  // the quantised weights at the FP8 input site; "exact" (default): this file's bit-exact kernel;
+  // "auto": tc from kAutoTcRows rows of x up, exact below (fast decode and fast prefill, but a row's
+  // result then depends on how many rows share the call: not batch-invariant).
+  constexpr int64_t kAutoTcRows = 64;
+  static const int64_t tc_from = [] {
     const std::string v = env_value("DEEPINFER_CUDA_GEMM");
-    DI_CHECK(v == "exact" || v == "tc", "DEEPINFER_CUDA_GEMM must be 'exact' or 'tc' (got '{}')", v);
-    return v == "tc";
+    DI_CHECK(v == "exact" || v == "tc" || v == "auto", "DEEPINFER_CUDA_GEMM must be 'exact', 'tc' or 'auto' (got '{}')",
+             v);
+    return v == "tc" ? int64_t{0} : v == "auto" ? kAutoTcRows : INT64_MAX;
   }();
-  if (tc && linear_tc_supported(x, w, opts))
+  if (x.size(0) >= tc_from && linear_tc_supported(x, w, opts))
     linear_tc_into(x, w, opts, y);
   else
     linear_into(x, w, opts, y);
