@@ -58,17 +58,8 @@ int main() {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
   // ---- ceiling: a device-to-device copy over 1 GiB ------------------------------------------------------
-  const size_t big = size_t{1} << 30;
-  void *src = nullptr, *dst = nullptr;
-  CK(cudaMalloc(&src, big));
-  CK(cudaMalloc(&dst, big));
-  CK(cudaMemset(src, 0x3c, big));
-  const double t_copy =
-      time_graph(st, 4, [&](int) { CK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice, st)); });
-  const double copy_gbs = 2.0 * big / t_copy / 1e6;
+  const double copy_gbs = deepinfer::bench::copy_ceiling_gbs(st, size_t{1} << 30);
   std::printf("HBM ceiling: D2D copy %.0f GB/s (read + write)\n", copy_gbs);
-  CK(cudaFree(dst));
-  CK(cudaFree(src));
 
   const int64_t H = 64, D = 512, K = 640;
   const int64_t N = (int64_t{1} << 30) / (D * 4);  // 1 GiB of float32 KV rows

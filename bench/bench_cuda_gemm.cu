@@ -272,22 +272,7 @@ void run() {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
   // ---- HBM read ceiling over 2 GiB -----------------------------------------------------------------------
-  double read_gbs = 0;
-  {
-    const size_t big = size_t{2} << 30;
-    void* src = nullptr;
-    float* sink = nullptr;
-    CK(cudaMalloc(&src, big));
-    CK(cudaMalloc(&sink, 4));
-    CK(cudaMemset(src, 0x3c, big));  // small finite floats, not zeros
-    const double t_read = time_graph(st, 4, [&](int) {
-      deepinfer::bench::read_kernel<<<prop.multiProcessorCount * 8, 512, 0, st>>>(static_cast<const float4*>(src),
-                                                                                  big / 16, sink);
-    });
-    read_gbs = big / t_read / 1e6;
-    CK(cudaFree(src));
-    CK(cudaFree(sink));
-  }
+  const double read_gbs = deepinfer::bench::read_ceiling_gbs(st, size_t{2} << 30);
   std::printf("HBM ceiling: read kernel %.0f GB/s\n", read_gbs);
 
   Lt lt;

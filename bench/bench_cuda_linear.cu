@@ -58,21 +58,9 @@ int main() {
 
   // ---- ceilings: a read kernel and a device-to-device copy over 2 GiB ----------------------------------
   const size_t big = size_t{2} << 30;
-  void *src = nullptr, *dst = nullptr;
-  float* sink = nullptr;
-  CK(cudaMalloc(&src, big));
-  CK(cudaMalloc(&dst, big));
-  CK(cudaMalloc(&sink, 4));
-  CK(cudaMemset(src, 0x3c, big));  // small finite floats, not zeros
-  const double t_read = time_graph(st, 4, [&](int) {
-    deepinfer::bench::read_kernel<<<prop.multiProcessorCount * 8, 512, 0, st>>>(static_cast<const float4*>(src),
-                                                                                big / 16, sink);
-  });
-  const double t_copy =
-      time_graph(st, 4, [&](int) { CK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice, st)); });
-  const double read_gbs = big / t_read / 1e6, copy_gbs = 2.0 * big / t_copy / 1e6;
+  const double read_gbs = deepinfer::bench::read_ceiling_gbs(st, big);
+  const double copy_gbs = deepinfer::bench::copy_ceiling_gbs(st, big);
   std::printf("HBM ceiling: read kernel %.0f GB/s, D2D copy %.0f GB/s (read + write)\n", read_gbs, copy_gbs);
-  CK(cudaFree(dst));
 
   cublasHandle_t cb;
   CB(cublasCreate(&cb));
@@ -155,8 +143,6 @@ int main() {
     }
   }
   CB(cublasDestroy(cb));
-  CK(cudaFree(src));
-  CK(cudaFree(sink));
   CK(cudaStreamDestroy(st));
   return 0;
 }

@@ -1,5 +1,5 @@
-// Helpers shared by the CUDA benchmarks: a deterministic xorshift for test data, the HBM read-ceiling kernel
-// and CUDA-graph timing.
+// Helpers shared by the CUDA benchmarks: a deterministic xorshift for test data, CUDA-graph timing and the
+// HBM ceilings (read kernel, device-to-device copy) measured in the same run.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,6 +60,36 @@ double time_graph(cudaStream_t st, int calls, F body, int reps = 7) {
   DI_CUDA_CHECK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The ceilings the benches compare against, over a device buffer of `bytes` (well above L2), timed as
+// graphs of 4 calls: GB/s of the read kernel (bytes read) and of a device-to-device copy (read + written).
+inline double read_ceiling_gbs(cudaStream_t st, size_t bytes) {
+  int dev = 0, sms = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&dev));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  void* src = nullptr;
+  float* sink = nullptr;
+  DI_CUDA_CHECK(cudaMalloc(&src, bytes));
+  DI_CUDA_CHECK(cudaMalloc(&sink, 4));
+  DI_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));  // small finite floats, not zeros
+  const double ms = time_graph(
+      st, 4, [&](int) { read_kernel<<<sms * 8, 512, 0, st>>>(static_cast<const float4*>(src), bytes / 16, sink); });
+  DI_CUDA_CHECK(cudaFree(src));
+  DI_CUDA_CHECK(cudaFree(sink));
+  return bytes / ms / 1e6;
+}
+
+inline double copy_ceiling_gbs(cudaStream_t st, size_t bytes) {
+  void *src = nullptr, *dst = nullptr;
+  DI_CUDA_CHECK(cudaMalloc(&src, bytes));
+  DI_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  DI_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));
+  const double ms =
+      time_graph(st, 4, [&](int) { DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)); });
+  DI_CUDA_CHECK(cudaFree(src));
+  DI_CUDA_CHECK(cudaFree(dst));
+  return 2.0 * bytes / ms / 1e6;
 }
 
 }  // namespace deepinfer::bench

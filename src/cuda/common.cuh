@@ -13,6 +13,23 @@
 
 namespace deepinfer::cuda {
 
+// Limits of the current device, queried once per process (a query is a driver round trip; the
+// backend uses one device).
+inline int device_attribute_once(cudaDeviceAttr attr) {
+  int dev = 0, v = 0;
+  DI_CHECK(cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, attr, dev) == cudaSuccess,
+           "cuda: could not read device attribute {}", static_cast<int>(attr));
+  return v;
+}
+inline int sm_count() {
+  static const int n = device_attribute_once(cudaDevAttrMultiProcessorCount);
+  return n;
+}
+inline int smem_optin() {
+  static const int n = device_attribute_once(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return n;
+}
+
 // A device scratch buffer that grows on demand and never shrinks (kernels' private workspaces).
 // Growing waits for the device first: work queued earlier may still read the old buffer.
 class GrowingBuffer {

@@ -473,16 +473,6 @@ float* workspace_for(size_t bytes) {
   return static_cast<float*>(ws.get(bytes));
 }
 
-int smem_optin() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return v;
-  }();
-  return n;
-}
-
 // Launches `kernel` with programmatic stream serialisation (it may start while the x pre-pass runs;
 // it waits for it with griddepcontrol.wait before reading x).
 template <typename... KArgs, typename... Args>

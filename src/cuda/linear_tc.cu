@@ -283,16 +283,6 @@ uint8_t* workspace_for(size_t bytes) {
   return static_cast<uint8_t*>(ws.get(bytes));
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 struct Args {
   const uint8_t* w;
   int64_t ldw;

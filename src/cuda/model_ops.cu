@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -560,15 +559,8 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
     const int64_t slice = std::max<int64_t>(kWarpKeys * d, kWarpKeys * kTermPad);  // floats per warp
     const size_t dsmem = static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
                          static_cast<size_t>(kDecWarps * slice) * sizeof(float);
-    static const std::pair<int, int> dev_info = [] {
-      int dev = 0, optin = 0, sms = 0;
-      DI_CUDA_CHECK(cudaGetDevice(&dev));
-      DI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-      DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      return std::make_pair(optin, sms);
-    }();
     if (T >= 1 && T <= kDecMaxQueries && nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned &&
-        dsmem <= static_cast<size_t>(dev_info.first)) {
+        dsmem <= static_cast<size_t>(smem_optin())) {
       static size_t dec_configured = 48 * 1024;
       if (dsmem > dec_configured) {
         DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -588,7 +580,7 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
       if (N == 0) return out;
       const int64_t groups = (N + kWarpKeys - 1) / kWarpKeys;
       const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
-      const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(dev_info.second) * occ_blocks / T);
+      const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(sm_count()) * occ_blocks / T);
       const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
       index_scores_decode_kernel<<<grid, kDecThreads, dsmem>>>(
           q.data<float>(), keys.data<float>(), w.data<float>(),
@@ -599,17 +591,13 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
     }
   }
   const size_t smem = (static_cast<size_t>(d) * kPad + static_cast<size_t>(kQueries) * d) * sizeof(float);
-  // The device's limits, queried once (each query costs a driver round trip).
-  static const std::pair<int, cudaFuncAttributes> limits = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  // The kernel's static shared memory, queried once (each query costs a driver round trip).
+  static const cudaFuncAttributes attr = [] {
     cudaFuncAttributes a{};
     DI_CUDA_CHECK(cudaFuncGetAttributes(&a, index_scores_kernel));
-    return std::make_pair(v, a);
+    return a;
   }();
-  const int optin = limits.first;
-  const cudaFuncAttributes& attr = limits.second;
+  const int optin = smem_optin();
   DI_CHECK(smem + attr.sharedSizeBytes <= static_cast<size_t>(optin),
            "{}: key width {} needs {} bytes of shared memory (device: {})", op, d, smem + attr.sharedSizeBytes, optin);
   // The dynamic shared memory limit is raised to what this launch needs (at most optin - static).

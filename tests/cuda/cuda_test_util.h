@@ -112,4 +112,27 @@ inline di::ops::QWeight to_device(const di::ops::QWeight& q) {
   return d;
 }
 
+// A test program's main: SKIP (exit 2) without a GPU, initialise CUDA, run `cases`, check that the device
+// finished cleanly, print the summary; 0 when every case passed, else 1.
+inline int run_test_program(const std::function<void()>& cases) {
+  if (di::cuda::device_count() == 0) {
+    std::printf("SKIP: no CUDA device visible; these tests need a GPU (sm_90)\n");
+    return 2;
+  }
+  try {
+    di::cuda::init();
+  } catch (const std::exception& e) {
+    std::printf("FAIL init: %s\n", e.what());
+    return 1;
+  }
+  cases();
+  try {
+    di::cuda::synchronize();
+  } catch (const std::exception& e) {
+    report("synchronize", e.what());
+  }
+  std::printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace cuda_test

@@ -246,25 +246,9 @@ void test_batch_invariance() {
 }  // namespace
 
 int main() {
-  const int n = di::cuda::device_count();
-  if (n == 0) {
-    std::printf("SKIP: no CUDA device visible; these tests need a GPU (sm_90)\n");
-    return 2;
-  }
-  try {
-    di::cuda::init();
-  } catch (const std::exception& e) {
-    std::printf("FAIL init: %s\n", e.what());
-    return 1;
-  }
-  test_unsupported();
-  test_batch_invariance();
-  test_against_cpu();
-  try {
-    di::cuda::synchronize();
-  } catch (const std::exception& e) {
-    report("synchronize", e.what());
-  }
-  std::printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return cuda_test::run_test_program([] {
+    test_unsupported();
+    test_batch_invariance();
+    test_against_cpu();
+  });
 }

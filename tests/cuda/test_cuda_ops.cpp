@@ -1026,41 +1026,25 @@ void test_scale_and_copies() {
 }  // namespace
 
 int main() {
-  const int n = di::cuda::device_count();
-  if (n == 0) {
-    std::printf("SKIP: no CUDA device visible; these tests need a GPU (sm_90)\n");
-    return 2;
-  }
-  try {
-    di::cuda::init();
-  } catch (const std::exception& e) {
-    std::printf("FAIL init: %s\n", e.what());
-    return 1;
-  }
-  test_fake_quant_fp8();
-  test_round_bf16();
-  test_rms_norm();
-  test_linear();
-  test_fake_quant_fp4();
-  test_dequantize();
-  test_hadamard();
-  test_rope();
-  test_hc();
-  test_sparse_attention();
-  test_topk();
-  test_index_scores();
-  test_moe_route();
-  test_swiglu();
-  test_embedding_gather();
-  test_moe_dispatch();
-  test_compress_pool();
-  test_renorm_heads();
-  test_scale_and_copies();
-  try {
-    di::cuda::synchronize();
-  } catch (const std::exception& e) {
-    report("synchronize", e.what());
-  }
-  std::printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return cuda_test::run_test_program([] {
+    test_fake_quant_fp8();
+    test_round_bf16();
+    test_rms_norm();
+    test_linear();
+    test_fake_quant_fp4();
+    test_dequantize();
+    test_hadamard();
+    test_rope();
+    test_hc();
+    test_sparse_attention();
+    test_topk();
+    test_index_scores();
+    test_moe_route();
+    test_swiglu();
+    test_embedding_gather();
+    test_moe_dispatch();
+    test_compress_pool();
+    test_renorm_heads();
+    test_scale_and_copies();
+  });
 }
