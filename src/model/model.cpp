@@ -66,10 +66,10 @@ std::vector<int32_t> Model::stack_batch(const std::vector<SeqChunk>& batch, std:
   return tokens;
 }
 
-std::vector<int64_t> Model::stacked_positions(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offsets) {
+std::vector<int64_t> Model::stacked_positions(const std::vector<int64_t>& starts, const std::vector<int64_t>& offsets) {
   std::vector<int64_t> pos(offsets.back());
-  for (size_t b = 0; b < batch.size(); ++b)
-    for (int64_t r = offsets[b]; r < offsets[b + 1]; ++r) pos[r] = batch[b].state->num_tokens + (r - offsets[b]);
+  for (size_t b = 0; b < starts.size(); ++b)
+    for (int64_t r = offsets[b]; r < offsets[b + 1]; ++r) pos[r] = starts[b] + (r - offsets[b]);
   return pos;
 }
 

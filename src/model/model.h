@@ -74,8 +74,8 @@ class Model {
  protected:
   // Checks the batch and stacks its tokens: offsets[b]..offsets[b+1] are sequence b's rows.
   std::vector<int32_t> stack_batch(const std::vector<SeqChunk>& batch, std::vector<int64_t>& offsets) const;
-  // Each stacked row's position: sequence b's rows run from its state's num_tokens on.
-  static std::vector<int64_t> stacked_positions(const std::vector<SeqChunk>& batch,
+  // Each stacked row's position: sequence b's rows offsets[b]..offsets[b+1] run from starts[b] on.
+  static std::vector<int64_t> stacked_positions(const std::vector<int64_t>& starts,
                                                 const std::vector<int64_t>& offsets);
   // The rows whose logits the batch wants, in order.
   static std::vector<int64_t> wanted_rows(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offsets);

@@ -25,7 +25,9 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   std::vector<int64_t> offset;
   const std::vector<int32_t> tokens = stack_batch(batch, offset);
   const int64_t T = offset.back();
-  const std::vector<int64_t> positions = stacked_positions(batch, offset);
+  std::vector<int64_t> starts;
+  for (const SeqChunk& c : batch) starts.push_back(c.state->num_tokens);
+  const std::vector<int64_t> positions = stacked_positions(starts, offset);
   Tensor stream = embed_stream(w_.embed, tokens);  // expanded to hc identical copies
 
   for (int64_t l = 0; l < cfg.n_layers; ++l) {

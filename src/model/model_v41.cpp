@@ -109,6 +109,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   std::vector<SharedAttnV41> shared(B);
 
   std::vector<int32_t> layer_tokens = tokens;
+  std::vector<int64_t> positions = stacked_positions(start, offset);  // of the rows still in the batch
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeightsV41& L = w_.layers[l];
     const LayerCtx ctx{cfg, num, l, opts.trace};
@@ -120,6 +121,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
         start[b] += drop[b];
         batch[b].state->replay_floor = batch[b].replay_from;
       }
+      positions = stacked_positions(start, offset);
     }
     const int64_t T = offset.back();
     if (T == 0) break;  // bounded replay skipped every row of this forward in the decoder layers
@@ -135,9 +137,6 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     Tensor x = ops::rms_norm(ops::hc_collapse(stream, pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
     force("attn_in", l, x);
-    std::vector<int64_t> positions(T);  // each stacked row's position (the kept rows after a compaction)
-    for (size_t b = 0; b < B; ++b)
-      for (int64_t r = offset[b]; r < offset[b + 1]; ++r) positions[r] = start[b] + (r - offset[b]);
     const AttnRows rows = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
     Tensor o = Tensor::empty({T, cfg.n_heads * cfg.head_dim}, DType::kF32, device_);
     for (size_t b = 0; b < B; ++b) {             // the middle reads and writes each sequence's own state
