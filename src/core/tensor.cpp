@@ -77,22 +77,6 @@ CopyProfile* copy_profile() {
 void copy_bytes_2d(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
                    size_t row_bytes, size_t rows) {
   if (row_bytes == 0 || rows == 0) return;
-  CopyProfile* prof = dst_dev == Device::kCPU && src_dev == Device::kCPU ? nullptr : copy_profile();
-  const auto t0 = std::chrono::steady_clock::now();
-  struct Record {
-    CopyProfile* prof;
-    int dir;
-    size_t bytes;
-    std::chrono::steady_clock::time_point t0;
-    ~Record() {
-      if (!prof) return;
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::lock_guard<std::mutex> lock(prof->mu);
-      prof->seconds[dir] += dt;
-      prof->calls[dir] += 1;
-      prof->bytes[dir] += static_cast<int64_t>(bytes);
-    }
-  } record{prof, dst_dev == Device::kCPU ? 1 : (src_dev == Device::kCPU ? 0 : 2), row_bytes * rows, t0};
   if (dst_dev == Device::kCPU && src_dev == Device::kCPU) {
     for (size_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, row_bytes);
@@ -100,7 +84,16 @@ void copy_bytes_2d(void* dst, size_t dpitch, Device dst_dev, const void* src, si
   }
   DI_CHECK(g_copy != nullptr, "no copy registered for device {}: build with CUDA and initialise it",
            device_name(dst_dev == Device::kCPU ? src_dev : dst_dev));
+  CopyProfile* prof = copy_profile();
+  const auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   g_copy(dst, dpitch, dst_dev, src, spitch, src_dev, row_bytes, rows);
+  if (!prof) return;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int dir = dst_dev == Device::kCPU ? 1 : (src_dev == Device::kCPU ? 0 : 2);
+  std::lock_guard<std::mutex> lock(prof->mu);
+  prof->seconds[dir] += dt;
+  prof->calls[dir] += 1;
+  prof->bytes[dir] += static_cast<int64_t>(row_bytes * rows);
 }
 
 void zero_bytes(void* dst, Device dev, size_t nbytes) {
