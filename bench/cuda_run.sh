@@ -1,10 +1,11 @@
 #!/bin/bash
 # The GPU benchmarks of issue 8 in one command (the figures in bench/RESULTS.md come from it):
 #   bash bench/cuda_run.sh BIN_DIR OUT_DIR [FAMILY [LAYERS [EXPERTS]]]
-# BIN_DIR holds bench_cuda_gemm (FP8 GEMM vs cuBLASLt, FP4 experts), bench_cuda_attention (sparse
+# BIN_DIR holds bench_cuda_gemm (FP8 GEMM vs cuBLASLt, FP4 experts), bench_cuda_gemv (decode GEMV vs
+# the read ceiling, cuda::linear as the anchor), bench_cuda_attention (sparse
 # attention decode vs the copy ceiling) and bench_cuda_model (end to end on a flash-shape checkpoint,
 # generated here by tools/make_checkpoint.py: FAMILY v4|v41, LAYERS layers; default v41, 4 layers).
-# BENCHES (default "gemm attention model") picks which run. Each writes OUT_DIR/<name>.txt.
+# BENCHES (default "gemm gemv attention model") picks which run. Each writes OUT_DIR/<name>.txt.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -14,10 +15,11 @@ layers=${4:-4}
 experts=${5:-}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-for b in ${BENCHES:-gemm attention model}; do
+for b in ${BENCHES:-gemm gemv attention model}; do
   SECONDS=0
   case $b in
     gemm) timeout 300 "$bin/bench_cuda_gemm" > "$out/gemm.txt" 2>&1 ;;
+    gemv) timeout 300 "$bin/bench_cuda_gemv" > "$out/gemv.txt" 2>&1 ;;
     attention) timeout 120 "$bin/bench_cuda_attention" > "$out/attention.txt" 2>&1 ;;
     model)
       ckpt=${CKPT_DIR:-/tmp/deepinfer-flash-$family-$layers}

@@ -40,6 +40,9 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
                         bool bf16_probs, bool round);
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index);
+Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);
+void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
+Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks);
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                   const RouteOpts& opts);
@@ -47,6 +50,8 @@ Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float lim
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
 Tensor gather_rows(const Tensor& x, const Tensor& rows);
 MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
+                      const LinearOpts& opts);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);
 void scale(Tensor& x, float s, bool round);

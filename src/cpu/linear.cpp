@@ -731,4 +731,39 @@ Tensor linear(const Tensor& x, const QWeight& qw, const LinearOpts& opts) {
   return y;
 }
 
+// Runs of rows that share an expert go through linear() together: the same calls the per-expert
+// loop makes, so the same bits (and linear's result for a row never depends on the other rows).
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
+                      const LinearOpts& opts) {
+  const char* op = "linear_grouped";
+  DI_CHECK(x.defined() && x.device() == Device::kCPU && x.dtype() == DType::kF32 && x.dim() == 2 && x.is_contiguous(),
+           "{}: x must be a contiguous float32 [R, K] CPU tensor, got {}", op,
+           x.defined() ? x.describe() : std::string("(undefined)"));
+  DI_CHECK(row_expert.defined() && row_expert.device() == Device::kCPU && row_expert.dtype() == DType::kI32 &&
+               row_expert.dim() == 1 && row_expert.size(0) == x.size(0) && row_expert.is_contiguous(),
+           "{}: row_expert must be int32 [{}] on the CPU, got {}", op, x.size(0),
+           row_expert.defined() ? row_expert.describe() : std::string("(undefined)"));
+  DI_CHECK(!lists.empty() && !lists[0]->empty(), "{}: no experts", op);
+  const int64_t R = x.size(0), N = (*lists[0])[0].out(), E = static_cast<int64_t>(lists[0]->size());
+  Tensor y = Tensor::empty({static_cast<int64_t>(lists.size()) * R, N}, DType::kF32);
+  const int32_t* ids = row_expert.data<int32_t>();
+  for (size_t l = 0; l < lists.size(); ++l) {
+    const std::vector<QWeight>& experts = *lists[l];
+    DI_CHECK(static_cast<int64_t>(experts.size()) == E, "{}: list {} has {} experts, list 0 has {}", op, l,
+             experts.size(), E);
+    float* yl = y.data<float>() + static_cast<int64_t>(l) * R * N;
+    for (int64_t a = 0; a < R;) {
+      const int64_t e = ids[a];
+      DI_CHECK(e >= 0 && e < E, "{}: row {} names expert {} outside [0, {})", op, a, e, E);
+      DI_CHECK(experts[e].out() == N, "{}: expert {} has {} outputs, expert 0 has {}", op, e, experts[e].out(), N);
+      int64_t b = a + 1;
+      while (b < R && ids[b] == e) ++b;
+      const Tensor ye = cpu::linear(x.slice(0, a, b), experts[e], opts);
+      std::memcpy(yl + a * N, ye.data<float>(), static_cast<size_t>((b - a) * N) * sizeof(float));
+      a = b;
+    }
+  }
+  return y;
+}
+
 }  // namespace deepinfer::cpu

@@ -308,10 +308,12 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts)
   g.rows = Tensor::empty({P}, DType::kI32);
   g.weights = Tensor::empty({P}, DType::kF32);
   g.slots = Tensor::empty({T, k}, DType::kI32);
+  g.row_expert = Tensor::empty({P}, DType::kI32);
   std::vector<int64_t> next(g.offsets.begin(), g.offsets.end() - 1);
   for (int64_t i = 0; i < P; ++i) {  // (t, j) ascending: each expert's pairs by token, then slot
     const int64_t pos = next[ip[i]]++;
     g.rows.data<int32_t>()[pos] = static_cast<int32_t>(i / k);
+    g.row_expert.data<int32_t>()[pos] = ip[i];
     g.weights.data<float>()[pos] = weights.data<float>()[i];
     g.slots.data<int32_t>()[i] = static_cast<int32_t>(pos);
   }
@@ -440,6 +442,79 @@ void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
     const float r = rd(1.0f / std::sqrt(rd(mean + eps)));
     for (int64_t i = 0; i < head_dim; ++i) a[i] = rd(a[i] * r);
   }
+}
+
+Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep) {
+  check_cpu_f32(scores, "candidate_blocks", "scores");
+  DI_CHECK(scores.dim() == 2 && ratio >= 1 && block_size >= 1 && keep >= 0,
+           "candidate_blocks: scores {} (want [T, n]), ratio {}, block_size {}, keep {}", scores.describe(), ratio,
+           block_size, keep);
+  const int64_t T = scores.size(0), n = scores.size(1), bs = block_size, nb = (n + bs - 1) / bs;
+  const int64_t kk = std::min(keep, nb);
+  Tensor out = Tensor::empty({T, keep}, DType::kI32);
+  const float* sp = scores.data<float>();
+  int32_t* op = out.data<int32_t>();
+#pragma omp parallel for schedule(dynamic, 1) if (T > 1)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* score = sp + t * n;
+    const int64_t visible = std::min(n, (start_pos + t + 1) / ratio);
+    std::vector<float> block(nb, -INFINITY);
+    for (int64_t j = 0; j < n; ++j) block[j / bs] = std::max(block[j / bs], score[j]);
+    if (visible > 0) block[(visible - 1) / bs] = INFINITY;
+    int32_t* o = op + t * keep;
+    const int64_t m = topk(block.data(), nb, kk, o);
+    std::sort(o, o + m);
+    std::fill(o + m, o + keep, -1);
+  }
+  return out;
+}
+
+void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
+  check_cpu_f32(scores, "mask_to_blocks", "scores");
+  DI_CHECK(scores.dim() == 2 && blocks.defined() && blocks.device() == Device::kCPU && blocks.dtype() == DType::kI32 &&
+               blocks.dim() == 2 && blocks.is_contiguous() && blocks.size(0) == scores.size(0) && block_size >= 1,
+           "mask_to_blocks: scores {} and blocks {} (want int32 [T, keep] on the CPU), block_size {}",
+           scores.describe(), desc(blocks), block_size);
+  const int64_t T = scores.size(0), n = scores.size(1), keep = blocks.size(1), bs = block_size, nb = (n + bs - 1) / bs;
+  float* sp = scores.data<float>();
+  const int32_t* bp = blocks.data<int32_t>();
+#pragma omp parallel for schedule(dynamic, 1) if (T > 1)
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<uint8_t> kept(nb, 0);
+    for (int64_t i = 0; i < keep; ++i) {
+      const int32_t b = bp[t * keep + i];
+      if (b >= 0 && b < nb) kept[b] = 1;
+    }
+    float* score = sp + t * n;
+    for (int64_t j = 0; j < n; ++j)
+      if (!kept[j / bs]) score[j] = -INFINITY;
+  }
+}
+
+Tensor sparse_index(const ops::IndexLayout& l, int64_t T, const Tensor& picks) {
+  DI_CHECK(!picks.defined() || (picks.device() == Device::kCPU && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
+                                picks.size(0) == T && picks.size(1) == l.kcols && picks.is_contiguous()),
+           "sparse_index: picks {} are not contiguous int32 [{}, {}] on the CPU", desc(picks), T, l.kcols);
+  const int64_t width = l.wcols + l.kcols;
+  Tensor out = Tensor::empty({T, width}, DType::kI32);
+  int32_t* op = out.data<int32_t>();
+  const int32_t* pk = picks.defined() ? picks.data<int32_t>() : nullptr;
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* row = op + t * width;
+    const int64_t p = l.start_pos + t, lo = std::max<int64_t>({0, p - l.window + 1, l.floor});
+    const int64_t count = std::max<int64_t>(0, p - lo + 1);
+    int64_t c = 0;
+    if (l.pad_front)
+      while (c < l.wcols - count) row[c++] = -1;
+    for (int64_t s = lo; s <= p; ++s) row[c++] = static_cast<int32_t>(s - l.wstart);
+    while (c < l.wcols) row[c++] = -1;
+    const int64_t visible = l.ratio > 0 ? (p + 1) / l.ratio : 0;
+    for (int64_t i = 0; i < l.kcols; ++i) {
+      const int64_t j = pk ? pk[t * l.kcols + i] : (i < visible ? i : -1);
+      row[l.wcols + i] = j < 0 ? -1 : static_cast<int32_t>(l.offset + j);
+    }
+  }
+  return out;
 }
 
 }  // namespace deepinfer::cpu

@@ -89,13 +89,23 @@ std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
 }
 
 // Copies on the legacy default stream, where every kernel of the backend runs, so they are ordered
-// after the work already queued; copies to or from the host return once done.
-void cuda_copy(void* dst, size_t dpitch, Device, const void* src, size_t spitch, Device, size_t row_bytes,
+// after the work already queued. A copy to the host returns once done. A copy from the host is
+// queued with the async call: the driver stages the pageable source before it returns (so the
+// caller may free it), without the stream synchronisation that cudaMemcpy performs first, which
+// would drain the GPU on every upload of a step (index lists, positions, token ids).
+void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device, size_t row_bytes,
                size_t rows) {
+  if (dst_dev == Device::kCPU) {
+    if (rows == 1)
+      DI_CUDA_CHECK(cudaMemcpy(dst, src, row_bytes, cudaMemcpyDefault));
+    else
+      DI_CUDA_CHECK(cudaMemcpy2D(dst, dpitch, src, spitch, row_bytes, rows, cudaMemcpyDefault));
+    return;
+  }
   if (rows == 1)
-    DI_CUDA_CHECK(cudaMemcpy(dst, src, row_bytes, cudaMemcpyDefault));
+    DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, row_bytes, cudaMemcpyDefault, nullptr));
   else
-    DI_CUDA_CHECK(cudaMemcpy2D(dst, dpitch, src, spitch, row_bytes, rows, cudaMemcpyDefault));
+    DI_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, row_bytes, rows, cudaMemcpyDefault, nullptr));
 }
 
 void cuda_memset(void* dst, int value, size_t nbytes) { DI_CUDA_CHECK(cudaMemset(dst, value, nbytes)); }

@@ -11,7 +11,9 @@
 #include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/linear_gemv.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/quant.cuh"
 
@@ -22,13 +24,6 @@ namespace {
 enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
 
 constexpr int kRows = 8;  // weight rows per thread block (divides every E4M3 tile size, so one scale row)
-
-// Programmatic dependent launch: the x pre-pass lets the GEMV start at once; the GEMV streams its
-// first weight slabs in, then waits for the pre-pass (griddepcontrol.wait) before it reads x.
-__device__ __forceinline__ void pdl_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---- x pre-pass: optional FP8 fake quantisation into the padded x layout ---------------------------------
 // x of rows [t*MT, t*MT + MT) lives at xt + t * tile_floats: groups of gk = 32 * G columns (G = the
@@ -56,39 +51,6 @@ __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT,
   amax = block_reduce(amax, MaxOp{}, 0.0f);
   const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
   for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = e4m3_rne(p[c] / s) * s;
-}
-
-// ---- decoders -------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-__device__ __forceinline__ float half_bits(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-}
-// Four e4m3 codes (bytes of w) -> e4m3 * 2^-8 exactly, through the fp16 bits the CPU uses
-// (sign-extend, << 7, clear bit 14): two codes per 32-bit word, each half an fp16. NaN codes are not
-// handled here (see nan_bits).
-__device__ __forceinline__ void e4m3x4(uint32_t w, float* f) {
-  const uint32_t a = (prmt(w, 0u, 0xA280u) << 7) & 0xbf80bfffu;  // [b0, sign b0, b2, sign b2] -> codes 0, 2
-  const uint32_t b = (prmt(w, 0u, 0xB391u) << 7) & 0xbf80bfffu;  // codes 1, 3
-  f[0] = half_bits(a);
-  f[1] = half_bits(b);
-  f[2] = half_bits(a >> 16);
-  f[3] = half_bits(b >> 16);
-}
-// Bit 7 of a byte is set iff that byte is an e4m3 NaN code (S.1111.111).
-__device__ __forceinline__ uint32_t nan_bits(uint32_t w) { return (w & 0x7f7f7f7fu) + 0x01010101u; }
-
-__device__ __forceinline__ float e8m0_f32(uint32_t e) {
-  if (e == 255u) return __uint_as_float(0x7fc00000u);
-  if (e == 0u) return __uint_as_float(0x00400000u);  // 2^-127, subnormal
-  return __uint_as_float(e << 23);
-}
-// e2m1 code in bits 28..31 of t -> its value times 2^-126 (an exact fp32, subnormal for 0.5).
-__device__ __forceinline__ float e2m1_top(uint32_t t) {
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(t) >> 6) & 0x81c00000u);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -198,10 +160,7 @@ __global__ void __launch_bounds__(Fp8Cfg<MT, T32>::kThreads)
   const uint8_t* srow = sc + static_cast<int64_t>(n0 / B) * lds;
   for (int i = tid; i < nslab * TPS; i += NT) {
     float f = 0.0f;
-    if (i < T) {  // 2^(e-119): the CPU's factor for the 2^-8-scaled codes (e > 246: see linear.cuh)
-      const uint32_t e = srow[i];
-      f = e <= 246u ? __uint_as_float((e + 8u) << 23) : e8m0_f32(e) * 256.0f;
-    }
+    if (i < T) f = fp8_tile_factor(srow[i]);  // 2^(e-119), the CPU's factor for the 2^-8-scaled codes
     fac[i] = f;
   }
   if (tid < kRows) nanrow[tid] = 0;
@@ -410,16 +369,8 @@ __global__ void __launch_bounds__(128)
       } else {
         const uint32_t b = wp[c * 16 + q];
         const uint32_t e = ssm[r * nchunks + i * CPS + c];
-        const float lo = e2m1_top(b << 28), hi = e2m1_top(b << 24);  // e2m1 * 2^-126
-        if (e <= 128u) {  // one rounding of e2m1 * 2^(e-127), as the CPU's f16(e2m1) * scale
-          const float g = __uint_as_float((e + 126u) << 23);  // 2^(e-1)
-          f0 = __fmul_rn(lo, g);
-          f1 = __fmul_rn(hi, g);
-        } else {
-          const float sf = e8m0_f32(e);
-          f0 = __fmul_rn(__fmul_rn(lo, 0x1p126f), sf);
-          f1 = __fmul_rn(__fmul_rn(hi, 0x1p126f), sf);
-        }
+        f0 = fp4_weight(e2m1_top(b << 28), e);  // e2m1 * 2^(e-127), one rounding as the CPU's
+        f1 = fp4_weight(e2m1_top(b << 24), e);
       }
       float xv[2 * MT];
       load_x2<MT>(xs + c * xg, xv);
@@ -528,12 +479,11 @@ void launch_chain(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, in
              round);
 }
 
-}  // namespace
-
-void linear_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y,
-                 CUstream_st* stream_ptr) {
+// The exact linear: the decode GEMV (linear_gemv.cuh) for the few-row calls it takes when `decode_gemv`,
+// else this file's slab kernels. Both replay the CPU op's order, so the choice never changes a bit.
+void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y,
+                  cudaStream_t stream, bool decode_gemv) {
   const char* op = "cuda::linear";
-  const cudaStream_t stream = stream_ptr;
   DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2,
            "{}: x must be a 2-D float32 CUDA tensor, got {}", op, x.describe());
   DI_CHECK(x.size(1) <= 1 || x.strides()[1] == 1, "{}: x's rows must be dense, got {}", op, x.describe());
@@ -594,6 +544,22 @@ void linear_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts&
   const int64_t ldw = fmt == kFp4 ? K / 2 : w.strides()[0] * esize_num / esize_den;
   DI_CHECK(reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 && ldw % 16 == 0,
            "{}: the CUDA kernel needs 16-byte aligned weight rows, got {}", op, w.describe());
+  // The decode GEMV takes the single-row E4M3 calls of up to kGemvMaxRows weight rows, where it
+  // measured faster than the slab kernel (bench_cuda_gemv, V4.1 shapes at M = 1: wkv [512, 5120]
+  // 1.34x, wq_a [1280, 5120] 1.21x); on wider weights, on M >= 2 and on FP4 / BF16 the slab kernel
+  // is as fast or faster (its grouped mode is what the routed experts use: linear_grouped.cu).
+  constexpr int64_t kGemvMaxRows = 2048;
+  if (decode_gemv && M == 1 && fmt == kFp8 && N <= kGemvMaxRows) {
+    GemvArgs a;
+    a.fmt = fmt, a.w = static_cast<const uint8_t*>(w.raw()), a.ldw = ldw, a.scale = s, a.lds = lds, a.B = B;
+    a.N = static_cast<int>(N), a.K = static_cast<int>(K);
+    a.x = x.data<float>(), a.ldx = x.strides()[0], a.M = static_cast<int>(M);
+    a.act_quant_block = opts.act_quant_block, a.round = opts.round_out_bf16, a.y = y.data<float>();
+    if (gemv_supported(a)) {
+      gemv_into(a, stream);
+      return;
+    }
+  }
 
   // x rows per pass: MT <= 4 (<= 2 for E4M3 tiles above 32, whose chains keep 32 MT accumulators).
   const int mt_max = fmt == kFp8 && B != 32 ? 2 : 4;
@@ -651,6 +617,13 @@ void linear_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts&
   }
 }
 
+}  // namespace
+
+void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
+                 CUstream_st* stream) {
+  linear_exact(x, w, opts, y, stream, false);
+}
+
 Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts) {
   DI_CHECK(x.defined() && x.dim() == 2 && w.w.defined() && w.w.dim() == 2,
            "cuda::linear: expected x [M, K] and W [N, K]");
@@ -669,7 +642,7 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
   if (x.size(0) >= tc_from && linear_tc_supported(x, w, opts))
     linear_tc_into(x, w, opts, y);
   else
-    linear_into(x, w, opts, y);
+    linear_exact(x, w, opts, y, nullptr, true);
   return y;
 }
 

@@ -39,9 +39,19 @@ namespace deepinfer::cuda {
 // y[M, N] = x[M, K] . W^T; x float32 [M, K] on kCUDA (rows dense), W and its scale on kCUDA.
 Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts);
 
-// As linear, into a preallocated float32 [M, N] contiguous CUDA tensor, on `stream` (nullptr: the
-// legacy default stream). The x workspace is cached and grows on demand (a grow synchronises).
+// linear() runs single-row calls on narrow E4M3 weights through the decode GEMV of linear_gemv.cuh
+// (the same bits; faster there, see linear_exact in linear.cu) and the rest through the slab kernels
+// below, or the tensor-core kernel when DEEPINFER_CUDA_GEMM asks for it.
+//
+// The slab kernels alone, into a preallocated float32 [M, N] contiguous CUDA tensor, on `stream`
+// (nullptr: the legacy default stream). The x workspace is cached and grows on demand (a grow
+// synchronises).
 void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
                  CUstream_st* stream = nullptr);
+
+// ops::linear_grouped on CUDA (linear_grouped.cu): one GEMV launch over all rows, each row's expert
+// read on the device from row_expert through a cached device table of the experts' pointers.
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
+                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts);
 
 }  // namespace deepinfer::cuda

@@ -10,6 +10,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/quant.cuh"
 
@@ -24,11 +25,6 @@ constexpr int kXS = 160;  // smem bytes per x-code row and per E4M3 weight row (
 constexpr int kW4S = 80;  // smem bytes per packed-FP4 weight row (64 + 16: LDS.32 conflict free)
 
 // ---- small device helpers ----------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -9,6 +9,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/model_ops.cuh"
+#include "cuda/topk.cuh"
 
 namespace deepinfer::cuda {
 
@@ -429,7 +430,7 @@ constexpr int kGroupThreads = 256;
 // One block per expert: an ordered compaction of the (t, j) pairs routed to it, in ascending t*k + j.
 __global__ void __launch_bounds__(kGroupThreads)
     moe_group_kernel(const int32_t* ids, const float* w, int64_t P, int k, const int32_t* offsets, int32_t* rows,
-                     float* wout, int32_t* slots) {
+                     float* wout, int32_t* slots, int32_t* row_expert) {
   __shared__ int warp_count[kGroupThreads / 32];
   const int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int64_t base = offsets[e];
@@ -447,6 +448,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     if (hit) {
       const int64_t pos = base + before + __popc(ballot & ((1u << lane) - 1u));
       rows[pos] = static_cast<int32_t>(i / k);
+      row_expert[pos] = e;
       wout[pos] = w[i];
       slots[i] = static_cast<int32_t>(pos);
     }
@@ -702,7 +704,7 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
   return out;
 }
 
-ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts) {
+ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets) {
   const char* op = "cuda::moe_group";
   DI_CHECK(ids.defined() && ids.device() == Device::kCUDA && ids.dtype() == DType::kI32 && ids.dim() == 2 &&
                ids.is_contiguous(),
@@ -715,6 +717,10 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   ops::MoeGroups g;
   Tensor rows = Tensor::empty({P}, DType::kI32, Device::kCUDA);
   Tensor wout = Tensor::empty({P}, DType::kF32, Device::kCUDA);
+  Tensor rexp = Tensor::empty({P}, DType::kI32, Device::kCUDA);
+  // Without the host offsets the row count is taken as P (every id in range, as moe_route returns
+  // them); zeroed first so that a row left unwritten still names a valid expert.
+  if (!host_offsets && P > 0) DI_CUDA_CHECK(cudaMemsetAsync(rexp.raw(), 0, P * sizeof(int32_t)));
   g.slots = Tensor::empty({T, k}, DType::kI32, Device::kCUDA);
   Tensor counts = Tensor::empty({2 * E + 1}, DType::kI32, Device::kCUDA);  // counts [E], offsets [E + 1]
   int32_t* cp = counts.data<int32_t>();
@@ -726,8 +732,13 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   if (P > 0) {
     moe_group_kernel<<<static_cast<unsigned>(E), kGroupThreads>>>(ids.data<int32_t>(), weights.data<float>(), P,
                                                                   static_cast<int>(k), op_, rows.data<int32_t>(),
-                                                                  wout.data<float>(), g.slots.data<int32_t>());
+                                                                  wout.data<float>(), g.slots.data<int32_t>(),
+                                                                  rexp.data<int32_t>());
     DI_CUDA_CHECK(cudaGetLastError());
+  }
+  if (!host_offsets) {
+    g.rows = rows, g.weights = wout, g.row_expert = rexp;
+    return g;
   }
   std::vector<int32_t> off(E + 1);
   DI_CUDA_CHECK(cudaMemcpy(off.data(), op_, (E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
@@ -735,6 +746,7 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   const int64_t R = g.offsets[E];
   g.rows = R == P ? rows : rows.slice(0, 0, R);
   g.weights = R == P ? wout : wout.slice(0, 0, R);
+  g.row_expert = R == P ? rexp : rexp.slice(0, 0, R);
   return g;
 }
 
@@ -819,6 +831,130 @@ void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
   if (n == 0) return;
   renorm_heads_kernel<<<grid_for(n, 128), 128>>>(q.data<float>(), n, head_dim, eps, round);
   DI_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- sparse-attention index lists -------------------------------------------------------------------
+namespace {
+
+// One thread per (row, block): the block's max score, +inf for the block of the row's newest visible entry.
+__global__ void block_max_kernel(const float* scores, int64_t T, int64_t n, int64_t bs, int64_t nb, int64_t start_pos,
+                                 int64_t ratio, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * nb) return;
+  const int64_t t = i / nb, b = i % nb;
+  const float* row = scores + t * n;
+  const int64_t end = min(n, (b + 1) * bs);
+  float m = -INFINITY;
+  for (int64_t j = b * bs; j < end; ++j) {
+    const float v = row[j];
+    m = v > m ? v : m;  // the value only feeds comparisons: -0 / +0 tie in the top-k either way
+  }
+  const int64_t visible = min(n, (start_pos + t + 1) / ratio);
+  if (visible > 0 && b == (visible - 1) / bs) m = INFINITY;
+  out[i] = m;
+}
+
+// out [T, keep]: the first kk columns from top [T, kk] (nullptr: none), then -1.
+__global__ void pad_ids_kernel(const int32_t* top, int64_t T, int64_t kk, int64_t keep, int32_t* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * keep) return;
+  const int64_t t = i / keep, c = i % keep;
+  out[i] = c < kk ? top[t * kk + c] : -1;
+}
+
+// One thread per score: kept when its block is in the row's ascending id list (-1 entries trail).
+__global__ void mask_to_blocks_kernel(float* scores, const int32_t* blocks, int64_t T, int64_t n, int64_t keep,
+                                      int64_t bs) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * n) return;
+  const int64_t t = i / n, j = i % n;
+  const int32_t* row = blocks + t * keep;
+  const int64_t b = j / bs;
+  int64_t lo = 0, hi = keep;  // the first entry that is -1 or >= b
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    const int32_t v = __ldg(row + mid);
+    if (v >= 0 && v < b)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (!(lo < keep && __ldg(row + lo) == b)) scores[i] = -INFINITY;
+}
+
+// One thread per (row, column) of the index lists; ops::IndexLayout's rules.
+__global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t* picks, int32_t* out) {
+  const int64_t width = l.wcols + l.kcols;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * width) return;
+  const int64_t t = i / width, c = i % width, p = l.start_pos + t;
+  int64_t v = -1;
+  if (c < l.wcols) {
+    const int64_t lo = max(max(int64_t{0}, p - l.window + 1), l.floor);
+    const int64_t count = max(int64_t{0}, p - lo + 1);
+    const int64_t k = l.pad_front ? c - (l.wcols - count) : c;
+    if (k >= 0 && k < count) v = lo + k - l.wstart;
+  } else {
+    const int64_t k = c - l.wcols;
+    const int64_t j = picks ? picks[t * l.kcols + k] : (k < (l.ratio > 0 ? (p + 1) / l.ratio : 0) ? k : -1);
+    if (j >= 0) v = l.offset + j;
+  }
+  out[i] = static_cast<int32_t>(v);
+}
+
+}  // namespace
+
+Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep) {
+  const char* op = "cuda::candidate_blocks";
+  check_f32(scores, op, "scores");
+  DI_CHECK(scores.dim() == 2 && ratio >= 1 && block_size >= 1 && keep >= 0,
+           "{}: scores {} (want [T, n]), ratio {}, block_size {}, keep {}", op, scores.describe(), ratio, block_size,
+           keep);
+  const int64_t T = scores.size(0), n = scores.size(1), bs = block_size, nb = (n + bs - 1) / bs;
+  const int64_t kk = std::min(keep, nb);
+  if (T * keep == 0) return Tensor::empty({T, keep}, DType::kI32, Device::kCUDA);
+  Tensor top;
+  if (kk > 0) {
+    Tensor bmax = Tensor::empty({T, nb}, DType::kF32, Device::kCUDA);
+    block_max_kernel<<<grid_for(T * nb, 256), 256>>>(scores.data<float>(), T, n, bs, nb, start_pos, ratio,
+                                                     bmax.data<float>());
+    DI_CUDA_CHECK(cudaGetLastError());
+    top = topk_rows(bmax, kk, /*sort_by_index=*/true);
+    if (kk == keep) return top;
+  }
+  Tensor out = Tensor::empty({T, keep}, DType::kI32, Device::kCUDA);
+  pad_ids_kernel<<<grid_for(T * keep, 256), 256>>>(kk > 0 ? top.data<int32_t>() : nullptr, T, kk, keep,
+                                                   out.data<int32_t>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
+void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
+  const char* op = "cuda::mask_to_blocks";
+  check_f32(scores, op, "scores");
+  DI_CHECK(scores.dim() == 2 && blocks.defined() && blocks.device() == Device::kCUDA && blocks.dtype() == DType::kI32 &&
+               blocks.dim() == 2 && blocks.is_contiguous() && blocks.size(0) == scores.size(0) && block_size >= 1,
+           "{}: scores {} and blocks {} (want int32 [T, keep] on CUDA), block_size {}", op, scores.describe(),
+           desc(blocks), block_size);
+  const int64_t T = scores.size(0), n = scores.size(1), keep = blocks.size(1);
+  if (T * n == 0) return;
+  mask_to_blocks_kernel<<<grid_for(T * n, 256), 256>>>(scores.data<float>(), blocks.data<int32_t>(), T, n, keep,
+                                                       block_size);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks) {
+  const char* op = "cuda::sparse_index";
+  DI_CHECK(!picks.defined() || (picks.device() == Device::kCUDA && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
+                                picks.size(0) == T && picks.size(1) == layout.kcols && picks.is_contiguous()),
+           "{}: picks {} are not contiguous int32 [{}, {}] on CUDA", op, desc(picks), T, layout.kcols);
+  const int64_t width = layout.wcols + layout.kcols;
+  Tensor out = Tensor::empty({T, width}, DType::kI32, Device::kCUDA);
+  if (T * width == 0) return out;
+  sparse_index_kernel<<<grid_for(T * width, 256), 256>>>(layout, T, picks.defined() ? picks.data<int32_t>() : nullptr,
+                                                         out.data<int32_t>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return out;
 }
 
 }  // namespace deepinfer::cuda

@@ -29,12 +29,19 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
 Tensor gather_rows(const Tensor& x, const Tensor& rows);
-ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
+ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);
 void scale(Tensor& x, float s, bool round);
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
                      bool has_prev);
+// The sparse-attention index lists (integer-exact, bit-identical to the CPU): candidate_blocks takes the
+// block maxima (one thread per (row, block)), pins the newest visible block and keeps the best blocks with
+// cuda::topk_rows (sorted by index, keep <= 4096); mask_to_blocks finds each entry's block in the row's
+// ascending list by binary search; sparse_index writes one thread per (row, column).
+Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);
+void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
+Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks);
 
 }  // namespace deepinfer::cuda

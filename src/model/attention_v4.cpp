@@ -74,29 +74,31 @@ namespace {
 
 // Lightning indexer (§2.5): scores every visible index key for every query (q [T, heads*d] and the
 // scaled weights wts [T, heads] from attention_rows_v4) and keeps the top min(index_topk, visible) by
-// (score desc, index asc). Returns picks per query, -1 padded to `kcomp` entries, in score order.
-std::vector<int32_t> indexer(const Tensor& q, const Tensor& wts, int64_t start_pos, const RowPages& keys, int64_t kcomp,
-                             const LayerCtx& c) {
+// (score desc, index asc). Returns picks int32 [T, kcomp] on the scores' device, per query in score
+// order, -1 padded (the trace copies them to the host only when one is recorded).
+Tensor indexer(const Tensor& q, const Tensor& wts, int64_t start_pos, const RowPages& keys, int64_t kcomp,
+               const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = q.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, r = 4;
   const bool bf = c.num.bf16;
   // Scores of every visible index key (ops::index_scores), then the top min(index_topk, kcomp) of
   // each row in score order (kcomp <= index_topk).
   const Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, r}, bf);
-  const Tensor top = ops::topk_rows(scores, kcomp).to(Device::kCPU);  // the index lists are built on the host
-  std::vector<int32_t> picks(top.data<int32_t>(), top.data<int32_t>() + T * kcomp);
+  Tensor top = ops::topk_rows(scores, kcomp);
   if (c.trace) {
+    const Tensor host = top.to(Device::kCPU);
+    const int32_t* picks = host.data<int32_t>();
     const int64_t ktop = cfg.index_topk;
     std::vector<int32_t> trace_rows(T * ktop, -1);
     for (int64_t t = 0; t < T; ++t) {
-      const int32_t* out = picks.data() + t * kcomp;
+      const int32_t* out = picks + t * kcomp;
       const int64_t m = std::find(out, out + kcomp, -1) - out;
       std::copy(out, out + m, trace_rows.data() + t * ktop);
       std::sort(trace_rows.data() + t * ktop, trace_rows.data() + t * ktop + m);
     }
     c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
   }
-  return picks;
+  return top;
 }
 
 }  // namespace
@@ -150,8 +152,6 @@ Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t st
   const ModelConfig& cfg = c.cfg;
   const int64_t T = r.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
-  std::vector<int64_t> positions(T);
-  for (int64_t i = 0; i < T; ++i) positions[i] = start_pos + i;
   const Tensor& kv = r.kv;
 
   // Compressors (indexer's first, §2.5 order; both run before any scoring or attention).
@@ -187,33 +187,26 @@ Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t st
 
   // Index lists: W window slots (oldest first, -1 padded) then the compressed picks.
   const int64_t kcomp = ratio == 4 ? std::min(cfg.index_topk, ncomp) : ncomp;
-  std::vector<int32_t> picks;
+  Tensor picks;
   if (ratio == 4) picks = indexer(r.iq, r.iw, start_pos, st.index_keys, kcomp, c);
-  Tensor idx = Tensor::empty({T, W + kcomp}, DType::kI32);
-  for (int64_t t = 0; t < T; ++t) {
-    int32_t* row = idx.data<int32_t>() + t * (W + kcomp);
-    const int64_t p = positions[t], lo = std::max<int64_t>(0, p - W + 1);
-    int64_t n = 0;
-    for (int64_t s = lo; s <= p; ++s) row[n++] = static_cast<int32_t>(s - wstart);
-    while (n < W) row[n++] = -1;
-    const int64_t visible = ratio > 0 ? (p + 1) / ratio : 0;
-    for (int64_t k = 0; k < kcomp; ++k) {
-      int32_t j = -1;
-      if (ratio == 4)
-        j = picks[t * kcomp + k];
-      else if (k < visible)
-        j = static_cast<int32_t>(k);
-      row[W + k] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
-    }
-  }
+  ops::IndexLayout lay;
+  lay.start_pos = start_pos;
+  lay.window = W;
+  lay.wstart = wstart;
+  lay.wcols = W;
+  lay.offset = nwin;
+  lay.kcols = kcomp;
+  lay.ratio = ratio;  // C128 (no picks): every visible entry in order
+  const Tensor idx = ops::sparse_index(lay, T, picks, kv.device());
 
   if (dump_enabled()) {
     dump("table", c.layer, table);
+    const Tensor host = idx.to(Device::kCPU);
     Tensor fi = Tensor::empty(idx.shape(), DType::kF32);
-    for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(idx.data<int32_t>()[i]);
+    for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(host.data<int32_t>()[i]);
     dump("idx", c.layer, fi);
   }
-  return attend(r.q, table, idx.to(kv.device()), kv, w.attn_sink, start_pos, st.window, c);
+  return attend(r.q, table, idx, kv, w.attn_sink, start_pos, st.window, c);
 }
 
 }  // namespace deepinfer

@@ -40,95 +40,51 @@ Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const 
   return ops::rms_norm(lat, w.norm, cfg.norm_eps, c.num.bf16);
 }
 
-// Level one of the two-level selection: per row, the candidate_topk_blocks blocks of
-// candidate_block_size entries with the best max score, the block of the newest visible entry
-// pinned in, blocks with no finite score never kept. Writes the entry mask and the trace row.
-void select_candidate_blocks(const float* score, int64_t width, int64_t visible, const ModelConfig& cfg, uint8_t* mask,
-                             int32_t* trace_row) {
-  const int64_t bs = cfg.candidate_block_size, nb = (width + bs - 1) / bs;
-  std::vector<float> block(nb, -INFINITY);
-  for (int64_t j = 0; j < width; ++j) block[j / bs] = std::max(block[j / bs], score[j]);
-  if (visible > 0) block[(visible - 1) / bs] = INFINITY;
-  std::vector<int32_t> keep(std::min(cfg.candidate_topk_blocks, nb));
-  const int64_t m = ops::topk(block.data(), nb, static_cast<int64_t>(keep.size()), keep.data());
-  std::fill(mask, mask + width, 0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = keep[i] * bs; j < std::min(width, (keep[i] + 1) * bs); ++j) mask[j] = 1;
-  if (trace_row) {
-    std::sort(keep.begin(), keep.begin() + m);
-    std::fill(trace_row, trace_row + cfg.candidate_topk_blocks, -1);
-    std::copy(keep.begin(), keep.begin() + m, trace_row);
-  }
-}
-
 // The indexer of an index source: scores every key of its kv source for every query (q [T, nh*hd],
-// wts [T, nh] from attention_rows_v41), applies visibility (and the candidate mask on layers after
+// wts [T, nh] from attention_rows_v41), applies visibility (and the candidate blocks on layers after
 // the candidate source), keeps the top k = min(index_topk, keys) by (score desc, index asc) and
-// publishes them ascending.
-void indexer_v41(const Tensor& q, const Tensor& wts, const RowPages& keys, const std::vector<int64_t>& positions,
-                 int64_t ratio, SharedAttnV41& shared, const LayerCtx& c) {
+// publishes them ascending. The candidate source picks its candidate blocks (level one of the
+// two-level selection: per row the candidate_topk_blocks blocks of candidate_block_size entries with
+// the best max score, the block of the newest visible entry pinned in, blocks with no finite score
+// never kept) from its own unmasked scores. Everything stays on the scores' device; the trace rows
+// are copied to the host only when a trace is recorded.
+void indexer_v41(const Tensor& q, const Tensor& wts, const RowPages& keys, int64_t start_pos, int64_t ratio,
+                 SharedAttnV41& shared, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = q.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, n = keys.rows();
   const bool bf = c.num.bf16;
 
   const bool source = c.layer == cfg.candidate_source_layer;
   const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
+  // Scores of every visible key (ops::index_scores: -inf past a row's visible count).
+  Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, ratio}, bf);
   if (source) {
-    shared.candidates.assign(T * n, 0);
+    shared.candidate_blocks =
+        ops::candidate_blocks(scores, start_pos, ratio, cfg.candidate_block_size, cfg.candidate_topk_blocks);
     shared.candidate_width = n;
   }
-  if (filtered)
-    DI_CHECK(shared.candidate_width == n, "layer {}: candidate mask of width {} for {} index keys", c.layer,
-             shared.candidate_width, n);
+  if (filtered) {
+    DI_CHECK(shared.candidate_width == n && shared.candidate_blocks.defined() && shared.candidate_blocks.size(0) == T,
+             "layer {}: candidate blocks over {} index keys for {} keys and {} rows", c.layer, shared.candidate_width,
+             n, T);
+    ops::mask_to_blocks(scores, shared.candidate_blocks, cfg.candidate_block_size);
+  }
   const int64_t k = std::min(cfg.index_topk, n);
   shared.k = k;
-  shared.picks.assign(T * k, -1);
-  std::vector<int32_t> trace_picks, trace_cand;
+  shared.picks = ops::topk_rows(scores, k, /*sort_by_index=*/true);
   if (c.trace) {
-    trace_picks.assign(T * cfg.index_topk, -1);
-    if (source) trace_cand.assign(T * cfg.candidate_topk_blocks, -1);
-  }
-  // Scores of every visible key (ops::index_scores: -inf past a row's visible count); the candidate
-  // blocks and the top-k lists are then picked on the host.
-  Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), positions[0], ratio}, bf)
-                      .to(Device::kCPU);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t visible = (positions[t] + 1) / ratio;
-    float* score = scores.data<float>() + t * n;
-    if (source)
-      select_candidate_blocks(score, n, visible, cfg, shared.candidates.data() + t * n,
-                              c.trace ? trace_cand.data() + t * cfg.candidate_topk_blocks : nullptr);
-    if (filtered) {
-      const uint8_t* mask = shared.candidates.data() + t * n;
-      for (int64_t j = 0; j < n; ++j)
-        if (!mask[j]) score[j] = -INFINITY;
-    }
-    int32_t* out = shared.picks.data() + t * k;
-    const int64_t m = ops::topk(score, n, k, out);
-    std::sort(out, out + m);
-    if (c.trace) std::copy(out, out + m, trace_picks.data() + t * cfg.index_topk);
-  }
-  if (c.trace) {
+    const Tensor picks = shared.picks.to(Device::kCPU);
     auto& rec = c.trace->indexer[c.layer];
-    rec.insert(rec.end(), trace_picks.begin(), trace_picks.end());
+    for (int64_t t = 0; t < T; ++t) {
+      rec.insert(rec.end(), picks.data<int32_t>() + t * k, picks.data<int32_t>() + (t + 1) * k);
+      rec.insert(rec.end(), cfg.index_topk - k, -1);
+    }
     if (source) {
+      const Tensor cand = shared.candidate_blocks.to(Device::kCPU);
       auto& cr = c.trace->candidates[c.layer];
-      cr.insert(cr.end(), trace_cand.begin(), trace_cand.end());
+      cr.insert(cr.end(), cand.data<int32_t>(), cand.data<int32_t>() + cand.numel());
     }
   }
-}
-
-// One row of window indices (positions, -1 = empty) in the reference's layout; see the file comment.
-int64_t window_row(int64_t p, int64_t start_pos, int64_t T, int64_t W, int64_t floor, int64_t width, int64_t* row) {
-  const int64_t lo = std::max<int64_t>({0, p - W + 1, floor}), count = p - lo + 1;
-  int64_t n = 0;
-  const bool decode = start_pos > 0 && T == 1;
-  if (decode)
-    while (n < width - count) row[n++] = -1;
-  for (int64_t s = lo; s <= p; ++s) row[n++] = s;
-  while (n < width) row[n++] = -1;
-  return n;
 }
 
 }  // namespace
@@ -177,8 +133,6 @@ Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int
   const int64_t T = rows.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
   LayerState& st = seq.layers[c.layer];
-  std::vector<int64_t> positions(T);
-  for (int64_t i = 0; i < T; ++i) positions[i] = start_pos + i;
   const Tensor& kv = rows.kv;
 
   const int64_t ratio = cfg.compress_ratio(c.layer);
@@ -203,9 +157,9 @@ Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int
     if (w.index_source) {
       if (n_comp == 0) {
         shared.k = 0;
-        shared.picks.clear();
+        shared.picks = Tensor();
       } else {
-        indexer_v41(rows.iq, rows.iw, src.index_keys, positions, ratio, shared, c);
+        indexer_v41(rows.iq, rows.iw, src.index_keys, start_pos, ratio, shared, c);
       }
     }
     if (w.kv_source && !gpos.empty()) {
@@ -218,7 +172,7 @@ Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int
   }
   const LayerState* src = ratio > 0 ? &seq.layers[cfg.kv_source_of(c.layer)] : nullptr;
   const int64_t k = ratio > 0 ? shared.k : 0;
-  DI_CHECK(ratio == 0 || static_cast<int64_t>(shared.picks.size()) == T * k,
+  DI_CHECK(ratio == 0 || (shared.picks.defined() ? shared.picks.numel() : 0) == T * k,
            "layer {}: no top-k list from an index source for this chunk", c.layer);
 
   // The KV table: window rows for positions wstart..start_pos+T-1, then the compressed entries.
@@ -228,19 +182,19 @@ Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int
   const int64_t nwin = start_pos + T - wstart;
   const Tensor table = kv_table(st.window, kv, wstart, start_pos, src ? &src->compressed : nullptr);
 
-  const int64_t wcols = start_pos == 0 ? std::min(T, W) : W;
-  Tensor idx = Tensor::empty({T, wcols + k}, DType::kI32);
-  std::vector<int64_t> wrow(wcols);
-  for (int64_t t = 0; t < T; ++t) {
-    int32_t* row = idx.data<int32_t>() + t * (wcols + k);
-    window_row(positions[t], start_pos, T, W, window_floor, wcols, wrow.data());
-    for (int64_t i = 0; i < wcols; ++i) row[i] = wrow[i] < 0 ? -1 : static_cast<int32_t>(wrow[i] - wstart);
-    for (int64_t i = 0; i < k; ++i) {
-      const int32_t j = shared.picks[t * k + i];
-      row[wcols + i] = j < 0 ? -1 : static_cast<int32_t>(nwin + j);
-    }
-  }
-  return attend(rows.q, table, idx.to(kv.device()), kv, w.attn_sink, start_pos, st.window, c);
+  // Index lists (ops::sparse_index, built on the table's device): the window rows, oldest first (a
+  // decode row right-aligned: the empty slots lead while the ring fills), then the picks.
+  ops::IndexLayout lay;
+  lay.start_pos = start_pos;
+  lay.window = W;
+  lay.floor = window_floor;
+  lay.wstart = wstart;
+  lay.wcols = start_pos == 0 ? std::min(T, W) : W;
+  lay.pad_front = start_pos > 0 && T == 1;
+  lay.offset = nwin;
+  lay.kcols = k;
+  const Tensor idx = ops::sparse_index(lay, T, k > 0 ? shared.picks : Tensor(), kv.device());
+  return attend(rows.q, table, idx, kv, w.attn_sink, start_pos, st.window, c);
 }
 
 }  // namespace deepinfer

@@ -17,6 +17,13 @@ struct LayerCtx {
 // Linears by contract (§2.1): FP8/FP4-role (activation fake-quant, BF16 out), BF16 (BF16 out),
 // FP32-promoted (FP32 in and out).
 Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
+ops::LinearOpts linear_q_opts(const LayerCtx& c);  // linear_q's options (the FP8 input site)
+// Whether matrices applied per row (the routed experts, wo_a's groups) run as one ops::linear_grouped
+// on these rows: on CUDA up to 2048 rows (one launch, each row reading its own matrix, rows of one
+// matrix from L2 after the first: decode batches up to 256 tokens at top-6), instead of one call per
+// matrix, whose rows share each weight read (the prefill shape, where the tensor-core kernel takes
+// them; and the CPU's, where per-row calls would only add overhead). Same bits either way.
+inline bool run_grouped(int64_t rows, Device device) { return device == Device::kCUDA && rows <= 2048; }
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 

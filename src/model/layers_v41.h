@@ -10,12 +10,13 @@ namespace deepinfer {
 
 // What the source layers of one forward hand down to the later layers of the same sequence (the
 // reference's SharedAttentionRuntime, kept per sequence): the latest index source's picks and the
-// candidate source's entry mask. Rebuilt every forward; nothing here outlives it.
+// candidate source's kept blocks, both on the model's device (no host copy between layers). Rebuilt
+// every forward; nothing here outlives it.
 struct SharedAttnV41 {
-  std::vector<int32_t> picks;  // [T, k]: compressed-entry ids ascending, then -1
+  Tensor picks;  // int32 [T, k]: compressed-entry ids ascending, then -1 (undefined: no list yet / none)
   int64_t k = 0;
-  std::vector<uint8_t> candidates;  // [T, candidate_width]: 1 = entry inside a kept block
-  int64_t candidate_width = 0;
+  Tensor candidate_blocks;      // int32 [T, candidate_topk_blocks]: kept block ids ascending, then -1
+  int64_t candidate_width = 0;  // the index keys the blocks cover
 };
 
 // CSA2 attention of one layer, in the three steps of layers_v4.h: attention_rows_v41 projects every

@@ -9,9 +9,8 @@
 
 namespace deepinfer {
 
-Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
-  return ops::linear(x, w, {c.num.simulate_qat ? c.cfg.fp8_block : 0, c.num.bf16});
-}
+ops::LinearOpts linear_q_opts(const LayerCtx& c) { return {c.num.simulate_qat ? c.cfg.fp8_block : 0, c.num.bf16}; }
+Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) { return ops::linear(x, w, linear_q_opts(c)); }
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
   return ops::linear(x, w, {0, c.num.bf16});
 }
@@ -65,13 +64,22 @@ Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight&
   dump("o_derot", c.layer, o);
   // wo_a is block-diagonal over groups: group g projects only its own heads' outputs.
   const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
-  Tensor z = Tensor::empty({T, G * R}, DType::kF32, o.device());
+  std::vector<ops::QWeight> parts(G, wo_a);
   for (int64_t g = 0; g < G; ++g) {
-    Tensor og = o.view({T, G, gin}).select(1, g).contiguous();
-    ops::QWeight wg = wo_a;
-    wg.w = wo_a.w.slice(0, g * R, (g + 1) * R);
-    if (wo_a.scale.defined()) wg.scale = wo_a.scale.slice(0, g * R / wo_a.block, (g + 1) * R / wo_a.block);
-    copy_tensor(z.view({T, G, R}).select(1, g), linear_bf16(og, wg, c));
+    parts[g].w = wo_a.w.slice(0, g * R, (g + 1) * R);
+    if (wo_a.scale.defined()) parts[g].scale = wo_a.scale.slice(0, g * R / wo_a.block, (g + 1) * R / wo_a.block);
+  }
+  Tensor z;
+  if (run_grouped(T * G, o.device())) {
+    // o [T, H*D] is [T*G, gin] row by row: row (t, g) through group g gives z[t, g*R:(g+1)*R] in place.
+    std::vector<int64_t> group_of(T * G);
+    for (int64_t i = 0; i < T * G; ++i) group_of[i] = i % G;
+    z = ops::linear_grouped(o.view({T * G, gin}), ids_tensor(group_of, o.device()), parts, {0, bf})
+            .view({T, G * R});
+  } else {
+    z = Tensor::empty({T, G * R}, DType::kF32, o.device());
+    for (int64_t g = 0; g < G; ++g)
+      copy_tensor(z.view({T, G, R}).select(1, g), linear_bf16(o.view({T, G, gin}).select(1, g).contiguous(), parts[g], c));
   }
   dump("z", c.layer, z);
   return linear_q(z, wo_b, c);

@@ -26,9 +26,11 @@ void compact_rows(const std::vector<int64_t>& drop, std::vector<int64_t>& offset
     for (int64_t r = offset[b] + drop[b]; r < offset[b + 1]; ++r) keep.push_back(r);
     next[b + 1] = next[b] + (offset[b + 1] - offset[b] - drop[b]);
     SharedAttnV41& s = shared[b];
-    s.picks.erase(s.picks.begin(), s.picks.begin() + std::min<int64_t>(s.picks.size(), drop[b] * s.k));
-    s.candidates.erase(s.candidates.begin(),
-                       s.candidates.begin() + std::min<int64_t>(s.candidates.size(), drop[b] * s.candidate_width));
+    auto drop_rows = [&](Tensor& t) {  // a row slice of the device list (still contiguous)
+      if (t.defined()) t = t.slice(0, std::min(drop[b], t.size(0)), t.size(0));
+    };
+    drop_rows(s.picks);
+    drop_rows(s.candidate_blocks);
   }
   const int64_t R = static_cast<int64_t>(keep.size());
   std::vector<int32_t> tk(R);

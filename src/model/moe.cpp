@@ -19,6 +19,17 @@ Tensor expert_forward(const ExpertWeights& e, const Tensor& x, const Tensor& wei
   return linear_q(ops::swiglu(g, u, weights, c.cfg.swiglu_limit, c.num.bf16), e.w2, c);
 }
 
+// expert_forward over grouped rows: row r of x goes through expert row_expert[r]. The same linear,
+// swiglu and linear as the per-expert loop, row for row, so the same bits.
+Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, const ops::MoeGroups& groups, const LayerCtx& c) {
+  const ops::LinearOpts o = linear_q_opts(c);
+  const int64_t R = x.size(0);
+  const std::vector<const std::vector<ops::QWeight>*> w13{&w.routed_w1, &w.routed_w3};
+  const Tensor gu = ops::linear_grouped(x, groups.row_expert, w13, o);  // [2R, inter]: w1 rows, then w3 rows
+  Tensor h = ops::swiglu(gu.slice(0, 0, R), gu.slice(0, R, 2 * R), groups.weights, c.cfg.swiglu_limit, c.num.bf16);
+  return ops::linear_grouped(h, groups.row_expert, w.routed_w2, o);
+}
+
 }  // namespace
 
 Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c) {
@@ -50,13 +61,19 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tok
 
   // Dispatch by expert (ops::moe_group), each expert's FFN on its rows, then the FP32 combine in
   // ascending expert order plus the shared expert (ops::moe_combine).
-  const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E);
-  Tensor yg = Tensor::empty({groups.rows.size(0), dim}, DType::kF32, x.device());
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t a = groups.offsets[e], b = groups.offsets[e + 1];
-    if (a == b) continue;
-    const Tensor xe = ops::gather_rows(x, groups.rows.slice(0, a, b));
-    ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
+  const bool grouped = run_grouped(T * K, x.device());
+  const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E, /*host_offsets=*/!grouped);
+  Tensor yg;
+  if (grouped) {
+    yg = grouped_experts_forward(w, ops::gather_rows(x, groups.rows), groups, c);
+  } else {
+    yg = Tensor::empty({groups.rows.size(0), dim}, DType::kF32, x.device());
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t a = groups.offsets[e], b = groups.offsets[e + 1];
+      if (a == b) continue;
+      const Tensor xe = ops::gather_rows(x, groups.rows.slice(0, a, b));
+      ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
+    }
   }
   Tensor ys = expert_forward(w.shared, x, Tensor(), c);
   dump("shared_out", c.layer, ys);

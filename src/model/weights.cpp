@@ -71,6 +71,7 @@ struct Binder : WeightBinder {
     for (int64_t e = 0; e < cfg.n_routed_experts; ++e)
       f.experts.push_back(expert(fp + ".experts." + std::to_string(e), ek));
     f.shared = expert(fp + ".shared_experts", dense);
+    index_experts(f);
     return w;
   }
 };
@@ -135,6 +136,16 @@ void move_moe(MoeWeights& m, Device d) {
   for (Tensor* t : {&m.gate_weight, &m.gate_bias, &m.gate_bias_vl, &m.tid2eid}) move_weight(*t, d);
   for (ExpertWeights& e : m.experts) move_expert(e, d);
   move_expert(m.shared, d);
+  index_experts(m);
+}
+
+void index_experts(MoeWeights& m) {
+  m.routed_w1.clear(), m.routed_w2.clear(), m.routed_w3.clear();
+  for (const ExpertWeights& e : m.experts) {
+    m.routed_w1.push_back(e.w1);
+    m.routed_w2.push_back(e.w2);
+    m.routed_w3.push_back(e.w3);
+  }
 }
 
 void move_weights(ModelWeights& w, Device d) {

@@ -47,6 +47,9 @@ struct MoeWeights {
   Tensor tid2eid;       // I64/I32 [vocab, topk] (hash layers)
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
+  // The routed experts' matrices as one list each, indexed by expert (the tables of
+  // ops::linear_grouped); index_experts() builds them from `experts` once the weights are in place.
+  std::vector<ops::QWeight> routed_w1, routed_w2, routed_w3;
 };
 
 struct LayerWeights {
@@ -126,5 +129,6 @@ void move_weights(ModelWeightsV41& w, Device device);
 void move_weight(Tensor& t, Device device);
 void move_weight(ops::QWeight& q, Device device);
 void move_moe(MoeWeights& m, Device device);
+void index_experts(MoeWeights& m);
 
 }  // namespace deepinfer

@@ -92,6 +92,7 @@ struct BinderV41 : WeightBinder {
     for (int64_t e = 0; e < cfg.n_routed_experts; ++e)
       f.experts.push_back(expert(fp + ".experts." + std::to_string(e), ek));
     f.shared = expert(fp + ".shared_experts", dense);
+    index_experts(f);
 
     if (cfg.engram_index(l) >= 0) {
       w.has_engram = true;

@@ -58,8 +58,9 @@ OpProfile* op_profile() {
 
 class OpScope {
  public:
-  OpScope(const char* name, const Tensor& t) : name_(name), prof_(op_profile()) {
+  OpScope(const char* name, const Tensor& t) : prof_(op_profile()) {
     if (!prof_) return;
+    label_ = name;
     device_ = t.defined() ? t.device() : Device::kCPU;
     synchronize(device_);
     t0_ = std::chrono::steady_clock::now();
@@ -72,15 +73,22 @@ class OpScope {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     std::lock_guard<std::mutex> lock(prof_->mu);
-    auto& r = prof_->rows[std::string(name_) + (device_ == Device::kCUDA ? " (cuda)" : "")];
+    auto& r = prof_->rows[label_ + (device_ == Device::kCUDA ? " (cuda)" : "")];
     r.seconds += dt;
     ++r.calls;
   }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
+  // With the profile on, the op's row is split by a detail (linear: the weight's shape and format).
+  template <class F>
+  void detail(F&& f) {
+    if (!prof_) return;
+    label_ += ' ';
+    label_ += f();
+  }
 
  private:
-  const char* name_;
+  std::string label_;
   OpProfile* prof_;
   Device device_ = Device::kCPU;
   std::chrono::steady_clock::time_point t0_;
@@ -129,12 +137,35 @@ void synchronize(Device d) {
 }
 
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
-  const OpScope scope("linear", x);
+  OpScope scope("linear", x);
+  scope.detail([&] {
+    return fmt::format("{}x{} {}{}", w.out(), w.in(), dtype_name(w.w.dtype()), x.size(0) > 1 ? " M>1" : "");
+  });
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::linear(x, w, opts);
 #endif
   if (on_cuda(x)) no_kernel("linear", x);
   return cpu::linear(x, w, opts);
+}
+
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
+                      const LinearOpts& opts) {
+  OpScope scope("linear_grouped", x);
+  scope.detail([&] {
+    if (lists.empty() || lists[0]->empty()) return std::string();
+    const QWeight& w = (*lists[0])[0];
+    return fmt::format("{}x{} {} x{}", w.out(), w.in(), dtype_name(w.w.dtype()), lists.size());
+  });
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(x)) return cuda::linear_grouped(x, row_expert, lists, opts);
+#endif
+  if (on_cuda(x)) no_kernel("linear_grouped", x);
+  return cpu::linear_grouped(x, row_expert, lists, opts);
+}
+
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<QWeight>& experts,
+                      const LinearOpts& opts) {
+  return linear_grouped(x, row_expert, std::vector<const std::vector<QWeight>*>{&experts}, opts);
 }
 
 Tensor dequantize(const QWeight& w) {
@@ -274,6 +305,51 @@ Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {
   return cpu::topk_rows(scores, k, sort_by_index);
 }
 
+Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep) {
+  const OpScope scope("candidate_blocks", scores);
+  DI_CHECK(ratio >= 1 && block_size >= 1 && keep >= 0 && start_pos >= 0,
+           "candidate_blocks: ratio {}, block_size {}, keep {}, start_pos {}", ratio, block_size, keep, start_pos);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(scores)) return cuda::candidate_blocks(scores, start_pos, ratio, block_size, keep);
+#endif
+  if (on_cuda(scores)) no_kernel("candidate_blocks", scores);
+  return cpu::candidate_blocks(scores, start_pos, ratio, block_size, keep);
+}
+
+void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
+  const OpScope scope("mask_to_blocks", scores);
+  DI_CHECK(block_size >= 1, "mask_to_blocks: block_size {}", block_size);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(scores)) return cuda::mask_to_blocks(scores, blocks, block_size);
+#endif
+  if (on_cuda(scores)) no_kernel("mask_to_blocks", scores);
+  cpu::mask_to_blocks(scores, blocks, block_size);
+}
+
+Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device) {
+  const OpScope scope("sparse_index", picks);
+  DI_CHECK(T >= 0 && l.start_pos >= 0 && l.window >= 1 && l.wcols >= 0 && l.kcols >= 0 && l.offset >= 0 &&
+               (picks.defined() || l.kcols == 0 || l.ratio >= 1),
+           "sparse_index: T {}, start_pos {}, window {}, wcols {}, kcols {}, offset {}, ratio {}", T, l.start_pos,
+           l.window, l.wcols, l.kcols, l.offset, l.ratio);
+  DI_CHECK(!picks.defined() || (picks.device() == device && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
+                                picks.size(0) == T && picks.size(1) == l.kcols && picks.is_contiguous()),
+           "sparse_index: picks {} are not contiguous int32 [{}, {}] on {}", picks.defined() ? picks.describe() : "", T,
+           l.kcols, device_name(device));
+  if (T > 0) {  // the window of row t grows with t: row 0 has the lowest start, row T-1 the most entries
+    auto lo = [&](int64_t p) { return std::max<int64_t>({0, p - l.window + 1, l.floor}); };
+    const int64_t last = l.start_pos + T - 1;
+    DI_CHECK(l.wstart <= lo(l.start_pos) && last - lo(last) + 1 <= l.wcols,
+             "sparse_index: window rows from {} (table from {}) and {} entries for {} columns", lo(l.start_pos),
+             l.wstart, last - lo(last) + 1, l.wcols);
+  }
+#if DEEPINFER_HAS_CUDA
+  if (device == Device::kCUDA) return cuda::sparse_index(l, T, picks);
+#endif
+  if (device != Device::kCPU) fail("ops::sparse_index: no {} kernel", device_name(device));
+  return cpu::sparse_index(l, T, picks);
+}
+
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {
   const OpScope scope("index_scores", q);
 #if DEEPINFER_HAS_CUDA
@@ -320,10 +396,11 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
   return cpu::gather_rows(x, rows);
 }
 
-MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts) {
+MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets) {
   const OpScope scope("moe_group", ids);
+  (void)host_offsets;  // the CPU always has the offsets
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(ids)) return cuda::moe_group(ids, weights, n_experts);
+  if (on_cuda(ids)) return cuda::moe_group(ids, weights, n_experts, host_offsets);
 #endif
   if (on_cuda(ids)) no_kernel("moe_group", ids);
   return cpu::moe_group(ids, weights, n_experts);

@@ -51,6 +51,18 @@ struct LinearOpts {
 // y[M, N] = x[M, K] . W^T with FP32 accumulation. x: float32 [M, K] contiguous.
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
 
+// Grouped rows (the routed experts of a decode step): y[r] = linear(x[r], experts[row_expert[r]]).
+// x float32 [R, K] contiguous, row_expert int32 [R] on x's device (each in [0, experts.size())),
+// experts all of one format and shape [N, K] on x's device. Bit-identical to calling linear on each
+// run of rows that share an expert (a row's result never depends on the other rows). On CUDA one
+// launch reads the expert ids on the device (no copy to the host). With several lists (of equal
+// length, one format and shape: w1 and w3 of the experts), y is [lists * R, N], block l being x
+// through lists[l], still in one launch.
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<QWeight>& experts,
+                      const LinearOpts& opts);
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
+                      const LinearOpts& opts);
+
 // Dequantises a weight to a dense float32 [out, in] tensor (exact: every format fits fp32).
 Tensor dequantize(const QWeight& w);
 
@@ -114,6 +126,42 @@ int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
 // `sort_by_index`, then -1 for the slots past the row's count.
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index = false);
 
+// ---- sparse-attention index lists (the indexers' selection kept on the scores' device) -------------
+// V4.1 candidate blocks (level one of the two-level selection, §2.6). scores float32 [T, n] (rows
+// dense; -inf = not visible), row t at position start_pos + t with visible = (start_pos + t + 1) / ratio
+// entries. Per row: nb = ceil(n / block_size) block maxima (fp32 max over the block's entries, -inf
+// when none is finite), the block of the newest visible entry (min(visible, n) - 1) set to +inf when
+// visible > 0, then topk() of the maxima keeping min(keep, nb) blocks (score desc, index asc; -inf
+// blocks never kept). Returns int32 [T, keep] on the scores' device: the kept block ids ascending,
+// then -1. Integer-exact (no value is computed: only maxima and comparisons).
+Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);
+// In place on scores float32 [T, n] (rows dense): scores[t, j] = -inf unless the block j / block_size
+// is one of blocks[t, :] (int32 [T, keep] on the scores' device, as candidate_blocks returns them:
+// ascending ids, then -1; -1 keeps nothing). Exact.
+void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
+// The index lists of sparse_attention for a chunk of T rows at positions p_t = start_pos + t over a KV
+// table whose row 0 holds position `wstart` (window rows, then the compressed entries from row
+// `offset`). Returns int32 [T, wcols + kcols] on `device`:
+//   window part (wcols columns): the positions lo_t..p_t, lo_t = max(0, p_t - window + 1, floor), as
+//     table rows s - wstart, oldest first, then -1 (pad_front: the -1 first, then the rows);
+//     requires wstart <= lo_0 and p_t - lo_t + 1 <= wcols for every t (checked).
+//   compressed part (kcols columns): picks defined (int32 [T, kcols] on `device`): picks < 0 -> -1,
+//     else offset + pick, in the picks' order; picks undefined: column i -> offset + i while
+//     i < (p_t + 1) / ratio (every visible entry, in order), else -1 (ratio > 0 when kcols > 0).
+// Exact (integers only). Built on the device: no host list, no upload.
+struct IndexLayout {
+  int64_t start_pos = 0;
+  int64_t window = 0;  // W
+  int64_t floor = 0;   // the lowest position the window may list (bounded replay; else 0)
+  int64_t wstart = 0;  // the position of table row 0
+  int64_t wcols = 0;
+  bool pad_front = false;
+  int64_t offset = 0;  // table row of compressed entry 0
+  int64_t kcols = 0;
+  int64_t ratio = 0;  // the dense compressed rule (picks undefined)
+};
+Tensor sparse_index(const IndexLayout& layout, int64_t T, const Tensor& picks, Device device);
+
 // ---- model pieces (issue 8): the per-token loops of src/model behind ops ---------------------------
 // Indexer scores (§2.5, §2.6). q [T, heads, d] (or [T, heads*d]), keys [N, d], w [T, heads], all
 // float32 on one device. For j < visible(t):
@@ -167,13 +215,15 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows);
 // [0, n_experts), as moe_route returns them), weights float32 [T, k], on one device. The grouped order
 // is expert ascending, then token ascending, then slot ascending (the reference's per-expert loop).
 // rows int32 [R] / weights float32 [R]: each grouped pair's token and routing weight; slots int32
-// [T, k]: the grouped position of (t, j); offsets (host, n_experts + 1 values): expert e owns the
-// grouped positions [offsets[e], offsets[e+1]) (on CUDA one small device-to-host copy). Exact.
+// [T, k]: the grouped position of (t, j); row_expert int32 [R]: each grouped pair's expert;
+// offsets (host, n_experts + 1 values): expert e owns the grouped positions [offsets[e], offsets[e+1])
+// (on CUDA one small device-to-host copy, which host_offsets = false skips: offsets stays empty and
+// the step keeps running on the device). Exact.
 struct MoeGroups {
-  Tensor rows, weights, slots;
+  Tensor rows, weights, slots, row_expert;
   std::vector<int64_t> offsets;
 };
-MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts);
+MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 
 // MoE combine: expert_out float32 [R, dim] (the experts' weighted outputs in the grouped order of
 // moe_group), slots int32 [T, k] (moe_group's; -1 = no pair), shared float32 [T, dim] (the shared

@@ -331,6 +331,35 @@ TEST(Linear, EmptyDimensions) {
   for (int64_t i = 0; i < 48; ++i) EXPECT_EQ(y0.data<float>()[i], 0.0f);
 }
 
+// Grouped rows (the decode MoE): each row through its own expert, bit for bit the per-row linear; a
+// row naming an expert outside the list is an error.
+TEST(Linear, GroupedRowsEqualPerRowLinear) {
+  const int64_t N = 48, K = 96, E = 5;
+  std::vector<ops::QWeight> fp4, fp8;
+  for (int64_t e = 0; e < E; ++e) {
+    fp4.push_back(fp4_weight(N, K, 300 + static_cast<uint32_t>(e)));
+    fp8.push_back(fp8_weight(N, K, 32, 400 + static_cast<uint32_t>(e)));
+  }
+  const int32_t ids[] = {0, 0, 2, 3, 3, 3, 4, 1};
+  const int64_t R = 8;
+  Tensor re = Tensor::empty({R}, DType::kI32);
+  for (int64_t r = 0; r < R; ++r) re.data<int32_t>()[r] = ids[r];
+  const Tensor x = random_x(R, K, 55);
+  for (const auto* experts : {&fp4, &fp8}) {
+    for (int64_t act : {int64_t{0}, int64_t{32}}) {
+      const ops::LinearOpts o{act, act > 0};
+      const Tensor y = ops::linear_grouped(x, re, *experts, o);
+      ASSERT_EQ(y.shape(), (Shape{R, N}));
+      for (int64_t r = 0; r < R; ++r) {
+        const Tensor want = ops::linear(x.slice(0, r, r + 1), (*experts)[ids[r]], o);
+        for (int64_t n = 0; n < N; ++n) ASSERT_EQ(bits_of(y.data<float>()[r * N + n]), bits_of(want.data<float>()[n])) << r;
+      }
+    }
+  }
+  re.data<int32_t>()[3] = static_cast<int32_t>(E);
+  EXPECT_THROW(ops::linear_grouped(x, re, fp4, {}), Error);
+}
+
 // ---- dequantize ------------------------------------------------------------------------------------------
 TEST(Dequantize, ExactForEveryFormat) {
   ops::QWeight nan8 = fp8_weight(40, 100, 32, 29);

@@ -308,6 +308,7 @@ TEST(Ops, MoeGroupAndCombineReplayThePerExpertLoop) {
     const int32_t s = g.slots.data<int32_t>()[i];
     EXPECT_EQ(g.rows.data<int32_t>()[s], i / k);
     EXPECT_EQ(g.weights.data<float>()[s], w.data<float>()[i]);
+    EXPECT_EQ(g.row_expert.data<int32_t>()[s], iv[i]);
   }
   // The replaced loop: per expert ascending, its (token, slot) pairs in order, acc[t] += y.
   std::mt19937 rng(7);
@@ -336,4 +337,156 @@ TEST(Ops, MoeGroupAndCombineReplayThePerExpertLoop) {
   ops::copy_into(dst.slice(0, 1, 3), y.slice(0, 5, 7));
   EXPECT_EQ(dst.data<float>()[dim], y.data<float>()[5 * dim]);
   EXPECT_EQ(dst.data<float>()[0], 0.0f);
+}
+
+// ---- sparse-attention index lists: candidate_blocks, mask_to_blocks, sparse_index ------------------
+namespace {
+
+// Scores with ties (a small value set), -inf holes, -0 / +0, an all -inf row (2) and the causal
+// visibility (-inf past it) on the even rows; the odd rows score every entry.
+Tensor index_list_scores(int64_t T, int64_t n, int64_t start_pos, int64_t ratio, uint32_t seed) {
+  std::mt19937 g(seed);
+  Tensor s = Tensor::empty({T, n}, DType::kF32);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t visible = t % 2 ? n : std::min(n, (start_pos + t + 1) / ratio);
+    for (int64_t j = 0; j < n; ++j) {
+      float v = static_cast<float>(static_cast<int>(g() % 9) - 4) * 0.5f;
+      if (v == 0.0f && (g() & 1)) v = -0.0f;
+      if (g() % 7 == 0) v = -INFINITY;
+      s.data<float>()[t * n + j] = (j < visible && t != 2) ? v : -INFINITY;  // row 2: nothing finite
+    }
+  }
+  return s;
+}
+
+// The candidate blocks by their definition: block maxima, the newest visible block at +inf, the
+// best min(keep, nb) finite-or-+inf maxima by (max desc, block asc), listed ascending, -1 padded.
+std::vector<int32_t> candidate_ref(const float* score, int64_t n, int64_t visible, int64_t bs, int64_t keep) {
+  const int64_t nb = (n + bs - 1) / bs;
+  std::vector<float> mx(nb, -INFINITY);
+  for (int64_t j = 0; j < n; ++j)
+    if (score[j] > mx[j / bs]) mx[j / bs] = score[j];
+  if (visible > 0) mx[(visible - 1) / bs] = INFINITY;
+  std::vector<std::pair<float, int32_t>> c;
+  for (int64_t b = 0; b < nb; ++b)
+    if (mx[b] != -INFINITY) c.push_back({mx[b], static_cast<int32_t>(b)});
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < c.size() && static_cast<int64_t>(i) < std::min(keep, nb); ++i) out.push_back(c[i].second);
+  std::sort(out.begin(), out.end());
+  out.resize(keep, -1);
+  return out;
+}
+
+}  // namespace
+
+TEST(Ops, CandidateBlocksAndMaskMatchTheirDefinition) {
+  struct Case {
+    int64_t T, n, start_pos, ratio, bs, keep;
+  };
+  const Case cases[] = {
+      {6, 40, 0, 1, 4, 3},      // prefill: visible = t + 1 (row 0 sees one entry)
+      {5, 40, 0, 8, 4, 3},      // visible = 0 for rows 0..6: no pinned block
+      {4, 37, 70, 2, 4, 20},    // keep > blocks (10 blocks), partial last block
+      {3, 300, 600, 2, 8, 32},  // decode-like rows
+      {4, 16, 0, 1, 8, 0},      // keep 0
+  };
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    const Tensor s = index_list_scores(c.T, c.n, c.start_pos, c.ratio, seed++);
+    const Tensor blocks = ops::candidate_blocks(s, c.start_pos, c.ratio, c.bs, c.keep);
+    ASSERT_EQ(blocks.shape(), (Shape{c.T, c.keep}));
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t visible = std::min(c.n, (c.start_pos + t + 1) / c.ratio);
+      const std::vector<int32_t> want = candidate_ref(s.data<float>() + t * c.n, c.n, visible, c.bs, c.keep);
+      for (int64_t i = 0; i < c.keep; ++i)
+        EXPECT_EQ(blocks.data<int32_t>()[t * c.keep + i], want[i]) << "n " << c.n << " row " << t << " col " << i;
+    }
+    // The mask: -inf outside the kept blocks, the score unchanged inside.
+    Tensor m = s.contiguous();
+    ops::mask_to_blocks(m, blocks, c.bs);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.n; ++j) {
+        const int32_t* row = blocks.data<int32_t>() + t * c.keep;
+        const bool kept = std::find(row, row + c.keep, static_cast<int32_t>(j / c.bs)) != row + c.keep;
+        const float want = kept ? s.data<float>()[t * c.n + j] : -INFINITY;
+        EXPECT_EQ(std::memcmp(&m.data<float>()[t * c.n + j], &want, 4), 0) << t << ", " << j;
+      }
+  }
+}
+
+// topk_rows(.., sort_by_index) is the model's former ops::topk + std::sort per row, -1 padded, also
+// for rows with fewer finite scores than k (and none at all).
+TEST(Ops, TopkRowsByIndexIsTopkThenSort) {
+  const int64_t T = 6, n = 50, k = 16;
+  const Tensor s = index_list_scores(T, n, 3, 4, 77);
+  const Tensor got = ops::topk_rows(s, k, /*sort_by_index=*/true);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> want(k, -1);
+    const int64_t m = ops::topk(s.data<float>() + t * n, n, k, want.data());
+    std::sort(want.begin(), want.begin() + m);
+    for (int64_t i = 0; i < k; ++i) EXPECT_EQ(got.data<int32_t>()[t * k + i], want[i]) << t << ", " << i;
+  }
+}
+
+// sparse_index against the host loops it replaced: V4.1's window_row (prefill left-aligned, decode
+// right-aligned, the bounded-replay floor) + picks, V4's window + picks / every visible C128 entry.
+TEST(Ops, SparseIndexReplaysTheHostLists) {
+  struct Case {
+    int64_t start_pos, T, W, floor, kcols, ratio;
+    bool v41, with_picks;
+  };
+  const Case cases[] = {
+      {0, 5, 8, 0, 4, 2, true, true},         {0, 12, 8, 0, 6, 2, true, true},  {13, 1, 8, 0, 6, 1, true, true},
+      {3, 1, 8, 0, 2, 1, true, true},         {20, 6, 8, 17, 6, 1, true, true}, {9, 1, 8, 5, 0, 1, true, false},
+      {0, 10, 4, 0, 3, 4, false, true},       {30, 1, 4, 0, 7, 4, false, true}, {0, 300, 128, 0, 2, 128, false, false},
+      {500, 1, 128, 0, 3, 128, false, false}, {7, 3, 4, 0, 0, 0, false, false},
+  };
+  std::mt19937 g(5);
+  for (const Case& c : cases) {
+    const int64_t T = c.T, W = c.W, sp = c.start_pos;
+    const int64_t wstart = std::max<int64_t>({0, sp - W + 1, c.floor}), nwin = sp + T - wstart;
+    const int64_t wcols = c.v41 ? (sp == 0 ? std::min(T, W) : W) : W;
+    Tensor picks;
+    if (c.with_picks) {
+      picks = Tensor::empty({T, c.kcols}, DType::kI32);
+      for (int64_t i = 0; i < picks.numel(); ++i)
+        picks.data<int32_t>()[i] = g() % 3 == 0 ? -1 : static_cast<int32_t>(g() % 50);
+    }
+    ops::IndexLayout lay;
+    lay.start_pos = sp;
+    lay.window = W;
+    lay.floor = c.floor;
+    lay.wstart = wstart;
+    lay.wcols = wcols;
+    lay.pad_front = c.v41 && sp > 0 && T == 1;
+    lay.offset = nwin;
+    lay.kcols = c.kcols;
+    lay.ratio = c.ratio;
+    const Tensor idx = ops::sparse_index(lay, T, picks, Device::kCPU);
+    ASSERT_EQ(idx.shape(), (Shape{T, wcols + c.kcols}));
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = sp + t, lo = std::max<int64_t>({0, p - W + 1, c.floor}), count = p - lo + 1;
+      std::vector<int32_t> row;
+      if (lay.pad_front) row.assign(wcols - count, -1);
+      for (int64_t s = lo; s <= p; ++s) row.push_back(static_cast<int32_t>(s - wstart));
+      row.resize(wcols, -1);
+      for (int64_t i = 0; i < c.kcols; ++i) {
+        const int64_t j = c.with_picks ? picks.data<int32_t>()[t * c.kcols + i] : (i < (p + 1) / c.ratio ? i : -1);
+        row.push_back(j < 0 ? -1 : static_cast<int32_t>(nwin + j));
+      }
+      for (int64_t i = 0; i < wcols + c.kcols; ++i)
+        EXPECT_EQ(idx.data<int32_t>()[t * (wcols + c.kcols) + i], row[i])
+            << "start " << sp << " row " << t << " col " << i;
+    }
+  }
+  // A window wider than its columns is refused.
+  ops::IndexLayout bad;
+  bad.start_pos = 10;
+  bad.window = 8;
+  bad.wstart = 3;
+  bad.wcols = 4;
+  EXPECT_THROW(ops::sparse_index(bad, 1, Tensor(), Device::kCPU), Error);
 }

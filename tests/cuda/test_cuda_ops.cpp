@@ -18,6 +18,7 @@
 //   weights 1e-6 relative, swiglu 1e-6 relative (one bf16 step when rounded): exp / log1p as
 //   fp32(exp/log1p(double)) vs glibc expf / log1pf. moe_group, moe_combine, copy_into, renorm_heads bit for bit;
 //   compress_pool 1e-5 relative + 1e-6 absolute (exp as fp32(exp(double)) vs glibc expf).
+// The index lists: candidate_blocks, mask_to_blocks, topk_rows by index and sparse_index bit for bit.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -262,6 +263,51 @@ void test_linear() {
                           di::cuda::copy_to_host(di::ops::linear(di::cuda::copy_to_device(x), to_device(wh), o)),
                           stats);
   });
+}
+
+// ops::linear_grouped through the op layer (the expert table, one or two lists in one launch), against
+// the CPU op, on the decode shapes of the routed experts (FP4) and of wo_a's groups (FP8 block 32).
+void test_linear_grouped() {
+  struct Case {
+    const char* what;
+    di::DType dt;
+    int64_t N, K, block, E, R, lists;
+  };
+  const Case cases[] = {
+      {"experts w1+w3 fp4, 1 token", di::DType::kE2M1x2, 2304, 5120, 32, 16, 6, 2},
+      {"experts w2 fp4, 8 tokens", di::DType::kE2M1x2, 5120, 2304, 32, 16, 48, 1},
+      {"experts w1+w3 fp4, 40 tokens", di::DType::kE2M1x2, 256, 512, 32, 12, 240, 2},
+      {"wo_a groups fp8, 2 tokens", di::DType::kE4M3, 1024, 4096, 32, 8, 16, 1},
+      {"fp8 block 128 ragged N", di::DType::kE4M3, 333, 1024, 128, 5, 7, 2},
+  };
+  uint32_t seed = 9000;
+  for (const Case& c : cases) {
+    run_case(std::string("linear_grouped ") + c.what, [&] {
+      std::vector<std::vector<di::ops::QWeight>> host(c.lists), dev(c.lists);
+      for (int64_t l = 0; l < c.lists; ++l)
+        for (int64_t e = 0; e < c.E; ++e) {
+          host[l].push_back(random_weight(c.dt, c.N, c.K, c.block, seed++));
+          dev[l].push_back(to_device(host[l].back()));
+        }
+      std::vector<const std::vector<di::ops::QWeight>*> hl, dl;
+      for (int64_t l = 0; l < c.lists; ++l) hl.push_back(&host[l]), dl.push_back(&dev[l]);
+      di::Tensor ids = di::Tensor::empty({c.R}, di::DType::kI32);
+      std::mt19937 rng(seed++);
+      for (int64_t r = 0; r < c.R; ++r) ids.data<int32_t>()[r] = static_cast<int32_t>(rng() % c.E);
+      std::sort(ids.data<int32_t>(), ids.data<int32_t>() + c.R);  // moe_group's order: by expert
+      di::Tensor x = random_rows(c.R, c.K, seed++);
+      di::ops::round_bf16(x, true);
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      o.round_out_bf16 = true;
+      const di::Tensor want = di::ops::linear_grouped(x, ids, hl, o);
+      const di::Tensor got = di::ops::linear_grouped(di::cuda::copy_to_device(x), di::cuda::copy_to_device(ids), dl, o);
+      std::string stats;
+      const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
+      std::printf("     %s\n", stats.c_str());
+      return r;
+    });
+  }
 }
 
 // ---- the remaining ops (issue 8): quantisers, dequantize, hadamard, rope, hyper-connections, attention, top-k ----
@@ -1023,6 +1069,112 @@ void test_scale_and_copies() {
   });
 }
 
+// ---- sparse-attention index lists: candidate_blocks, mask_to_blocks, topk_rows by index, sparse_index ----
+// All bit for bit (integer work). Shapes of the real V4.1-Flash indexer (candidate blocks of 8, top 2048
+// blocks, index_topk 512), the shipped mini-v41 (8 / 32 / 256) and the small test presets (4 / 6 / 16).
+void test_index_lists() {
+  struct Case {
+    const char* what;
+    int64_t T, n, start_pos, ratio, bs, keep, topk;
+    bool ties, real;  // real: scores from index_scores (bf16 grid, ReLU zeros) instead of topk_scores
+  };
+  const Case cases[] = {
+      {"flash decode r1", 1, 20000, 19999, 1, 8, 2048, 512, false, true},
+      {"flash decode r1 ties", 4, 20000, 19996, 1, 8, 2048, 512, true, false},
+      {"flash prefill r1", 128, 1000, 0, 1, 8, 2048, 512, true, false},
+      {"flash chunk r2", 128, 1000, 1872, 2, 8, 2048, 512, false, true},
+      {"mini decode", 1, 1000, 999, 1, 8, 32, 256, true, false},
+      {"mini batch rows", 4, 1000, 996, 1, 8, 32, 256, false, true},
+      {"mini prefill", 128, 1000, 0, 1, 8, 32, 256, true, false},
+      {"mini short", 4, 32, 28, 1, 8, 32, 256, true, false},
+      {"small preset", 128, 32, 0, 1, 4, 6, 16, true, false},
+      {"tiny preset", 4, 32, 60, 2, 2, 4, 6, true, false},
+      {"visible 0", 4, 32, 0, 8, 4, 6, 16, false, false},
+      {"keep > blocks", 4, 20000, 19996, 1, 8, 4096, 512, true, false},
+  };
+  uint32_t seed = 47000;
+  for (const Case& c : cases) {
+    di::Tensor s;
+    if (c.real) {
+      const int64_t nh = 8, d = 128;
+      const di::Tensor q = normal_tensor({c.T, nh, d}, 1.0f, seed++, true);
+      const di::Tensor keys = normal_tensor({c.n, d}, 1.0f, seed++, true);
+      const di::Tensor w = normal_tensor({c.T, nh}, 0.05f, seed++, true);
+      s = di::ops::index_scores(q, keys, w, {di::Tensor(), c.start_pos, c.ratio}, true);
+    } else {
+      s = topk_scores(c.T, c.n, seed++, c.ties);
+    }
+    const di::Tensor sd = dev(s);
+    char tag[200];
+    std::snprintf(tag, sizeof tag, "%s T=%lld n=%lld start=%lld r=%lld block %lld keep %lld", c.what,
+                  static_cast<long long>(c.T), static_cast<long long>(c.n), static_cast<long long>(c.start_pos),
+                  static_cast<long long>(c.ratio), static_cast<long long>(c.bs), static_cast<long long>(c.keep));
+    const di::Tensor blocks = di::ops::candidate_blocks(s, c.start_pos, c.ratio, c.bs, c.keep);
+    di::Tensor blocks_d;
+    run_case(std::string("candidate_blocks ") + tag, [&] {
+      blocks_d = di::ops::candidate_blocks(sd, c.start_pos, c.ratio, c.bs, c.keep);
+      return compare_idx(blocks, blocks_d);
+    });
+    if (!blocks_d.defined()) continue;
+    // The filtered layers' chain on the CPU's blocks uploaded (so a candidate_blocks failure does not
+    // hide this one), then the picks.
+    di::Tensor m = s.contiguous(), md = dev(s);
+    di::ops::mask_to_blocks(m, blocks, c.bs);
+    run_case(std::string("mask_to_blocks ") + tag, [&] {
+      di::ops::mask_to_blocks(md, dev(blocks), c.bs);
+      return exact(m, md);
+    });
+    const int64_t k = std::min(c.topk, c.n);
+    run_case(std::string("topk_rows by index (picks) ") + tag,
+             [&] { return compare_idx(di::ops::topk_rows(m, k, true), di::ops::topk_rows(dev(m), k, true)); });
+  }
+
+  // sparse_index: V4.1 prefill / decode (right-aligned) / bounded-replay floor, V4 C4 picks and C128.
+  struct Layout {
+    const char* what;
+    int64_t start_pos, T, W, floor, kcols, ratio;
+    bool v41, picks;
+  };
+  const Layout layouts[] = {
+      {"v41 decode", 19999, 1, 128, 0, 512, 1, true, true},
+      {"v41 decode ring filling", 40, 1, 128, 0, 20, 2, true, true},
+      {"v41 decode batch rows", 996, 4, 128, 0, 512, 1, true, true},
+      {"v41 prefill", 0, 128, 128, 0, 64, 2, true, true},
+      {"v41 prefill T > W", 0, 300, 128, 0, 150, 2, true, true},
+      {"v41 replay floor", 2000, 128, 128, 1950, 512, 1, true, true},
+      {"v41 window only", 7, 1, 128, 0, 0, 1, true, false},
+      {"v4 C4 decode", 80000, 1, 128, 0, 512, 4, false, true},
+      {"v4 C4 chunk", 4096, 128, 128, 0, 512, 4, false, true},
+      {"v4 C128 decode", 80000, 1, 128, 0, 625, 128, false, false},
+      {"v4 C128 prefill", 0, 1000, 128, 0, 7, 128, false, false},
+      {"v4 window only", 300, 4, 128, 0, 0, 0, false, false},
+  };
+  std::mt19937 rng(seed++);
+  for (const Layout& c : layouts) {
+    const int64_t T = c.T, sp = c.start_pos;
+    di::ops::IndexLayout lay;
+    lay.start_pos = sp;
+    lay.window = c.W;
+    lay.floor = c.floor;
+    lay.wstart = std::max<int64_t>({0, sp - c.W + 1, c.floor});
+    lay.wcols = c.v41 && sp == 0 ? std::min(T, c.W) : c.W;
+    lay.pad_front = c.v41 && sp > 0 && T == 1;
+    lay.offset = sp + T - lay.wstart;
+    lay.kcols = c.kcols;
+    lay.ratio = c.ratio;
+    di::Tensor picks;
+    if (c.picks) {
+      picks = di::Tensor::empty({T, c.kcols}, di::DType::kI32);
+      for (int64_t i = 0; i < picks.numel(); ++i)
+        picks.data<int32_t>()[i] = rng() % 5 == 0 ? -1 : static_cast<int32_t>(rng() % 20000);
+    }
+    run_case(std::string("sparse_index ") + c.what + " T=" + std::to_string(T) + " start=" + std::to_string(sp), [&] {
+      const di::Tensor want = di::ops::sparse_index(lay, T, picks, di::Device::kCPU);
+      return compare_idx(want, di::ops::sparse_index(lay, T, c.picks ? dev(picks) : di::Tensor(), di::Device::kCUDA));
+    });
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -1031,6 +1183,7 @@ int main() {
     test_round_bf16();
     test_rms_norm();
     test_linear();
+    test_linear_grouped();
     test_fake_quant_fp4();
     test_dequantize();
     test_hadamard();
@@ -1038,6 +1191,7 @@ int main() {
     test_hc();
     test_sparse_attention();
     test_topk();
+    test_index_lists();
     test_index_scores();
     test_moe_route();
     test_swiglu();

@@ -1,0 +1,316 @@
+// GPU benchmark of the decode GEMV (src/cuda/linear_gemv.cu) against the HBM read ceiling, with the current
+// exact kernel (cuda::linear_into, src/cuda/linear.cu) as the anchor column. Needs a CUDA GPU (prints SKIP
+// and exits 0 without one).
+//   ./build/bench/bench_cuda_gemv            (GIT_SHA=$(git rev-parse --short HEAD) to print it)
+//
+// Rows: M = 1, 2, 4 on the V4.1 decode shapes (E4M3 with 32 x 32 tile scales and act_quant_block 32, FP4
+// experts with E8M0 per 32, the BF16 head [129280, 5120]) and the grouped mode (6 FP4 experts out of 384 per
+// token, w1 [2304, 5120] and w2 [5120, 2304]; M = tokens x 6 rows). GB/s counts the weight and scale bytes
+// a call must read (grouped: of the distinct experts the call touches), % is of the read ceiling measured in
+// the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
+//
+// Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
+// eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
+// copies totalling >= 512 MiB (L2 is 50-60 MB), so the weights stream from HBM; x and y stay the same.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/linear.cuh"
+#include "cuda/linear_gemv.cuh"
+#include "cuda_bench_util.cuh"
+#include "deepinfer/dtype.h"
+#include "deepinfer/error.h"
+
+namespace di = deepinfer;
+
+namespace {
+
+#define CK(expr) DI_CUDA_CHECK(expr)
+
+// ---- device-side test data (values do not change the kernels' speed; no host loops over GBs) ----------
+__device__ __forceinline__ uint32_t hash_u32(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + (static_cast<uint64_t>(seed) + 1) * 0xD1B54A32D192ED03ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 16);
+}
+
+// Bytes uniform in [lo, hi]; no_fp8_nan replaces the E4M3 NaN codes (0x7f, 0xff).
+__global__ void fill_bytes_kernel(uint8_t* p, size_t n, uint32_t seed, int lo, int hi, bool no_fp8_nan) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    int c = lo + static_cast<int>(hash_u32(i, seed) % static_cast<uint32_t>(hi - lo + 1));
+    if (no_fp8_nan && (c & 0x7f) == 0x7f) c = 0x11;
+    p[i] = static_cast<uint8_t>(c);
+  }
+}
+
+// BF16 weights: random sign and mantissa, magnitudes 2^-12 .. 2^-1.
+__global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t v = hash_u32(i, seed);
+    p[i] = static_cast<uint16_t>((v & 0x8000u) | ((115u + (v >> 16) % 12u) << 7) | (v & 0x7fu));
+  }
+}
+
+// Activations on the bf16 grid in [-3.34, 3.34] (as the model's BF16-rounded inputs).
+__global__ void fill_act_kernel(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = (static_cast<float>(hash_u32(i, seed) % 2001u) - 1000.0f) / 300.0f;
+    p[i] = __uint_as_float(__float_as_uint(v) & 0xffff0000u);
+  }
+}
+
+uint32_t g_seed = 1;
+
+di::Tensor dev_bytes(const std::vector<int64_t>& shape, di::DType dt, int lo, int hi, bool no_fp8_nan = false) {
+  di::Tensor t = di::Tensor::empty(shape, dt, di::Device::kCUDA);
+  fill_bytes_kernel<<<1024, 256>>>(static_cast<uint8_t*>(t.raw()), t.nbytes(), g_seed++, lo, hi, no_fp8_nan);
+  CK(cudaGetLastError());
+  return t;
+}
+
+di::Tensor dev_act(const std::vector<int64_t>& shape) {
+  di::Tensor t = di::Tensor::empty(shape, di::DType::kF32, di::Device::kCUDA);
+  fill_act_kernel<<<1024, 256>>>(t.data<float>(), static_cast<size_t>(t.numel()), g_seed++);
+  CK(cudaGetLastError());
+  return t;
+}
+
+enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
+
+// A weight of format fmt [N, K]: E4M3 with 32 x 32 E8M0 tiles (2^-10 .. 2^-4), packed FP4 with E8M0 per 32
+// (2^-7 .. 2^-1), or BF16.
+di::ops::QWeight make_weight(int fmt, int64_t N, int64_t K) {
+  di::ops::QWeight w;
+  if (fmt == kFp8) {
+    w.w = dev_bytes({N, K}, di::DType::kE4M3, 0, 255, true);
+    w.scale = dev_bytes({(N + 31) / 32, (K + 31) / 32}, di::DType::kE8M0, 117, 123);
+    w.block = 32;
+  } else if (fmt == kFp4) {
+    w.w = dev_bytes({N, K}, di::DType::kE2M1x2, 0, 255);
+    w.scale = dev_bytes({N, K / 32}, di::DType::kE8M0, 120, 126);
+  } else {
+    w.w = di::Tensor::empty({N, K}, di::DType::kBF16, di::Device::kCUDA);
+    fill_bf16_kernel<<<1024, 256>>>(static_cast<uint16_t*>(w.w.raw()), static_cast<size_t>(N * K), g_seed++);
+    CK(cudaGetLastError());
+  }
+  return w;
+}
+
+double qbytes(const di::ops::QWeight& w) {
+  return static_cast<double>(w.w.nbytes() + (w.scale.defined() ? w.scale.nbytes() : 0));
+}
+
+int64_t ldw_of(const di::ops::QWeight& w) {
+  return w.w.dtype() == di::DType::kE2M1x2 ? w.w.size(1) / 2 : w.w.strides()[0] * (di::dtype_bits(w.w.dtype()) / 8);
+}
+
+di::cuda::GemvArgs args_of(int fmt, const di::ops::QWeight& w, const di::Tensor& x, di::Tensor& y,
+                           const di::ops::LinearOpts& o) {
+  di::cuda::GemvArgs a;
+  a.fmt = fmt;
+  a.w = static_cast<const uint8_t*>(w.w.raw());
+  a.ldw = ldw_of(w);
+  if (w.scale.defined()) {
+    a.scale = static_cast<const uint8_t*>(w.scale.raw());
+    a.lds = w.scale.strides()[0];
+  }
+  a.B = fmt == kFp8 ? static_cast<int>(w.block) : 0;
+  a.N = static_cast<int>(w.w.size(0));
+  a.K = static_cast<int>(w.w.size(1));
+  a.x = x.data<float>();
+  a.ldx = x.strides()[0];
+  a.M = static_cast<int>(x.size(0));
+  a.act_quant_block = o.act_quant_block;
+  a.round = o.round_out_bf16;
+  a.y = y.data<float>();
+  return a;
+}
+
+// One eager call per copy (kernel setup outside the capture, weights touched once), then
+// deepinfer::bench::time_graph over `calls` calls rotating over the copies: mean ms per call.
+template <typename F>
+double time_calls(cudaStream_t st, int copies, F body) {
+  for (int i = 0; i < copies; ++i) body(i);
+  CK(cudaStreamSynchronize(st));
+  const int calls = std::max(copies, 64);
+  return deepinfer::bench::time_graph(st, calls, [&](int i) { body(i % copies); });
+}
+
+const char* fmt_name(int fmt) { return fmt == kFp8 ? "fp8 B32" : fmt == kFp4 ? "fp4" : "bf16"; }
+
+void run() {
+  di::cuda::init();
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const char* sha = std::getenv("GIT_SHA");
+  std::printf("device: %s, %d SMs, L2 %d MB%s%s\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              sha ? "; git " : "", sha ? sha : "");
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const double read_gbs = deepinfer::bench::read_ceiling_gbs(st, size_t{2} << 30);
+  std::printf("HBM ceiling: read kernel %.0f GB/s\n\n", read_gbs);
+
+  std::printf("## Dense decode GEMV (act_quant_block 32 for fp8 / fp4, 0 for bf16; bf16-rounded output)\n\n");
+  std::printf(
+      "| weight [N, K] | fmt | M | gemv us | GB/s | %% of read | linear_into us | GB/s | %% of read | speedup |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  struct Shape {
+    const char* name;
+    int fmt;
+    int64_t N, K;
+  };
+  const Shape shapes[] = {
+      {"attn.wq_a", kFp8, 1280, 5120},    {"attn.wq_b", kFp8, 32768, 1280},   {"attn.wkv", kFp8, 512, 5120},
+      {"attn.wo_b", kFp8, 5120, 8192},    {"shared w1/w3", kFp8, 2304, 5120}, {"shared w2", kFp8, 5120, 2304},
+      {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120}, {"expert w2", kFp4, 5120, 2304},
+      {"head", kBf16, 129280, 5120},
+  };
+  for (const Shape& s : shapes) {
+    const di::ops::QWeight w0 = make_weight(s.fmt, s.N, s.K);
+    const double wbytes = qbytes(w0);
+    const int copies = static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / wbytes)));
+    std::vector<di::ops::QWeight> ws{w0};
+    for (int i = 1; i < copies; ++i) ws.push_back(make_weight(s.fmt, s.N, s.K));
+    const di::Tensor x = dev_act({4, s.K});
+    di::Tensor y = di::Tensor::empty({4, s.N}, di::DType::kF32, di::Device::kCUDA);
+    di::ops::LinearOpts o;
+    o.act_quant_block = s.fmt == kBf16 ? 0 : 32;
+    o.round_out_bf16 = true;
+    CK(cudaDeviceSynchronize());
+    for (const int64_t M : {1, 2, 4}) {
+      if (s.fmt == kBf16 && M > 1) continue;  // the head runs at M = 1
+      const di::Tensor xs = x.slice(0, 0, M);
+      di::Tensor ys = y.slice(0, 0, M);
+      std::vector<di::cuda::GemvArgs> args;
+      for (const auto& w : ws) args.push_back(args_of(s.fmt, w, xs, ys, o));
+      DI_CHECK(di::cuda::gemv_supported(args[0]), "gemv does not support {}", s.name);
+      const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
+      const double ms_old =
+          time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
+      const double gbs = wbytes / ms / 1e6, gbs_old = wbytes / ms_old / 1e6;
+      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n", s.name,
+                  static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
+                  ms * 1e3, gbs, 100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old, 100.0 * gbs_old / read_gbs,
+                  ms_old / ms);
+      std::fflush(stdout);
+    }
+  }
+
+  // ---- grouped FP4 experts: one launch per matrix, row m = (token, k) against its expert ------------------
+  constexpr int kExperts = 384, kTopK = 6;
+  constexpr int64_t kDim = 5120, kInter = 2304;
+  std::printf("\n## Grouped FP4 experts (top-%d of %d, uniform routing, fixed seed; one gemv launch per matrix)\n\n",
+              kTopK, kExperts);
+  std::printf(
+      "| matrix | tokens | rows | distinct experts / call | gemv us | weight MB / call | GB/s | %% of read |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  std::vector<di::ops::QWeight> w1(kExperts), w2(kExperts);
+  for (int e = 0; e < kExperts; ++e) {
+    w1[static_cast<size_t>(e)] = make_weight(kFp4, kInter, kDim);
+    w2[static_cast<size_t>(e)] = make_weight(kFp4, kDim, kInter);
+  }
+  CK(cudaDeviceSynchronize());
+  auto table = [&](const std::vector<di::ops::QWeight>& ws, bool scales) {
+    std::vector<const void*> h(kExperts);
+    for (int e = 0; e < kExperts; ++e)
+      h[static_cast<size_t>(e)] = scales ? ws[static_cast<size_t>(e)].scale.raw() : ws[static_cast<size_t>(e)].w.raw();
+    void* d = nullptr;
+    CK(cudaMalloc(&d, h.size() * sizeof(void*)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    return static_cast<const uint8_t* const*>(d);
+  };
+  const uint8_t* const* w1t = table(w1, false);
+  const uint8_t* const* w1s = table(w1, true);
+  const uint8_t* const* w2t = table(w2, false);
+  const uint8_t* const* w2s = table(w2, true);
+  for (const int tokens : {1, 4}) {
+    const int rows = tokens * kTopK;
+    // Steps of fresh routing: each call of the graph uses the next step's ids (distinct experts per token).
+    constexpr int kRoutings = 64;
+    std::mt19937 rng(1000u + static_cast<unsigned>(tokens));
+    std::uniform_int_distribution<int> pick(0, kExperts - 1);
+    std::vector<int32_t> ids(static_cast<size_t>(kRoutings * rows));
+    double distinct = 0;
+    for (int r = 0; r < kRoutings; ++r) {
+      std::set<int> used;
+      for (int t = 0; t < tokens; ++t) {
+        std::set<int> mine;
+        for (int k = 0; k < kTopK; ++k) {
+          int e;
+          do e = pick(rng);
+          while (mine.count(e));
+          mine.insert(e);
+          used.insert(e);
+          ids[static_cast<size_t>(r * rows + t * kTopK + k)] = e;
+        }
+      }
+      distinct += static_cast<double>(used.size());
+    }
+    distinct /= kRoutings;
+    int32_t* ids_d = nullptr;
+    CK(cudaMalloc(&ids_d, ids.size() * sizeof(int32_t)));
+    CK(cudaMemcpy(ids_d, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    for (const bool second : {false, true}) {
+      const int64_t N = second ? kDim : kInter, K = second ? kInter : kDim;
+      const di::Tensor x = dev_act({rows, K});
+      di::Tensor y = di::Tensor::empty({rows, N}, di::DType::kF32, di::Device::kCUDA);
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      o.round_out_bf16 = true;
+      di::cuda::GemvArgs a = args_of(kFp4, second ? w2[0] : w1[0], x, y, o);
+      a.w = nullptr;
+      a.scale = nullptr;
+      a.w_table = second ? w2t : w1t;
+      a.s_table = second ? w2s : w1s;
+      a.row_expert = ids_d;
+      DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
+      const double ms = time_calls(st, kRoutings, [&](int i) {
+        di::cuda::GemvArgs ai = a;
+        ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
+        di::cuda::gemv_into(ai, st);
+      });
+      const double bytes = distinct * qbytes(second ? w2[0] : w1[0]), gbs = bytes / ms / 1e6;
+      std::printf("| %s [%lld, %lld] | %d | %d | %.1f | %.2f | %.1f | %.0f | %.0f%% |\n", second ? "w2" : "w1/w3",
+                  static_cast<long long>(N), static_cast<long long>(K), tokens, rows, distinct, ms * 1e3, bytes / 1e6,
+                  gbs, 100.0 * gbs / read_gbs);
+      std::fflush(stdout);
+    }
+    CK(cudaFree(ids_d));
+  }
+  for (const void* p : {static_cast<const void*>(w1t), static_cast<const void*>(w1s), static_cast<const void*>(w2t),
+                        static_cast<const void*>(w2s)})
+    CK(cudaFree(const_cast<void*>(p)));
+  CK(cudaStreamDestroy(st));
+}
+
+}  // namespace
+
+int main() {
+  if (di::cuda::device_count() == 0) {
+    std::printf("SKIP: no CUDA device\n");
+    return 0;
+  }
+  try {
+    run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_gemv: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

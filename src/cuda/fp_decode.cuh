@@ -1,0 +1,86 @@
+// Exact device decoders of the weight formats of the CUDA linear kernels (nvcc only): E4M3 codes through
+// the CPU's fp16 bits, E8M0 scales, packed E2M1 nibbles, the streaming 16-byte weight load and the
+// programmatic-dependent-launch hooks. Every decoder returns an exact fp32 value (no rounding), so a
+// kernel's result depends only on the order of its FP32 additions (see linear.cuh's contract).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+// Byte permute (PTX prmt.b32): each selector nibble picks a byte of {b, a} (or replicates its sign).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ float half_bits(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+// Four e4m3 codes (bytes of w, byte 0 first) -> e4m3 * 2^-8 exactly, through the fp16 bits the CPU uses
+// (sign-extend, << 7, clear bit 14): two codes per 32-bit word, each half an fp16. NaN codes are not
+// handled here (see nan_bits). (Building the fp32 bits with integer ops and one exact multiply instead of
+// the fp16 conversion measured no faster in bench_cuda_gemv.)
+__device__ __forceinline__ void e4m3x4(uint32_t w, float* f) {
+  const uint32_t a = (prmt(w, 0u, 0xA280u) << 7) & 0xbf80bfffu;  // [b0, sign b0, b2, sign b2] -> codes 0, 2
+  const uint32_t b = (prmt(w, 0u, 0xB391u) << 7) & 0xbf80bfffu;  // codes 1, 3
+  f[0] = half_bits(a);
+  f[1] = half_bits(b);
+  f[2] = half_bits(a >> 16);
+  f[3] = half_bits(b >> 16);
+}
+
+// Bit 7 of a byte of the result is set iff that byte of w is an e4m3 NaN code (S.1111.111).
+__device__ __forceinline__ uint32_t nan_bits(uint32_t w) { return (w & 0x7f7f7f7fu) + 0x01010101u; }
+
+// E8M0 code -> 2^(e-127) as deepinfer::e8m0_to_f32: 255 = NaN, 0 = 2^-127 (subnormal).
+__device__ __forceinline__ float e8m0_f32(uint32_t e) {
+  if (e == 255u) return __uint_as_float(0x7fc00000u);
+  if (e == 0u) return __uint_as_float(0x00400000u);
+  return __uint_as_float(e << 23);
+}
+
+// The factor that scales an E4M3 tile's sum of (e4m3 * 2^-8) x products: 2^(e-119) = 2^8 * 2^(e-127),
+// the CPU's fp8_factor. Codes above 246 (factor beyond fp32, never seen in checkpoints) take the CPU's
+// scalar path, which the GPU kernels do not replay (documented gap): they use 2^(e-127) * 256 instead.
+__device__ __forceinline__ float fp8_tile_factor(uint32_t e) {
+  return e <= 246u ? __uint_as_float((e + 8u) << 23) : e8m0_f32(e) * 256.0f;
+}
+
+// e2m1 code in bits 28..31 of t (lower bits ignored) -> its value times 2^-126 (an exact fp32, subnormal
+// for 0.5): the sign lands in bit 31, the E E M bits in 24..22, i.e. the exponent LSBs and the mantissa MSB.
+__device__ __forceinline__ float e2m1_top(uint32_t t) {
+  return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(t) >> 6) & 0x81c00000u);
+}
+
+// An FP4 weight value e2m1 * 2^(e-127) from lo = e2m1 * 2^-126 (e2m1_top): one rounding of the exact
+// product, as the CPU's f16(e2m1) * e8m0 (the product is exact whenever it is representable). For
+// e <= 128 one multiply by 2^(e-1); above, 2^(e-1) leaves fp32, so e2m1 is rebuilt first (exact) and
+// multiplied by the decoded scale (255 = NaN).
+__device__ __forceinline__ float fp4_weight(float lo, uint32_t e) {
+  if (e <= 128u) return __fmul_rn(lo, __uint_as_float((e + 126u) << 23));
+  return __fmul_rn(__fmul_rn(lo, 0x1p126f), e8m0_f32(e));
+}
+
+// 16 bytes of a weight stream: read once, so bypass L1 and ask L2 to fetch the surrounding 256 bytes
+// (the next steps of the same row).
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Programmatic dependent launch (the kernel is launched with programmatic stream serialisation): it may
+// start while the previous kernel on the stream still runs; pdl_wait() blocks until that kernel has
+// finished and its writes are visible. Nothing produced upstream may be read before it.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,784 @@
+// Decode GEMV kernels (E4M3 / FP4 / BF16 weights, M <= 4 rows of x or grouped rows), bit-exact with the
+// CPU op. The contract, the replayed summation order and the kernel shapes are in linear_gemv.cuh.
+//
+// Common to all kernels:
+//  * Persistent blocks: block b serves the x-row group mt = b % mtiles (MT rows of x; grouped mode: one
+//    row and its expert) and the weight "steps" (groups of rows) first = b / mtiles, first + stride, ...
+//    with stride = gridDim.x / mtiles; x is staged once per block.
+//  * x fake quantisation in the kernel: a block-wide pass reads its x rows (float4 through L2), keeps
+//    the amax of every group of A columns as the bits of a non-negative float in shared memory (integer
+//    atomicMax = float max; fmaxf from 0 drops NaNs, as prep_x_kernel's fmaxf loop), then every value is
+//    quantised as e4m3_rne(x / s) * s with s = ue8m0_scale(max(amax, 1e-4), 448): linear.cu's prep_x
+//    arithmetic, so the quantised x equals the CPU's fake_quant_fp8 bit for bit.
+//  * Programmatic dependent launch: a dense-mode block issues its first weight loads (weights are not
+//    produced by the previous kernel), then waits (griddepcontrol.wait) before reading x, the expert
+//    ids or the expert tables.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
+#include "cuda/linear_gemv.cuh"
+#include "cuda/quant.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
+
+// Kernel parameters, by value.
+struct Params {
+  const uint8_t* w;   // dense weight (grouped: ignored)
+  int64_t ldw;        // bytes between weight rows
+  const uint8_t* sc;  // dense scale codes (grouped: ignored)
+  int64_t lds;        // bytes between scale rows
+  const float* x;
+  int64_t ldx;                // floats between x rows
+  float* y;                   // [M, N]
+  const int32_t* row_expert;  // grouped mode when not null
+  const uint8_t* const* w_table;
+  const uint8_t* const* s_table;
+  int x_rows;     // grouped, > 0: row m reads x row m % x_rows and expert list m / x_rows (GemvArgs)
+  int n_experts;  // experts per list
+  int N, K, M;
+  int A;       // act_quant_block, 0: x is used as is
+  int ng;      // groups of A columns per x row (0 when A == 0)
+  int mtiles;  // x-row groups
+  int rows;    // weight rows per step
+  int steps;   // ceil(N / rows)
+  bool round;
+};
+
+// ---- block work and x staging ------------------------------------------------------------------------
+struct Work {
+  int mt, m0, mrows;  // x rows [m0, m0 + mrows) of this block (mrows >= 1)
+  int first, stride;  // weight steps first, first + stride, ...
+};
+
+template <int MT>
+__device__ __forceinline__ Work block_work(const Params& p) {
+  Work wk;
+  wk.mt = static_cast<int>(blockIdx.x) % p.mtiles;
+  wk.first = static_cast<int>(blockIdx.x) / p.mtiles;
+  wk.stride = static_cast<int>(gridDim.x) / p.mtiles;
+  wk.m0 = wk.mt * MT;
+  wk.mrows = min(MT, p.M - wk.m0);
+  return wk;
+}
+
+// The x row that row m of the call reads (GemvArgs::x_rows).
+__device__ __forceinline__ int64_t x_row(const Params& p, int m) { return p.x_rows > 0 ? m % p.x_rows : m; }
+
+// Grouped mode: the expert of row m (read after pdl_wait; through L2, as written by an earlier kernel).
+__device__ __forceinline__ void expert_of(const Params& p, int m, const uint8_t*& w, const uint8_t*& sc) {
+  const int e = __ldcg(p.row_expert + x_row(p, m)) + (p.x_rows > 0 ? m / p.x_rows * p.n_experts : 0);
+  w = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
+  sc = p.s_table == nullptr
+           ? nullptr
+           : reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
+}
+
+// Columns k .. k+3 of one x row into the group amax g[group] (A columns per group; float bits, integer
+// max == float max for non-negative floats; fmaxf from 0 drops NaNs as prep_x_kernel's fmaxf loop does).
+__device__ __forceinline__ void group_max(uint32_t* g, int k, float4 v, int A) {
+  const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+  if (A % 4 == 0) {  // k % 4 == 0: the four columns share a group
+    const float mx = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, a[0]), a[1]), a[2]), a[3]);
+    atomicMax(g + k / A, __float_as_uint(mx));
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
+  }
+}
+
+// Pass 1 over x rows [m0, m0 + mrows) (float4 loads through L2, 4 per thread in flight): the group amax
+// into gmax[MT][ng] (zeroed and synchronised by the caller; only when A > 0) and, when xs is not null,
+// the raw rows into xs[MT][K] (zeros for rows >= mrows).
+template <int MT>
+__device__ void x_pass(const Params& p, const Work& wk, uint32_t* gmax, float* xs) {
+  constexpr int kBatch = 4;
+  const int k4 = p.K >> 2, nt = static_cast<int>(blockDim.x);
+#pragma unroll 1
+  for (int m = 0; m < MT; ++m) {
+    const float4* src = reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx);
+    for (int base = static_cast<int>(threadIdx.x); base < k4; base += kBatch * nt) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = base + b * nt;
+        v[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < k4 && m < wk.mrows) v[b] = __ldcg(src + i);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = base + b * nt;
+        if (i >= k4) break;
+        if (xs != nullptr) reinterpret_cast<float4*>(xs + m * p.K)[i] = v[b];
+        if (p.A > 0 && m < wk.mrows) group_max(gmax + m * p.ng, 4 * i, v[b], p.A);
+      }
+    }
+  }
+}
+
+// Pass 2 (after a barrier): each group's amax becomes its scale s = ue8m0_scale(max(amax, 1e-4), 448)
+// (in place, as float bits) and ginv its reciprocal 1 / s, a power of two and exact (s is in
+// [2^-22, 2^128]; 1 / inf = 0).
+template <int MT>
+__device__ void x_scales(const Params& p, uint32_t* gmax, float* ginv) {
+  for (int i = static_cast<int>(threadIdx.x); i < MT * p.ng; i += static_cast<int>(blockDim.x)) {
+    const float s = ue8m0_scale(fmaxf(__uint_as_float(gmax[i]), 1e-4f), kE4M3Max);
+    gmax[i] = __float_as_uint(s);
+    ginv[i] = __fdiv_rn(1.0f, s);
+  }
+}
+
+// One x value quantised as the CPU's fake_quant_fp8: e4m3_rne(v * (1 / s)) * s. Since 1 / s is exact,
+// v * (1 / s) is the correctly rounded v / s, so this is also linear.cu's prep_x arithmetic bit for bit.
+__device__ __forceinline__ float act_quant(float v, float s, float inv) {
+  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
+}
+
+// ---- E4M3: K split across the block, tile sums folded in shared memory ----------------------------------
+// Thread mapping. Warp w owns tiles [16w, 16w + 16) of every row; lanes 2p and 2p+1 (h = 0, 1) own
+// tile t = 16w + p and load, for each of its G = B/32 chunks, the bytes [16h, 16h + 16) (so a warp's
+// load instruction reads 32 lanes x 16 contiguous bytes = whole 32-byte sectors). Two shuffles per
+// chunk swap words so that lane h holds the codes of elements 8j + 4h + i (j = 0..3, i = 0..3), i.e.
+// every chain v[j][l] with l = 4h + i: the lane runs those 16 chains over the tile's chunks in order and
+// forms s[l] = ((v0 + v1) + v2) + v3 itself. The s[l] of a step (R weight rows x MT x rows) go to shared memory
+// as [row][x row][tile][8] (+8 floats of padding per (row, x row), so that the 4 fold groups of a warp
+// hit different banks), the tile factors as fac[tile]; after a barrier, thread (row, x row, l) folds
+// tot = fma(s, fac, tot) over the tiles in order and 8-lane shuffles give the CPU's hsum.
+// The x window of a lane (G chunks x 16 columns x MT rows) is quantised once and kept in registers.
+// Registers: the current and the next step's weights (2 x R x G uint4, R x G <= 4), x (16 G MT floats,
+// G MT <= 4), the chains (16 MT floats per chunk).
+template <int G>
+struct Fp8Shape {
+  static constexpr int kB = 32 * G;                  // tile size
+  static constexpr int kRowsMax = 4 / G;             // weight rows per step
+  static constexpr int kMtMax = G == 4 ? 1 : 2;      // x rows per block
+  static constexpr int kWarpsMax = G == 1 ? 16 : 8;  // 16 tiles per warp: K <= 8192 (B 32, 64), 16384 (B 128)
+  static constexpr int kThreadsMax = 32 * kWarpsMax;
+};
+// Register cap: the launch bound's, except that the common case (B 32, one x row) is held to 96, so that
+// two blocks of 10 warps (K = 5120) fit an SM's 64K registers (the next step's loads of both in flight).
+constexpr int fp8_max_regs(int MT, int G) {
+  return MT == 1 && G == 1 ? 96
+                           : std::min(255, 65536 / (G == 1   ? Fp8Shape<1>::kThreadsMax
+                                                    : G == 2 ? Fp8Shape<2>::kThreadsMax
+                                                             : Fp8Shape<4>::kThreadsMax));
+}
+
+// Shared memory of fp8_gemv, in floats (the host sizes the launch with the same function).
+__host__ __device__ inline int fp8_srow(int T) { return 8 * T + 8; }
+__host__ __device__ inline int64_t fp8_smem_floats(int R, int MT, int T, int ng) {
+  return static_cast<int64_t>(R) * MT * fp8_srow(T) + ((T + 3) & ~3) + 2 * ((MT * ng + 3) & ~3) + R;
+}
+
+template <int MT, int G>
+__global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_regs(MT, G)) fp8_gemv(Params p) {
+  using S = Fp8Shape<G>;
+  constexpr int B = S::kB, RM = S::kRowsMax;
+  static_assert(MT <= S::kMtMax, "x registers: 16 G MT floats");
+  extern __shared__ __align__(16) float smem_f[];
+  pdl_launch_dependents();
+  const int K = p.K, N = p.N, R = p.rows;
+  const int T = (K + B - 1) / B, srow = fp8_srow(T);
+  float* sbuf = smem_f;                                                   // [R][MT][srow]
+  float* fac = sbuf + R * MT * srow;                                      // [T]
+  uint32_t* gmax = reinterpret_cast<uint32_t*>(fac + ((T + 3) & ~3));     // [MT][ng]: amax, then scale
+  float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));  // [MT][ng]: 1 / scale
+  int* nanflag = reinterpret_cast<int*>(ginv + ((MT * p.ng + 3) & ~3));   // [R]: 1 + iteration with a NaN code
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int h = lane & 1;
+  const int t = warp * 16 + (lane >> 1);  // this lane pair's tile
+  const bool active = t < T;
+  const int nch = active ? min(G, (K - t * B) / 32) : 0;  // the last tile may be short
+  const Work wk = block_work<MT>(p);
+  const uint8_t* W = p.w;
+  const uint8_t* SC = p.sc;
+
+  // Rows [step R, step R + R) (clamped to N - 1) of this lane's tile half, and the tile's scale code.
+  // cur: the step being computed; nxt: the following one, in flight meanwhile. The first two steps are
+  // both issued before the x prologue.
+  uint4 cur[RM][G], nxt[RM][G];
+  uint32_t cur_e = 0, nxt_e = 0;
+  auto load_step = [&](uint4(&dst)[RM][G], uint32_t& dst_e, int step) {
+    const int n0 = step * R;
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+      const uint8_t* row = W + static_cast<int64_t>(min(n0 + r, N - 1)) * p.ldw + t * B + 16 * h;
+#pragma unroll
+      for (int c = 0; c < G; ++c)
+        dst[r][c] = (r < R && c < nch) ? ldg_stream(row + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    dst_e = active ? static_cast<uint32_t>(__ldg(SC + static_cast<int64_t>(n0 / B) * p.lds + t)) : 0u;
+  };
+  auto prefetch = [&]() {
+    load_step(cur, cur_e, wk.first);
+    if (wk.first + wk.stride < p.steps) load_step(nxt, nxt_e, wk.first + wk.stride);
+  };
+
+  const bool grouped = p.row_expert != nullptr;
+  if (!grouped) prefetch();
+  for (int i = static_cast<int>(threadIdx.x); i < MT * p.ng; i += static_cast<int>(blockDim.x)) gmax[i] = 0u;
+  for (int i = static_cast<int>(threadIdx.x); i < R; i += static_cast<int>(blockDim.x)) nanflag[i] = 0;
+  pdl_wait();
+  if (grouped) {
+    expert_of(p, wk.mt, W, SC);
+    prefetch();
+  }
+  __syncthreads();  // gmax zeroed
+  if (p.A > 0) {
+    x_pass<MT>(p, wk, gmax, nullptr);
+    __syncthreads();  // group amax complete
+    x_scales<MT>(p, gmax, ginv);
+    __syncthreads();  // group scales complete
+  }
+
+  // x window: xr[c][j][m] = x[m0 + m][t B + 32 c + 8 j + 4 h .. + 3], quantised.
+  float4 xr[G][4][MT];
+#pragma unroll
+  for (int c = 0; c < G; ++c)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int k = t * B + 32 * c + 8 * j + 4 * h;
+        if (c < nch && m < wk.mrows) {
+          v = __ldcg(reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx + k));
+          if (p.A > 0) {
+            const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
+            const float* gi = ginv + m * p.ng;
+            const int g0 = k / p.A, g1 = (k + 1) / p.A, g2 = (k + 2) / p.A, g3 = (k + 3) / p.A;
+            v.x = act_quant(v.x, gs[g0], gi[g0]);
+            v.y = act_quant(v.y, gs[g1], gi[g1]);
+            v.z = act_quant(v.z, gs[g2], gi[g2]);
+            v.w = act_quant(v.w, gs[g3], gi[g3]);
+          }
+        }
+        xr[c][j][m] = v;
+      }
+
+  int it = 0;
+  for (int step = wk.first; step < p.steps; step += wk.stride, ++it) {
+    if (it > 0) {  // nxt holds this step; issue the next one, in flight while this step is computed
+#pragma unroll
+      for (int r = 0; r < RM; ++r)
+#pragma unroll
+        for (int c = 0; c < G; ++c) cur[r][c] = nxt[r][c];
+      cur_e = nxt_e;
+      if (step + wk.stride < p.steps) load_step(nxt, nxt_e, step + wk.stride);
+    }
+    if (h == 0 && active) fac[t] = fp8_tile_factor(cur_e);
+
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+      if (r >= R) break;  // R is uniform over the block
+      uint32_t nan = 0;
+      float v[MT][4][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[m][j][i] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < G; ++c) {
+        const uint4 q = cur[r][c];
+        nan |= nan_bits(q.x) | nan_bits(q.y) | nan_bits(q.z) | nan_bits(q.w);
+        // Chunk bytes b0..b31 = element index. Lane 0 loaded b0..15 (q.x = b0..3, q.y = b4..7, q.z = b8..11,
+        // q.w = b12..15), lane 1 b16..31. Lane 0 wants j = 0..3 at l = 0..3: b0..3, b8..11, b16..19, b24..27;
+        // lane 1 at l = 4..7: b4..7, b12..15, b20..23, b28..31. Lane 0 sends b4..7, b12..15 (q.y, q.w);
+        // lane 1 sends b16..19, b24..27 (its q.x, q.z). All lanes take part (inactive ones carry zeros).
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q.x : q.y, 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q.z : q.w, 1);
+        const uint32_t wj[4] = {h ? r0 : q.x, h ? r1 : q.z, h ? q.y : r0, h ? q.w : r1};
+        if (c < nch) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float f[4];
+            e4m3x4(wj[j], f);  // elements 32c + 8j + 4h + i, i = 0..3
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              const float4 xv = xr[c][j][m];
+              v[m][j][0] = __fmaf_rn(f[0], xv.x, v[m][j][0]);
+              v[m][j][1] = __fmaf_rn(f[1], xv.y, v[m][j][1]);
+              v[m][j][2] = __fmaf_rn(f[2], xv.z, v[m][j][2]);
+              v[m][j][3] = __fmaf_rn(f[3], xv.w, v[m][j][3]);
+            }
+          }
+        }
+      }
+      if (active) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          float s[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            s[i] = __fadd_rn(__fadd_rn(__fadd_rn(v[m][0][i], v[m][1][i]), v[m][2][i]), v[m][3][i]);
+          *reinterpret_cast<float4*>(sbuf + (r * MT + m) * srow + t * 8 + 4 * h) = make_float4(s[0], s[1], s[2], s[3]);
+        }
+      }
+      const bool any_nan = __any_sync(0xffffffffu, (nan & 0x80808080u) != 0u);
+      if (any_nan && lane == 0) atomicMax(nanflag + r, it + 1);
+    }
+    __syncthreads();  // the step's s, fac and NaN flags are complete
+
+    // Fold: thread (r, m, l) = f; the 8 l of a (r, m) are 8 consecutive lanes (the loop is warp-uniform).
+    const int nf = R * MT * 8;
+    for (int base = warp * 32; base < nf; base += static_cast<int>(blockDim.x)) {
+      const int f = base + lane, l = f & 7, g = f >> 3, m = g % MT, r = g / MT;
+      const bool ok = f < nf;
+      float tot = 0.0f;
+      if (ok) {
+        const float* sp = sbuf + g * srow + l;
+#pragma unroll 8
+        for (int tt = 0; tt < T; ++tt) tot = __fmaf_rn(sp[8 * tt], fac[tt], tot);
+      }
+      // hsum in the CPU's order: ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)), + the empty tail.
+      float hs = __fadd_rn(tot, __shfl_down_sync(0xffffffffu, tot, 4, 8));
+      hs = __fadd_rn(hs, __shfl_down_sync(0xffffffffu, hs, 2, 8));
+      hs = __fadd_rn(hs, __shfl_down_sync(0xffffffffu, hs, 1, 8));
+      const int n = step * R + r;
+      if (ok && l == 0 && n < N && m < wk.mrows) {
+        const float o = nanflag[r] == it + 1 ? __uint_as_float(0x7fc00000u) : __fadd_rn(hs, 0.0f);
+        p.y[static_cast<int64_t>(wk.m0 + m) * N + n] = p.round ? round_to_bf16(o) : o;
+      }
+    }
+    __syncthreads();  // sbuf, fac and the flags are free for the next step
+  }
+}
+
+// ---- BF16 / FP4: the chains run over all of K -----------------------------------------------------------
+// Thread mapping. Lane = 4 q + t: quad q is a row (warp w owns rows 8w + q of each step of 8 x warps
+// rows), t its quarter. The lane walks the row in 64-byte steps, loading the 16 bytes [64 s + 16 t, + 16):
+//  * BF16: step s = chunk s; the lane's bytes are elements 32 s + 8 t + l (l = 0..7) = chains (t, l).
+//  * FP4: step s = chunks 4s .. 4s+3 (16 bytes each); the lane loaded chunk 4s + t whole. A per-warp
+//    shared-memory transpose (one 16-byte store, __syncwarp, four 4-byte loads; rows 80 bytes apart, so
+//    conflict free) gives it bytes 4t .. 4t+3 of each of the four chunks instead: byte 4t + i holds
+//    element 8t + 2i (low nibble, chain (t/2, 4(t%2) + i)) and 8t + 2i + 1 (high nibble, chain
+//    (2 + t/2, 4(t%2) + i)), x columns 32c + 8t .. 8t+7. Double-buffered by step parity, so one
+//    __syncwarp per step orders both the store -> load and the load -> next store of a buffer.
+// Every chain is updated chunk after chunk in K order. kSteps loads per lane are in flight: a ring of
+// registers refilled as it is consumed, running on across the rows of the block (no drain per row).
+// x (quantised) sits in shared memory [MT][K]; the 8 quads of a warp read the same columns (broadcast).
+constexpr int kSteps = 8;
+
+template <int FMT>
+__device__ __forceinline__ int chain_steps(int nch) {
+  return FMT == kBf16 ? nch : (nch + 3) / 4;
+}
+
+// FP4 scale codes of chunks 4s .. 4s+3 of one row (byte u = chunk 4s + u; 0 beyond the row).
+__device__ __forceinline__ uint32_t fp4_scale_word(const uint8_t* srow, int s, int nch, bool aligned) {
+  const int c0 = 4 * s;
+  if (aligned && c0 + 4 <= nch) return __ldg(reinterpret_cast<const unsigned int*>(srow + c0));
+  uint32_t e = 0;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    if (c0 + u < nch) e |= static_cast<uint32_t>(__ldg(srow + c0 + u)) << (8 * u);
+  return e;
+}
+
+// True iff no byte of e exceeds 128 (then every chunk takes fp4_weight's single-multiply branch).
+__device__ __forceinline__ bool fp4_scales_small(uint32_t e) {
+  // A byte b > 128 has bit 7 set and a nonzero low part: (b & 0x7f) + 0x7f sets bit 7 (no carry out).
+  return (e & ((e & 0x7f7f7f7fu) + 0x7f7f7f7fu) & 0x80808080u) == 0u;
+}
+
+// One FP4 chunk word of a lane: W = bytes 4t .. 4t+3 of chunk c with scale code e; xp = x[32c + 8t] of x
+// row 0. acc[m][i] / acc[m][4 + i] are the chains of the low / high nibble of byte 4t + i, whose x
+// columns are 8t + 2i and 8t + 2i + 1.
+template <int MT, bool kSmall>
+__device__ __forceinline__ void fp4_word(uint32_t W, uint32_t e, const float* xp, int K, float (&acc)[MT][8]) {
+  float f0[4], f1[4];
+  const float g = __uint_as_float((e + 126u) << 23);  // 2^(e-1), used only when e <= 128
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float l0 = e2m1_top(W << (28 - 8 * i)), h0 = e2m1_top(W << (24 - 8 * i));  // e2m1 * 2^-126
+    if (kSmall) {                                                                    // fp4_weight's e <= 128 branch
+      f0[i] = __fmul_rn(l0, g);
+      f1[i] = __fmul_rn(h0, g);
+    } else {
+      f0[i] = fp4_weight(l0, e);
+      f1[i] = fp4_weight(h0, e);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const float4 a = *reinterpret_cast<const float4*>(xp + m * K);      // columns 8t + 0..3
+    const float4 b = *reinterpret_cast<const float4*>(xp + m * K + 4);  // columns 8t + 4..7
+    acc[m][0] = __fmaf_rn(f0[0], a.x, acc[m][0]);
+    acc[m][4] = __fmaf_rn(f1[0], a.y, acc[m][4]);
+    acc[m][1] = __fmaf_rn(f0[1], a.z, acc[m][1]);
+    acc[m][5] = __fmaf_rn(f1[1], a.w, acc[m][5]);
+    acc[m][2] = __fmaf_rn(f0[2], b.x, acc[m][2]);
+    acc[m][6] = __fmaf_rn(f1[2], b.y, acc[m][6]);
+    acc[m][3] = __fmaf_rn(f0[3], b.z, acc[m][3]);
+    acc[m][7] = __fmaf_rn(f1[3], b.w, acc[m][7]);
+  }
+}
+
+__host__ __device__ inline int64_t chain_smem_bytes(int fmt, int MT, int K, int ng, int warps) {
+  return 4 * (static_cast<int64_t>(MT) * K + 2 * ((MT * ng + 3) & ~3)) + (fmt == kFp4 ? warps * 2 * 8 * 20 * 4 : 0);
+}
+
+template <int FMT, int MT>
+__global__ void __launch_bounds__(256) chain_gemv(Params p) {
+  extern __shared__ __align__(16) float smem_f[];
+  pdl_launch_dependents();
+  const int K = p.K, N = p.N, nch = K / 32, nsteps = chain_steps<FMT>(nch);
+  float* xs = smem_f;                                                           // [MT][K]
+  uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * K);                    // [MT][ng]: amax, then scale
+  float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));        // [MT][ng]: 1 / scale
+  uint32_t* tbuf = reinterpret_cast<uint32_t*>(ginv + ((MT * p.ng + 3) & ~3));  // FP4: [warps][2][8][20]
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int q = lane >> 2, t = lane & 3;
+  const int row_in_step = warp * 8 + q;
+  const Work wk = block_work<MT>(p);
+  const uint8_t* W = p.w;
+  const uint8_t* SC = p.sc;
+
+  // Producer: the next (weight step, 64-byte step) this lane loads.
+  int ld_step = wk.first, ld_s = 0;
+  const uint8_t* ld_row = nullptr;
+  const uint8_t* ld_srow = nullptr;
+  bool sc_aligned = false;
+  auto ld_rows = [&]() {
+    const int64_t n = min(ld_step * p.rows + row_in_step, N - 1);
+    ld_row = W + n * p.ldw + 16 * t;
+    if (FMT == kFp4) ld_srow = SC + n * p.lds;
+  };
+  auto load_next = [&](uint4& wq, uint32_t& eq) {
+    wq = make_uint4(0u, 0u, 0u, 0u);
+    eq = 0u;
+    if (ld_step < p.steps) {
+      if (FMT == kBf16 || 4 * ld_s + t < nch) wq = ldg_stream(ld_row + 64 * ld_s);
+      if (FMT == kFp4) eq = fp4_scale_word(ld_srow, ld_s, nch, sc_aligned);
+      if (++ld_s == nsteps) {
+        ld_s = 0;
+        ld_step += wk.stride;
+        if (ld_step < p.steps) ld_rows();
+      }
+    }
+  };
+  uint4 wbuf[kSteps];
+  uint32_t ebuf[kSteps];
+  auto prime = [&]() {
+    sc_aligned = FMT == kFp4 && (reinterpret_cast<uintptr_t>(SC) % 4 == 0) && (p.lds % 4 == 0);
+    if (ld_step < p.steps) ld_rows();
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) load_next(wbuf[u], ebuf[u]);
+  };
+
+  const bool grouped = p.row_expert != nullptr;
+  if (!grouped) prime();
+  for (int i = static_cast<int>(threadIdx.x); i < MT * p.ng; i += static_cast<int>(blockDim.x)) gmax[i] = 0u;
+  pdl_wait();
+  if (grouped) {
+    expert_of(p, wk.mt, W, SC);
+    prime();
+  }
+  __syncthreads();  // gmax zeroed
+  x_pass<MT>(p, wk, gmax, xs);
+  __syncthreads();  // raw x and group amax complete
+  if (p.A > 0) {
+    x_scales<MT>(p, gmax, ginv);
+    __syncthreads();  // group scales complete
+                      // Quantise xs in place, a float4 per step (one group per float4 when A % 4 == 0).
+#pragma unroll 1
+    for (int m = 0; m < wk.mrows; ++m) {
+      const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
+      const float* gi = ginv + m * p.ng;
+      for (int i = static_cast<int>(threadIdx.x); i < K / 4; i += static_cast<int>(blockDim.x)) {
+        float4 v = reinterpret_cast<const float4*>(xs + m * K)[i];
+        const int k = 4 * i;
+        int g[4];
+        if (p.A % 4 == 0) {
+          g[0] = g[1] = g[2] = g[3] = k / p.A;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) g[e] = (k + e) / p.A;
+        }
+        v.x = act_quant(v.x, gs[g[0]], gi[g[0]]);
+        v.y = act_quant(v.y, gs[g[1]], gi[g[1]]);
+        v.z = act_quant(v.z, gs[g[2]], gi[g[2]]);
+        v.w = act_quant(v.w, gs[g[3]], gi[g[3]]);
+        reinterpret_cast<float4*>(xs + m * K)[i] = v;
+      }
+    }
+    __syncthreads();  // quantised x complete
+  }
+
+  // Consumer: the same sequence of (weight step, 64-byte step), kSteps behind the producer.
+  float acc[MT][8];  // BF16: chains (t, l); FP4: [0..3] low nibbles, [4..7] high nibbles of bytes 4t + i
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[m][l] = 0.0f;
+  int step = wk.first, s = 0;
+
+  // End of a row: s[l] = ((v0 + v1) + v2) + v3, tot[l] = fma(s, 1, 0), the CPU's hsum; lane t == 0 stores.
+  auto finish_row = [&]() {
+    const int n = step * p.rows + row_in_step;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      float out;
+      if constexpr (FMT == kBf16) {
+        float tot[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) {  // lanes t + 1, t + 2, t + 3 hold chains (1, l), (2, l), (3, l) for t = 0
+          const float v = acc[m][l];
+          const float sl = __fadd_rn(
+              __fadd_rn(__fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 4)), __shfl_down_sync(0xffffffffu, v, 2, 4)),
+              __shfl_down_sync(0xffffffffu, v, 3, 4));
+          tot[l] = __fmaf_rn(sl, 1.0f, 0.0f);
+        }
+        out = __fadd_rn(__fadd_rn(__fadd_rn(tot[0], tot[4]), __fadd_rn(tot[2], tot[6])),
+                        __fadd_rn(__fadd_rn(tot[1], tot[5]), __fadd_rn(tot[3], tot[7])));
+      } else {
+        // Lane t in {0, 1} forms l = 4t + i: chains (0, l), (2, l) are its own low / high nibbles,
+        // (1, l), (3, l) those of lane t + 2. Then lane 0 holds tot[0..3] and lane 1 tot[4..7].
+        float u[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float a = acc[m][i], b = acc[m][4 + i];
+          const float sl = __fadd_rn(__fadd_rn(__fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2, 4)), b),
+                                     __shfl_down_sync(0xffffffffu, b, 2, 4));
+          const float tot = __fmaf_rn(sl, 1.0f, 0.0f);
+          u[i] = __fadd_rn(tot, __shfl_down_sync(0xffffffffu, tot, 1, 4));  // lane 0: tot[i] + tot[4 + i]
+        }
+        out = __fadd_rn(__fadd_rn(u[0], u[2]), __fadd_rn(u[1], u[3]));
+      }
+      out = __fadd_rn(out, 0.0f);
+      if (t == 0 && n < N && m < wk.mrows)
+        p.y[static_cast<int64_t>(wk.m0 + m) * N + n] = p.round ? round_to_bf16(out) : out;
+    }
+  };
+
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      if (step >= p.steps) return;  // uniform over the block
+      const uint4 wq = wbuf[u];
+      const uint32_t eq = ebuf[u];
+      load_next(wbuf[u], ebuf[u]);
+      if constexpr (FMT == kBf16) {
+        const float* xp = xs + 32 * s + 8 * t;
+        const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // bf16 element 2i in the low half of word i
+          f[2 * i] = __uint_as_float(wv[i] << 16);
+          f[2 * i + 1] = __uint_as_float(wv[i] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const float4 a = *reinterpret_cast<const float4*>(xp + m * K);
+          const float4 b = *reinterpret_cast<const float4*>(xp + m * K + 4);
+          const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int l = 0; l < 8; ++l) acc[m][l] = __fmaf_rn(f[l], xv[l], acc[m][l]);
+        }
+      } else {
+        uint32_t* tb = tbuf + ((warp * 2 + (u & 1)) * 8 + q) * 20;
+        *reinterpret_cast<uint4*>(tb + 4 * t) = wq;  // chunk 4s + t
+        __syncwarp();
+        uint32_t wd[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) wd[c] = tb[4 * c + t];  // bytes 4t .. 4t+3 of chunk 4s + c
+        // Chunks 4s + c in K order (the row's last step may be short: uniform over the block).
+        auto chunks = [&](auto small) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            if (4 * s + c >= nch) break;
+            fp4_word<MT, decltype(small)::value>(wd[c], (eq >> (8 * c)) & 0xffu, xs + 32 * (4 * s + c) + 8 * t, K, acc);
+          }
+        };
+        if (fp4_scales_small(eq))
+          chunks(std::true_type{});
+        else
+          chunks(std::false_type{});
+      }
+      if (++s == nsteps) {
+        finish_row();
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int l = 0; l < 8; ++l) acc[m][l] = 0.0f;
+        s = 0;
+        step += wk.stride;
+      }
+    }
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------------------------
+constexpr int64_t kSmemBudget = 96 << 10;  // per block: keeps 2+ blocks per SM
+
+// Blocks of `kernel` that fit one SM with this launch shape (cached; sets the kernel's dynamic shared
+// memory limit to the opt-in maximum on first use).
+int blocks_per_sm(const void* kernel, int threads, int64_t smem) {
+  static std::mutex mu;
+  static std::set<const void*> configured;
+  static std::map<std::tuple<const void*, int, int64_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (configured.insert(kernel).second)
+    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+  int n = 0;
+  DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, static_cast<size_t>(smem)));
+  DI_CHECK(n > 0, "cuda::gemv: a block of {} threads with {} bytes of shared memory does not fit an SM", threads, smem);
+  cache.emplace(key, n);
+  return n;
+}
+
+// Launches kernel(p) with programmatic stream serialisation: as many persistent blocks as fit the GPU
+// at once, at most one per (weight step, x-row group), and a multiple of p.mtiles.
+void launch(void (*kernel)(Params), Params p, int threads, int64_t smem, cudaStream_t stream) {
+  const int64_t work = static_cast<int64_t>(p.steps) * p.mtiles;
+  const int64_t resident =
+      static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem)) * sm_count();
+  int64_t grid = std::min(work, resident);
+  grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
+  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+int fp8_warps_max(int G) {
+  return G == 1 ? Fp8Shape<1>::kWarpsMax : G == 2 ? Fp8Shape<2>::kWarpsMax : Fp8Shape<4>::kWarpsMax;
+}
+
+void launch_fp8(Params p, int B, cudaStream_t stream) {
+  const int G = B / 32, T = (p.K + B - 1) / B, warps = (T + 15) / 16;
+  const bool grouped = p.row_expert != nullptr;
+  const int MT = grouped ? 1
+                         : std::min(p.M, G == 1   ? Fp8Shape<1>::kMtMax
+                                         : G == 2 ? Fp8Shape<2>::kMtMax
+                                                  : Fp8Shape<4>::kMtMax);
+  p.mtiles = (p.M + MT - 1) / MT;
+  // Rows per step: 4 / G, fewer when the grid would not cover the GPU twice or the s buffer is large.
+  int R = 4 / G;
+  while (R > 1 && static_cast<int64_t>((p.N + R - 1) / R) * p.mtiles < 2 * sm_count()) R /= 2;
+  while (R > 1 && 4 * fp8_smem_floats(R, MT, T, p.ng) > kSmemBudget) R /= 2;
+  p.rows = R;
+  p.steps = (p.N + R - 1) / R;
+  const int64_t smem = 4 * fp8_smem_floats(R, MT, T, p.ng);
+  void (*kernel)(Params) = nullptr;
+  if (G == 1)
+    kernel = MT == 1 ? fp8_gemv<1, 1> : fp8_gemv<2, 1>;
+  else if (G == 2)
+    kernel = MT == 1 ? fp8_gemv<1, 2> : fp8_gemv<2, 2>;
+  else
+    kernel = fp8_gemv<1, 4>;
+  launch(kernel, p, 32 * warps, smem, stream);
+}
+
+void launch_chain(Params p, int fmt, cudaStream_t stream) {
+  const bool grouped = p.row_expert != nullptr;
+  int MT = grouped ? 1 : p.M;
+  while (MT > 1 && chain_smem_bytes(fmt, MT, p.K, p.ng, 8) > kSmemBudget) --MT;
+  p.mtiles = (p.M + MT - 1) / MT;
+  // 8 warps (64 rows per step) when that still gives two blocks per SM of work, else 4 (32 rows).
+  const int warps = static_cast<int64_t>((p.N + 63) / 64) * p.mtiles >= 2 * sm_count() ? 8 : 4;
+  p.rows = 8 * warps;
+  p.steps = (p.N + p.rows - 1) / p.rows;
+  const int64_t smem = chain_smem_bytes(fmt, MT, p.K, p.ng, warps);
+  void (*kernel)(Params) = nullptr;
+  if (fmt == kFp4)
+    kernel = MT == 1   ? chain_gemv<kFp4, 1>
+             : MT == 2 ? chain_gemv<kFp4, 2>
+             : MT == 3 ? chain_gemv<kFp4, 3>
+                       : chain_gemv<kFp4, 4>;
+  else
+    kernel = MT == 1   ? chain_gemv<kBf16, 1>
+             : MT == 2 ? chain_gemv<kBf16, 2>
+             : MT == 3 ? chain_gemv<kBf16, 3>
+                       : chain_gemv<kBf16, 4>;
+  launch(kernel, p, 32 * warps, smem, stream);
+}
+
+}  // namespace
+
+bool gemv_supported(const GemvArgs& a) {
+  if (a.M < 0 || a.N < 0) return false;
+  if (a.M == 0 || a.N == 0) return true;
+  if (a.fmt != kFp8 && a.fmt != kFp4 && a.fmt != kBf16) return false;
+  if (a.K < 32 || a.K > 16384 || a.K % 32 != 0) return false;
+  if (a.x == nullptr || a.y == nullptr || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.ldx % 4 != 0 ||
+      (a.M > 1 && a.ldx < a.K))
+    return false;
+  if (a.act_quant_block < 0 || (a.act_quant_block > 0 && (a.K + a.act_quant_block - 1) / a.act_quant_block > 512))
+    return false;
+  const bool grouped = a.row_expert != nullptr;
+  if (grouped) {
+    if (a.w_table == nullptr || (a.fmt != kBf16 && a.s_table == nullptr)) return false;
+    if (a.x_rows < 0 || (a.x_rows > 0 && (a.M % a.x_rows != 0 || a.n_experts <= 0))) return false;
+  } else {
+    if (a.M > 4 || a.w == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
+    if (a.fmt != kBf16 && a.scale == nullptr) return false;
+  }
+  const int64_t row_bytes = a.fmt == kFp8 ? a.K : a.fmt == kFp4 ? a.K / 2 : 2 * static_cast<int64_t>(a.K);
+  if (a.ldw % 16 != 0 || a.ldw < row_bytes) return false;
+  if (a.fmt == kFp8) {
+    if (a.B != 32 && a.B != 64 && a.B != 128) return false;
+    const int T = (a.K + a.B - 1) / a.B;
+    if (T > 16 * fp8_warps_max(a.B / 32) || a.lds < T) return false;
+  }
+  if (a.fmt == kFp4 && a.lds < a.K / 32) return false;
+  return true;
+}
+
+void gemv_into(const GemvArgs& a, CUstream_st* stream) {
+  DI_CHECK(gemv_supported(a),
+           "cuda::gemv: unsupported call (fmt {}, N {}, K {}, M {}, B {}, act_quant_block {}, grouped {})", a.fmt, a.N,
+           a.K, a.M, a.B, a.act_quant_block, a.row_expert != nullptr);
+  if (a.M == 0 || a.N == 0) return;
+  Params p = {};
+  p.w = a.w;
+  p.ldw = a.ldw;
+  p.sc = a.scale;
+  p.lds = a.lds;
+  p.x = a.x;
+  p.ldx = a.ldx;
+  p.y = a.y;
+  p.row_expert = a.row_expert;
+  p.w_table = a.w_table;
+  p.s_table = a.s_table;
+  p.x_rows = a.x_rows;
+  p.n_experts = a.n_experts;
+  p.N = a.N;
+  p.K = a.K;
+  p.M = a.M;
+  p.A = static_cast<int>(std::min<int64_t>(a.act_quant_block, a.K));  // a block >= K is one group per row
+  p.ng = p.A > 0 ? (p.K + p.A - 1) / p.A : 0;
+  p.round = a.round;
+  if (a.fmt == kFp8)
+    launch_fp8(p, a.B, stream);
+  else
+    launch_chain(p, a.fmt, stream);
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,82 @@
+// Decode GEMV: y[M, N] = x[M, K] . W^T for small M (1..4 rows of x), and a grouped-rows mode (MoE experts
+// at decode: row m of x against its own expert's weight), bit-identical to the CPU op ops::linear (the
+// contract of linear.cuh: every product is exact in fp32, so only the order of the FP32 additions
+// matters, and these kernels replay the CPU's order). Built for HBM bandwidth: weights go straight from
+// global memory into registers (16-byte streaming loads, several in flight per thread, no shared-memory
+// staging and no per-slab barriers), x is fake-quantised inside the kernel (one launch, no workspace).
+//
+// The order replayed (per output y[m][n]; chunk c = columns [32c, 32c + 32)):
+//  * 32 chains v[j][l] (j = 0..3, l = 0..7) take element 32c + 8j + l of each chunk, v = fma(w, x, v)
+//    from +0 (FP4: byte q of a chunk's 16 bytes holds element 2q in its low nibble, chain (q/8, q%8),
+//    and element 2q+1 in its high nibble, chain (2 + q/8, q%8); the CPU's permuted x).
+//  * E4M3: at the end of each scale tile (B columns) s[l] = ((v0 + v1) + v2) + v3, the chains restart,
+//    and tot[l] = fma(s[l], 2^(e-119), tot[l]) in tile order (codes are decoded to e4m3 * 2^-8).
+//    BF16 / FP4: the chains run over all of K and tot[l] = fma(s[l], 1, 0).
+//  * y = ((tot0 + tot4) + (tot2 + tot6)) + ((tot1 + tot5) + (tot3 + tot7)) + 0, optionally rounded to
+//    bf16. An E4M3 NaN code anywhere in W's row n makes y[., n] NaN.
+//  * x: with act_quant_block A > 0 each row is first quantised per A columns as the CPU's
+//    fake_quant_fp8 (amax, ue8m0 scale of max(amax, 1e-4) / 448, e4m3_rne(x / s) * s).
+//
+// Kernel shapes (details in linear_gemv.cu):
+//  * E4M3: tiles are independent until the tot fold, so K is split across the block: a warp owns 16
+//    consecutive tiles (a 512-byte window of every row for B = 32), two lanes per tile, and walks the
+//    rows of its block with its window of x in registers; the tile sums s[l] go to shared memory and
+//    8 threads per (row, x row) fold them in tile order. Up to 4/(B/32) rows per step, the next step's
+//    rows in flight while the current one is computed and folded.
+//  * BF16 / FP4: the chains are sequential over K, so 4 lanes own a row's 32 chains (BF16: lane j the
+//    chains (j, 0..7); FP4: lane t the bytes 4t..4t+3 of every chunk) and walk the whole row in 64-byte
+//    steps with 8 steps in flight; x lives in shared memory (quantised once per block) and is read as
+//    warp-wide broadcasts; a block of 4 or 8 warps owns 32 or 64 rows at a time.
+// Blocks are persistent (each loops over row groups), so x is staged once per block.
+// Known gap (as linear.cu): an E4M3 tile scale code above 246 takes the CPU's scalar path, not replayed.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace deepinfer::cuda {
+
+struct GemvArgs {
+  int fmt = 0;                 // 0 = E4M3 (block-scaled), 1 = packed E2M1 (FP4, E8M0 per 32 along K), 2 = BF16
+  const uint8_t* w = nullptr;  // weight rows (dense mode), row stride ldw bytes, 16-byte aligned
+  int64_t ldw = 0;
+  const uint8_t* scale = nullptr;  // E8M0 codes (fp8: [ceil(N/B), ceil(K/B)], fp4: [N, K/32]), row stride lds bytes
+  int64_t lds = 0;
+  int B = 0;                 // E4M3 tile size (multiple of 32); 0 otherwise
+  int N = 0, K = 0;          // K % 32 == 0
+  const float* x = nullptr;  // M rows of fp32 x, row stride ldx floats (raw: not yet fake-quantised)
+  int64_t ldx = 0;
+  int M = 0;
+  int64_t act_quant_block = 0;  // > 0: fake-quantise x rows to FP8 per this many columns first
+  bool round = false;           // round y to bf16
+  float* y = nullptr;           // [M, N] contiguous fp32
+  // Grouped rows: when row_expert != nullptr, row m uses weight w_table[row_expert[m]] and scale
+  // s_table[row_expert[m]] (w and scale above are ignored). All experts share N, K, ldw, lds, B, fmt.
+  // row_expert, w_table and s_table live on the device (they may be written by the previous kernel).
+  const int32_t* row_expert = nullptr;
+  const uint8_t* const* w_table = nullptr;
+  const uint8_t* const* s_table = nullptr;
+  // Grouped rows over several lists of the same experts (w1 and w3 of the routed experts in one launch):
+  // with x_rows > 0, M = lists * x_rows rows, row m reads x row m % x_rows and its weight is entry
+  // (m / x_rows) * n_experts + row_expert[m % x_rows] of the tables (row_expert has x_rows entries).
+  int x_rows = 0;
+  int n_experts = 0;
+};
+
+// True when gemv_into handles this call: dense mode with 1 <= M <= 4 or grouped mode (any M >= 1),
+// K % 32 == 0 and 32 <= K <= 16384 (E4M3 tile 32 or 64: K <= 8192; tile 128: K <= 16384), 16-byte
+// aligned x rows and weight rows, act_quant_block 0 or with at most 512 groups per row. M == 0 or N == 0
+// is a no-op.
+bool gemv_supported(const GemvArgs& a);
+
+// Launches the GEMV on `stream` (one kernel, programmatic dependent launch: in dense mode it starts
+// streaming the weights while the previous kernel on the stream finishes, so dense weights and scales
+// must not be written by that kernel; x, row_expert and the tables are read only after it completed).
+// Bit-identical to the CPU op. Preconditions: gemv_supported(a) (checked; throws deepinfer::Error
+// otherwise); grouped mode: every table entry 16-byte aligned, row_expert[m] a valid index. No
+// workspace, no synchronisation, safe to capture in a CUDA graph (after a first eager call, which
+// sets the kernel's shared-memory limit and caches its occupancy).
+void gemv_into(const GemvArgs& a, CUstream_st* stream);
+
+}  // namespace deepinfer::cuda

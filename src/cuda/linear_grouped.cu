@@ -1,0 +1,142 @@
+// ops::linear_grouped on CUDA: the routed experts of a decode step in one GEMV launch per matrix. Each
+// row of x names its expert on the device (moe_group's row_expert), and the kernel (linear_gemv.cuh)
+// looks the expert's weight and scale pointers up in a device table, so the step never copies the
+// routing back to the host.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/linear.cuh"
+#include "cuda/linear_gemv.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// The device pointer tables of one expert list, with the host copy they were built from: a list is
+// rebuilt only when one of its pointers changed (a list is the model's, fixed after load; comparing
+// the pointers on every call is cheaper than trusting an address the allocator may hand out again).
+struct ExpertTable {
+  std::vector<const void*> host;  // weights then scales
+  void* device = nullptr;         // const uint8_t* [2 * E]
+};
+
+// The experts of every list must share one format, shape and layout (the kernel's table holds pointers
+// only); checked when a table is built, not on every call (384 experts are a few thousand compares).
+void check_experts(const std::vector<const std::vector<ops::QWeight>*>& lists) {
+  const ops::QWeight& w0 = (*lists[0])[0];
+  for (const std::vector<ops::QWeight>* list : lists) {
+    DI_CHECK(list->size() == lists[0]->size(), "cuda::linear_grouped: lists of {} and {} experts", list->size(),
+             lists[0]->size());
+    for (const ops::QWeight& w : *list)
+      DI_CHECK(w.w.defined() && w.w.device() == Device::kCUDA && w.w.dtype() == w0.w.dtype() &&
+                   w.w.shape() == w0.w.shape() && w.w.strides() == w0.w.strides() && w.block == w0.block &&
+                   w.scale.defined() == w0.scale.defined() &&
+                   (!w.scale.defined() || (w.scale.device() == Device::kCUDA && w.scale.shape() == w0.scale.shape() &&
+                                           w.scale.strides() == w0.scale.strides())),
+               "cuda::linear_grouped: the experts differ in format, shape or device ({} vs {})", w.w.describe(),
+               w0.w.describe());
+  }
+}
+
+// Device table of the lists' weight pointers (list by list) followed by their scale pointers.
+const uint8_t* const* expert_table(const std::vector<const std::vector<ops::QWeight>*>& lists) {
+  static std::mutex mu;
+  static std::map<std::vector<const void*>, ExpertTable> tables;  // keyed by each list's first weight
+  std::vector<const void*> key, want;
+  for (const std::vector<ops::QWeight>* list : lists) {
+    key.push_back((*list)[0].w.raw());
+    for (const ops::QWeight& w : *list) want.push_back(w.w.raw());
+  }
+  const size_t n = want.size();
+  for (const std::vector<ops::QWeight>* list : lists)
+    for (const ops::QWeight& w : *list) want.push_back(w.scale.defined() ? w.scale.raw() : nullptr);
+  std::lock_guard<std::mutex> lock(mu);
+  ExpertTable& t = tables[key];
+  if (t.host != want) {
+    check_experts(lists);
+    if (t.device != nullptr) {
+      DI_CUDA_CHECK(cudaDeviceSynchronize());  // a launch queued earlier may still read the old table
+      DI_CUDA_CHECK(cudaFree(t.device));
+      t.device = nullptr;
+    }
+    DI_CUDA_CHECK(cudaMalloc(&t.device, 2 * n * sizeof(void*)));
+    DI_CUDA_CHECK(cudaMemcpy(t.device, want.data(), 2 * n * sizeof(void*), cudaMemcpyHostToDevice));
+    t.host = std::move(want);
+  }
+  return static_cast<const uint8_t* const*>(t.device);
+}
+
+}  // namespace
+
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
+                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts) {
+  const char* op = "cuda::linear_grouped";
+  DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2 && x.is_contiguous(),
+           "{}: x must be a contiguous float32 [R, K] CUDA tensor, got {}", op,
+           x.defined() ? x.describe() : std::string("(undefined)"));
+  DI_CHECK(row_expert.defined() && row_expert.device() == Device::kCUDA && row_expert.dtype() == DType::kI32 &&
+               row_expert.dim() == 1 && row_expert.size(0) == x.size(0) && row_expert.is_contiguous(),
+           "{}: row_expert must be int32 [{}] on CUDA, got {}", op, x.size(0),
+           row_expert.defined() ? row_expert.describe() : std::string("(undefined)"));
+  DI_CHECK(!lists.empty() && !lists[0]->empty(), "{}: no experts", op);
+  const ops::QWeight& w0 = (*lists[0])[0];
+  const int64_t R = x.size(0), N = w0.out(), K = w0.in(), L = static_cast<int64_t>(lists.size());
+  const int64_t E = static_cast<int64_t>(lists[0]->size());
+  DI_CHECK(x.size(1) == K, "{}: x {} for experts of in = {}", op, x.describe(), K);
+  const uint8_t* const* table = expert_table(lists);  // (checks that the experts share one layout)
+  Tensor y = Tensor::empty({L * R, N}, DType::kF32, Device::kCUDA);
+  if (R == 0 || N == 0) return y;
+
+  GemvArgs a;
+  switch (w0.w.dtype()) {
+    case DType::kE4M3:
+      a.fmt = 0, a.B = static_cast<int>(w0.block), a.ldw = w0.w.strides()[0];
+      break;
+    case DType::kE2M1x2:
+      a.fmt = 1, a.B = 0, a.ldw = K / 2;
+      break;
+    case DType::kBF16:
+      a.fmt = 2, a.B = 0, a.ldw = w0.w.strides()[0] * 2;
+      break;
+    default:
+      fail("{}: unsupported expert weight {} (expected float8_e4m3, packed float4_e2m1 or bfloat16)", op,
+           w0.w.describe());
+  }
+  a.w = nullptr, a.scale = nullptr;
+  a.lds = w0.scale.defined() ? w0.scale.strides()[0] : 0;
+  a.N = static_cast<int>(N), a.K = static_cast<int>(K);
+  a.x = x.data<float>(), a.ldx = K, a.M = static_cast<int>(L * R);
+  a.act_quant_block = opts.act_quant_block, a.round = opts.round_out_bf16;
+  a.y = y.data<float>();
+  a.row_expert = row_expert.data<int32_t>();
+  a.w_table = table, a.s_table = table + L * E;
+  a.x_rows = static_cast<int>(R), a.n_experts = static_cast<int>(E);
+  if (gemv_supported(a)) {
+    gemv_into(a, nullptr);
+    return y;
+  }
+  // A shape the grouped kernel does not take: the expert of each row on the host, one linear per run.
+  const Tensor ids = row_expert.to(Device::kCPU);
+  const int32_t* ip = ids.data<int32_t>();
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t r0 = 0; r0 < R;) {
+      const int64_t e = ip[r0];
+      DI_CHECK(e >= 0 && e < E, "{}: row {} names expert {} outside [0, {})", op, r0, e, E);
+      int64_t r1 = r0 + 1;
+      while (r1 < R && ip[r1] == e) ++r1;
+      Tensor yr = y.slice(0, l * R + r0, l * R + r1);
+      linear_into(x.slice(0, r0, r1), (*lists[l])[e], opts, yr);
+      r0 = r1;
+    }
+  }
+  return y;
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,433 @@
+// GPU check of the decode GEMV (src/cuda/linear_gemv.cu) against the CPU op ops::linear, bit for bit.
+//
+// Not a ctest test (CI has no GPU). Run on a Hopper machine:
+//   ./build/src/cuda/deepinfer_cuda_gemv_tests
+// Prints one PASS/FAIL line per case (and "     differ x/n ..." under each comparison); exit status
+// 0 = all passed, 1 = a failure, 2 = no GPU.
+//
+// Every output must equal the CPU's bit for bit (NaN == NaN). Outputs are pre-filled with a finite
+// sentinel, so an output the kernel never writes fails. Cases: every format (E4M3 with tiles of 32, 64
+// and 128, packed FP4, BF16), act quant on / off (and odd group sizes), round on / off, M = 1..4, the
+// V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large FP4
+// scales, and the grouped-rows mode (each row against its own expert, FP4 / FP8 / BF16).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/linear_gemv.cuh"
+#include "cuda_test_util.h"
+#include "deepinfer/dtype.h"
+#include "deepinfer/error.h"
+#include "ops/ops.h"
+
+namespace di = deepinfer;
+
+namespace {
+
+using namespace cuda_test;  // NOLINT: the shared test helpers
+
+constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Random weights of each format, fast enough for the 129280 x 4096 head (a splitmix stream, not
+// mt19937 normals). E4M3: uniform codes without NaN codes, tile scales in [slo, shi]; FP4: uniform
+// nibbles, per-32 scales in [slo, shi]; BF16: sign, exponent in 2^-12 .. 2^-1 and 7 mantissa bits.
+di::ops::QWeight make_weight(di::DType dt, int64_t N, int64_t K, int64_t block, uint64_t seed, int slo = 0,
+                             int shi = 0) {
+  uint64_t s = seed * 0x5851F42D4C957F2Dull + 1;
+  di::ops::QWeight q;
+  auto scales = [&](int64_t rows, int64_t cols) {
+    di::Tensor t = di::Tensor::empty({rows, cols}, di::DType::kE8M0);
+    uint8_t* p = t.data<uint8_t>();
+    for (int64_t i = 0; i < rows * cols; ++i) p[i] = static_cast<uint8_t>(slo + splitmix(s) % (shi - slo + 1));
+    return t;
+  };
+  if (dt == di::DType::kE4M3) {
+    if (slo == 0) slo = 115, shi = 125;
+    q.w = di::Tensor::empty({N, K}, dt);
+    uint8_t* p = q.w.data<uint8_t>();
+    for (int64_t i = 0; i < N * K; i += 8) {
+      uint64_t r = splitmix(s);
+      for (int b = 0; b < 8 && i + b < N * K; ++b, r >>= 8) {
+        uint8_t c = static_cast<uint8_t>(r);
+        if ((c & 0x7f) == 0x7f) c ^= 0x01;  // no NaN codes (0x7e / 0xfe instead)
+        p[i + b] = c;
+      }
+    }
+    q.block = block;
+    q.scale = scales((N + block - 1) / block, (K + block - 1) / block);
+  } else if (dt == di::DType::kE2M1x2) {
+    if (slo == 0) slo = 118, shi = 128;
+    q.w = di::Tensor::empty({N, K}, dt);
+    uint8_t* p = static_cast<uint8_t*>(q.w.raw());
+    for (int64_t i = 0; i < N * K / 2; i += 8) {
+      uint64_t r = splitmix(s);
+      for (int b = 0; b < 8 && i + b < N * K / 2; ++b, r >>= 8) p[i + b] = static_cast<uint8_t>(r);
+    }
+    q.scale = scales(N, K / 32);
+  } else {
+    q.w = di::Tensor::empty({N, K}, di::DType::kBF16);
+    uint16_t* p = q.w.data<uint16_t>();
+    for (int64_t i = 0; i < N * K; i += 4) {
+      uint64_t r = splitmix(s);
+      for (int b = 0; b < 4 && i + b < N * K; ++b, r >>= 16) {
+        const uint32_t v = static_cast<uint32_t>(r & 0xffff);
+        const uint32_t exp = 115 + (v >> 8) % 12;  // 2^-12 .. 2^-1
+        p[i + b] = static_cast<uint16_t>((v & 0x8000u) | (exp << 7) | (v & 0x7fu));
+      }
+    }
+  }
+  return q;
+}
+
+int fmt_of(di::DType dt) { return dt == di::DType::kE4M3 ? 0 : dt == di::DType::kE2M1x2 ? 1 : 2; }
+
+int64_t weight_ldw(const di::ops::QWeight& w) {
+  if (w.w.dtype() == di::DType::kE2M1x2) return w.w.size(1) / 2;
+  return w.w.strides()[0] * (di::dtype_bits(w.w.dtype()) / 8);
+}
+
+// The GemvArgs of a dense call: weight wd, x rows xd (device, rows ldx floats apart), output yd.
+di::cuda::GemvArgs dense_args(const di::ops::QWeight& wd, const float* xd, int64_t ldx, int64_t M, float* yd,
+                              const di::ops::LinearOpts& o) {
+  di::cuda::GemvArgs a;
+  a.fmt = fmt_of(wd.w.dtype());
+  a.w = static_cast<const uint8_t*>(wd.w.raw());
+  a.ldw = weight_ldw(wd);
+  if (wd.scale.defined()) {
+    a.scale = static_cast<const uint8_t*>(wd.scale.raw());
+    a.lds = wd.scale.strides()[0];
+  }
+  a.B = a.fmt == 0 ? static_cast<int>(wd.block) : 0;
+  a.N = static_cast<int>(wd.w.size(0));
+  a.K = static_cast<int>(wd.w.size(1));
+  a.x = xd;
+  a.ldx = ldx;
+  a.M = static_cast<int>(M);
+  a.act_quant_block = o.act_quant_block;
+  a.round = o.round_out_bf16;
+  a.y = yd;
+  return a;
+}
+
+di::Tensor sentinel_output(int64_t M, int64_t N) {
+  di::Tensor y = di::Tensor::empty({M, N}, di::DType::kF32);
+  std::fill(y.data<float>(), y.data<float>() + M * N, kSentinel);
+  return di::cuda::copy_to_device(y);
+}
+
+// Bit-for-bit comparison (NaN == NaN) of CPU float32 tensors; prints the stats line.
+std::string compare_bits(const di::Tensor& want, const di::Tensor& got) {
+  const int64_t n = want.numel();
+  if (got.numel() != n) return "size mismatch";
+  const float* a = want.data<float>();
+  const float* b = got.data<float>();
+  int64_t bad = 0, first = -1, nan = 0;
+  double maxabs = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) {
+      ++nan;
+      continue;
+    }
+    if (bits(a[i]) != bits(b[i])) {
+      if (first < 0) first = i;
+      ++bad;
+      maxabs = std::max(maxabs, std::fabs(static_cast<double>(a[i]) - b[i]));
+    }
+  }
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "differ %lld/%lld max|d| %.3g (NaN both: %lld)", static_cast<long long>(bad),
+                static_cast<long long>(n), maxabs, static_cast<long long>(nan));
+  std::printf("     %s\n", buf);
+  if (bad == 0) return "";
+  char msg[400];
+  std::snprintf(msg, sizeof msg, "%s; first at %lld: cpu %.9g (0x%08x), gemv %.9g (0x%08x)", buf,
+                static_cast<long long>(first), a[first], bits(a[first]), b[first], bits(b[first]));
+  return msg;
+}
+
+// x [M, K] on the bf16 grid (as the model's activations) unless raw.
+di::Tensor make_x(int64_t M, int64_t K, uint32_t seed, bool raw = false) {
+  di::Tensor x = random_rows(M, K, seed);
+  if (!raw) di::ops::round_bf16(x, true);
+  return x;
+}
+
+// Dense call against ops::linear on the host tensors. xpad > 0: x rows K + xpad floats apart on the device.
+std::string check_dense(const di::ops::QWeight& wh, const di::ops::QWeight& wd, int64_t M, const di::ops::LinearOpts& o,
+                        uint32_t seed, bool raw_x = false, int64_t xpad = 0) {
+  const int64_t N = wh.w.size(0), K = wh.w.size(1);
+  const di::Tensor x = make_x(M, K, seed, raw_x);
+  const di::Tensor want = di::ops::linear(x, wh, o);
+  di::Tensor xw = di::Tensor::zeros({M, K + xpad}, di::DType::kF32);
+  for (int64_t m = 0; m < M; ++m)
+    std::memcpy(xw.data<float>() + m * (K + xpad), x.data<float>() + m * K, static_cast<size_t>(K) * 4);
+  const di::Tensor xd = di::cuda::copy_to_device(xw);
+  di::Tensor yd = sentinel_output(M, N);
+  const di::cuda::GemvArgs a = dense_args(wd, xd.data<float>(), K + xpad, M, yd.data<float>(), o);
+  if (!di::cuda::gemv_supported(a)) return "gemv_supported is false";
+  di::cuda::gemv_into(a, nullptr);
+  return compare_bits(want, di::cuda::copy_to_host(yd));
+}
+
+struct Dense {
+  const char* what;
+  di::DType dt;
+  int64_t N, K, block, act;
+};
+
+std::string case_name(const char* kind, const Dense& c, int64_t M, bool round) {
+  char name[260];
+  std::snprintf(name, sizeof name, "%s %s %s N=%lld K=%lld B=%lld act=%lld round=%d M=%lld", kind, c.what,
+                di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
+                static_cast<long long>(c.block), static_cast<long long>(c.act), round ? 1 : 0,
+                static_cast<long long>(M));
+  return name;
+}
+
+void test_dense() {
+  const Dense cases[] = {
+      // V4.1 decode shapes: E4M3 with 32 x 32 tile scales at the FP8 input site, FP4 experts.
+      {"v4.1 wq_a", di::DType::kE4M3, 1280, 5120, 32, 32},
+      {"v4.1 wq_b", di::DType::kE4M3, 32768, 1280, 32, 32},
+      {"v4.1 wkv", di::DType::kE4M3, 512, 5120, 32, 32},
+      {"v4.1 wo_b", di::DType::kE4M3, 5120, 8192, 32, 32},
+      {"v4.1 shared w1", di::DType::kE4M3, 2304, 5120, 32, 32},
+      {"v4.1 shared w2", di::DType::kE4M3, 5120, 2304, 32, 32},
+      {"v4.1 indexer", di::DType::kE4M3, 4096, 1280, 32, 32},
+      {"v4.1 expert w1", di::DType::kE2M1x2, 2304, 5120, 0, 32},
+      {"v4.1 expert w2", di::DType::kE2M1x2, 5120, 2304, 0, 32},
+      // V4: 128 x 128 tiles, act blocks of 128.
+      {"v4 wq_a", di::DType::kE4M3, 1280, 5120, 128, 128},
+      {"v4 wo_b", di::DType::kE4M3, 5120, 8192, 128, 128},
+      {"v4 expert w2 fp8", di::DType::kE4M3, 5120, 2304, 128, 128},
+      // Tiles of 64, ragged N and K (K % B != 0: a short last tile), other act blocks.
+      {"fp8 B 64 ragged", di::DType::kE4M3, 333, 2176, 64, 64},
+      {"fp8 B 128 ragged", di::DType::kE4M3, 1000, 4160, 128, 128},
+      {"fp8 B 32 act 128", di::DType::kE4M3, 1000, 2048, 32, 128},
+      {"fp8 B 128 act 32", di::DType::kE4M3, 640, 2048, 128, 32},
+      {"fp8 B 32 act 50 (groups straddle float4s)", di::DType::kE4M3, 300, 1024, 32, 50},
+      {"fp8 B 32 act >= K (one group)", di::DType::kE4M3, 200, 1536, 32, 100000},
+      {"fp8 B 128 no act quant", di::DType::kE4M3, 1280, 5120, 128, 0},
+      {"fp8 B 32 short K", di::DType::kE4M3, 37, 96, 32, 0},
+      {"fp8 B 128 short K", di::DType::kE4M3, 37, 96, 128, 32},
+      {"fp8 B 64 one row", di::DType::kE4M3, 1, 640, 64, 32},
+      {"fp4 short K (3 chunks)", di::DType::kE2M1x2, 37, 96, 0, 0},
+      {"fp4 ragged K (5 chunks)", di::DType::kE2M1x2, 333, 160, 0, 32},
+      {"fp4 act 128", di::DType::kE2M1x2, 768, 1024, 0, 128},
+      {"fp4 no act quant", di::DType::kE2M1x2, 1000, 4096, 0, 0},
+      {"bf16", di::DType::kBF16, 1280, 5120, 0, 0},
+      {"bf16 indexer-like", di::DType::kBF16, 4096, 1280, 0, 0},
+      {"bf16 act 64", di::DType::kBF16, 1000, 2048, 0, 64},
+      {"bf16 short K", di::DType::kBF16, 37, 96, 0, 0},
+      {"bf16 ragged N", di::DType::kBF16, 333, 4096, 0, 0},
+  };
+  uint32_t seed = 9000;
+  for (const Dense& c : cases) {
+    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    for (int64_t M = 1; M <= 4; ++M) {
+      const bool round = (M + static_cast<int64_t>(seed)) % 2 == 0;
+      run_case(case_name("gemv", c, M, round), [&] {
+        di::ops::LinearOpts o;
+        o.act_quant_block = c.act;
+        o.round_out_bf16 = round;
+        return check_dense(wh, wd, M, o, seed++);
+      });
+    }
+  }
+  // Raw (not bf16-rounded) x: with act quant off the products are rounded by the fma, on both sides alike.
+  {
+    const Dense c{"raw x", di::DType::kE4M3, 1280, 5120, 32, 0};
+    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    for (int64_t M : {1, 3})
+      run_case(case_name("gemv", c, M, false), [&] { return check_dense(wh, wd, M, {}, seed++, true); });
+    const Dense cb{"raw x", di::DType::kBF16, 1000, 2048, 0, 0};
+    const di::ops::QWeight bh = make_weight(cb.dt, cb.N, cb.K, 0, seed++);
+    const di::ops::QWeight bd = to_device(bh);
+    run_case(case_name("gemv", cb, 2, false), [&] { return check_dense(bh, bd, 2, {}, seed++, true); });
+  }
+  // Strided x rows (a column slice of a wider buffer).
+  {
+    const Dense c{"strided x", di::DType::kE2M1x2, 512, 2048, 0, 32};
+    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, 0, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    di::ops::LinearOpts o;
+    o.act_quant_block = 32;
+    run_case(case_name("gemv", c, 3, false), [&] { return check_dense(wh, wd, 3, o, seed++, false, 64); });
+    const Dense c8{"strided x", di::DType::kE4M3, 512, 2048, 32, 32};
+    const di::ops::QWeight w8 = make_weight(c8.dt, c8.N, c8.K, 32, seed++);
+    const di::ops::QWeight w8d = to_device(w8);
+    run_case(case_name("gemv", c8, 2, false), [&] { return check_dense(w8, w8d, 2, o, seed++, false, 64); });
+  }
+  // The BF16 vocabulary head at M = 1.
+  {
+    const Dense c{"head", di::DType::kBF16, 129280, 4096, 0, 0};
+    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, 0, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    run_case(case_name("gemv", c, 1, false), [&] { return check_dense(wh, wd, 1, {}, seed++); });
+  }
+}
+
+// E4M3 NaN codes make their row NaN; FP4 scales above 128 take the two-multiply path, 255 (NaN) poisons.
+void test_special() {
+  uint32_t seed = 9500;
+  for (const int64_t B : {32, 128}) {
+    char name[120];
+    std::snprintf(name, sizeof name, "gemv fp8 NaN codes B=%lld", static_cast<long long>(B));
+    run_case(name, [&] {
+      di::ops::QWeight wh = make_weight(di::DType::kE4M3, 300, 1024, B, seed++);
+      uint8_t* p = wh.w.data<uint8_t>();
+      p[3 * 1024 + 100] = 0x7f;    // row 3
+      p[64 * 1024 + 1023] = 0xff;  // row 64, last column
+      p[299 * 1024] = 0x7f;        // the last row, first column
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      return check_dense(wh, to_device(wh), 2, o, seed++);
+    });
+  }
+  run_case("gemv fp4 large scales (129..140)", [&] {
+    const di::ops::QWeight wh = make_weight(di::DType::kE2M1x2, 700, 2048, 0, seed++, 120, 140);
+    di::ops::LinearOpts o;
+    o.act_quant_block = 32;
+    return check_dense(wh, to_device(wh), 2, o, seed++);
+  });
+  run_case("gemv fp4 NaN scale (255) and 2^-127 (0)", [&] {
+    di::ops::QWeight wh = make_weight(di::DType::kE2M1x2, 300, 1024, 0, seed++);
+    uint8_t* s = wh.scale.data<uint8_t>();
+    s[5 * 32 + 7] = 255;  // row 5 becomes NaN
+    s[6 * 32 + 0] = 0;    // row 6: a subnormal scale
+    s[7 * 32 + 31] = 0;
+    return check_dense(wh, to_device(wh), 1, {}, seed++);
+  });
+}
+
+// Grouped rows: row m against experts[row_expert[m]]; the reference is the CPU linear of that row alone.
+struct Grouped {
+  const char* what;
+  di::DType dt;
+  int64_t N, K, block, act;
+  int experts, rows;
+  bool round;
+};
+
+void test_grouped() {
+  const Grouped cases[] = {
+      {"fp4 w1 decode top-6", di::DType::kE2M1x2, 2304, 5120, 0, 32, 16, 6, true},
+      {"fp4 w1 8 tokens", di::DType::kE2M1x2, 2304, 5120, 0, 32, 16, 48, false},
+      {"fp4 w2", di::DType::kE2M1x2, 5120, 2304, 0, 32, 8, 12, true},
+      {"fp4 ragged", di::DType::kE2M1x2, 333, 160, 0, 32, 8, 20, false},
+      {"fp8 B 32 (wo_a-like groups)", di::DType::kE4M3, 1024, 4096, 32, 0, 8, 8, true},
+      {"fp8 B 128", di::DType::kE4M3, 1024, 2048, 128, 128, 8, 10, false},
+      {"fp8 B 32 act 32 ragged", di::DType::kE4M3, 333, 1280, 32, 32, 12, 30, false},
+      {"bf16", di::DType::kBF16, 512, 1024, 0, 0, 4, 7, true},
+  };
+  uint32_t seed = 9700;
+  for (const Grouped& c : cases) {
+    char name[260];
+    std::snprintf(name, sizeof name, "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d round=%d",
+                  c.what, di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
+                  static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.round ? 1 : 0);
+    run_case(name, [&] {
+      std::vector<di::ops::QWeight> wh, wd;
+      for (int e = 0; e < c.experts; ++e) {
+        wh.push_back(make_weight(c.dt, c.N, c.K, c.block, seed++));
+        wd.push_back(to_device(wh.back()));
+      }
+      std::mt19937 rng(seed++);
+      std::uniform_int_distribution<int> pick(0, c.experts - 1);
+      di::Tensor ids = di::Tensor::empty({c.rows}, di::DType::kI32);
+      for (int m = 0; m < c.rows; ++m) ids.data<int32_t>()[m] = pick(rng);
+      di::Tensor wt = di::Tensor::empty({c.experts}, di::DType::kI64),
+                 st = di::Tensor::empty({c.experts}, di::DType::kI64);
+      for (int e = 0; e < c.experts; ++e) {
+        wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
+        st.data<int64_t>()[e] =
+            wd[e].scale.defined() ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw())) : 0;
+      }
+      const di::Tensor ids_d = di::cuda::copy_to_device(ids), wt_d = di::cuda::copy_to_device(wt),
+                       st_d = di::cuda::copy_to_device(st);
+      const di::Tensor x = make_x(c.rows, c.K, seed++);
+      const di::Tensor xd = di::cuda::copy_to_device(x);
+      di::Tensor yd = sentinel_output(c.rows, c.N);
+      di::ops::LinearOpts o;
+      o.act_quant_block = c.act;
+      o.round_out_bf16 = c.round;
+      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, c.rows, yd.data<float>(), o);
+      a.w = nullptr;
+      a.scale = nullptr;
+      a.row_expert = ids_d.data<int32_t>();
+      a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
+      a.s_table = c.dt == di::DType::kBF16 ? nullptr : static_cast<const uint8_t* const*>(st_d.raw());
+      if (!di::cuda::gemv_supported(a)) return std::string("gemv_supported is false");
+      di::cuda::gemv_into(a, nullptr);
+      const di::Tensor got = di::cuda::copy_to_host(yd);
+      di::Tensor want = di::Tensor::empty({c.rows, c.N}, di::DType::kF32);
+      for (int m = 0; m < c.rows; ++m) {
+        const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[ids.data<int32_t>()[m]], o);
+        std::memcpy(want.data<float>() + m * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+      }
+      return compare_bits(want, got);
+    });
+  }
+}
+
+// gemv_supported's limits (host only).
+void test_supported() {
+  run_case("gemv_supported limits", [] {
+    di::cuda::GemvArgs a;
+    a.fmt = 0;
+    a.w = reinterpret_cast<const uint8_t*>(uintptr_t{256});
+    a.scale = a.w;
+    a.ldw = 5120;
+    a.lds = 160;
+    a.B = 32;
+    a.N = 1280;
+    a.K = 5120;
+    a.x = reinterpret_cast<const float*>(uintptr_t{256});
+    a.ldx = 5120;
+    a.M = 4;
+    a.y = reinterpret_cast<float*>(uintptr_t{256});
+    if (!di::cuda::gemv_supported(a)) return std::string("a V4.1 call is not supported");
+    di::cuda::GemvArgs b = a;
+    b.M = 5;
+    if (di::cuda::gemv_supported(b)) return std::string("dense M = 5 is supported");
+    b = a;
+    b.K = 48;
+    if (di::cuda::gemv_supported(b)) return std::string("K = 48 is supported");
+    b = a;
+    b.B = 96;
+    if (di::cuda::gemv_supported(b)) return std::string("B = 96 is supported");
+    b = a;
+    b.x = reinterpret_cast<const float*>(uintptr_t{260});
+    if (di::cuda::gemv_supported(b)) return std::string("a misaligned x is supported");
+    b = a;
+    b.M = 0;
+    if (!di::cuda::gemv_supported(b)) return std::string("M = 0 is not supported");
+    return std::string();
+  });
+}
+
+}  // namespace
+
+int main() {
+  return cuda_test::run_test_program([] {
+    test_supported();
+    test_dense();
+    test_special();
+    test_grouped();
+  });
+}
