@@ -4,6 +4,9 @@
 // rows: idx sets are rotated over a 1 GiB float32 KV pool (L2 is 50-60 MB), and the calls are captured
 // into a CUDA graph so launch gaps stay out of the figures.
 //   ./build/bench/bench_cuda_attention
+// HG: heads per CTA of the tiled kernel (4, 8, 16), or s4 / s8 / s16: heads per cluster of the split
+// (decode) kernel; auto is what the op picks. A second table times the model's decode case: a small
+// L2-resident KV table (window + compressed rows, as the model builds one per layer call).
 // GB/s counts the bytes the op must move at least once: the gathered KV rows (T * K * D * 4), q and
 // the output. Anchor: FlashMLA's sparse decode reaches ~3,000 GB/s on H800 with BF16/FP8 KV and tensor
 // cores; this kernel keeps FP32 KV and FP32/FP64 CUDA-core math to replay the CPU's order.
@@ -91,19 +94,58 @@ int main() {
     di::Tensor out = di::Tensor::empty({T, H, D}, di::DType::kF32, di::Device::kCUDA);
     const double bytes = static_cast<double>(T) * K * D * 4 + 2.0 * T * H * D * 4 + T * K * 4;
     const double flops = 4.0 * T * H * K * D;
-    for (int hg : {0, 4, 8, 16}) {
+    for (int hg : {0, 4, 8, 16, -4, -8, -16}) {
+      if (hg < 0 && T > 16) continue;  // the split kernel is for decode-sized T
       const double ms = time_graph(st, kCalls, [&](int c) {
         di::cuda::sparse_attention_into(q, kv, idx[c], sink, scale, true, true, out, reinterpret_cast<CUstream_st*>(st),
                                         hg);
       });
       const double gbs = bytes / ms / 1e6;
       char hgs[8];
-      std::snprintf(hgs, sizeof hgs, "%s", hg == 0 ? "auto" : std::to_string(hg).c_str());
+      std::snprintf(hgs, sizeof hgs, "%s",
+                    hg == 0 ? "auto" : (hg < 0 ? "s" + std::to_string(-hg) : std::to_string(hg)).c_str());
       std::printf("%6lld %4s %10.1f %10.0f %7.1f%% %9.2f\n", static_cast<long long>(T), hgs, ms * 1e3, gbs,
                   100.0 * gbs / copy_gbs, flops / ms / 1e9);
     }
   }
   std::printf("\nanchor: FlashMLA sparse decode ~3000 GB/s on H800 (BF16/FP8 KV, tensor cores)\n");
+
+  // ---- the model's decode case: a fresh, L2-resident table (window 128 + 1024 compressed rows), each row
+  // the full window then 512 ascending picks --------------------------------------------------------------
+  {
+    const int64_t W = 128, NC = 1024, NT = W + NC;
+    const di::Tensor table = random_bf16_grid({NT, D}, 1.0f);
+    std::printf("\nsparse_attention decode, L2-resident table (%lld rows) as in the model, K=%lld (window %lld + "
+                "%lld picks)\n",
+                static_cast<long long>(NT), static_cast<long long>(K), static_cast<long long>(W),
+                static_cast<long long>(K - W));
+    std::printf("%6s %4s %10s\n", "T", "HG", "us/call");
+    for (int64_t T : {1, 2, 4, 8}) {
+      const di::Tensor q = random_bf16_grid({T, H, D}, 1.0f);
+      di::Tensor h = di::Tensor::empty({T, K}, di::DType::kI32);
+      for (int64_t t = 0; t < T; ++t) {
+        int32_t* row = h.data<int32_t>() + t * K;
+        for (int64_t i = 0; i < W; ++i) row[i] = static_cast<int32_t>(i);
+        int64_t need = K - W, o = W;
+        for (int64_t c = 0; c < NC; ++c)  // ascending picks (selection sampling)
+          if (static_cast<int64_t>(next_u32() % static_cast<uint32_t>(NC - c)) < need) {
+            row[o++] = static_cast<int32_t>(W + c);
+            --need;
+          }
+        for (; o < K; ++o) row[o] = -1;
+      }
+      const di::Tensor idx = di::cuda::copy_to_device(h);
+      di::Tensor out = di::Tensor::empty({T, H, D}, di::DType::kF32, di::Device::kCUDA);
+      for (int hg : {0, 4, 8, 16, -4, -8, -16}) {
+        const double ms = time_graph(st, kCalls, [&](int) {
+          di::cuda::sparse_attention_into(q, table, idx, sink, scale, true, true, out,
+                                          reinterpret_cast<CUstream_st*>(st), hg);
+        });
+        std::printf("%6lld %4s %10.1f\n", static_cast<long long>(T),
+                    hg == 0 ? "auto" : (hg < 0 ? "s" + std::to_string(-hg) : std::to_string(hg)).c_str(), ms * 1e3);
+      }
+    }
+  }
   CK(cudaStreamDestroy(st));
   return 0;
 }

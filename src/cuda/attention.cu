@@ -1,6 +1,7 @@
 // CUDA sparse attention (gathered KV, online softmax in 64-entry tiles). Contract in attention.cuh.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -24,9 +25,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Shared memory (floats): kv tile [64][D + 4] | q [HG][D] | pv [64][HG] | s [HG][64] | idx [64] | m, l, resc [HG].
+// Shared memory (floats): kv tile [64][D + 4] | q [HG][D] | pv [64][HG] (doubles: converted once per
+// entry and head, not once per output column) | s [HG][64] | idx [64] | m, l, resc [HG].
 __host__ __device__ constexpr int64_t smem_floats(int64_t D, int HG) {
-  return kTile * (D + 4) + HG * D + kTile * HG + HG * kTile + kTile + 3 * HG;
+  return kTile * (D + 4) + HG * D + 2 * kTile * HG + HG * kTile + kTile + 3 * HG;
 }
 
 template <int HG>
@@ -40,8 +42,8 @@ __global__ void __launch_bounds__(kThreads)
   const int LD = D + 4;
   float* kvs = smem;
   float* qs = kvs + kTile * LD;
-  float* pvs = qs + HG * D;      // [i][h]
-  float* ss = pvs + kTile * HG;  // [h][i]
+  double* pvs = reinterpret_cast<double*>(qs + HG * D);  // [i][h]; 16-byte aligned (D % 4 == 0)
+  float* ss = reinterpret_cast<float*>(pvs + kTile * HG);  // [h][i]
   int* ids = reinterpret_cast<int*>(ss + HG * kTile);
   float* m_s = reinterpret_cast<float*>(ids + kTile);
   float* l_s = m_s + HG;
@@ -117,8 +119,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int h = warp; h < HG; h += kThreads / 32) {
       if (h >= nh) {
         if (lane == 0) r_s[h] = 1.0f;
-        pvs[lane * HG + h] = 0.0f;
-        pvs[(lane + 32) * HG + h] = 0.0f;
+        pvs[lane * HG + h] = 0.0;
+        pvs[(lane + 32) * HG + h] = 0.0;
         continue;
       }
       const float s0 = ss[h * kTile + lane], s1 = ss[h * kTile + lane + 32];
@@ -128,14 +130,14 @@ __global__ void __launch_bounds__(kThreads)
       const float m_new = fmaxf(m_old, tmax);
       if (m_new == -INFINITY) {  // nothing valid yet: the CPU skips the tile
         if (lane == 0) r_s[h] = 1.0f;
-        pvs[lane * HG + h] = 0.0f;
-        pvs[(lane + 32) * HG + h] = 0.0f;
+        pvs[lane * HG + h] = 0.0;
+        pvs[(lane + 32) * HG + h] = 0.0;
         continue;
       }
       const float p0 = s0 == -INFINITY ? 0.0f : exp_f(__fsub_rn(s0, m_new));
       const float p1 = s1 == -INFINITY ? 0.0f : exp_f(__fsub_rn(s1, m_new));
-      pvs[lane * HG + h] = bf16_probs ? round_to_bf16(p0) : p0;
-      pvs[(lane + 32) * HG + h] = bf16_probs ? round_to_bf16(p1) : p1;
+      pvs[lane * HG + h] = static_cast<double>(bf16_probs ? round_to_bf16(p0) : p0);
+      pvs[(lane + 32) * HG + h] = static_cast<double>(bf16_probs ? round_to_bf16(p1) : p1);
       ss[h * kTile + lane] = p0;  // the probabilities replace the scores for the sequential sum
       ss[h * kTile + lane + 32] = p1;
       __syncwarp();
@@ -172,15 +174,12 @@ __global__ void __launch_bounds__(kThreads)
       const double v0 = d0 < D ? static_cast<double>(vr[d0]) : 0.0;
       const double v1 = d1 < D ? static_cast<double>(vr[d1]) : 0.0;
 #pragma unroll
-      for (int c = 0; c < HG / 4; ++c) {
-        const float4 p4 = reinterpret_cast<const float4*>(pvs + i * HG)[c];
-        const float pp[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const double p = static_cast<double>(pp[u]);
-          acc[c * 4 + u][0] = __fma_rn(p, v0, acc[c * 4 + u][0]);
-          acc[c * 4 + u][1] = __fma_rn(p, v1, acc[c * 4 + u][1]);
-        }
+      for (int c = 0; c < HG / 2; ++c) {
+        const double2 p2 = reinterpret_cast<const double2*>(pvs + i * HG)[c];
+        acc[c * 2][0] = __fma_rn(p2.x, v0, acc[c * 2][0]);
+        acc[c * 2][1] = __fma_rn(p2.x, v1, acc[c * 2][1]);
+        acc[c * 2 + 1][0] = __fma_rn(p2.y, v0, acc[c * 2 + 1][0]);
+        acc[c * 2 + 1][1] = __fma_rn(p2.y, v1, acc[c * 2 + 1][1]);
       }
     }
     __syncthreads();  // the next tile overwrites ids, kvs, pvs
@@ -204,6 +203,420 @@ __global__ void __launch_bounds__(kThreads)
     if (d1 < D) {
       const float v = __fdiv_rn(__double2float_rn(acc[h][1]), l);
       o[d1] = round ? round_to_bf16(v) : v;
+    }
+  }
+}
+
+// ---- The split kernel (decode: few query rows) ----------------------------------------------------------
+// One cluster of kC CTAs per (token, group of HG heads). Every value goes through the same operations as
+// in sparse_attn_kernel above; only who computes it, and when, changes:
+//  1. Every CTA compacts the token's index list (valid = 0 <= id < N, in list order) and records where
+//     each 64-entry tile starts in the compacted list.
+//  2. Scores of ALL tiles at once: CTA r takes the r-th slice of the valid entries; each (entry, head)
+//     score is one thread's sequential fp32 dot over d = 0..D-1 (the rows stream through shared memory
+//     in 32-float chunks; a thread keeps its dots in registers across chunks), times `scale`.
+//  3. Per (head, tile) the max over the CTA's own scores goes to every CTA of the cluster (distributed
+//     shared memory); a cluster barrier; each CTA then has every tile max, so m_new of every tile
+//     (a running fmaxf, order-free: fmaxf ignores NaN and the sign of a zero max never reaches a
+//     result) and m_old. Each CTA computes p = exp(s - m_new) of its own entries (0 for -inf scores
+//     and for tiles still at m = -inf, as the CPU skips those) and stores p by list position into
+//     every CTA; a cluster barrier.
+//  4. Each CTA redoes the cheap per-tile bookkeeping for all its heads: the sequential fp32 tile sum
+//     over the 64 positions in order (empty ones are exact zeros, as in the tiled kernel), rescale =
+//     exp(m_old - m_new), l = l * rescale + tsum tile by tile; tiles at m = -inf rescale by 1.
+//  5. P.V: CTA r owns output columns [r * DC, r * DC + DC) of the group's heads. Tile by tile the
+//     accumulators are rescaled, then take one FP64 FMA per valid entry in list order; the entries'
+//     column slices stream through shared memory (they were just read in step 2, so they come from L2).
+template <int HG>
+struct SplitCfg {
+  static constexpr int kPvHeads = HG == 4 ? 4 : HG / 2;  // heads per P.V thread (one column each)
+  static constexpr int kSlots = HG;  // score chains per thread at most: (kMaxK / kC) * HG / kThreads
+};
+
+constexpr int kC = 8;                    // CTAs per cluster (the portable maximum)
+constexpr int kSplitMaxK = 2048;         // longest index list the split kernel takes
+constexpr int kRounds = kSplitMaxK / kThreads;
+constexpr int kDch = 32;                 // d per streamed score chunk
+constexpr int kSst = kDch + 4;           // its row stride in shared memory (conflict-free float4 reads)
+constexpr int kNsts = 4;                 // score chunk stages
+constexpr int kNstv = 3;                 // P.V tile stages
+
+// Shared-memory layout of the split kernel, in 4-byte words (every array starts 16-byte aligned).
+struct SplitLayout {
+  int ntiles, Kp, Emax, DC, QS;
+  int vrow, vpos, tstart, wcnt, qs, P, sown, pm, tm, mn, mo, rs, ts, lf, mf, pvd, region;
+  int words;
+};
+
+inline SplitLayout split_layout(int K, int D, int HG) {
+  auto r4 = [](int64_t x) { return static_cast<int>((x + 3) / 4 * 4); };
+  SplitLayout L{};
+  L.ntiles = (K + kTile - 1) / kTile;
+  L.Kp = L.ntiles * kTile;
+  L.Emax = (K + kC - 1) / kC;
+  L.DC = ((D / 4 + kC - 1) / kC) * 4;
+  L.QS = D + 4;
+  const int HT = HG * L.ntiles;
+  int o = 0;
+  L.vrow = o, o += r4(K);
+  L.vpos = o, o += r4(K);
+  L.tstart = o, o += r4(L.ntiles + 1);
+  L.wcnt = o, o += r4(kThreads / 32);
+  L.qs = o, o += r4(HG * L.QS);
+  L.P = o, o += r4(HG * L.Kp);
+  L.sown = o, o += r4(HG * L.Emax);
+  L.pm = o, o += r4(kC * HT);
+  L.tm = o, o += r4(HT);
+  L.mn = o, o += r4(HT);
+  L.mo = o, o += r4(HT);
+  L.rs = o, o += r4(HT);
+  L.ts = o, o += r4(HT);
+  L.lf = o, o += r4(HG);
+  L.mf = o, o += r4(HG);
+  L.pvd = o, o += 2 * kTile * HG * 2;  // two tiles of doubles [64][HG]
+  L.region = o, o += r4(std::max<int64_t>(int64_t{kNsts} * L.Emax * kSst, int64_t{kNstv} * kTile * L.DC));
+  L.words = o;
+  return L;
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+// Stores v at the address of `local` in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ void st_cluster(const float* local, unsigned rank, float v) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned ra;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(ra), "f"(v) : "memory");
+}
+
+// One chain (or two interleaved): a += q[d] * k[d] over n4 float4 groups, d ascending, as the CPU.
+__device__ __forceinline__ void dot_run1(float& a, const float* qa, const float* ka, int n4) {
+#pragma unroll 4
+  for (int g = 0; g < n4; ++g) {
+    const float4 q4 = reinterpret_cast<const float4*>(qa)[g];
+    const float4 k4 = reinterpret_cast<const float4*>(ka)[g];
+    a = __fadd_rn(a, __fmul_rn(q4.x, k4.x));
+    a = __fadd_rn(a, __fmul_rn(q4.y, k4.y));
+    a = __fadd_rn(a, __fmul_rn(q4.z, k4.z));
+    a = __fadd_rn(a, __fmul_rn(q4.w, k4.w));
+  }
+}
+__device__ __forceinline__ void dot_run2(float& a, float& b, const float* qa, const float* ka, const float* qb,
+                                         const float* kb, int n4) {
+#pragma unroll 4
+  for (int g = 0; g < n4; ++g) {
+    const float4 q4 = reinterpret_cast<const float4*>(qa)[g];
+    const float4 k4 = reinterpret_cast<const float4*>(ka)[g];
+    const float4 r4 = reinterpret_cast<const float4*>(qb)[g];
+    const float4 l4 = reinterpret_cast<const float4*>(kb)[g];
+    a = __fadd_rn(a, __fmul_rn(q4.x, k4.x));
+    b = __fadd_rn(b, __fmul_rn(r4.x, l4.x));
+    a = __fadd_rn(a, __fmul_rn(q4.y, k4.y));
+    b = __fadd_rn(b, __fmul_rn(r4.y, l4.y));
+    a = __fadd_rn(a, __fmul_rn(q4.z, k4.z));
+    b = __fadd_rn(b, __fmul_rn(r4.z, l4.z));
+    a = __fadd_rn(a, __fmul_rn(q4.w, k4.w));
+    b = __fadd_rn(b, __fmul_rn(r4.w, l4.w));
+  }
+}
+
+template <int HG>
+__global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 ? 1 : 2)
+    sparse_attn_split_kernel(const float* __restrict__ q, const float* __restrict__ kv,
+                             const int32_t* __restrict__ idx, const float* __restrict__ sink, float* __restrict__ out,
+                             int H, int D, int N, int K, float scale, bool bf16_probs, bool round, SplitLayout L) {
+  static_assert(HG == 4 || HG == 8 || HG == 16, "heads per cluster");
+  constexpr int HPT = SplitCfg<HG>::kPvHeads;
+  constexpr int MC = SplitCfg<HG>::kSlots;
+  extern __shared__ __align__(16) float smem[];
+  int* vrow = reinterpret_cast<int*>(smem + L.vrow);  // compacted valid entries: kv row, list position
+  int* vpos = reinterpret_cast<int*>(smem + L.vpos);
+  int* tstart = reinterpret_cast<int*>(smem + L.tstart);  // [ntiles + 1]: first compacted entry of each tile
+  int* wcnt = reinterpret_cast<int*>(smem + L.wcnt);
+  float* qs = smem + L.qs;      // [HG][QS]
+  float* P = smem + L.P;        // [HG][Kp] probabilities by list position (0 where empty)
+  float* sown = smem + L.sown;  // [HG][Emax] scores of this CTA's entries
+  float* PM = smem + L.pm;      // [kC][HG][ntiles] tile maxima of each CTA's entries
+  float* TM = smem + L.tm;      // [HG][ntiles] tile maxima
+  float* MN = smem + L.mn;      // m after the tile (m_new)
+  float* MO = smem + L.mo;      // m before the tile (m_old)
+  float* RS = smem + L.rs;      // rescale of the tile (1 where skipped)
+  float* TS = smem + L.ts;      // tile sum
+  float* LF = smem + L.lf;      // [HG] l + exp(sink - m)
+  float* MF = smem + L.mf;      // [HG] final m
+  double* pvd = reinterpret_cast<double*>(smem + L.pvd);  // [2][64][HG] probabilities as used in P.V
+  float* region = smem + L.region;  // score chunk stages, then P.V tile stages
+
+  // Nothing may be stored into another CTA's shared memory before every CTA of the cluster runs.
+  cluster_arrive_relaxed();
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const unsigned rank = blockIdx.x % kC;
+  const int h0 = static_cast<int>(blockIdx.x / kC) * HG;
+  const int64_t t = blockIdx.y;
+  const int nh = min(HG, H - h0);
+  const int ntiles = L.ntiles, Kp = L.Kp, Emax = L.Emax, QS = L.QS;
+
+  // ---- 1. q, the index list compacted -------------------------------------------------------------------
+  const int32_t* list = idx + t * K;
+  int jv[kRounds];
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int pos = r * kThreads + tid;
+    jv[r] = pos < K ? list[pos] : -1;
+  }
+  for (int e = tid; e < HG * D; e += kThreads) {
+    const int h = e / D, d = e - h * D;
+    qs[h * QS + d] = h < nh ? q[(t * H + h0 + h) * D + d] : 0.0f;
+  }
+  for (int e = tid; e < HG * Kp; e += kThreads) P[e] = 0.0f;  // before the cluster barrier A
+  int V = 0;  // valid entries so far (then in all)
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    if (r * kThreads < K) {  // uniform
+      const int pos = r * kThreads + tid;
+      const int j = jv[r];
+      const bool valid = pos < K && j >= 0 && j < N;
+      const unsigned bal = __ballot_sync(0xffffffffu, valid);
+      if (lane == 0) wcnt[warp] = __popc(bal);
+      __syncthreads();
+      int before = 0, total = 0;
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) {
+        const int c = wcnt[w];
+        before += w < warp ? c : 0;
+        total += c;
+      }
+      const int e = V + before + __popc(bal & ((1u << lane) - 1u));
+      if (valid) {
+        vrow[e] = j;
+        vpos[e] = pos;
+      }
+      if (pos < K && (pos & (kTile - 1)) == 0) tstart[pos / kTile] = e;
+      V += total;
+      __syncthreads();  // wcnt is rewritten by the next round
+    }
+  }
+  if (tid == 0) tstart[ntiles] = V;
+
+  // ---- 2. scores of this CTA's entries ------------------------------------------------------------------
+  const int E = (V + kC - 1) / kC;
+  const int e0 = min(V, static_cast<int>(rank) * E);
+  const int nown = min(V, e0 + E) - e0;
+  const int nchains = nown * HG;  // chain c: head c / nown, entry e0 + c % nown
+  const int wbase = warp * 32;
+  const int ns = nchains > wbase ? (nchains - wbase - 1) / kThreads + 1 : 0;  // slots live in this warp
+  int qoff[MC], koff[MC];
+  float dot[MC];
+#pragma unroll
+  for (int s = 0; s < MC; ++s) {
+    const int c = s * kThreads + tid;
+    const bool live = c < nchains;
+    const int h = live ? c / nown : 0, el = live ? c - h * nown : 0;
+    qoff[s] = h * QS;
+    koff[s] = el * kSst;
+    dot[s] = 0.0f;
+  }
+  __syncthreads();  // vrow, tstart, qs
+  const int nck = (D + kDch - 1) / kDch;
+  const int sstage = Emax * kSst;
+  auto issue_chunk = [&](int k) {
+    if (k < nck) {
+      const int n4 = min(kDch, D - k * kDch) / 4;
+      float* st = region + (k % kNsts) * sstage;
+      for (int x = tid; x < nown * n4; x += kThreads) {
+        const int el = x / n4, c4 = x - el * n4;
+        cp_async16(st + el * kSst + c4 * 4, kv + static_cast<int64_t>(vrow[e0 + el]) * D + k * kDch + c4 * 4);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int k = 0; k < kNsts - 1; ++k) issue_chunk(k);
+  for (int k = 0; k < nck; ++k) {
+    cp_async_wait<kNsts - 2>();
+    __syncthreads();  // chunk k landed for all; chunk k - 1 read by all (its stage is refilled next)
+    issue_chunk(k + kNsts - 1);
+    const int n4 = min(kDch, D - k * kDch) / 4;
+    const float* st = region + (k % kNsts) * sstage;
+    const float* qk = qs + k * kDch;
+#pragma unroll
+    for (int s = 0; s < MC; s += 2) {
+      if (s + 1 < ns)
+        dot_run2(dot[s], dot[s + 1], qk + qoff[s], st + koff[s], qk + qoff[s + 1], st + koff[s + 1], n4);
+      else if (s < ns)
+        dot_run1(dot[s], qk + qoff[s], st + koff[s], n4);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < MC; ++s) {
+    const int c = s * kThreads + tid;
+    if (c < nchains) sown[(qoff[s] / QS) * Emax + koff[s] / kSst] = __fmul_rn(dot[s], scale);
+  }
+  __syncthreads();  // sown complete; every stage read (the region now takes P.V tiles)
+
+  // P.V roles: threads [0, npv) own (column, kPvHeads heads); the others stage tiles and convert p.
+  const int DC = L.DC;
+  const int c0 = static_cast<int>(rank) * DC;
+  const int ncol4 = max(0, min(DC, D - c0)) / 4;
+  const int npv = DC * (HG / HPT);  // <= 128
+  const bool helper = tid >= npv;
+  const int hid = tid - npv, nhelp = kThreads - npv;
+  const int vstage = kTile * DC;
+  auto issue_tile = [&](int j) {  // helpers only
+    if (j < ntiles) {
+      const int tb = tstart[j], nv = tstart[j + 1] - tb;
+      float* st = region + (j % kNstv) * vstage;
+      for (int x = hid; x < nv * ncol4; x += nhelp) {
+        const int i = x / ncol4, c4 = x - i * ncol4;
+        cp_async16(st + i * DC + c4 * 4, kv + static_cast<int64_t>(vrow[tb + i]) * D + c0 + c4 * 4);
+      }
+    }
+    cp_async_commit();
+  };
+  auto convert_tile = [&](int j) {  // helpers only: pv of tile j's valid entries as doubles, [i][h]
+    const int tb = tstart[j], nv = tstart[j + 1] - tb;
+    double* pd = pvd + (j & 1) * kTile * HG;
+    for (int x = hid; x < nv * HG; x += nhelp) {
+      const int i = x / HG, h = x - i * HG;
+      const float p = P[h * Kp + vpos[tb + i]];
+      pd[x] = static_cast<double>(bf16_probs ? round_to_bf16(p) : p);
+    }
+  };
+  if (helper) {
+#pragma unroll
+    for (int j = 0; j < kNstv - 1; ++j) issue_tile(j);
+  }
+
+  // ---- 3. tile maxima to every CTA; m per tile; p of this CTA's entries to every CTA --------------------
+  cluster_wait();  // every CTA of the cluster has started
+  for (int x = tid; x < HG * ntiles; x += kThreads) {
+    const int h = x / ntiles, j = x - h * ntiles;
+    const int lo = max(tstart[j], e0) - e0, hi = min(tstart[j + 1], e0 + nown) - e0;
+    float m = -INFINITY;
+    for (int el = lo; el < hi; ++el) m = fmaxf(m, sown[h * Emax + el]);
+    float* dst = PM + (rank * HG + h) * ntiles + j;
+#pragma unroll
+    for (unsigned r = 0; r < kC; ++r) st_cluster(dst, r, m);
+  }
+  cluster_arrive();
+  cluster_wait();  // barrier A: every PM written
+  for (int x = tid; x < HG * ntiles; x += kThreads) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < kC; ++r) m = fmaxf(m, PM[r * HG * ntiles + x]);
+    TM[x] = m;
+  }
+  __syncthreads();
+  for (int x = tid; x < HG * ntiles; x += kThreads) {
+    const int h = x / ntiles, j = x - h * ntiles;
+    float mo = -INFINITY;
+    for (int i = 0; i < j; ++i) mo = fmaxf(mo, TM[h * ntiles + i]);
+    MO[x] = mo;
+    MN[x] = fmaxf(mo, TM[x]);
+  }
+  __syncthreads();
+  for (int x = tid; x < HG * nown; x += kThreads) {
+    const int h = x / nown, el = x - h * nown;
+    const int pos = vpos[e0 + el];
+    const float m_new = MN[h * ntiles + pos / kTile];
+    const float s = sown[h * Emax + el];
+    const float p = (m_new == -INFINITY || s == -INFINITY) ? 0.0f : exp_f(__fsub_rn(s, m_new));
+    float* dst = P + h * Kp + pos;
+#pragma unroll
+    for (unsigned r = 0; r < kC; ++r) st_cluster(dst, r, p);
+  }
+  cluster_arrive();
+  cluster_wait();  // barrier B: P complete in every CTA (no cluster access after this)
+
+  // ---- 4. tile sums, rescales, l ------------------------------------------------------------------------
+  for (int x = tid; x < HG * ntiles; x += kThreads) {
+    const int h = x / ntiles, j = x - h * ntiles;
+    const float m_new = MN[x];
+    if (m_new == -INFINITY) {  // the CPU skips the tile
+      RS[x] = 1.0f;
+      TS[x] = 0.0f;
+      continue;
+    }
+    const float4* p4 = reinterpret_cast<const float4*>(P + h * Kp + j * kTile);
+    float tsum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kTile / 4; ++c) {
+      const float4 v = p4[c];
+      tsum = __fadd_rn(tsum, v.x);
+      tsum = __fadd_rn(tsum, v.y);
+      tsum = __fadd_rn(tsum, v.z);
+      tsum = __fadd_rn(tsum, v.w);
+    }
+    TS[x] = tsum;
+    RS[x] = exp_f(__fsub_rn(MO[x], m_new));
+  }
+  if (helper && ntiles > 0) convert_tile(0);
+  __syncthreads();
+  if (tid < HG) {
+    const int h = tid;
+    float l = 0.0f;
+    for (int j = 0; j < ntiles; ++j)
+      if (MN[h * ntiles + j] != -INFINITY) l = __fadd_rn(__fmul_rn(l, RS[h * ntiles + j]), TS[h * ntiles + j]);
+    const float m = ntiles > 0 ? MN[h * ntiles + ntiles - 1] : -INFINITY;
+    MF[h] = m;
+    LF[h] = (h < nh && m != -INFINITY) ? __fadd_rn(l, exp_f(__fsub_rn(sink[h0 + h], m))) : 0.0f;
+  }
+
+  // ---- 5. P.V in FP64, tile by tile ---------------------------------------------------------------------
+  const int cl = tid % DC, hq = tid / DC;  // P.V threads: column c0 + cl, heads hq * HPT ..
+  const bool col_ok = !helper && cl < ncol4 * 4;
+  double acc[HPT];
+#pragma unroll
+  for (int u = 0; u < HPT; ++u) acc[u] = 0.0;
+  for (int j = 0; j < ntiles; ++j) {
+    if (helper) cp_async_wait<kNstv - 2>();
+    __syncthreads();  // tile j staged and converted; tile j - 1 consumed
+    if (helper) {
+      issue_tile(j + kNstv - 1);
+      if (j + 1 < ntiles) convert_tile(j + 1);
+    } else if (col_ok) {
+      const int nv = tstart[j + 1] - tstart[j];
+#pragma unroll
+      for (int u = 0; u < HPT; ++u)
+        acc[u] = __dmul_rn(acc[u], static_cast<double>(RS[(hq * HPT + u) * ntiles + j]));
+      const float* vs = region + (j % kNstv) * vstage + cl;
+      const double* pd = pvd + (j & 1) * kTile * HG + hq * HPT;
+#pragma unroll 2
+      for (int i = 0; i < nv; ++i) {
+        const double v = static_cast<double>(vs[i * DC]);
+#pragma unroll
+        for (int u = 0; u < HPT / 2; ++u) {
+          const double2 p2 = reinterpret_cast<const double2*>(pd + i * HG)[u];
+          acc[2 * u] = __fma_rn(p2.x, v, acc[2 * u]);
+          acc[2 * u + 1] = __fma_rn(p2.y, v, acc[2 * u + 1]);
+        }
+      }
+    }
+  }
+  if (ntiles == 0) __syncthreads();  // MF, LF
+
+  if (col_ok) {
+    const int d = c0 + cl;
+#pragma unroll
+    for (int u = 0; u < HPT; ++u) {
+      const int h = hq * HPT + u;
+      if (h >= nh) continue;
+      float* o = out + (t * H + h0 + h) * D + d;
+      if (MF[h] == -INFINITY) {
+        *o = 0.0f;
+        continue;
+      }
+      const float v = __fdiv_rn(__double2float_rn(acc[u]), LF[h]);
+      *o = round ? round_to_bf16(v) : v;
     }
   }
 }
@@ -233,6 +646,64 @@ void launch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& 
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
+template <int HG>
+int split_regs() {  // registers per thread of the split kernel (occupancy estimate)
+  static const int n = [] {
+    cudaFuncAttributes a{};
+    DI_CUDA_CHECK(cudaFuncGetAttributes(&a, sparse_attn_split_kernel<HG>));
+    return a.numRegs;
+  }();
+  return n;
+}
+
+// CTAs of the split kernel that fit on one SM (shared memory, registers, threads).
+int split_ctas_per_sm(int hg, size_t smem) {
+  static const int smem_sm = device_attribute_once(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  const int regs = hg == 4 ? split_regs<4>() : (hg == 8 ? split_regs<8>() : split_regs<16>());
+  const int by_regs = 65536 / (std::max(8, (regs + 7) / 8 * 8) * kThreads);
+  const int by_smem = static_cast<int>(static_cast<size_t>(smem_sm) / (smem + 1024));
+  return std::max(0, std::min({by_regs, by_smem, 2048 / kThreads}));
+}
+
+template <int HG>
+void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                  bool bf16_probs, bool round, Tensor& out, cudaStream_t stream, const SplitLayout& L) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_split_kernel<HG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       smem_optin()));
+    return true;
+  }();
+  (void)configured;
+  const size_t smem = static_cast<size_t>(L.words) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>((H + HG - 1) / HG * kC), static_cast<unsigned>(T));
+  sparse_attn_split_kernel<HG><<<grid, kThreads, smem, stream>>>(
+      q.data<float>(), kv.data<float>(), idx.data<int32_t>(), sink.data<float>(), out.data<float>(),
+      static_cast<int>(H), static_cast<int>(D), static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale,
+      bf16_probs, round, L);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+// The split kernel's heads per cluster for this shape (0: use the tiled kernel). Few query rows
+// (decode): the tiled kernel would run T * H / 4 CTAs on a GPU of sm_count() SMs, each walking its
+// tiles one after another. The split kernel is used while all its CTAs fit in one round on the GPU
+// at 16 heads per cluster, with the fewest heads per cluster whose CTAs all fit at once (on the H200
+// at H = 64, K = 640: T = 1 45.8 us against the tiled kernel's best 127 us, T = 4 102 against 131;
+// at T = 8 the tiled kernel wins, 137 against 160).
+int auto_split_hg(int64_t T, int64_t H, int64_t D, int64_t K) {
+  if (K < 1 || K > kSplitMaxK) return 0;
+  const int64_t sms = sm_count();
+  if (T * ((H + 15) / 16) * kC > sms) return 0;  // measured (bench_cuda_attention, H200): T <= 4 at H = 64
+  int fallback = 0;
+  for (int hg : {4, 8, 16}) {
+    const size_t smem = static_cast<size_t>(split_layout(static_cast<int>(K), static_cast<int>(D), hg).words) * 4;
+    if (smem > static_cast<size_t>(smem_optin())) continue;
+    fallback = hg;
+    if (T * ((H + hg - 1) / hg) * kC <= split_ctas_per_sm(hg, smem) * sms) return hg;
+  }
+  return fallback;
+}
+
 }  // namespace
 
 void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
@@ -254,13 +725,35 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
            "cuda::sparse_attention: too large: q {} kv {} idx {}", q.describe(), kv.describe(), idx.describe());
   DI_CHECK(reinterpret_cast<uintptr_t>(kv.raw()) % 16 == 0, "cuda::sparse_attention: kv rows must be 16-byte aligned");
   if (T == 0 || H == 0) return;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  int split_hg = heads_per_cta < 0 ? -heads_per_cta : 0;
+  if (heads_per_cta == 0) split_hg = auto_split_hg(T, H, D, idx.size(1));
+  if (split_hg != 0) {
+    const int64_t K = idx.size(1);
+    DI_CHECK(split_hg == 4 || split_hg == 8 || split_hg == 16,
+             "cuda::sparse_attention: heads per cluster must be 4, 8 or 16, got {}", split_hg);
+    DI_CHECK(K >= 1 && K <= kSplitMaxK, "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}",
+             kSplitMaxK, K);
+    const SplitLayout L = split_layout(static_cast<int>(K), static_cast<int>(D), split_hg);
+    DI_CHECK(static_cast<int64_t>(L.words) * 4 <= smem_optin(),
+             "cuda::sparse_attention: the split kernel needs {} bytes of shared memory for K {} D {} heads {}",
+             static_cast<int64_t>(L.words) * 4, K, D, split_hg);
+    if (split_hg == 4)
+      launch_split<4>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L);
+    else if (split_hg == 8)
+      launch_split<8>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L);
+    else
+      launch_split<16>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L);
+    return;
+  }
   int hg = heads_per_cta;
   if (hg == 0) {
-    // Enough CTAs to fill the GPU (132 SMs, one 512-wide CTA per SM) with the most heads per CTA.
-    const int64_t target = 132;
+    // Enough CTAs to fill the GPU (one 512-wide CTA per SM) with the most heads per CTA; the bar is the
+    // SM count rounded down to a multiple of 32 (128 on the H200: measured best at H = 64 is 4 heads
+    // for T = 8, 8 for T = 16, 16 from T = 32).
+    const int64_t target = sm_count() / 32 * 32;
     hg = T * ((H + 15) / 16) >= target ? 16 : (T * ((H + 7) / 8) >= target ? 8 : 4);
   }
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (hg == 16)
     launch<16>(q, kv, idx, sink, scale, bf16_probs, round, out, s);
   else if (hg == 8)

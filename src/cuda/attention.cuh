@@ -10,12 +10,23 @@
 // exp(sink - m)). exp is fp32(exp(double)), which equals glibc's expf except in rare ~0.5 ulp
 // cases, so results are bit for bit the CPU's almost always; the tests allow 1e-5 relative.
 //
-// Kernel shape: one CTA (256 threads) per (token, group of HG heads), HG in {4, 8, 16} picked from
-// the number of CTAs the launch gets (more heads per CTA = fewer re-reads of the gathered rows).
-// Each 64-entry tile's KV rows are gathered by idx into shared memory with 16-byte cp.async
-// (rows padded to D + 4 floats: conflict-free float4 reads), scores go through shared memory, one
-// warp per head does the softmax step, and every thread owns output columns d and d + 256 of all
-// HG heads (2 * HG FP64 accumulators in registers). Entries with idx -1 (or >= N) are skipped.
+// Two kernels, the same arithmetic (every value above goes through the same fp32 / fp64 operations in
+// the same order in both; only which thread computes it, and when, differs):
+// * Tiled (prefill-sized T): one CTA (256 threads) per (token, group of HG heads), HG in {4, 8, 16}
+//   picked from the number of CTAs the launch gets (more heads per CTA = fewer re-reads of the
+//   gathered rows). Each 64-entry tile's KV rows are gathered by idx into shared memory with 16-byte
+//   cp.async (rows padded to D + 4 floats: conflict-free float4 reads), scores go through shared
+//   memory, one warp per head does the softmax step, and every thread owns output columns d and
+//   d + 256 of all HG heads (2 * HG FP64 accumulators in registers; the tile's probabilities are
+//   converted to FP64 once, in shared memory).
+// * Split (decode: T * ceil(H / 16) * 8 <= 2 * SMs, K <= 2048): one cluster of 8 CTAs per (token,
+//   group of HG heads), HG the fewest of 4, 8, 16 whose CTAs fit on the GPU at once (T = 1, H = 64:
+//   4 heads, 128 CTAs). The scores of ALL tiles are computed first, the valid entries split over the
+//   8 CTAs (each score one thread's sequential dot, rows streamed through shared memory in 32-float
+//   chunks); the per-tile maxima and then the probabilities are exchanged through distributed shared
+//   memory (two cluster barriers); every CTA then redoes the tile sums / rescales / l for its heads
+//   and runs P.V tile by tile for its own D / 8 output columns (the rows' column slices come from L2).
+// Entries with idx < 0 or >= N are skipped (empty).
 // Requirements: D % 4 == 0, D <= 512; q [T, H, D], kv [N, D], idx [T, K] int32, sink [H] float32,
 // all contiguous on kCUDA.
 #pragma once
@@ -32,7 +43,8 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
                         bool bf16_probs, bool round);
 
 // As sparse_attention into a preallocated contiguous float32 [T, H, D] CUDA tensor on `stream`;
-// heads_per_cta 0 picks HG automatically (else 4, 8 or 16; for benchmarks).
+// heads_per_cta 0 picks the kernel and HG automatically; 4, 8 or 16 force the tiled kernel and -4, -8
+// or -16 the split kernel with that many heads per CTA / cluster (benchmarks, tests).
 void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                            bool bf16_probs, bool round, Tensor& out, CUstream_st* stream = nullptr,
                            int heads_per_cta = 0);

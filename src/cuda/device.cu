@@ -133,6 +133,46 @@ void init() {
 
 void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+namespace {
+struct EventPool {
+  std::mutex mu;
+  std::vector<cudaEvent_t> events;
+  size_t used = 0;
+};
+EventPool& event_pool() {
+  static EventPool p;
+  return p;
+}
+}  // namespace
+
+int op_event_record() {
+  EventPool& p = event_pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.used == p.events.size()) {
+    cudaEvent_t e;
+    DI_CUDA_CHECK(cudaEventCreate(&e));
+    p.events.push_back(e);
+  }
+  DI_CUDA_CHECK(cudaEventRecord(p.events[p.used], nullptr));
+  return static_cast<int>(p.used++);
+}
+
+double op_event_ms(int a, int b) {
+  EventPool& p = event_pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  DI_CHECK(a >= 0 && b >= 0 && static_cast<size_t>(std::max(a, b)) < p.used, "op_event_ms: unknown event");
+  DI_CUDA_CHECK(cudaEventSynchronize(p.events[b]));
+  float ms = 0.0f;
+  DI_CUDA_CHECK(cudaEventElapsedTime(&ms, p.events[a], p.events[b]));
+  return ms;
+}
+
+void op_events_reset() {
+  EventPool& p = event_pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.used = 0;
+}
+
 Tensor copy_to_device(const Tensor& t) {
   DI_CHECK(t.defined(), "copy_to_device: undefined tensor");
   init();

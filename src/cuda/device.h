@@ -24,6 +24,13 @@ Tensor copy_to_device(const Tensor& t);
 // A contiguous CPU copy of `t` (synchronous). A CPU tensor is cloned.
 Tensor copy_to_host(const Tensor& t);
 
+// DEEPINFER_OP_PROFILE=gpu: an event recorded on the stream every kernel runs on (no synchronisation),
+// from a pool that grows on demand; op_event_ms(a, b) waits for b and returns the GPU time between them.
+// op_events_reset() returns every event to the pool (after their times were read).
+int op_event_record();
+double op_event_ms(int a, int b);
+void op_events_reset();
+
 namespace detail {
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);
 }  // namespace detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,28 +31,78 @@ namespace deepinfer::ops {
 namespace {
 
 // DEEPINFER_OP_PROFILE=1: every op call synchronises its device before and after and adds the wall time
-// to a per-op total, printed at exit (what a decode step spends where; it slows the run down).
+// to a per-op total, printed at exit (what a decode step spends where; it slows the run down, and a
+// small op reads its launch latency and the host's work too).
+// DEEPINFER_OP_PROFILE=gpu: CUDA ops are bracketed by two events on the stream instead, without any
+// synchronisation, so the run keeps its pace and each row is the GPU time between the op's first and
+// last kernel (an op nested in another is counted in both). The times are read in batches.
 struct OpProfile {
   struct Row {
     double seconds = 0;
     int64_t calls = 0;
   };
+  struct Pending {
+    std::string label;
+    int e0, e1;
+  };
+  explicit OpProfile(bool gpu) : gpu_events(gpu) {}
+  const bool gpu_events;
   std::mutex mu;
   std::map<std::string, Row> rows;
+  std::vector<Pending> pending;  // gpu mode: event pairs not read yet
+  // Reads the pending event pairs into the rows (keep = false: drops them). Caller holds mu.
+  void drain(bool keep) {
+#if DEEPINFER_HAS_CUDA
+    if (keep)
+      for (const Pending& q : pending) {
+        Row& r = rows[q.label];
+        r.seconds += cuda::op_event_ms(q.e0, q.e1) * 1e-3;
+        ++r.calls;
+      }
+    if (!pending.empty()) cuda::op_events_reset();
+#else
+    (void)keep;
+#endif
+    pending.clear();
+  }
   ~OpProfile() {
+    try {
+      drain(true);
+    } catch (...) {
+    }
     if (rows.empty()) return;
     double total = 0;
     for (const auto& [name, r] : rows) total += r.seconds;
-    std::fprintf(stderr, "op profile (DEEPINFER_OP_PROFILE): %.3f s in ops\n%-28s %10s %12s %10s %7s\n", total, "op",
-                 "calls", "total ms", "us/call", "share");
+    std::fprintf(stderr, "op profile (DEEPINFER_OP_PROFILE=%s): %.3f s %s\n%-28s %10s %12s %10s %7s\n",
+                 gpu_events ? "gpu" : "1", total, gpu_events ? "of GPU time in ops" : "in ops", "op", "calls",
+                 "total ms", "us/call", "share");
     for (const auto& [name, r] : rows)
       std::fprintf(stderr, "%-28s %10lld %12.3f %10.2f %6.1f%%\n", name.c_str(), static_cast<long long>(r.calls),
                    r.seconds * 1e3, r.seconds * 1e6 / std::max<int64_t>(1, r.calls), 100.0 * r.seconds / total);
   }
 };
 
+OpProfile* op_profile();
+
+#if DEEPINFER_HAS_CUDA
+// gpu mode: the last event pairs are read at exit by an atexit handler, registered at the first CUDA op
+// (after the CUDA runtime registered its own teardown, so it runs before it).
+void drain_op_profile_at_exit() {
+  if (OpProfile* p = op_profile()) {
+    try {
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->drain(true);
+    } catch (...) {
+    }
+  }
+}
+#endif
+
 OpProfile* op_profile() {
-  static OpProfile* p = env_value("DEEPINFER_OP_PROFILE") == "1" ? new OpProfile() : nullptr;
+  static OpProfile* p = [] {
+    const std::string v = env_value("DEEPINFER_OP_PROFILE");
+    return v == "1" ? new OpProfile(false) : v == "gpu" ? new OpProfile(true) : nullptr;
+  }();
   static std::unique_ptr<OpProfile> owner(p);
   return p;
 }
@@ -62,18 +113,42 @@ class OpScope {
     if (!prof_) return;
     label_ = name;
     device_ = t.defined() ? t.device() : Device::kCPU;
+#if DEEPINFER_HAS_CUDA
+    if (prof_->gpu_events) {
+      if (device_ == Device::kCUDA) {
+        static const bool registered = std::atexit(drain_op_profile_at_exit) == 0;
+        (void)registered;
+        e0_ = cuda::op_event_record();
+      }
+      return;
+    }
+#endif
     synchronize(device_);
     t0_ = std::chrono::steady_clock::now();
   }
   ~OpScope() {
     if (!prof_) return;
+    const std::string label = label_ + (device_ == Device::kCUDA ? " (cuda)" : "");
+    if (prof_->gpu_events) {
+#if DEEPINFER_HAS_CUDA
+      if (e0_ < 0) return;  // a CPU op: not timed in this mode
+      try {
+        const int e1 = cuda::op_event_record();
+        std::lock_guard<std::mutex> lock(prof_->mu);
+        prof_->pending.push_back({label, e0_, e1});
+        if (prof_->pending.size() >= 4096) prof_->drain(true);
+      } catch (...) {
+      }
+#endif
+      return;
+    }
     try {
       synchronize(device_);
     } catch (...) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     std::lock_guard<std::mutex> lock(prof_->mu);
-    auto& r = prof_->rows[label_ + (device_ == Device::kCUDA ? " (cuda)" : "")];
+    auto& r = prof_->rows[label];
     r.seconds += dt;
     ++r.calls;
   }
@@ -91,6 +166,7 @@ class OpScope {
   std::string label_;
   OpProfile* prof_;
   Device device_ = Device::kCPU;
+  int e0_ = -1;
   std::chrono::steady_clock::time_point t0_;
 };
 
@@ -99,6 +175,7 @@ class OpScope {
 void reset_op_profile() {
   if (OpProfile* p = op_profile()) {
     std::lock_guard<std::mutex> lock(p->mu);
+    p->drain(false);
     p->rows.clear();
   }
 }

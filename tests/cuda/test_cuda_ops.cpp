@@ -634,11 +634,17 @@ std::string attention_close(const di::Tensor& want, const di::Tensor& got_dev, i
 }
 
 void test_sparse_attention() {
+  // Index lists: kRandom (attention_idx above), kDecode (as the model's decode rows: the window's
+  // empty slots -1 first, then its rows ascending, then the picks ascending, then -1; every fifth row
+  // full, every fifth + 4 empty), kOutOfRange (random ids in [-3, N + 30): the CPU op rejects ids >= N,
+  // so its reference gets them as -1, the CUDA op treats them as empty).
+  enum class Lists { kRandom, kDecode, kOutOfRange };
   struct Case {
     const char* what;
     int64_t T, H, D, N, K;
     bool holes, bf16_probs, round;
-    int hg;  // 0: automatic
+    int hg;  // 0: automatic; 4, 8, 16: the tiled kernel; -4, -8, -16: the split (cluster) kernel
+    Lists lists = Lists::kRandom;
   };
   const Case cases[] = {
       {"small ragged", 3, 5, 64, 300, 130, true, true, true, 0},
@@ -654,20 +660,95 @@ void test_sparse_attention() {
       {"HG 8", 8, 64, 512, 2000, 576, true, true, true, 8},
       {"HG 16", 8, 64, 512, 2000, 576, true, true, true, 16},
       {"H=7 HG 16 (partial group)", 4, 7, 128, 500, 200, true, true, false, 16},
+      // The split kernel (automatic for T * ceil(H / 16) * 8 <= 2 * SMs: T <= 8 at H = 64 on 132 SMs).
+      {"decode rows T=1 (split, 4 heads)", 1, 64, 512, 1152, 640, false, true, true, 0, Lists::kDecode},
+      {"decode rows T=1 fp32 (split)", 1, 64, 512, 1152, 640, false, false, false, 0, Lists::kDecode},
+      {"decode rows T=2 (split, 4 heads)", 2, 64, 512, 1152, 640, false, true, true, 0, Lists::kDecode},
+      {"decode rows T=3 (split, 8 heads)", 3, 64, 512, 2000, 640, false, true, true, 0, Lists::kDecode},
+      {"decode rows T=8 (split, 16 heads)", 8, 64, 512, 2000, 640, false, true, true, 0, Lists::kDecode},
+      {"decode rows T=8 fp32 (split)", 8, 64, 512, 2000, 640, false, false, false, 0, Lists::kDecode},
+      {"decode rows T=9 (tiled)", 9, 64, 512, 2000, 640, false, true, true, 0, Lists::kDecode},
+      {"decode rows T=8 tiled HG 4", 8, 64, 512, 2000, 640, false, true, true, 4, Lists::kDecode},
+      {"decode rows T=5 split 4 heads", 5, 64, 512, 2000, 640, false, true, false, -4, Lists::kDecode},
+      {"decode rows T=2 split 8 heads", 2, 64, 512, 2000, 640, false, true, true, -8, Lists::kDecode},
+      {"decode rows T=2 split 16 heads", 2, 64, 512, 2000, 640, false, false, true, -16, Lists::kDecode},
+      {"K=20 (one partial tile)", 1, 64, 512, 300, 20, true, true, true, 0},
+      {"K=20 split 16 heads", 2, 64, 512, 300, 20, true, false, false, -16},
+      {"K=1", 2, 16, 64, 10, 1, false, true, true, 0},
+      {"K=64 (one tile)", 1, 64, 512, 500, 64, true, true, true, 0},
+      {"K=128", 2, 64, 512, 500, 128, true, true, true, 0},
+      {"K=256 fp32", 1, 64, 512, 900, 256, true, false, false, 0},
+      {"K=1024 (16 tiles)", 1, 64, 512, 3000, 1024, true, true, true, 0},
+      {"K=2048 (the split kernel's longest list)", 1, 16, 128, 5000, 2048, true, true, true, 0},
+      {"K=2049 (tiled)", 1, 16, 128, 5000, 2049, true, true, true, 0},
+      {"H=7 split 4 heads (partial group)", 4, 7, 128, 500, 200, true, true, false, -4},
+      {"H=7 split 8 heads (partial group)", 4, 7, 128, 500, 200, true, true, false, -8},
+      {"H=7 split 16 heads (partial group)", 4, 7, 128, 500, 200, true, true, false, -16},
+      {"H=10 D=64 split", 3, 10, 64, 300, 130, true, false, false, -4},
+      {"D=100 split (partial chunk, uneven column slices)", 2, 6, 100, 400, 150, true, true, true, -4},
+      {"D=4 split (one CTA owns every column)", 2, 5, 4, 100, 70, true, false, false, -8},
+      {"empty rows and empty first tiles, split", 14, 16, 256, 1000, 300, true, true, true, -4},
+      {"out-of-range ids (N=50), split", 3, 8, 64, 50, 200, false, true, true, 0, Lists::kOutOfRange},
+      {"out-of-range ids (N=50), tiled", 3, 8, 64, 50, 200, false, true, true, 4, Lists::kOutOfRange},
+      {"T=16 split 16 heads (forced)", 16, 64, 512, 4000, 640, true, true, true, -16},
+  };
+  // Decode rows (see above): window rows are kv rows [0, W), picks come from [W, N).
+  auto decode_idx = [](int64_t T, int64_t K, int64_t N, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const int64_t W = std::min<int64_t>(128, K);
+    di::Tensor idx = di::Tensor::empty({T, K}, di::DType::kI32);
+    int32_t* p = idx.data<int32_t>();
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t nwin = 0, npick = 0;
+      if (t % 5 == 0) {
+        nwin = W;
+        npick = std::min(K - W, N - W);
+      } else if (t % 5 != 4) {
+        nwin = static_cast<int64_t>(rng() % static_cast<uint32_t>(W + 1));
+        npick = static_cast<int64_t>(rng() % static_cast<uint32_t>(std::min(K - W, N - W) + 1));
+      }
+      int32_t* row = p + t * K;
+      for (int64_t i = 0; i < K; ++i) row[i] = -1;
+      for (int64_t i = 0; i < nwin; ++i) row[W - nwin + i] = static_cast<int32_t>(W - nwin + i);
+      // npick of the N - W compressed rows, ascending (selection sampling).
+      int64_t need = npick, out = W;
+      for (int64_t c = 0; c < N - W && need > 0; ++c)
+        if (static_cast<int64_t>(rng() % static_cast<uint32_t>(N - W - c)) < need) {
+          row[out++] = static_cast<int32_t>(W + c);
+          --need;
+        }
+    }
+    return idx;
   };
   uint32_t seed = 25000;
   for (const Case& c : cases) {
-    char name[200];
-    std::snprintf(name, sizeof name, "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d",
-                  c.what, static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
-                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0);
+    char name[240];
+    std::snprintf(name, sizeof name,
+                  "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d hg=%d", c.what,
+                  static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
+                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0,
+                  c.hg);
     run_case(name, [&] {
       const di::Tensor q = normal_tensor({c.T, c.H, c.D}, 1.0f, seed++, true);
       const di::Tensor kv = normal_tensor({c.N, c.D}, 1.0f, seed++, true);
       const di::Tensor sink = normal_tensor({c.H}, 1.0f, seed++, false);
-      const di::Tensor idx = attention_idx(c.T, c.K, c.N, seed++, c.holes);
+      di::Tensor idx, idx_ref;
+      if (c.lists == Lists::kDecode) {
+        idx = idx_ref = decode_idx(c.T, c.K, c.N, seed++);
+      } else if (c.lists == Lists::kOutOfRange) {
+        std::mt19937 rng(seed++);
+        idx = di::Tensor::empty({c.T, c.K}, di::DType::kI32);
+        idx_ref = di::Tensor::empty({c.T, c.K}, di::DType::kI32);
+        for (int64_t i = 0; i < c.T * c.K; ++i) {
+          const int32_t j = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.N + 33)) - 3;
+          idx.data<int32_t>()[i] = j;
+          idx_ref.data<int32_t>()[i] = j < c.N ? j : -1;
+        }
+      } else {
+        idx = idx_ref = attention_idx(c.T, c.K, c.N, seed++, c.holes);
+      }
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-      const di::Tensor want = di::ops::sparse_attention(q, kv, idx, sink, scale, c.bf16_probs, c.round);
+      const di::Tensor want = di::ops::sparse_attention(q, kv, idx_ref, sink, scale, c.bf16_probs, c.round);
       di::Tensor got;
       if (c.hg == 0) {
         got = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round);
