@@ -4,10 +4,12 @@
 //   ./build/bench/bench_cuda_gemv            (GIT_SHA=$(git rev-parse --short HEAD) to print it)
 //
 // Rows: M = 1, 2, 4 on the V4.1 decode shapes (E4M3 with 32 x 32 tile scales and act_quant_block 32, FP4
-// experts with E8M0 per 32, the BF16 head [129280, 5120]) and the grouped mode (6 FP4 experts out of 384 per
-// token, w1 [2304, 5120] and w2 [5120, 2304]; M = tokens x 6 rows). GB/s counts the weight and scale bytes
-// a call must read (grouped: of the distinct experts the call touches), % is of the read ceiling measured in
-// the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
+// experts with E8M0 per 32, the BF16 head [129280, 5120]) and the grouped mode as the model calls it (6 FP4
+// experts out of 384 per token; w1 and w3 [2304, 5120] as 2 expert lists in one launch (GemvArgs::x_rows), M =
+// 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are timed with both FP4 kernels
+// (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant). GB/s counts the weight and
+// scale bytes a call must read (grouped: of the distinct experts the call touches, per list), % is of the read
+// ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -199,46 +201,60 @@ void run() {
       std::vector<di::cuda::GemvArgs> args;
       for (const auto& w : ws) args.push_back(args_of(s.fmt, w, xs, ys, o));
       DI_CHECK(di::cuda::gemv_supported(args[0]), "gemv does not support {}", s.name);
-      const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
       const double ms_old =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
-      const double gbs = wbytes / ms / 1e6, gbs_old = wbytes / ms_old / 1e6;
-      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n", s.name,
-                  static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
-                  ms * 1e3, gbs, 100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old, 100.0 * gbs_old / read_gbs,
-                  ms_old / ms);
-      std::fflush(stdout);
+      const double gbs_old = wbytes / ms_old / 1e6;
+      // FP4: one row per FP4 kernel (new first); the other formats: one row.
+      for (const int variant : s.fmt == kFp4 ? std::vector<int>{2, 1} : std::vector<int>{0}) {
+        di::cuda::gemv_set_fp4_variant(variant);
+        const double ms =
+            time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
+        const double gbs = wbytes / ms / 1e6;
+        std::printf("| %s [%lld, %lld] | %s%s | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n", s.name,
+                    static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt),
+                    variant == 2 ? " new" : variant == 1 ? " old" : "", static_cast<long long>(M), ms * 1e3, gbs,
+                    100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms_old / ms);
+        std::fflush(stdout);
+      }
+      di::cuda::gemv_set_fp4_variant(0);
     }
   }
 
-  // ---- grouped FP4 experts: one launch per matrix, row m = (token, k) against its expert ------------------
+  // ---- grouped FP4 experts, as the model calls them: w1 + w3 as 2 lists in one launch, w2 as 1 list ---------
   constexpr int kExperts = 384, kTopK = 6;
   constexpr int64_t kDim = 5120, kInter = 2304;
-  std::printf("\n## Grouped FP4 experts (top-%d of %d, uniform routing, fixed seed; one gemv launch per matrix)\n\n",
-              kTopK, kExperts);
   std::printf(
-      "| matrix | tokens | rows | distinct experts / call | gemv us | weight MB / call | GB/s | %% of read |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+      "\n## Grouped FP4 experts (top-%d of %d, uniform routing, fixed seed; one gemv launch per call; w1 + w3: 2 "
+      "expert lists over the same x rows)\n\n",
+      kTopK, kExperts);
+  std::printf(
+      "| call | tokens | rows | distinct experts / list | weight MB / call | old us | GB/s | %% of read | new us | "
+      "GB/s | %% of read | speedup |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
-  std::vector<di::ops::QWeight> w1(kExperts), w2(kExperts);
+  std::vector<di::ops::QWeight> w1(kExperts), w3(kExperts), w2(kExperts);
   for (int e = 0; e < kExperts; ++e) {
     w1[static_cast<size_t>(e)] = make_weight(kFp4, kInter, kDim);
+    w3[static_cast<size_t>(e)] = make_weight(kFp4, kInter, kDim);
     w2[static_cast<size_t>(e)] = make_weight(kFp4, kDim, kInter);
   }
   CK(cudaDeviceSynchronize());
-  auto table = [&](const std::vector<di::ops::QWeight>& ws, bool scales) {
-    std::vector<const void*> h(kExperts);
-    for (int e = 0; e < kExperts; ++e)
-      h[static_cast<size_t>(e)] = scales ? ws[static_cast<size_t>(e)].scale.raw() : ws[static_cast<size_t>(e)].w.raw();
+  // The device table of a call: the weights of list 0's experts, then list 1's, ... (scales likewise).
+  std::vector<void*> tables;
+  auto table = [&](const std::vector<const std::vector<di::ops::QWeight>*>& lists, bool scales) {
+    std::vector<const void*> h;
+    for (const auto* l : lists)
+      for (const auto& w : *l) h.push_back(scales ? w.scale.raw() : w.w.raw());
     void* d = nullptr;
     CK(cudaMalloc(&d, h.size() * sizeof(void*)));
     CK(cudaMemcpy(d, h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    tables.push_back(d);
     return static_cast<const uint8_t* const*>(d);
   };
-  const uint8_t* const* w1t = table(w1, false);
-  const uint8_t* const* w1s = table(w1, true);
-  const uint8_t* const* w2t = table(w2, false);
-  const uint8_t* const* w2s = table(w2, true);
+  const uint8_t* const* w13t = table({&w1, &w3}, false);
+  const uint8_t* const* w13s = table({&w1, &w3}, true);
+  const uint8_t* const* w2t = table({&w2}, false);
+  const uint8_t* const* w2s = table({&w2}, true);
   for (const int tokens : {1, 4}) {
     const int rows = tokens * kTopK;
     // Steps of fresh routing: each call of the graph uses the next step's ids (distinct experts per token).
@@ -267,35 +283,44 @@ void run() {
     CK(cudaMalloc(&ids_d, ids.size() * sizeof(int32_t)));
     CK(cudaMemcpy(ids_d, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     for (const bool second : {false, true}) {
+      const int lists = second ? 1 : 2;
       const int64_t N = second ? kDim : kInter, K = second ? kInter : kDim;
       const di::Tensor x = dev_act({rows, K});
-      di::Tensor y = di::Tensor::empty({rows, N}, di::DType::kF32, di::Device::kCUDA);
+      di::Tensor y = di::Tensor::empty({lists * rows, N}, di::DType::kF32, di::Device::kCUDA);
       di::ops::LinearOpts o;
       o.act_quant_block = 32;
       o.round_out_bf16 = true;
       di::cuda::GemvArgs a = args_of(kFp4, second ? w2[0] : w1[0], x, y, o);
       a.w = nullptr;
       a.scale = nullptr;
-      a.w_table = second ? w2t : w1t;
-      a.s_table = second ? w2s : w1s;
+      a.M = lists * rows;
+      a.w_table = second ? w2t : w13t;
+      a.s_table = second ? w2s : w13s;
       a.row_expert = ids_d;
+      a.x_rows = rows;
+      a.n_experts = kExperts;
       DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
-      const double ms = time_calls(st, kRoutings, [&](int i) {
-        di::cuda::GemvArgs ai = a;
-        ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
-        di::cuda::gemv_into(ai, st);
-      });
-      const double bytes = distinct * qbytes(second ? w2[0] : w1[0]), gbs = bytes / ms / 1e6;
-      std::printf("| %s [%lld, %lld] | %d | %d | %.1f | %.2f | %.1f | %.0f | %.0f%% |\n", second ? "w2" : "w1/w3",
-                  static_cast<long long>(N), static_cast<long long>(K), tokens, rows, distinct, ms * 1e3, bytes / 1e6,
-                  gbs, 100.0 * gbs / read_gbs);
+      double ms[3] = {0.0, 0.0, 0.0};
+      for (const int variant : {1, 2}) {
+        di::cuda::gemv_set_fp4_variant(variant);
+        ms[variant] = time_calls(st, kRoutings, [&](int i) {
+          di::cuda::GemvArgs ai = a;
+          ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
+          di::cuda::gemv_into(ai, st);
+        });
+      }
+      di::cuda::gemv_set_fp4_variant(0);
+      const double bytes = lists * distinct * qbytes(second ? w2[0] : w1[0]);
+      const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6;
+      std::printf("| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n",
+                  second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens,
+                  lists * rows, distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3,
+                  gbs_new, 100.0 * gbs_new / read_gbs, ms[1] / ms[2]);
       std::fflush(stdout);
     }
     CK(cudaFree(ids_d));
   }
-  for (const void* p : {static_cast<const void*>(w1t), static_cast<const void*>(w1s), static_cast<const void*>(w2t),
-                        static_cast<const void*>(w2s)})
-    CK(cudaFree(const_cast<void*>(p)));
+  for (void* p : tables) CK(cudaFree(p));
   CK(cudaStreamDestroy(st));
 }
 

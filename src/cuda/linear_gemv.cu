@@ -1,5 +1,6 @@
 // Decode GEMV kernels (E4M3 / FP4 / BF16 weights, M <= 4 rows of x or grouped rows), bit-exact with the
-// CPU op. The contract, the replayed summation order and the kernel shapes are in linear_gemv.cuh.
+// CPU op. The contract, the replayed summation order and the kernel shapes are in linear_gemv.cuh. FP4 has
+// two kernels, chain_gemv (old) and fp4_pair_gemv (new, the default): fp4_variant below.
 //
 // Common to all kernels:
 //  * Persistent blocks: block b serves the x-row group mt = b % mtiles (MT rows of x; grouped mode: one
@@ -16,10 +17,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -623,6 +627,328 @@ __global__ void __launch_bounds__(256) chain_gemv(Params p) {
   }
 }
 
+// ---- FP4, pair kernel (the default FP4 variant; chain_gemv above is the previous one) ------------------------
+// Thread mapping. Lane = 2 r + h: pair r is a weight row (warp w owns rows 16 w + r of each step of 16 x warps
+// rows), h its half. Lane h loads chunks 2t + h (t = 0, 1, ...: 16 bytes each, so that a warp's load reads 16
+// rows x 32 contiguous bytes, whole sectors) and two shuffles per 32 bytes swap halves: lane h then holds bytes
+// 8h .. 8h+7 of every chunk. Byte q = 8h + l (l = 0..7) of a chunk feeds chain (h, l) (low nibble, x column
+// 2q) and chain (2 + h, l) (high nibble, column 2q + 1): the lane owns these 16 chains for the whole row, and
+// nothing else crosses lanes before the row's end (no shared-memory transpose, no __syncwarp). x columns
+// 32c + 16h .. +15 of chunk c are 4 float4 broadcasts from shared memory per x row.
+// Weight values (each equal to fp4_weight(e2m1_top(nibble), e) bit for bit):
+//  * fast path: e in [104, 127] for the 4 chunks of a ring slot (every checkpoint scale): a 32-bit word (8
+//    nibbles) becomes four fp16x2 words with 11 integer ops (fp4_half_patterns): nibble S E E M becomes the
+//    fp16 S.000EE.M000000000 = e2m1 * 2^-14 exactly (subnormal for 0.5); one mul.f16x2 by 2^(e-113) (a normal
+//    fp16) per two nibbles gives e2m1 * 2^(e-127), a multiple of 2^(e-128) >= 2^-24 with at most 2 significant
+//    bits and below 2^16, so exact in fp16 (subnormals are kept: no .ftz); cvt.f32.f16 is exact. Per 8 nibbles
+//    and x row: 31 instructions (11 integer, 4 mul.f16x2, 8 cvt, 8 FFMA) instead of 39 with e2m1_top + FMUL.
+//  * otherwise, per chunk: the same for e in [104, 128], chain_gemv's exact fp32 decode for any other code (255
+//    = NaN included).
+// Every chain is updated chunk after chunk in K order with v = fma(w, x, v), as the CPU. The loads run through
+// a register ring of kSlots slots (per lane: 2 x 16 bytes and the slot's 4 scale codes), refilled as it is
+// consumed and running on across the rows of the warp (no drain per row); warps do not synchronise after the x
+// prologue. Row end: lane h forms s[l] for l = 4h .. 4h+3 (one shuffle pair per l), tot[l] = fma(s, 1, 0), and
+// one more shuffle per l gives lane 0 the CPU's hsum.
+// kEven (the model's shapes): K % 128 == 0 and 4-byte aligned scale rows, so that a slot's chunks all exist and
+// its 4 codes are one aligned word; the pointers then simply advance. Otherwise chunk and code loads are checked.
+
+// The fp16 patterns of one weight word W (bytes b0..b3): lo[0] = {low nibble of b0, of b1} (halves 0, 1),
+// lo[1] = {b2, b3}, hi[0] / hi[1] the high nibbles likewise; each half is e2m1 * 2^-14 exactly. Per byte the
+// nibble is first moved to the top of its byte with the byte's low half cleared; then S (bit 7) stays and
+// E E M (bits 6..4) is copied to bits 3..1 by one shift (bits 3..1 of the unshifted byte are zero, and the
+// shifted copy puts nothing into bit 7); the PRMTs place two such bytes in the high bytes of two halves whose
+// low bytes are zero.
+__device__ __forceinline__ void fp4_half_patterns(uint32_t W, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+  const uint32_t H = W & 0xF0F0F0F0u;         // the high nibbles
+  const uint32_t L = (W << 4) & 0xF0F0F0F0u;  // the low nibbles
+  uint32_t gh, gl;  // (X | X >> 3) & 0x8E8E8E8E as one LOP3 each (immLut 0xA8 = (a | b) & c)
+  asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gh) : "r"(H), "r"(H >> 3), "r"(0x8E8E8E8Eu));
+  asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gl) : "r"(L), "r"(L >> 3), "r"(0x8E8E8E8Eu));
+  lo[0] = prmt(gl, 0u, 0x1404u);  // bytes [0, gl.b0, 0, gl.b1]
+  lo[1] = prmt(gl, 0u, 0x3424u);  // bytes [0, gl.b2, 0, gl.b3]
+  hi[0] = prmt(gh, 0u, 0x1404u);
+  hi[1] = prmt(gh, 0u, 0x3424u);
+}
+
+// Two fp16 products (exact here) and their fp32 values.
+__device__ __forceinline__ void fp16x2_scaled(uint32_t pat, uint32_t sc, float& w0, float& w1) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(pat), "r"(sc));
+  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\tcvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
+      : "=f"(w0), "=f"(w1)
+      : "r"(d));
+}
+
+// The 16 weights of a lane's half chunk on the fast path: words A = bytes 8h .. 8h+3, B = bytes 8h+4 .. 8h+7,
+// sc = 2^(e-113) in both fp16 halves; w[l] / w[8 + l] = the low / high nibble of byte 8h + l.
+__device__ __forceinline__ void fp4_fast_weights(uint32_t A, uint32_t B, uint32_t sc, float (&w)[16]) {
+  const uint32_t words[2] = {A, B};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    uint32_t lo[2], hi[2];
+    fp4_half_patterns(words[j], lo, hi);
+    fp16x2_scaled(lo[0], sc, w[4 * j + 0], w[4 * j + 1]);
+    fp16x2_scaled(lo[1], sc, w[4 * j + 2], w[4 * j + 3]);
+    fp16x2_scaled(hi[0], sc, w[8 + 4 * j + 0], w[8 + 4 * j + 1]);
+    fp16x2_scaled(hi[1], sc, w[8 + 4 * j + 2], w[8 + 4 * j + 3]);
+  }
+}
+
+// The same for any scale code e: the fast path for e in [104, 128], else fp4_weight's exact fp32 decode.
+__device__ __forceinline__ void fp4_any_weights(uint32_t A, uint32_t B, uint32_t e, float (&w)[16]) {
+  if (e - 104u <= 24u) {
+    fp4_fast_weights(A, B, (e - 98u) * 0x04000400u, w);  // exponent field e - 98 in [6, 30]
+  } else {
+    const uint32_t words[2] = {A, B};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[4 * j + i] = fp4_weight(e2m1_top(words[j] << (28 - 8 * i)), e);
+        w[8 + 4 * j + i] = fp4_weight(e2m1_top(words[j] << (24 - 8 * i)), e);
+      }
+  }
+}
+
+// A lane's half chunk into its chains: acc[m][l] += w[l] x[2l], acc[m][8 + l] += w[8 + l] x[2l + 1], with
+// x = xp + m K (columns 16h .. 16h+15 of the chunk).
+template <int MT>
+__device__ __forceinline__ void fp4_pair_fma(const float (&w)[16], const float* xp, int K, float (&acc)[MT][16]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float xv[16];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 v = *reinterpret_cast<const float4*>(xp + m * K + 4 * j);
+      xv[4 * j] = v.x, xv[4 * j + 1] = v.y, xv[4 * j + 2] = v.z, xv[4 * j + 3] = v.w;
+    }
+#pragma unroll
+    for (int l = 0; l < 8; ++l) {
+      acc[m][l] = __fmaf_rn(w[l], xv[2 * l], acc[m][l]);
+      acc[m][8 + l] = __fmaf_rn(w[8 + l], xv[2 * l + 1], acc[m][8 + l]);
+    }
+  }
+}
+
+// True iff every byte of the 4 codes e4 is in [104, 127]: per byte, (b & 0x7f) + 24 stays in its byte and has
+// bit 7 set iff b & 0x7f >= 104; bit 7 of b itself must be clear.
+__device__ __forceinline__ bool fp4_fast4(uint32_t e4) {
+  return (((e4 & 0x7f7f7f7fu) + 0x18181818u) & ~e4 & 0x80808080u) == 0x80808080u;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__host__ __device__ inline int64_t pair_smem_bytes(int MT, int K, int ng) {
+  return 4 * (static_cast<int64_t>(MT) * K + 2 * ((MT * ng + 3) & ~3));
+}
+
+// Ring slots (2 steps = 4 chunks each, 128 bytes per lane in flight with 4) and register caps: 4 (MT <= 2) or
+// 3 blocks of 128 threads per SM.
+__host__ __device__ constexpr int pair_slots(int MT) { return MT <= 2 ? 4 : 2; }
+constexpr int pair_max_regs(int MT) { return MT <= 2 ? 128 : 168; }
+
+template <int MT, bool kEven>
+__global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_gemv(Params p) {
+  constexpr int kSlots = pair_slots(MT);
+  extern __shared__ __align__(16) float smem_f[];
+  pdl_launch_dependents();
+  const int K = p.K, N = p.N, nch = K / 32, nsu = (nch + 3) / 4;  // slots (4 chunks) per row
+  float* xs = smem_f;                                               // [MT][K]
+  uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * K);        // [MT][ng]: amax, then scale
+  float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));  // [MT][ng]: 1 / scale
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int h = lane & 1;
+  const int row_in_step = warp * 16 + (lane >> 1);
+  const Work wk = block_work<MT>(p);
+  const uint8_t* W = p.w;
+  const uint8_t* SC = p.sc;
+
+  // Producer: the next (weight step, slot) this lane loads: chunks 4 su + h and 4 su + 2 + h, codes 4 su .. +3.
+  int ld_step = wk.first, ld_su = 0;
+  bool ld_live = ld_step < p.steps;
+  const uint8_t* ld_row = nullptr;   // kEven: at the slot; else at the row (+ 16 h)
+  const uint8_t* ld_srow = nullptr;  // likewise for the codes
+  auto ld_rows = [&]() {
+    const int64_t n = min(ld_step * p.rows + row_in_step, N - 1);
+    ld_row = W + n * p.ldw + 16 * h;
+    ld_srow = SC + n * p.lds;
+  };
+  auto load_next = [&](uint4& w0, uint4& w1, uint32_t& e4) {
+    if (!ld_live) return;  // past the warp's last row: the slot is never consumed
+    if constexpr (kEven) {
+      w0 = ldg_stream(ld_row);
+      w1 = ldg_stream(ld_row + 32);
+      e4 = __ldg(reinterpret_cast<const unsigned int*>(ld_srow));
+      ld_row += 64;
+      ld_srow += 4;
+    } else {
+      const int c = 4 * ld_su;
+      w0 = c + h < nch ? ldg_stream(ld_row + 32 * c / 2) : make_uint4(0u, 0u, 0u, 0u);
+      w1 = c + 2 + h < nch ? ldg_stream(ld_row + 32 * c / 2 + 32) : make_uint4(0u, 0u, 0u, 0u);
+      e4 = 0u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (c + j < nch) e4 |= static_cast<uint32_t>(__ldg(ld_srow + c + j)) << (8 * j);
+    }
+    if (++ld_su == nsu) {
+      ld_su = 0;
+      ld_step += wk.stride;
+      ld_live = ld_step < p.steps;
+      if (ld_live) ld_rows();
+    }
+  };
+  uint4 wb0[kSlots], wb1[kSlots];
+  uint32_t eb[kSlots];
+  auto prime = [&]() {
+    if (ld_live) ld_rows();
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) load_next(wb0[u], wb1[u], eb[u]);
+  };
+
+  const bool grouped = p.row_expert != nullptr;
+  if (!grouped) prime();
+  for (int i = static_cast<int>(threadIdx.x); i < MT * p.ng; i += static_cast<int>(blockDim.x)) gmax[i] = 0u;
+  pdl_wait();
+  // x rows [m0, m0 + mrows) into xs (zeros beyond): 16-byte cp.async, all in flight at once (grouped: while
+  // the expert's pointers are read).
+  const int k4 = K / 4;
+  for (int i = static_cast<int>(threadIdx.x); i < MT * k4; i += static_cast<int>(blockDim.x)) {
+    const int m = i / k4, c = i - m * k4;
+    float4* dst = reinterpret_cast<float4*>(xs) + i;
+    if (m < wk.mrows)
+      cp_async16(dst, p.x + x_row(p, wk.m0 + m) * p.ldx + 4 * c);
+    else
+      *dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if (grouped) {
+    expert_of(p, wk.mt, W, SC);
+    prime();
+  }
+  cp_async_wait_all();
+  __syncthreads();  // raw x complete, gmax zeroed
+  if (p.A > 0) {    // the quantisation of chain_gemv (x_scales, act_quant), in place
+    for (int i = static_cast<int>(threadIdx.x); i < wk.mrows * k4; i += static_cast<int>(blockDim.x)) {
+      const int m = i / k4, c = i - m * k4;
+      group_max(gmax + m * p.ng, 4 * c, reinterpret_cast<const float4*>(xs)[i], p.A);
+    }
+    __syncthreads();  // group amax complete
+    x_scales<MT>(p, gmax, ginv);
+    __syncthreads();  // group scales complete
+    for (int i = static_cast<int>(threadIdx.x); i < wk.mrows * k4; i += static_cast<int>(blockDim.x)) {
+      const int m = i / k4, k = 4 * (i - m * k4);
+      const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
+      const float* gi = ginv + m * p.ng;
+      float4 v = reinterpret_cast<const float4*>(xs)[i];
+      int g[4];
+      if (p.A % 4 == 0) {
+        g[0] = g[1] = g[2] = g[3] = k / p.A;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) g[e] = (k + e) / p.A;
+      }
+      v.x = act_quant(v.x, gs[g[0]], gi[g[0]]);
+      v.y = act_quant(v.y, gs[g[1]], gi[g[1]]);
+      v.z = act_quant(v.z, gs[g[2]], gi[g[2]]);
+      v.w = act_quant(v.w, gs[g[3]], gi[g[3]]);
+      reinterpret_cast<float4*>(xs)[i] = v;
+    }
+    __syncthreads();  // quantised x complete
+  }
+
+  // Consumer: the same sequence of (weight step, slot), kSlots behind the producer.
+  float acc[MT][16];  // [l]: chain (h, l); [8 + l]: chain (2 + h, l)
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int l = 0; l < 16; ++l) acc[m][l] = 0.0f;
+  int step = wk.first, su = 0;
+
+  // End of a row: lane h forms l = 4h + i: s = ((v0 + v1) + v2) + v3 from its own chains (h, l), (2 + h, l) and
+  // the partner's; tot = fma(s, 1, 0); lane 0 then adds tot[i] + tot[4 + i] and forms the CPU's hsum.
+  auto finish_row = [&]() {
+    const int n = step * p.rows + row_in_step;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      float u[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float own_lo = h ? acc[m][4 + i] : acc[m][i], own_hi = h ? acc[m][12 + i] : acc[m][8 + i];
+        const float snd_lo = h ? acc[m][i] : acc[m][4 + i], snd_hi = h ? acc[m][8 + i] : acc[m][12 + i];
+        const float rcv_lo = __shfl_xor_sync(0xffffffffu, snd_lo, 1);
+        const float rcv_hi = __shfl_xor_sync(0xffffffffu, snd_hi, 1);
+        // Chains (0, l) and (1, l) are own_lo and rcv_lo in some order (a + b == b + a), then (2, l), (3, l).
+        const float v2 = h ? rcv_hi : own_hi, v3 = h ? own_hi : rcv_hi;
+        const float sl = __fadd_rn(__fadd_rn(__fadd_rn(own_lo, rcv_lo), v2), v3);
+        const float tot = __fmaf_rn(sl, 1.0f, 0.0f);
+        u[i] = __fadd_rn(tot, __shfl_xor_sync(0xffffffffu, tot, 1));  // lane 0: tot[i] + tot[4 + i]
+      }
+      const float out = __fadd_rn(__fadd_rn(__fadd_rn(u[0], u[2]), __fadd_rn(u[1], u[3])), 0.0f);
+      if (h == 0 && n < N && m < wk.mrows)
+        p.y[static_cast<int64_t>(wk.m0 + m) * N + n] = p.round ? round_to_bf16(out) : out;
+    }
+  };
+
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      if (step >= p.steps) return;  // uniform over the warp
+      const uint4 q0 = wb0[u], q1 = wb1[u];
+      const uint32_t e4 = eb[u];
+      // Lane 0 loaded chunks 4 su and 4 su + 2, lane 1 chunks 4 su + 1 and 4 su + 3; each sends the halves the
+      // other owns. c[j][0..1] = bytes 8h .. 8h+7 of chunk 4 su + j. (Before the slot is refilled, so that the
+      // new loads need no copy of the old registers.)
+      uint32_t c[4][2];
+      {
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q0.x : q0.z, 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q0.y : q0.w, 1);
+        const uint32_t r2 = __shfl_xor_sync(0xffffffffu, h ? q1.x : q1.z, 1);
+        const uint32_t r3 = __shfl_xor_sync(0xffffffffu, h ? q1.y : q1.w, 1);
+        c[0][0] = h ? r0 : q0.x, c[0][1] = h ? r1 : q0.y;
+        c[1][0] = h ? q0.z : r0, c[1][1] = h ? q0.w : r1;
+        c[2][0] = h ? r2 : q1.x, c[2][1] = h ? r3 : q1.y;
+        c[3][0] = h ? q1.z : r2, c[3][1] = h ? q1.w : r3;
+      }
+      load_next(wb0[u], wb1[u], eb[u]);
+      const float* xp = xs + 128 * su + 16 * h;
+      if (kEven && fp4_fast4(e4)) {
+        // 2^(e_j - 113) in both halves of sc[j]: byte j of d = 4 (e_j - 98) < 128 moved to bytes 1 and 3.
+        const uint32_t d = (e4 - 0x62626262u) << 2;
+        const uint32_t sc[4] = {prmt(d, 0u, 0x0404u), prmt(d, 0u, 0x1414u), prmt(d, 0u, 0x2424u),
+                                prmt(d, 0u, 0x3434u)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float w[16];
+          fp4_fast_weights(c[j][0], c[j][1], sc[j], w);
+          fp4_pair_fma<MT>(w, xp + 32 * j, K, acc);
+        }
+      } else {
+#pragma unroll 1
+        for (int j = 0; j < 4; ++j) {
+          if (!kEven && 4 * su + j >= nch) break;  // uniform
+          const uint32_t A = j == 0 ? c[0][0] : j == 1 ? c[1][0] : j == 2 ? c[2][0] : c[3][0];
+          const uint32_t B = j == 0 ? c[0][1] : j == 1 ? c[1][1] : j == 2 ? c[2][1] : c[3][1];
+          float w[16];
+          fp4_any_weights(A, B, (e4 >> (8 * j)) & 0xffu, w);
+          fp4_pair_fma<MT>(w, xp + 32 * j, K, acc);
+        }
+      }
+      if (++su == nsu) {
+        finish_row();
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int l = 0; l < 16; ++l) acc[m][l] = 0.0f;
+        su = 0;
+        step += wk.stride;
+      }
+    }
+  }
+}
+
 // ---- host side -----------------------------------------------------------------------------------------------
 constexpr int64_t kSmemBudget = 96 << 10;  // per block: keeps 2+ blocks per SM
 
@@ -720,7 +1046,56 @@ void launch_chain(Params p, int fmt, cudaStream_t stream) {
   launch(kernel, p, 32 * warps, smem, stream);
 }
 
+// FP4 pair kernel. Warps per block W in {4, 2, 1} (16 W rows per step): the one that puts the fewest rows on the
+// busiest SM (blocks spread evenly over the SMs, each doing ceil(steps per x-row group / its blocks) steps), the
+// larger W on ties. MT as launch_chain.
+void launch_fp4_pair(Params p, cudaStream_t stream) {
+  const bool grouped = p.row_expert != nullptr;
+  int MT = grouped ? 1 : p.M;
+  while (MT > 1 && pair_smem_bytes(MT, p.K, p.ng) > kSmemBudget) --MT;
+  p.mtiles = (p.M + MT - 1) / MT;
+  // kEven: K % 128 == 0 and 4-byte aligned scale rows (fp4_pair_gemv).
+  const bool even = p.K % 128 == 0 && reinterpret_cast<uintptr_t>(p.sc) % 4 == 0 && p.lds % 4 == 0;
+  void (*kernel)(Params) = nullptr;
+  if (even)
+    kernel = MT == 1   ? fp4_pair_gemv<1, true>
+             : MT == 2 ? fp4_pair_gemv<2, true>
+             : MT == 3 ? fp4_pair_gemv<3, true>
+                       : fp4_pair_gemv<4, true>;
+  else
+    kernel = MT == 1   ? fp4_pair_gemv<1, false>
+             : MT == 2 ? fp4_pair_gemv<2, false>
+             : MT == 3 ? fp4_pair_gemv<3, false>
+                       : fp4_pair_gemv<4, false>;
+  const int64_t smem = pair_smem_bytes(MT, p.K, p.ng);
+  const int64_t sms = sm_count();
+  int best_w = 4;
+  int64_t best_cost = -1;
+  for (const int w : {4, 2, 1}) {
+    const int64_t steps = (p.N + 16 * w - 1) / (16 * w);
+    const int64_t work = steps * p.mtiles;
+    const int64_t resident = static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * w, smem)) * sms;
+    const int64_t grid = std::max<int64_t>(p.mtiles, std::min(work, resident) / p.mtiles * p.mtiles);
+    const int64_t per_block = (steps + grid / p.mtiles - 1) / (grid / p.mtiles);
+    const int64_t cost = (grid + sms - 1) / sms * per_block * w;
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_w = w;
+  }
+  p.rows = 16 * best_w;
+  p.steps = (p.N + p.rows - 1) / p.rows;
+  launch(kernel, p, 32 * best_w, smem, stream);
+}
+
+// The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv (the default; gemv_set_fp4_variant).
+std::atomic<int> g_fp4_variant{2};
+
+int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
+
 }  // namespace
+
+int gemv_set_fp4_variant(int v) {
+  DI_CHECK(v >= 0 && v <= 2, "gemv_set_fp4_variant: {} is not 0, 1 or 2", v);
+  return g_fp4_variant.exchange(v == 0 ? 2 : v, std::memory_order_relaxed);
+}
 
 bool gemv_supported(const GemvArgs& a) {
   if (a.M < 0 || a.N < 0) return false;
@@ -777,6 +1152,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   p.round = a.round;
   if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
+  else if (a.fmt == kFp4 && fp4_variant() == 2)
+    launch_fp4_pair(p, stream);
   else
     launch_chain(p, a.fmt, stream);
 }

@@ -23,10 +23,17 @@
 //    rows of its block with its window of x in registers; the tile sums s[l] go to shared memory and
 //    8 threads per (row, x row) fold them in tile order. Up to 4/(B/32) rows per step, the next step's
 //    rows in flight while the current one is computed and folded.
-//  * BF16 / FP4: the chains are sequential over K, so 4 lanes own a row's 32 chains (BF16: lane j the
-//    chains (j, 0..7); FP4: lane t the bytes 4t..4t+3 of every chunk) and walk the whole row in 64-byte
-//    steps with 8 steps in flight; x lives in shared memory (quantised once per block) and is read as
-//    warp-wide broadcasts; a block of 4 or 8 warps owns 32 or 64 rows at a time.
+//  * BF16 (and FP4, old kernel): the chains are sequential over K, so 4 lanes own a row's 32 chains (BF16:
+//    lane j the chains (j, 0..7); FP4: lane t the bytes 4t..4t+3 of every chunk, after a per-warp
+//    shared-memory transpose) and walk the whole row in 64-byte steps with 8 steps in flight; x lives in
+//    shared memory (quantised once per block) and is read as warp-wide broadcasts; a block of 4 or 8 warps
+//    owns 32 or 64 rows at a time.
+//  * FP4 (default kernel, fp4_pair_gemv): 2 lanes per row, lane h owning the 16 chains of bytes 8h..8h+7 of
+//    every chunk (one shuffle pair per 32 bytes, no shared-memory transpose); weights decoded through exact
+//    fp16 arithmetic for scale codes 104..127 (the exact fp32 decode otherwise); 128 bytes per lane in
+//    flight; blocks of 1, 2 or 4 warps (16 rows each) sized to spread the rows evenly over the SMs.
+//    The first FP4 kernel (chain_gemv) stays for comparison: tests and benchmarks switch with
+//    gemv_set_fp4_variant.
 // Blocks are persistent (each loops over row groups), so x is staged once per block.
 // Known gap (as linear.cu): an E4M3 tile scale code above 246 takes the CPU's scalar path, not replayed.
 #pragma once
@@ -78,5 +85,10 @@ bool gemv_supported(const GemvArgs& a);
 // workspace, no synchronisation, safe to capture in a CUDA graph (after a first eager call, which
 // sets the kernel's shared-memory limit and caches its occupancy).
 void gemv_into(const GemvArgs& a, CUstream_st* stream);
+
+// Tests and benchmarks: the FP4 kernel of the following gemv_into calls, 1 = chain_gemv (the first
+// design: 4 lanes per row and a shared-memory transpose), 2 = fp4_pair_gemv (2 lanes per row, fp16x2
+// decode; the default), 0 = the default again. Returns the variant in force before the call.
+int gemv_set_fp4_variant(int v);
 
 }  // namespace deepinfer::cuda

@@ -116,9 +116,10 @@ class OpScope {
 #if DEEPINFER_HAS_CUDA
     if (prof_->gpu_events) {
       if (device_ == Device::kCUDA) {
+        e0_ = cuda::op_event_record();
+        // Registered after the event pool exists, so that the handler runs before the pool is destroyed.
         static const bool registered = std::atexit(drain_op_profile_at_exit) == 0;
         (void)registered;
-        e0_ = cuda::op_event_record();
       }
       return;
     }

@@ -8,13 +8,16 @@
 // Every output must equal the CPU's bit for bit (NaN == NaN). Outputs are pre-filled with a finite
 // sentinel, so an output the kernel never writes fails. Cases: every format (E4M3 with tiles of 32, 64
 // and 128, packed FP4, BF16), act quant on / off (and odd group sizes), round on / off, M = 1..4, the
-// V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large FP4
-// scales, and the grouped-rows mode (each row against its own expert, FP4 / FP8 / BF16).
+// V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large / small
+// FP4 scales, and the grouped-rows mode (each row against its own expert, FP4 / FP8 / BF16; FP4 also with
+// several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on both FP4 kernels
+// ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +36,19 @@ namespace {
 using namespace cuda_test;  // NOLINT: the shared test helpers
 
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
+
+// Runs a case once, or for FP4 weights once per FP4 kernel (the name tagged "[fp4 old]" / "[fp4 new]").
+void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
+  if (dt != di::DType::kE2M1x2) {
+    run_case(name, body);
+    return;
+  }
+  for (const int v : {1, 2}) {
+    di::cuda::gemv_set_fp4_variant(v);
+    run_case(name + (v == 1 ? " [fp4 old]" : " [fp4 new]"), body);
+  }
+  di::cuda::gemv_set_fp4_variant(0);
+}
 
 uint64_t splitmix(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -186,6 +202,7 @@ struct Dense {
   const char* what;
   di::DType dt;
   int64_t N, K, block, act;
+  int slo = 0, shi = 0;  // weight scale codes (0: make_weight's default range)
 };
 
 std::string case_name(const char* kind, const Dense& c, int64_t M, bool round) {
@@ -226,8 +243,15 @@ void test_dense() {
       {"fp8 B 64 one row", di::DType::kE4M3, 1, 640, 64, 32},
       {"fp4 short K (3 chunks)", di::DType::kE2M1x2, 37, 96, 0, 0},
       {"fp4 ragged K (5 chunks)", di::DType::kE2M1x2, 333, 160, 0, 32},
+      {"fp4 K 192 (6 chunks: K % 128 != 0)", di::DType::kE2M1x2, 129, 192, 0, 32},
+      {"fp4 ragged N, K 2304", di::DType::kE2M1x2, 1001, 2304, 0, 32},
+      {"fp4 ragged N, K 4160", di::DType::kE2M1x2, 77, 4160, 0, 32},
       {"fp4 act 128", di::DType::kE2M1x2, 768, 1024, 0, 128},
       {"fp4 no act quant", di::DType::kE2M1x2, 1000, 4096, 0, 0},
+      {"fp4 scales 104..127 (all fast)", di::DType::kE2M1x2, 600, 5120, 0, 32, 104, 127},
+      {"fp4 scales 96..112 (fast and slow below 104)", di::DType::kE2M1x2, 600, 5120, 0, 32, 96, 112},
+      {"fp4 scales 125..132 (128 and above)", di::DType::kE2M1x2, 600, 2304, 0, 32, 125, 132},
+      {"fp4 scales 1..254 (all but 0 and NaN)", di::DType::kE2M1x2, 300, 1024, 0, 32, 1, 254},
       {"bf16", di::DType::kBF16, 1280, 5120, 0, 0},
       {"bf16 indexer-like", di::DType::kBF16, 4096, 1280, 0, 0},
       {"bf16 act 64", di::DType::kBF16, 1000, 2048, 0, 64},
@@ -236,15 +260,16 @@ void test_dense() {
   };
   uint32_t seed = 9000;
   for (const Dense& c : cases) {
-    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++, c.slo, c.shi);
     const di::ops::QWeight wd = to_device(wh);
     for (int64_t M = 1; M <= 4; ++M) {
       const bool round = (M + static_cast<int64_t>(seed)) % 2 == 0;
-      run_case(case_name("gemv", c, M, round), [&] {
+      const uint32_t xseed = seed++;
+      run_variants(c.dt, case_name("gemv", c, M, round), [&] {
         di::ops::LinearOpts o;
         o.act_quant_block = c.act;
         o.round_out_bf16 = round;
-        return check_dense(wh, wd, M, o, seed++);
+        return check_dense(wh, wd, M, o, xseed);
       });
     }
   }
@@ -267,7 +292,8 @@ void test_dense() {
     const di::ops::QWeight wd = to_device(wh);
     di::ops::LinearOpts o;
     o.act_quant_block = 32;
-    run_case(case_name("gemv", c, 3, false), [&] { return check_dense(wh, wd, 3, o, seed++, false, 64); });
+    const uint32_t xseed = seed++;
+    run_variants(c.dt, case_name("gemv", c, 3, false), [&] { return check_dense(wh, wd, 3, o, xseed, false, 64); });
     const Dense c8{"strided x", di::DType::kE4M3, 512, 2048, 32, 32};
     const di::ops::QWeight w8 = make_weight(c8.dt, c8.N, c8.K, 32, seed++);
     const di::ops::QWeight w8d = to_device(w8);
@@ -299,20 +325,30 @@ void test_special() {
       return check_dense(wh, to_device(wh), 2, o, seed++);
     });
   }
-  run_case("gemv fp4 large scales (129..140)", [&] {
+  {
     const di::ops::QWeight wh = make_weight(di::DType::kE2M1x2, 700, 2048, 0, seed++, 120, 140);
-    di::ops::LinearOpts o;
-    o.act_quant_block = 32;
-    return check_dense(wh, to_device(wh), 2, o, seed++);
-  });
-  run_case("gemv fp4 NaN scale (255) and 2^-127 (0)", [&] {
+    const di::ops::QWeight wd = to_device(wh);
+    const uint32_t xseed = seed++;
+    run_variants(di::DType::kE2M1x2, "gemv fp4 large scales (129..140)", [&] {
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      return check_dense(wh, wd, 2, o, xseed);
+    });
+  }
+  {
     di::ops::QWeight wh = make_weight(di::DType::kE2M1x2, 300, 1024, 0, seed++);
     uint8_t* s = wh.scale.data<uint8_t>();
     s[5 * 32 + 7] = 255;  // row 5 becomes NaN
     s[6 * 32 + 0] = 0;    // row 6: a subnormal scale
     s[7 * 32 + 31] = 0;
-    return check_dense(wh, to_device(wh), 1, {}, seed++);
-  });
+    s[8 * 32 + 4] = 103;  // row 8: one chunk just below the new kernel's fast range, one at its top, one above
+    s[8 * 32 + 5] = 127;
+    s[8 * 32 + 6] = 128;
+    const di::ops::QWeight wd = to_device(wh);
+    const uint32_t xseed = seed++;
+    run_variants(di::DType::kE2M1x2, "gemv fp4 NaN scale (255), 2^-127 (0), codes 103 / 127 / 128",
+                 [&] { return check_dense(wh, wd, 1, {}, xseed); });
+  }
 }
 
 // Grouped rows: row m against experts[row_expert[m]]; the reference is the CPU linear of that row alone.
@@ -322,6 +358,7 @@ struct Grouped {
   int64_t N, K, block, act;
   int experts, rows;
   bool round;
+  int lists = 0;  // > 0: that many expert lists over the same `rows` x rows (GemvArgs::x_rows); 0: plain mode
 };
 
 void test_grouped() {
@@ -334,53 +371,70 @@ void test_grouped() {
       {"fp8 B 128", di::DType::kE4M3, 1024, 2048, 128, 128, 8, 10, false},
       {"fp8 B 32 act 32 ragged", di::DType::kE4M3, 333, 1280, 32, 32, 12, 30, false},
       {"bf16", di::DType::kBF16, 512, 1024, 0, 0, 4, 7, true},
+      // Several lists (w1 and w3 of the routed experts in one launch; row m reads x row m % rows).
+      {"fp4 w1+w3 decode top-6", di::DType::kE2M1x2, 2304, 5120, 0, 32, 16, 6, true, 2},
+      {"fp4 w1+w3 4 tokens", di::DType::kE2M1x2, 2304, 5120, 0, 32, 16, 24, false, 2},
+      {"fp4 w2 one list", di::DType::kE2M1x2, 5120, 2304, 0, 32, 8, 6, true, 1},
+      {"fp4 ragged 2 lists", di::DType::kE2M1x2, 333, 160, 0, 32, 8, 7, false, 2},
+      {"fp4 3 lists K 2304 ragged N", di::DType::kE2M1x2, 1001, 2304, 0, 0, 6, 5, true, 3},
+      {"fp8 B 32 2 lists", di::DType::kE4M3, 512, 2048, 32, 32, 6, 5, false, 2},
   };
   uint32_t seed = 9700;
   for (const Grouped& c : cases) {
-    char name[260];
-    std::snprintf(name, sizeof name, "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d round=%d",
-                  c.what, di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
-                  static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.round ? 1 : 0);
-    run_case(name, [&] {
-      std::vector<di::ops::QWeight> wh, wd;
-      for (int e = 0; e < c.experts; ++e) {
-        wh.push_back(make_weight(c.dt, c.N, c.K, c.block, seed++));
-        wd.push_back(to_device(wh.back()));
-      }
-      std::mt19937 rng(seed++);
-      std::uniform_int_distribution<int> pick(0, c.experts - 1);
-      di::Tensor ids = di::Tensor::empty({c.rows}, di::DType::kI32);
-      for (int m = 0; m < c.rows; ++m) ids.data<int32_t>()[m] = pick(rng);
-      di::Tensor wt = di::Tensor::empty({c.experts}, di::DType::kI64),
-                 st = di::Tensor::empty({c.experts}, di::DType::kI64);
-      for (int e = 0; e < c.experts; ++e) {
-        wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
-        st.data<int64_t>()[e] =
-            wd[e].scale.defined() ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw())) : 0;
-      }
-      const di::Tensor ids_d = di::cuda::copy_to_device(ids), wt_d = di::cuda::copy_to_device(wt),
-                       st_d = di::cuda::copy_to_device(st);
-      const di::Tensor x = make_x(c.rows, c.K, seed++);
-      const di::Tensor xd = di::cuda::copy_to_device(x);
-      di::Tensor yd = sentinel_output(c.rows, c.N);
-      di::ops::LinearOpts o;
-      o.act_quant_block = c.act;
-      o.round_out_bf16 = c.round;
-      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, c.rows, yd.data<float>(), o);
+    char name[300];
+    std::snprintf(name, sizeof name,
+                  "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d", c.what,
+                  di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
+                  static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.lists,
+                  c.round ? 1 : 0);
+    // Expert e of list l is entry l * experts + e of the tables (one list in plain mode).
+    const int L = std::max(c.lists, 1), M = L * c.rows;
+    std::vector<di::ops::QWeight> wh, wd;
+    for (int e = 0; e < L * c.experts; ++e) {
+      wh.push_back(make_weight(c.dt, c.N, c.K, c.block, seed++));
+      wd.push_back(to_device(wh.back()));
+    }
+    std::mt19937 rng(seed++);
+    std::uniform_int_distribution<int> pick(0, c.experts - 1);
+    di::Tensor ids = di::Tensor::empty({c.rows}, di::DType::kI32);
+    for (int m = 0; m < c.rows; ++m) ids.data<int32_t>()[m] = pick(rng);
+    di::Tensor wt = di::Tensor::empty({L * c.experts}, di::DType::kI64),
+               st = di::Tensor::empty({L * c.experts}, di::DType::kI64);
+    for (int e = 0; e < L * c.experts; ++e) {
+      wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
+      st.data<int64_t>()[e] =
+          wd[e].scale.defined() ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw())) : 0;
+    }
+    const di::Tensor ids_d = di::cuda::copy_to_device(ids), wt_d = di::cuda::copy_to_device(wt),
+                     st_d = di::cuda::copy_to_device(st);
+    const di::Tensor x = make_x(c.rows, c.K, seed++);
+    const di::Tensor xd = di::cuda::copy_to_device(x);
+    di::ops::LinearOpts o;
+    o.act_quant_block = c.act;
+    o.round_out_bf16 = c.round;
+    // The CPU reference: row m = (list m / rows, x row m % rows) against its expert alone.
+    di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
+    for (int m = 0; m < M; ++m) {
+      const int r = m % c.rows, l = m / c.rows;
+      const di::Tensor ym =
+          di::ops::linear(x.slice(0, r, r + 1).contiguous(), wh[l * c.experts + ids.data<int32_t>()[r]], o);
+      std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+    }
+    run_variants(c.dt, name, [&] {
+      di::Tensor yd = sentinel_output(M, c.N);
+      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, M, yd.data<float>(), o);
       a.w = nullptr;
       a.scale = nullptr;
       a.row_expert = ids_d.data<int32_t>();
       a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
       a.s_table = c.dt == di::DType::kBF16 ? nullptr : static_cast<const uint8_t* const*>(st_d.raw());
+      if (c.lists > 0) {
+        a.x_rows = c.rows;
+        a.n_experts = c.experts;
+      }
       if (!di::cuda::gemv_supported(a)) return std::string("gemv_supported is false");
       di::cuda::gemv_into(a, nullptr);
-      const di::Tensor got = di::cuda::copy_to_host(yd);
-      di::Tensor want = di::Tensor::empty({c.rows, c.N}, di::DType::kF32);
-      for (int m = 0; m < c.rows; ++m) {
-        const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[ids.data<int32_t>()[m]], o);
-        std::memcpy(want.data<float>() + m * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
-      }
-      return compare_bits(want, got);
+      return compare_bits(want, di::cuda::copy_to_host(yd));
     });
   }
 }
