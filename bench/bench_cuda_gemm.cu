@@ -55,48 +55,9 @@ namespace {
 
 using deepinfer::bench::time_graph;
 
-// ---- device-side test data (values do not change the kernels' speed; no host loops over GBs) ----------
-__device__ __forceinline__ uint32_t hash_u32(uint64_t i, uint32_t seed) {
-  uint64_t z = i * 0x9E3779B97F4A7C15ull + (static_cast<uint64_t>(seed) + 1) * 0xD1B54A32D192ED03ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return static_cast<uint32_t>((z ^ (z >> 31)) >> 16);
-}
+using deepinfer::bench::dev_act;
+using deepinfer::bench::dev_bytes;
 
-// Bytes uniform in [lo, hi]; no_fp8_nan replaces the E4M3 NaN codes (0x7f, 0xff).
-__global__ void fill_bytes_kernel(uint8_t* p, size_t n, uint32_t seed, int lo, int hi, bool no_fp8_nan) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    int c = lo + static_cast<int>(hash_u32(i, seed) % static_cast<uint32_t>(hi - lo + 1));
-    if (no_fp8_nan && (c & 0x7f) == 0x7f) c = 0x11;
-    p[i] = static_cast<uint8_t>(c);
-  }
-}
-
-// Activations on the bf16 grid in [-3.34, 3.34] (as the model's BF16-rounded inputs).
-__global__ void fill_act_kernel(float* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float v = (static_cast<float>(hash_u32(i, seed) % 2001u) - 1000.0f) / 300.0f;
-    p[i] = __uint_as_float(__float_as_uint(v) & 0xffff0000u);
-  }
-}
-
-uint32_t g_seed = 1;
-
-di::Tensor dev_bytes(const std::vector<int64_t>& shape, di::DType dt, int lo, int hi, bool no_fp8_nan = false) {
-  di::Tensor t = di::Tensor::empty(shape, dt, di::Device::kCUDA);
-  fill_bytes_kernel<<<1024, 256>>>(static_cast<uint8_t*>(t.raw()), t.nbytes(), g_seed++, lo, hi, no_fp8_nan);
-  CK(cudaGetLastError());
-  return t;
-}
-
-di::Tensor dev_act(const std::vector<int64_t>& shape) {
-  di::Tensor t = di::Tensor::empty(shape, di::DType::kF32, di::Device::kCUDA);
-  fill_act_kernel<<<1024, 256>>>(t.data<float>(), static_cast<size_t>(t.numel()), g_seed++);
-  CK(cudaGetLastError());
-  return t;
-}
 
 // An E4M3 weight [N, K] with 32x32 E8M0 tile scales (2^-10 .. 2^-4), as the V4.1 FP8 tensors.
 di::ops::QWeight fp8_weight(int64_t N, int64_t K) {

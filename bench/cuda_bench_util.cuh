@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/device.h"
 #include "deepinfer/error.h"
+#include "deepinfer/tensor.h"
 
 namespace deepinfer::bench {
 
@@ -21,6 +23,55 @@ inline __global__ void read_kernel(const float4* p, size_t n, float* out) {
     s += v.x + v.y + v.z + v.w;
   }
   if (s == 123.456f) *out = s;  // never true for the data used; keeps the loads
+}
+
+// ---- device-side test data (values do not change the kernels' speed; no host loops over GBs) ----------
+__device__ __forceinline__ uint32_t hash_u32(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + (static_cast<uint64_t>(seed) + 1) * 0xD1B54A32D192ED03ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 16);
+}
+
+// Bytes uniform in [lo, hi]; no_fp8_nan replaces the E4M3 NaN codes (0x7f, 0xff).
+inline __global__ void fill_bytes_kernel(uint8_t* p, size_t n, uint32_t seed, int lo, int hi, bool no_fp8_nan) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    int c = lo + static_cast<int>(hash_u32(i, seed) % static_cast<uint32_t>(hi - lo + 1));
+    if (no_fp8_nan && (c & 0x7f) == 0x7f) c = 0x11;
+    p[i] = static_cast<uint8_t>(c);
+  }
+}
+
+// Activations on the bf16 grid in [-3.34, 3.34] (as the model's BF16-rounded inputs).
+inline __global__ void fill_act_kernel(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = (static_cast<float>(hash_u32(i, seed) % 2001u) - 1000.0f) / 300.0f;
+    p[i] = __uint_as_float(__float_as_uint(v) & 0xffff0000u);
+  }
+}
+
+// The seed of the next fill (each tensor gets its own stream of values).
+inline uint32_t next_fill_seed() {
+  static uint32_t seed = 1;
+  return seed++;
+}
+
+// A CUDA tensor of random bytes in [lo, hi] (weights' codes and scales).
+inline Tensor dev_bytes(const std::vector<int64_t>& shape, DType dt, int lo, int hi, bool no_fp8_nan = false) {
+  Tensor t = Tensor::empty(shape, dt, Device::kCUDA);
+  fill_bytes_kernel<<<1024, 256>>>(static_cast<uint8_t*>(t.raw()), t.nbytes(), next_fill_seed(), lo, hi, no_fp8_nan);
+  DI_CUDA_CHECK(cudaGetLastError());
+  return t;
+}
+
+// A float32 CUDA tensor of activations on the bf16 grid.
+inline Tensor dev_act(const std::vector<int64_t>& shape) {
+  Tensor t = Tensor::empty(shape, DType::kF32, Device::kCUDA);
+  fill_act_kernel<<<1024, 256>>>(t.data<float>(), static_cast<size_t>(t.numel()), next_fill_seed());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return t;
 }
 
 inline uint32_t next_u32() {

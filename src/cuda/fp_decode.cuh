@@ -1,12 +1,15 @@
 // Exact device decoders of the weight formats of the CUDA linear kernels (nvcc only): E4M3 codes through
 // the CPU's fp16 bits, E8M0 scales, packed E2M1 nibbles, the streaming 16-byte weight load and the
-// programmatic-dependent-launch hooks. Every decoder returns an exact fp32 value (no rounding), so a
+// programmatic-dependent-launch hooks (and the host's launch_pdl). Every decoder returns an exact fp32 value (no rounding), so a
 // kernel's result depends only on the order of its FP32 additions (see linear.cuh's contract).
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "cuda/device.h"
 
 namespace deepinfer::cuda {
 
@@ -82,5 +85,22 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Launches `kernel` with programmatic stream serialisation, so that it may start while the previous
+// kernel on the stream still runs (it must pdl_wait() before reading anything that kernel produced).
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
 
 }  // namespace deepinfer::cuda

@@ -424,23 +424,6 @@ float* workspace_for(size_t bytes) {
   return static_cast<float*>(ws.get(bytes));
 }
 
-// Launches `kernel` with programmatic stream serialisation (it may start while the x pre-pass runs;
-// it waits for it with griddepcontrol.wait before reading x).
-template <typename... KArgs, typename... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
-}
-
 template <typename F>
 void allow_smem(F* kernel, int64_t smem, int K) {
   const int optin = smem_optin();

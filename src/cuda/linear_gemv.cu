@@ -151,6 +151,22 @@ __device__ __forceinline__ float act_quant(float v, float s, float inv) {
   return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
 }
 
+// Columns k .. k+3 of one x row (k % 4 == 0) fake-quantised, each by its group of A columns.
+__device__ __forceinline__ float4 act_quant4(float4 v, int k, int A, const float* gs, const float* gi) {
+  int g[4];
+  if (A % 4 == 0) {
+    g[0] = g[1] = g[2] = g[3] = k / A;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) g[e] = (k + e) / A;
+  }
+  v.x = act_quant(v.x, gs[g[0]], gi[g[0]]);
+  v.y = act_quant(v.y, gs[g[1]], gi[g[1]]);
+  v.z = act_quant(v.z, gs[g[2]], gi[g[2]]);
+  v.w = act_quant(v.w, gs[g[3]], gi[g[3]]);
+  return v;
+}
+
 // ---- E4M3: K split across the block, tile sums folded in shared memory ----------------------------------
 // Thread mapping. Warp w owns tiles [16w, 16w + 16) of every row; lanes 2p and 2p+1 (h = 0, 1) own
 // tile t = 16w + p and load, for each of its G = B/32 chunks, the bytes [16h, 16h + 16) (so a warp's
@@ -505,20 +521,8 @@ __global__ void __launch_bounds__(256) chain_gemv(Params p) {
       const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
       const float* gi = ginv + m * p.ng;
       for (int i = static_cast<int>(threadIdx.x); i < K / 4; i += static_cast<int>(blockDim.x)) {
-        float4 v = reinterpret_cast<const float4*>(xs + m * K)[i];
-        const int k = 4 * i;
-        int g[4];
-        if (p.A % 4 == 0) {
-          g[0] = g[1] = g[2] = g[3] = k / p.A;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) g[e] = (k + e) / p.A;
-        }
-        v.x = act_quant(v.x, gs[g[0]], gi[g[0]]);
-        v.y = act_quant(v.y, gs[g[1]], gi[g[1]]);
-        v.z = act_quant(v.z, gs[g[2]], gi[g[2]]);
-        v.w = act_quant(v.w, gs[g[3]], gi[g[3]]);
-        reinterpret_cast<float4*>(xs + m * K)[i] = v;
+        float4* v = reinterpret_cast<float4*>(xs + m * K) + i;
+        *v = act_quant4(*v, 4 * i, p.A, gs, gi);
       }
     }
     __syncthreads();  // quantised x complete
@@ -842,19 +846,8 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
       const int m = i / k4, k = 4 * (i - m * k4);
       const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
       const float* gi = ginv + m * p.ng;
-      float4 v = reinterpret_cast<const float4*>(xs)[i];
-      int g[4];
-      if (p.A % 4 == 0) {
-        g[0] = g[1] = g[2] = g[3] = k / p.A;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) g[e] = (k + e) / p.A;
-      }
-      v.x = act_quant(v.x, gs[g[0]], gi[g[0]]);
-      v.y = act_quant(v.y, gs[g[1]], gi[g[1]]);
-      v.z = act_quant(v.z, gs[g[2]], gi[g[2]]);
-      v.w = act_quant(v.w, gs[g[3]], gi[g[3]]);
-      reinterpret_cast<float4*>(xs)[i] = v;
+      float4* v = reinterpret_cast<float4*>(xs) + i;
+      *v = act_quant4(*v, k, p.A, gs, gi);
     }
     __syncthreads();  // quantised x complete
   }
@@ -980,17 +973,7 @@ void launch(void (*kernel)(Params), Params p, int threads, int64_t smem, cudaStr
   int64_t grid = std::min(work, resident);
   grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
   DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
 }
 
 int fp8_warps_max(int G) {
