@@ -512,16 +512,4 @@ void run() {
 
 }  // namespace
 
-int main() {
-  if (di::cuda::device_count() == 0) {
-    std::printf("SKIP: no CUDA device\n");
-    return 0;
-  }
-  try {
-    run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_cuda_gemm: %s\n", e.what());
-    return 1;
-  }
-  return 0;
-}
+int main() { return deepinfer::bench::bench_main("bench_cuda_gemm", run); }

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <vector>
 
 #include "cuda/device.h"
@@ -72,6 +74,22 @@ inline Tensor dev_act(const std::vector<int64_t>& shape) {
   fill_act_kernel<<<1024, 256>>>(t.data<float>(), static_cast<size_t>(t.numel()), next_fill_seed());
   DI_CUDA_CHECK(cudaGetLastError());
   return t;
+}
+
+// A benchmark's main: SKIP (exit 0) without a CUDA device, else run(), reporting an error as `name: what`.
+template <typename F>
+int bench_main(const char* name, F run) {
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP: no CUDA device\n");
+    return 0;
+  }
+  try {
+    run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+  return 0;
 }
 
 inline uint32_t next_u32() {
