@@ -53,16 +53,6 @@ __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT,
   for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = e4m3_rne(p[c] / s) * s;
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 template <int MT>
 __device__ __forceinline__ void load_x2(const float* p, float (&v)[2 * MT]) {  // 2 * MT consecutive floats
   if constexpr (MT == 1) {

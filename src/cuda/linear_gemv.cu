@@ -740,11 +740,6 @@ __device__ __forceinline__ bool fp4_fast4(uint32_t e4) {
   return (((e4 & 0x7f7f7f7fu) + 0x18181818u) & ~e4 & 0x80808080u) == 0x80808080u;
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __host__ __device__ inline int64_t pair_smem_bytes(int MT, int K, int ng) {
   return 4 * (static_cast<int64_t>(MT) * K + 2 * ((MT * ng + 3) & ~3));

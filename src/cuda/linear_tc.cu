@@ -26,27 +26,6 @@ constexpr int kW4S = 80;  // smem bytes per packed-FP4 weight row (64 + 16: LDS.
 
 // ---- small device helpers ----------------------------------------------------------------------------------
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// 2^(e-127) (e = 0: the subnormal 2^-127; 255: NaN), exact.
-__device__ __forceinline__ float e8m0_f32(uint32_t e) {
-  if (e == 255u) return __uint_as_float(0x7fc00000u);
-  if (e == 0u) return __uint_as_float(0x00400000u);
-  return __uint_as_float(e << 23);
-}
-
 // Eight e2m1 codes (nibble i of w = element i) -> eight e4m3 bytes (lo: elements 0..3, hi: 4..7), exact:
 // magnitudes through an 8-entry byte table, signs (nibble bit 3) by a sign-replicating byte permute.
 __device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
