@@ -480,43 +480,10 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
     return;
   }
 
-  int fmt = kBf16;
-  int64_t esize_num = 2, esize_den = 1;  // bytes per element = num / den
-  const uint8_t* s = nullptr;
-  int64_t lds = 0;
-  int B = 0;
-  auto check_scale = [&](int64_t rows, int64_t cols) {
-    const Tensor& sct = qw.scale;
-    DI_CHECK(sct.defined() && sct.device() == Device::kCUDA && sct.dtype() == DType::kE8M0 && sct.dim() == 2 &&
-                 sct.size(0) == rows && sct.size(1) == cols && (cols <= 1 || sct.strides()[1] == 1),
-             "{}: scale {} does not match weight {}: expected a dense CUDA float8_e8m0 [{}, {}]", op,
-             sct.defined() ? sct.describe() : std::string("(undefined)"), w.describe(), rows, cols);
-    s = static_cast<const uint8_t*>(sct.raw());
-    lds = sct.strides()[0];
-  };
-  switch (w.dtype()) {
-    case DType::kBF16:
-      DI_CHECK(!qw.scale.defined(), "{}: a bfloat16 weight takes no scale", op);
-      break;
-    case DType::kE4M3:
-      fmt = kFp8, esize_num = 1;
-      DI_CHECK(qw.block > 0 && qw.block % 32 == 0,
-               "{}: the CUDA kernel needs an E4M3 tile size that is a multiple of 32, got {}", op, qw.block);
-      B = static_cast<int>(qw.block);
-      check_scale((N + B - 1) / B, (K + B - 1) / B);
-      break;
-    case DType::kE2M1x2:
-      fmt = kFp4, esize_num = 1, esize_den = 2;
-      DI_CHECK(w.is_contiguous(), "{}: a packed FP4 weight must be contiguous, got {}", op, w.describe());
-      check_scale(N, K / 32);
-      break;
-    default:
-      fail("{}: unsupported weight {} on CUDA (expected bfloat16, float8_e4m3 or packed float4_e2m1)", op,
-           w.describe());
-  }
-  const int64_t ldw = fmt == kFp4 ? K / 2 : w.strides()[0] * esize_num / esize_den;
-  DI_CHECK(reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 && ldw % 16 == 0,
-           "{}: the CUDA kernel needs 16-byte aligned weight rows, got {}", op, w.describe());
+  const WeightLayout wl = weight_layout(qw, op);
+  const int fmt = wl.fmt, B = wl.B;
+  const int64_t ldw = wl.ldw, lds = wl.lds;
+  const uint8_t* s = wl.scale;
   // The decode GEMV takes the single-row E4M3 calls of up to kGemvMaxRows weight rows, where it
   // measured faster than the slab kernel (bench_cuda_gemv, V4.1 shapes at M = 1: wkv [512, 5120]
   // 1.34x, wq_a [1280, 5120] 1.21x); on wider weights, on M >= 2 and on FP4 / BF16 the slab kernel
@@ -591,6 +558,50 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
 }
 
 }  // namespace
+
+WeightLayout weight_layout(const ops::QWeight& qw, const char* op) {
+  const Tensor& w = qw.w;
+  DI_CHECK(w.defined() && w.device() == Device::kCUDA && w.dim() == 2,
+           "{}: the weight must be a 2-D CUDA tensor, got {}", op, w.defined() ? w.describe() : std::string("(undefined)"));
+  DI_CHECK(w.size(1) <= 1 || w.strides()[1] == 1, "{}: the weight's rows must be dense, got {}", op, w.describe());
+  const int64_t N = w.size(0), K = w.size(1);
+  WeightLayout l;
+  int64_t esize_num = 2, esize_den = 1;  // bytes per element = num / den
+  auto check_scale = [&](int64_t rows, int64_t cols) {
+    const Tensor& sct = qw.scale;
+    DI_CHECK(sct.defined() && sct.device() == Device::kCUDA && sct.dtype() == DType::kE8M0 && sct.dim() == 2 &&
+                 sct.size(0) == rows && sct.size(1) == cols && (cols <= 1 || sct.strides()[1] == 1),
+             "{}: scale {} does not match weight {}: expected a dense CUDA float8_e8m0 [{}, {}]", op,
+             sct.defined() ? sct.describe() : std::string("(undefined)"), w.describe(), rows, cols);
+    l.scale = static_cast<const uint8_t*>(sct.raw());
+    l.lds = sct.strides()[0];
+  };
+  switch (w.dtype()) {
+    case DType::kBF16:
+      DI_CHECK(!qw.scale.defined(), "{}: a bfloat16 weight takes no scale", op);
+      l.fmt = kBf16;
+      break;
+    case DType::kE4M3:
+      l.fmt = kFp8, esize_num = 1;
+      DI_CHECK(qw.block > 0 && qw.block % 32 == 0,
+               "{}: the CUDA kernel needs an E4M3 tile size that is a multiple of 32, got {}", op, qw.block);
+      l.B = static_cast<int>(qw.block);
+      check_scale((N + l.B - 1) / l.B, (K + l.B - 1) / l.B);
+      break;
+    case DType::kE2M1x2:
+      l.fmt = kFp4, esize_num = 1, esize_den = 2;
+      DI_CHECK(w.is_contiguous(), "{}: a packed FP4 weight must be contiguous, got {}", op, w.describe());
+      check_scale(N, K / 32);
+      break;
+    default:
+      fail("{}: unsupported weight {} on CUDA (expected bfloat16, float8_e4m3 or packed float4_e2m1)", op,
+           w.describe());
+  }
+  l.ldw = l.fmt == kFp4 ? K / 2 : w.strides()[0] * esize_num / esize_den;
+  DI_CHECK(reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 && l.ldw % 16 == 0,
+           "{}: the CUDA kernel needs 16-byte aligned weight rows, got {}", op, w.describe());
+  return l;
+}
 
 void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
                  CUstream_st* stream) {

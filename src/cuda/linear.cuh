@@ -49,6 +49,18 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
 void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
                  CUstream_st* stream = nullptr);
 
+// A weight's layout as the CUDA linear kernels take it, after checking it (format, E4M3 tile, the
+// scale's shape, 16-byte aligned rows; throws deepinfer::Error naming `op` otherwise). fmt: 0 E4M3,
+// 1 packed E2M1, 2 BF16 (GemvArgs::fmt); B: the E4M3 tile (0 otherwise); ldw: bytes between rows;
+// scale / lds: the E8M0 codes and the bytes between their rows (null / 0 for BF16).
+struct WeightLayout {
+  int fmt = 2, B = 0;
+  int64_t ldw = 0;
+  const uint8_t* scale = nullptr;
+  int64_t lds = 0;
+};
+WeightLayout weight_layout(const ops::QWeight& w, const char* op);
+
 // ops::linear_grouped on CUDA (linear_grouped.cu): one GEMV launch over all rows, each row's expert
 // read on the device from row_expert through a cached device table of the experts' pointers.
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,

@@ -42,6 +42,9 @@ void check_experts(const std::vector<const std::vector<ops::QWeight>*>& lists) {
                                            w.scale.strides() == w0.scale.strides())),
                "cuda::linear_grouped: the experts differ in format, shape or device ({} vs {})", w.w.describe(),
                w0.w.describe());
+    for (const ops::QWeight& w : *list)  // the kernel's 16-byte loads start at each table entry
+      DI_CHECK(reinterpret_cast<uintptr_t>(w.w.raw()) % 16 == 0, "cuda::linear_grouped: expert weight {} is not 16-byte aligned",
+               w.w.describe());
   }
 }
 
@@ -94,23 +97,10 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
   Tensor y = Tensor::empty({L * R, N}, DType::kF32, Device::kCUDA);
   if (R == 0 || N == 0) return y;
 
+  const WeightLayout wl = weight_layout(w0, op);  // the experts share it (check_experts)
   GemvArgs a;
-  switch (w0.w.dtype()) {
-    case DType::kE4M3:
-      a.fmt = 0, a.B = static_cast<int>(w0.block), a.ldw = w0.w.strides()[0];
-      break;
-    case DType::kE2M1x2:
-      a.fmt = 1, a.B = 0, a.ldw = K / 2;
-      break;
-    case DType::kBF16:
-      a.fmt = 2, a.B = 0, a.ldw = w0.w.strides()[0] * 2;
-      break;
-    default:
-      fail("{}: unsupported expert weight {} (expected float8_e4m3, packed float4_e2m1 or bfloat16)", op,
-           w0.w.describe());
-  }
+  a.fmt = wl.fmt, a.B = wl.B, a.ldw = wl.ldw, a.lds = wl.lds;
   a.w = nullptr, a.scale = nullptr;
-  a.lds = w0.scale.defined() ? w0.scale.strides()[0] : 0;
   a.N = static_cast<int>(N), a.K = static_cast<int>(K);
   a.x = x.data<float>(), a.ldx = K, a.M = static_cast<int>(L * R);
   a.act_quant_block = opts.act_quant_block, a.round = opts.round_out_bf16;
