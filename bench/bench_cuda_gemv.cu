@@ -7,9 +7,11 @@
 // experts with E8M0 per 32, the BF16 head [129280, 5120]) and the grouped mode as the model calls it (6 FP4
 // experts out of 384 per token; w1 and w3 [2304, 5120] as 2 expert lists in one launch (GemvArgs::x_rows), M =
 // 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are timed with both FP4 kernels
-// (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant). GB/s counts the weight and
-// scale bytes a call must read (grouped: of the distinct experts the call touches, per list), % is of the read
-// ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
+// (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant), E4M3 rows with both E4M3
+// kernels (old: fp8_gemv, walk: fp8_walk_gemv; gemv_set_fp8_variant), the last column giving the new kernel's
+// speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
+// counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
+// is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -52,7 +54,6 @@ __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint32_t seed) {
     p[i] = static_cast<uint16_t>((v & 0x8000u) | ((115u + (v >> 16) % 12u) << 7) | (v & 0x7fu));
   }
 }
-
 
 enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
 
@@ -131,8 +132,10 @@ void run() {
 
   std::printf("## Dense decode GEMV (act_quant_block 32 for fp8 / fp4, 0 for bf16; bf16-rounded output)\n\n");
   std::printf(
-      "| weight [N, K] | fmt | M | gemv us | GB/s | %% of read | linear_into us | GB/s | %% of read | speedup |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      "| weight [N, K] | fmt | M | gemv us | GB/s | %% of read | linear_into us | GB/s | %% of read | speedup | new / "
+      "old "
+      "kernel |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   struct Shape {
     const char* name;
@@ -140,10 +143,10 @@ void run() {
     int64_t N, K;
   };
   const Shape shapes[] = {
-      {"attn.wq_a", kFp8, 1280, 5120},    {"attn.wq_b", kFp8, 32768, 1280},   {"attn.wkv", kFp8, 512, 5120},
-      {"attn.wo_b", kFp8, 5120, 8192},    {"shared w1/w3", kFp8, 2304, 5120}, {"shared w2", kFp8, 5120, 2304},
-      {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120}, {"expert w2", kFp4, 5120, 2304},
-      {"head", kBf16, 129280, 5120},
+      {"attn.wq_a", kFp8, 1280, 5120}, {"flash wq_a", kFp8, 1024, 5120},   {"attn.wq_b", kFp8, 32768, 1280},
+      {"attn.wkv", kFp8, 512, 5120},   {"attn.wo_b", kFp8, 5120, 8192},    {"shared w1/w3", kFp8, 2304, 5120},
+      {"shared w2", kFp8, 5120, 2304}, {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120},
+      {"expert w2", kFp4, 5120, 2304}, {"head", kBf16, 129280, 5120},
   };
   for (const Shape& s : shapes) {
     const di::ops::QWeight w0 = make_weight(s.fmt, s.N, s.K);
@@ -167,20 +170,84 @@ void run() {
       const double ms_old =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
       const double gbs_old = wbytes / ms_old / 1e6;
-      // FP4: one row per FP4 kernel (new first); the other formats: one row.
-      for (const int variant : s.fmt == kFp4 ? std::vector<int>{2, 1} : std::vector<int>{0}) {
-        di::cuda::gemv_set_fp4_variant(variant);
-        const double ms =
-            time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
+      // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
+      const bool two = s.fmt == kFp4 || s.fmt == kFp8;
+      double ms_first = 0.0;
+      for (const int variant : two ? std::vector<int>{1, 2} : std::vector<int>{0}) {
+        if (s.fmt == kFp4) di::cuda::gemv_set_fp4_variant(variant);
+        if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
+        const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
+        if (variant == 1) ms_first = ms;
         const double gbs = wbytes / ms / 1e6;
-        std::printf("| %s [%lld, %lld] | %s%s | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n", s.name,
-                    static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt),
-                    variant == 2 ? " new" : variant == 1 ? " old" : "", static_cast<long long>(M), ms * 1e3, gbs,
-                    100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms_old / ms);
+        const char* tag = variant == 0 ? "" : variant == 1 ? " old" : s.fmt == kFp8 ? " walk" : " new";
+        char vs[32] = "-";
+        if (variant == 2) std::snprintf(vs, sizeof vs, "%.2fx", ms_first / ms);
+        std::printf("| %s [%lld, %lld] | %s%s | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx | %s |\n",
+                    s.name, static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), tag,
+                    static_cast<long long>(M), ms * 1e3, gbs, 100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old,
+                    100.0 * gbs_old / read_gbs, ms_old / ms, vs);
         std::fflush(stdout);
       }
       di::cuda::gemv_set_fp4_variant(0);
+      di::cuda::gemv_set_fp8_variant(0);
     }
+  }
+
+  // ---- grouped E4M3, as wo_a: 8 groups [1024, 4096], x row g against group g's weight (x_rows 8) ---------
+  {
+    constexpr int kGroups = 8;
+    constexpr int64_t kN = 1024, kK = 4096;
+    const di::ops::QWeight g0 = make_weight(kFp8, kN, kK);
+    const double bytes = kGroups * qbytes(g0);
+    const int copies = static_cast<int>(std::max(2.0, (512.0 * (1 << 20)) / bytes));
+    std::vector<di::ops::QWeight> gw{g0};
+    for (int i = 1; i < copies * kGroups; ++i) gw.push_back(make_weight(kFp8, kN, kK));
+    // Copy c: tables of groups [c * 8, c * 8 + 8).
+    std::vector<const void*> hw, hs;
+    for (const auto& w : gw) hw.push_back(w.w.raw()), hs.push_back(w.scale.raw());
+    void *tw = nullptr, *ts = nullptr, *ids_d = nullptr;
+    CK(cudaMalloc(&tw, hw.size() * sizeof(void*)));
+    CK(cudaMalloc(&ts, hs.size() * sizeof(void*)));
+    CK(cudaMemcpy(tw, hw.data(), hw.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ts, hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    std::vector<int32_t> ids(kGroups);
+    for (int g = 0; g < kGroups; ++g) ids[static_cast<size_t>(g)] = g;
+    CK(cudaMalloc(&ids_d, ids.size() * sizeof(int32_t)));
+    CK(cudaMemcpy(ids_d, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const di::Tensor x = dev_act({kGroups, kK});
+    di::Tensor y = di::Tensor::empty({kGroups, kN}, di::DType::kF32, di::Device::kCUDA);
+    di::ops::LinearOpts o;
+    o.act_quant_block = 32;
+    o.round_out_bf16 = true;
+    di::cuda::GemvArgs a = args_of(kFp8, g0, x, y, o);
+    a.w = nullptr;
+    a.scale = nullptr;
+    a.row_expert = static_cast<const int32_t*>(ids_d);
+    a.x_rows = kGroups;
+    a.n_experts = kGroups;
+    double ms[3] = {0.0, 0.0, 0.0};
+    for (const int variant : {1, 2}) {
+      di::cuda::gemv_set_fp8_variant(variant);
+      ms[variant] = time_calls(st, copies, [&](int i) {
+        di::cuda::GemvArgs ai = a;
+        ai.w_table = static_cast<const uint8_t* const*>(tw) + static_cast<int64_t>(i) * kGroups;
+        ai.s_table = static_cast<const uint8_t* const*>(ts) + static_cast<int64_t>(i) * kGroups;
+        DI_CHECK(di::cuda::gemv_supported(ai), "gemv does not support the grouped wo_a call");
+        di::cuda::gemv_into(ai, st);
+      });
+    }
+    di::cuda::gemv_set_fp8_variant(0);
+    const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6;
+    std::printf("\n## Grouped E4M3 (wo_a: %d groups [%lld, %lld], act_quant_block 32)\n\n", kGroups,
+                static_cast<long long>(kN), static_cast<long long>(kK));
+    std::printf("| MB / call | old us | GB/s | %% of read | walk us | GB/s | %% of read | speedup |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    std::printf("| %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n", bytes / 1e6, ms[1] * 1e3, gbs_old,
+                100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new, 100.0 * gbs_new / read_gbs, ms[1] / ms[2]);
+    std::fflush(stdout);
+    CK(cudaFree(tw));
+    CK(cudaFree(ts));
+    CK(cudaFree(ids_d));
   }
 
   // ---- grouped FP4 experts, as the model calls them: w1 + w3 as 2 lists in one launch, w2 as 1 list ---------
@@ -276,9 +343,9 @@ void run() {
       const double bytes = lists * distinct * qbytes(second ? w2[0] : w1[0]);
       const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6;
       std::printf("| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n",
-                  second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens,
-                  lists * rows, distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3,
-                  gbs_new, 100.0 * gbs_new / read_gbs, ms[1] / ms[2]);
+                  second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
+                  distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
+                  100.0 * gbs_new / read_gbs, ms[1] / ms[2]);
       std::fflush(stdout);
     }
     CK(cudaFree(ids_d));

@@ -27,6 +27,8 @@
 #include "io/checkpoint.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#include "sampling/sampler.h"
+#include "sampling/sampling_params.h"
 
 namespace di = deepinfer;
 
@@ -169,6 +171,9 @@ int main(int argc, char** argv) {
 
     di::ForwardOptions fo;
     fo.all_logits = false;
+    fo.logits_device = true;  // sampled on the GPU below, as the engine does
+    di::SamplingParams greedy;
+    greedy.temperature = 0.0f;
     std::printf(
         "| batch | context | ms / step | tokens/s per seq | tokens/s total | GB / step (roofline) | roofline ms | "
         "fraction of roofline |\n|---|---|---|---|---|---|---|---|\n");
@@ -184,6 +189,8 @@ int main(int argc, char** argv) {
         model->forward_batch(batch, fo);
       }
       std::vector<int32_t> next(B, 1);
+      std::vector<di::SampleInput> greedy_rows(static_cast<size_t>(B));
+      for (di::SampleInput& in : greedy_rows) in.params = &greedy, in.vocab = cfg.vocab_size;
       double total = 0, bytes = 0;
       for (int64_t s = 0; s < steps + 2; ++s) {  // 2 warm-up steps
         std::vector<di::SeqChunk> batch;
@@ -193,11 +200,11 @@ int main(int argc, char** argv) {
         f2.trace = &trace;
         const double t0 = now_s();
         const di::Tensor logits = model->forward_batch(batch, s >= 2 ? fo : f2);
+        // The next tokens as the engine picks them: greedy, sampled on the GPU (ops::sample_rows); only
+        // the token ids come back to the host.
+        const std::vector<di::SampleResult> picked = di::ops::sample_rows(logits, greedy_rows);
         const double dt = now_s() - t0;
-        for (int64_t b = 0; b < B; ++b) {
-          const float* row = logits.data<float>() + b * cfg.vocab_size;
-          next[b] = static_cast<int32_t>(std::max_element(row, row + cfg.vocab_size) - row);
-        }
+        for (int64_t b = 0; b < B; ++b) next[b] = picked[static_cast<size_t>(b)].token;
         if (s == 1) di::ops::reset_op_profile();  // DEEPINFER_OP_PROFILE: the timed steps only
         if (s < 2) {                              // the step's bytes, from its trace (the timed steps route alike)
           if (s == 1) {
@@ -221,8 +228,10 @@ int main(int argc, char** argv) {
       const std::vector<int32_t> p = ids(prefill, cfg.vocab_size, 4242);
       auto warm = model->new_sequence();
       model->forward(ids(64, cfg.vocab_size, 1), *warm, fo);
+      di::cuda::synchronize();
       const double t0 = now_s();
       model->forward(p, *seq, fo);
+      di::cuda::synchronize();  // the logits stay on the GPU: wait for the forward itself
       const double dt = now_s() - t0;
       std::printf("\nprefill %lld tokens in one forward: %.3f s, %.0f tokens/s\n", static_cast<long long>(prefill), dt,
                   prefill / dt);

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -21,12 +22,38 @@ void throw_cuda_error(int code, const char* expr, const char* file, int line) {
 
 namespace {
 
+// The side stream's state (side_fork / side_pending / side_join). `pending` is read by every free (the
+// allocator joins before a pending buffer can be handed out again), hence the atomic fast path.
+struct SideStream {
+  std::mutex mu;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+  std::atomic<bool> pending{false};
+  const char* buffer = nullptr;  // what the pending work writes: [buffer, buffer + bytes)
+  size_t bytes = 0;
+};
+
+SideStream& side() {
+  static SideStream* s = new SideStream();  // never destroyed: blocks may be freed during exit
+  return *s;
+}
+
+// Whether [p, p + n) overlaps the pending side work's buffer (then a reader must join first).
+bool reads_side_buffer(const void* p, size_t n) {
+  SideStream& s = side();
+  if (!s.pending.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const char* a = static_cast<const char*>(p);
+  return s.pending.load(std::memory_order_relaxed) && a < s.buffer + s.bytes && s.buffer < a + n;
+}
+
 // The kCUDA allocator: a caching pool over cudaMalloc. A freed block goes back to a free list keyed
 // by its rounded size and is handed to the next allocation of that size; memory returns to the
 // driver only when a cudaMalloc fails (then every cached block is freed and the call retried).
 // cudaFree would synchronise the device, and cudaMalloc costs tens of microseconds: an op's output
 // per call must not pay either. Reuse needs no events: every kernel and copy of the backend runs on the
-// legacy default stream, so work on a reused block is ordered after the work of its previous owner.
+// legacy default stream, so work on a reused block is ordered after the work of its previous owner; the
+// one exception, the side stream's pending buffer, is joined before that block is cached again.
 // Sizes round up to a power of two below 1 MiB (512 bytes at least) and to whole MiB above.
 struct BlockCache {
   std::mutex mu;
@@ -81,6 +108,7 @@ std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
   st->nbytes = nbytes;
   st->device = Device::kCUDA;
   st->owner = std::shared_ptr<void>(p, [size](void* q) {
+    if (reads_side_buffer(q, size)) side_join();  // side work may still write this block
     BlockCache& c = block_cache();
     std::lock_guard<std::mutex> lock(c.mu);
     c.free[size].push_back(q);
@@ -93,8 +121,9 @@ std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
 // queued with the async call: the driver stages the pageable source before it returns (so the
 // caller may free it), without the stream synchronisation that cudaMemcpy performs first, which
 // would drain the GPU on every upload of a step (index lists, positions, token ids).
-void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device, size_t row_bytes,
-               size_t rows) {
+void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
+               size_t row_bytes, size_t rows) {
+  if (src_dev != Device::kCPU && reads_side_buffer(src, spitch * (rows - 1) + row_bytes)) side_join();
   if (dst_dev == Device::kCPU) {
     if (rows == 1)
       DI_CUDA_CHECK(cudaMemcpy(dst, src, row_bytes, cudaMemcpyDefault));
@@ -132,6 +161,41 @@ void init() {
 }
 
 void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+cudaStream_t side_fork() {
+  SideStream& s = side();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.stream == nullptr) {
+    DI_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));  // no implicit sync with stream 0
+    DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.forked, cudaEventDisableTiming));
+    DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  }
+  DI_CUDA_CHECK(cudaEventRecord(s.forked, nullptr));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.forked, 0));
+  return s.stream;
+}
+
+void side_pending(const void* buffer, size_t bytes) {
+  side_join();  // one pending piece at a time
+  SideStream& s = side();
+  std::lock_guard<std::mutex> lock(s.mu);
+  DI_CHECK(s.stream != nullptr, "side_pending: no side stream (side_fork first)");
+  DI_CUDA_CHECK(cudaEventRecord(s.done, s.stream));
+  s.buffer = static_cast<const char*>(buffer);
+  s.bytes = bytes;
+  s.pending.store(true, std::memory_order_release);
+}
+
+void side_join() {
+  SideStream& s = side();
+  if (!s.pending.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.pending.load(std::memory_order_relaxed)) return;
+  DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
+  s.buffer = nullptr;
+  s.bytes = 0;
+  s.pending.store(false, std::memory_order_release);
+}
 
 namespace {
 struct EventPool {
@@ -179,6 +243,7 @@ Tensor copy_to_device(const Tensor& t) {
   if (t.device() == Device::kCUDA) {
     DI_CHECK(t.is_contiguous(), "copy_to_device: non-contiguous CUDA tensor {}", t.describe());
     Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::kCUDA);
+    if (reads_side_buffer(t.raw(), t.nbytes())) side_join();
     DI_CUDA_CHECK(cudaMemcpy(out.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToDevice));
     return out;
   }
@@ -193,6 +258,7 @@ Tensor copy_to_host(const Tensor& t) {
   if (t.device() == Device::kCPU) return t.clone();
   DI_CHECK(t.is_contiguous(), "copy_to_host: non-contiguous CUDA tensor {}", t.describe());
   Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::kCPU);
+  side_join();
   DI_CUDA_CHECK(cudaMemcpy(out.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost));
   return out;
 }

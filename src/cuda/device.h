@@ -5,7 +5,11 @@
 // include it. Kernels and their launchers live in the other files of src/cuda.
 #pragma once
 
+#include <cstddef>
+
 #include "deepinfer/tensor.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace deepinfer::cuda {
 
@@ -30,6 +34,18 @@ Tensor copy_to_host(const Tensor& t);
 int op_event_record();
 double op_event_ms(int a, int b);
 void op_events_reset();
+
+// The side stream: a second (non-blocking) stream for small work that need not delay the default
+// stream's (the hyper-connections' Sinkhorn, needed only at the sublayer's end). side_fork() makes the
+// side stream wait for everything queued so far on the default stream and returns it; after queuing the
+// side work, side_pending(buffer, bytes) records its end and names the bytes it writes. side_join() makes the
+// default stream wait for that end (no host wait; a no-op when nothing is pending); it runs before any
+// copy to the host, before a device copy or a free that touches the pending bytes, and where the
+// consumer starts.
+// One piece of side work is pending at a time: side_pending joins an earlier one first.
+::CUstream_st* side_fork();
+void side_pending(const void* buffer, size_t bytes);
+void side_join();
 
 namespace detail {
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 
 #include "cuda/common.cuh"
@@ -19,86 +20,87 @@ constexpr int kMaxHc = 8;
 __device__ __forceinline__ float exp_f(float x) { return __double2float_rn(exp(static_cast<double>(x))); }
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f(-x))); }
 
-// The projections are split over the row's width so that one token still fills the GPU: block (s, t)
-// sums columns [s * chunk, (s + 1) * chunk) of token t into FP64 partials (fn[m] . x for each mix m,
-// then x . x), reduced inside the block in a fixed order (warp shuffles, then warps in order); the
-// finishing kernel adds the partials in split order. The split depends only on the width, so a row's
-// result does not depend on the batch.
-constexpr int kPartThreads = 128;
-constexpr int64_t kPartChunk = 512;
+// hc_mixes / hc_head in one launch. Block (s, t) sums columns [s * kMixChunk, (s + 1) * kMixChunk) of
+// token t (thread i: columns i, i + kMixThreads, ...) into FP64 partials (fn[m] . x for each mix m, then
+// x . x; each product is exact in FP64), reduced inside the block in a fixed order, and writes them to
+// `part`. The block that finishes last for its token (a per-token arrival counter, reset by that block
+// for the next launch) adds the partials in split order and finishes in warp 0. The split depends only on
+// the width, and the addition order never on which block arrives last, so a row's result depends neither
+// on the batch nor on scheduling. At decode the kernel is latency-bound (ncu: ~12 cycles per issued
+// instruction, one or two blocks per SM): what counts is dependent instructions per warp, hence one column
+// per thread (every load issued at once, 160 blocks at the models' width) and the recursive-halving warp
+// reduction (31 shuffles for 32 values instead of 5 per value).
+constexpr int kMixThreads = 128;
+constexpr int kMixCols = 1;                            // columns per thread
+constexpr int64_t kMixChunk = kMixThreads * kMixCols;  // columns per block
+constexpr int kSumGroups = 3;                          // threads per mix adding the partials
+static_assert(kSumGroups * (kMaxMix + 1) <= kMixThreads, "the last block's adders");
 
-__global__ void hc_partial_kernel(const float* stream, int64_t width, const float* fn, int M, int splits,
-                                  double* part) {
-  __shared__ double warp_sums[kPartThreads / 32][kMaxMix + 1];
-  const int64_t t = blockIdx.y, s = blockIdx.x;
-  const float* x = stream + t * width;
-  const int64_t c0 = s * kPartChunk, c1 = min(width, c0 + kPartChunk);
-  double ss = 0.0;
-  double acc[kMaxMix];
+// Sums v[j] (j < 32) over the warp; lane j returns the total of v[j]. Level o: the lanes with bit o
+// keep the upper half of their current window and send the lower half to their partner, the others the
+// reverse, so the window halves each level and lane j ends with index j. The order is fixed.
+template <int O>
+__device__ __forceinline__ void transpose_sum_level(double (&v)[32], int lane) {
+  const bool upper = (lane & O) != 0;
 #pragma unroll
-  for (int m = 0; m < kMaxMix; ++m) acc[m] = 0.0;
-  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
-    const double xv = x[i];
-    ss = __fma_rn(xv, xv, ss);  // the product is exact in FP64, so fma == the CPU's multiply-then-add
-#pragma unroll
-    for (int m = 0; m < kMaxMix; ++m)
-      if (m < M) acc[m] = __fma_rn(static_cast<double>(fn[m * width + i]), xv, acc[m]);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m <= kMaxMix; ++m) {
-    if (m < M || m == kMaxMix) {
-      double v = m == kMaxMix ? ss : acc[m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) warp_sums[warp][m] = v;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x <= kMaxMix && (static_cast<int>(threadIdx.x) < M || threadIdx.x == kMaxMix)) {
-    double v = 0.0;
-    for (int w = 0; w < kPartThreads / 32; ++w) v += warp_sums[w][threadIdx.x];
-    part[(t * splits + s) * (kMaxMix + 1) + threadIdx.x] = v;
+  for (int i = 0; i < O; ++i) {
+    const double send = upper ? v[i] : v[i + O];
+    const double keep = upper ? v[i + O] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
   }
 }
+__device__ __forceinline__ double warp_transpose_sum(double (&v)[32]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  transpose_sum_level<16>(v, lane);
+  transpose_sum_level<8>(v, lane);
+  transpose_sum_level<4>(v, lane);
+  transpose_sum_level<2>(v, lane);
+  transpose_sum_level<1>(v, lane);
+  return v[0];
+}
 
-// One block of kFinishThreads per token. Thread m (m < M, and thread kMaxMix for x . x) adds its
-// column of partials in split order (the same FP64 adds as before, one column per thread instead of
-// all columns in one thread). Then warp 0 finishes: mixes[m] = float(fn[m] . flat) *
+// The finish (warp 0 of the last block) from the FP64 sums: mixes[m] = float(fn[m] . flat) *
 // (1 / sqrt(float(ss / width) + norm_eps)); lane j < hc writes pre[j] (and post[j]); for comb, lane
 // l < hc*hc owns c[l] (row l / hc, column l % hc) in a register and every row / column sum is formed
-// by each lane of that row / column with shuffles, sequentially in the CPU's order (k ascending for
-// a row, j ascending for a column), so each value sees exactly the CPU's fp32 operation sequence.
-// mode 0: hc_mixes (writes pre, post, comb); mode 1: hc_head (writes pre only, M = hc).
-constexpr int kFinishThreads = 64;
+// by each lane of that row / column with shuffles, sequentially in the CPU's order (k ascending for a
+// row, j ascending for a column), so each value sees exactly the CPU's fp32 operation sequence.
+// HC > 0: hc known at compile time (the loops unroll and the shuffles issue together); 0: hc_rt.
+// mode 0: pre, post and comb; mode 1: hc_head (pre only, M = hc); mode 2: pre and post (hc_mixes: comb by
+// hc_comb_kernel on the side stream, from the sums the kernel stores).
+template <int HC>
+__device__ void hc_comb_warp(const double* sums, float r, const float* scale, const float* base, int hc_rt,
+                             int sinkhorn_iters, float hc_eps, float* comb);
 
-__global__ void __launch_bounds__(kFinishThreads)
-    hc_finish_kernel(const double* part, int splits, int64_t width, int M, const float* scale, const float* base,
-                     int hc, int sinkhorn_iters, float hc_eps, float norm_eps, int mode, float* pre, float* post,
-                     float* comb) {
-  __shared__ double sums[kMaxMix + 1];
-  const int64_t t = blockIdx.x;
-  const int tid = threadIdx.x;
-  if (tid <= kMaxMix && (tid < M || tid == kMaxMix)) {
-    const double* p = part + t * splits * (kMaxMix + 1) + tid;
-    double v = 0.0;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) v += p[static_cast<int64_t>(s) * (kMaxMix + 1)];
-    sums[tid] = v;
-  }
-  __syncthreads();
-  if (tid >= 32) return;
-  const int lane = tid;
+template <int HC>
+__device__ void hc_finish_warp(const double* sums, int64_t width, const float* scale, const float* base, int hc_rt,
+                               int sinkhorn_iters, float hc_eps, float norm_eps, int mode, float* pre, float* post,
+                               float* comb) {
+  const int hc = HC > 0 ? HC : hc_rt;
+  const int lane = static_cast<int>(threadIdx.x);
   const float r =
       __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(sums[kMaxMix] / static_cast<double>(width)), norm_eps)));
   if (lane < hc) {
     const float mix = __fmul_rn(static_cast<float>(sums[lane]), r);
-    pre[t * hc + lane] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[0]), base[lane])), hc_eps);
+    pre[lane] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[0]), base[lane])), hc_eps);
   }
   if (mode == 1) return;
   if (lane < hc) {
     const float mix = __fmul_rn(static_cast<float>(sums[hc + lane]), r);
-    post[t * hc + lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[1]), base[hc + lane])));
+    post[lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[1]), base[hc + lane])));
   }
+  if (mode == 2) return;  // comb: hc_comb_kernel on the side stream
+  hc_comb_warp<HC>(sums, r, scale, base, hc, sinkhorn_iters, hc_eps, comb);
+}
+
+// comb from the FP64 sums (r as in hc_finish_warp): lane l < hc*hc owns c[l] (row l / hc, column l % hc) in a
+// register and every row / column sum is formed by each lane of that row / column with shuffles, sequentially
+// in the CPU's order (k ascending for a row, j ascending for a column), so each value sees exactly the CPU's
+// fp32 operation sequence.
+template <int HC>
+__device__ void hc_comb_warp(const double* sums, float r, const float* scale, const float* base, int hc_rt,
+                             int sinkhorn_iters, float hc_eps, float* comb) {
+  const int hc = HC > 0 ? HC : hc_rt;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
   // Lanes past hc*hc mirror lane 0 (their values are never written); all lanes take part in the shuffles.
   const int l = lane < hc * hc ? lane : 0;
   const int row0 = (l / hc) * hc, col = l % hc;
@@ -107,9 +109,11 @@ __global__ void __launch_bounds__(kFinishThreads)
   // Row softmax + eps, then column normalisation, then (iters - 1) row / column rounds (the CPU's order).
   {
     float mx = -INFINITY;
+#pragma unroll
     for (int k = 0; k < hc; ++k) mx = fmaxf(mx, __shfl_sync(kAll, c, row0 + k));
     const float e = exp_f(__fsub_rn(c, mx));
     float sum = 0.0f;
+#pragma unroll
     for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, __shfl_sync(kAll, e, row0 + k));
     c = __fadd_rn(__fdiv_rn(e, sum), hc_eps);
   }
@@ -117,14 +121,109 @@ __global__ void __launch_bounds__(kFinishThreads)
   for (int it = 0; it < rounds; ++it) {
     if (it > 0) {
       float sum = 0.0f;
+#pragma unroll
       for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, __shfl_sync(kAll, c, row0 + k));
       c = __fdiv_rn(c, __fadd_rn(sum, hc_eps));
     }
     float sum = 0.0f;
+#pragma unroll
     for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, __shfl_sync(kAll, c, j * hc + col));
     c = __fdiv_rn(c, __fadd_rn(sum, hc_eps));
   }
-  if (lane < hc * hc) comb[t * hc * hc + lane] = c;
+  if (lane < hc * hc) comb[lane] = c;
+}
+
+template <int HC>
+__global__ void __launch_bounds__(kMixThreads)
+    hc_mix_kernel(const float* stream, int64_t width, const float* fn, int M, int splits, double* part, int* counters,
+                  const float* scale, const float* base, int hc_rt, int sinkhorn_iters, float hc_eps, float norm_eps,
+                  int mode, float* pre, float* post, float* comb, double* sums_out) {
+  static_assert(kMaxMix == 32, "warp_transpose_sum reduces 32 mixes");
+  __shared__ double warp_sums[kMixThreads / 32][kMaxMix + 1];
+  __shared__ double group_sums[kSumGroups][kMaxMix + 1];
+  __shared__ double sums[kMaxMix + 1];
+  __shared__ int is_last;
+  const int hc = HC > 0 ? HC : hc_rt;
+  const int64_t t = blockIdx.y, s = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  double xv[kMixCols];
+  bool in[kMixCols];
+#pragma unroll
+  for (int q = 0; q < kMixCols; ++q) {
+    const int64_t i = s * kMixChunk + q * kMixThreads + tid;
+    in[q] = i < width;
+    xv[q] = in[q] ? static_cast<double>(stream[t * width + i]) : 0.0;
+  }
+  double acc[kMaxMix];
+#pragma unroll
+  for (int m = 0; m < kMaxMix; ++m) {
+    acc[m] = 0.0;
+    if (m < M) {
+#pragma unroll
+      for (int q = 0; q < kMixCols; ++q)
+        if (in[q]) acc[m] += static_cast<double>(fn[m * width + s * kMixChunk + q * kMixThreads + tid]) * xv[q];
+    }
+  }
+  double ss = 0.0;
+#pragma unroll
+  for (int q = 0; q < kMixCols; ++q) ss += xv[q] * xv[q];  // exact squares, as the CPU's
+  const double mine = warp_transpose_sum(acc);             // lane m: this warp's sum of mix m
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  warp_sums[warp][lane] = mine;
+  if (lane == 0) warp_sums[warp][kMaxMix] = ss;
+  __syncthreads();
+  double* my_part = part + (t * splits + s) * (kMaxMix + 1);
+  if (tid <= kMaxMix && (tid < M || tid == kMaxMix)) {
+    double v = 0.0;
+    for (int w = 0; w < kMixThreads / 32; ++w) v += warp_sums[w][tid];
+    my_part[tid] = v;
+  }
+  // Publish the partials, then count this block in; the last block of the token sees every partial.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(counters + t, 1);
+    is_last = prev == splits - 1;
+    if (is_last) counters[t] = 0;  // every block of this token has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // Thread (g, m) adds splits g, g + kSumGroups, ... of mix m in order; then mix m's groups in order.
+  const double* tok_part = part + t * splits * (kMaxMix + 1);
+  if (tid < kSumGroups * (kMaxMix + 1)) {
+    const int g = tid / (kMaxMix + 1), m = tid % (kMaxMix + 1);
+    double v = 0.0;
+    if (m < M || m == kMaxMix) {
+#pragma unroll 8
+      for (int q = g; q < splits; q += kSumGroups) v += __ldcg(tok_part + static_cast<int64_t>(q) * (kMaxMix + 1) + m);
+    }
+    group_sums[g][m] = v;
+  }
+  __syncthreads();
+  if (tid <= kMaxMix) {
+    double v = 0.0;
+    for (int g = 0; g < kSumGroups; ++g) v += group_sums[g][tid];
+    sums[tid] = v;
+  }
+  __syncthreads();
+  if (mode == 2 && tid <= kMaxMix) sums_out[t * (kMaxMix + 1) + tid] = sums[tid];  // for hc_comb_kernel
+  if (warp != 0) return;
+  hc_finish_warp<HC>(sums, width, scale, base, hc, sinkhorn_iters, hc_eps, norm_eps, mode, pre + t * hc,
+                     post ? post + t * hc : nullptr, comb ? comb + t * hc * hc : nullptr);
+}
+
+// comb of token blockIdx.x from the sums hc_mix_kernel left (mode 2), on the side stream: one warp.
+template <int HC>
+__global__ void __launch_bounds__(32)
+    hc_comb_kernel(const double* sums, int64_t width, const float* scale, const float* base, int hc_rt,
+                   int sinkhorn_iters, float hc_eps, float norm_eps, float* comb) {
+  const int hc = HC > 0 ? HC : hc_rt;
+  const int64_t t = blockIdx.x;
+  const double* st = sums + t * (kMaxMix + 1);
+  const float r =
+      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(st[kMaxMix] / static_cast<double>(width)), norm_eps)));
+  hc_comb_warp<HC>(st, r, scale, base, hc, sinkhorn_iters, hc_eps, comb + t * hc * hc);
 }
 
 __global__ void hc_collapse_kernel(const float* stream, const float* pre, int64_t T, int hc, int64_t dim, bool round,
@@ -163,9 +262,29 @@ unsigned grid_for(int64_t total, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, int64_t{1} << 20));
 }
 
+// hc_mix_kernel's per-token arrival counters: zero between launches (each token's last block resets
+// its own). Grown, never shrunk; growing synchronises the device (the old buffer may still be in use).
+int* arrival_counters(int64_t rows) {
+  static std::mutex mu;
+  static int* buf = nullptr;
+  static int64_t cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (rows > cap) {
+    if (buf != nullptr) {
+      DI_CUDA_CHECK(cudaDeviceSynchronize());
+      DI_CUDA_CHECK(cudaFree(buf));
+    }
+    const int64_t n = std::max<int64_t>(rows, 4096);
+    DI_CUDA_CHECK(cudaMalloc(&buf, static_cast<size_t>(n) * sizeof(int)));
+    DI_CUDA_CHECK(cudaMemset(buf, 0, static_cast<size_t>(n) * sizeof(int)));
+    cap = n;
+  }
+  return buf;
+}
+
 void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t M,
                     int64_t hc, int64_t iters, float hc_eps, float norm_eps, int mode, float* pre, float* post,
-                    float* comb, const char* op) {
+                    float* comb, double* sums_out, const char* op) {
   check_dev(stream, op, "stream");
   check_dev(fn, op, "fn");
   check_dev(scale, op, "scale");
@@ -179,20 +298,21 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
            base.describe(), scale.describe());
   if (T == 0) return;
   DI_CHECK(T < (int64_t{1} << 31) && width > 0, "{}: too many rows or an empty row", op);
-  const int splits = static_cast<int>((width + kPartChunk - 1) / kPartChunk);
+  const int splits = static_cast<int>((width + kMixChunk - 1) / kMixChunk);
   constexpr int64_t kRowsPerLaunch = 65535;  // grid.y limit
   const int64_t rows = std::min(T, kRowsPerLaunch);
   Tensor part = Tensor::empty({rows * splits * (kMaxMix + 1) * 2}, DType::kF32, Device::kCUDA);  // doubles
   double* p = static_cast<double*>(part.raw());
+  int* counters = arrival_counters(rows);
   for (int64_t t0 = 0; t0 < T; t0 += kRowsPerLaunch) {
     const int64_t n = std::min(kRowsPerLaunch, T - t0);
-    hc_partial_kernel<<<dim3(static_cast<unsigned>(splits), static_cast<unsigned>(n)), kPartThreads>>>(
-        stream.data<float>() + t0 * width, width, fn.data<float>(), static_cast<int>(M), splits, p);
-    DI_CUDA_CHECK(cudaGetLastError());
-    hc_finish_kernel<<<static_cast<unsigned>(n), kFinishThreads>>>(
-        p, splits, width, static_cast<int>(M), scale.data<float>(), base.data<float>(), static_cast<int>(hc),
-        static_cast<int>(iters), hc_eps, norm_eps, mode, pre + t0 * hc, post ? post + t0 * hc : nullptr,
-        comb ? comb + t0 * hc * hc : nullptr);
+    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
+    auto kernel = hc == 4 ? hc_mix_kernel<4> : hc_mix_kernel<0>;
+    kernel<<<grid, kMixThreads>>>(stream.data<float>() + t0 * width, width, fn.data<float>(), static_cast<int>(M),
+                                  splits, p, counters, scale.data<float>(), base.data<float>(), static_cast<int>(hc),
+                                  static_cast<int>(iters), hc_eps, norm_eps, mode, pre + t0 * hc,
+                                  post ? post + t0 * hc : nullptr, comb ? comb + t0 * hc * hc : nullptr,
+                                  sums_out ? sums_out + t0 * (kMaxMix + 1) : nullptr);
     DI_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -202,10 +322,25 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
 ops::HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                     int64_t sinkhorn_iters, float hc_eps, float norm_eps) {
   const int64_t T = stream.size(0), M = (2 + hc) * hc;
+  // comb and, behind it, the FP64 sums its Sinkhorn starts from share one buffer, so that the sums live as
+  // long as comb (the side stream reads them after this call returns).
+  const int64_t comb_floats = (T * hc * hc + 1) / 2 * 2, sums_floats = 2 * T * (kMaxMix + 1);
+  Tensor buf = Tensor::empty({comb_floats + sums_floats}, DType::kF32, Device::kCUDA);
   ops::HcMix out{Tensor::empty({T, hc}, DType::kF32, Device::kCUDA), Tensor::empty({T, hc}, DType::kF32, Device::kCUDA),
-                 Tensor::empty({T, hc, hc}, DType::kF32, Device::kCUDA)};
-  launch_project(stream, fn, scale, base, M, hc, sinkhorn_iters, hc_eps, norm_eps, 0, out.pre.data<float>(),
-                 out.post.data<float>(), out.comb.data<float>(), "cuda::hc_mixes");
+                 buf.slice(0, 0, T * hc * hc).view({T, hc, hc})};
+  double* sums = reinterpret_cast<double*>(buf.data<float>() + comb_floats);
+  launch_project(stream, fn, scale, base, M, hc, sinkhorn_iters, hc_eps, norm_eps, 2, out.pre.data<float>(),
+                 out.post.data<float>(), nullptr, sums, "cuda::hc_mixes");
+  if (T == 0) return out;
+  // The Sinkhorn (~20 dependent rounds in one warp) runs on the side stream: pre, which the sublayer's
+  // input needs at once, is ready without it; comb is needed only at the sublayer's hc_expand (side_join).
+  cudaStream_t side = side_fork();
+  auto kernel = hc == 4 ? hc_comb_kernel<4> : hc_comb_kernel<0>;
+  kernel<<<static_cast<unsigned>(T), 32, 0, side>>>(sums, stream.numel() / T, scale.data<float>(), base.data<float>(),
+                                                    static_cast<int>(hc), static_cast<int>(sinkhorn_iters), hc_eps,
+                                                    norm_eps, out.comb.data<float>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  side_pending(buf.raw(), buf.nbytes());
   return out;
 }
 
@@ -237,6 +372,7 @@ Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, cons
            stream.describe());
   Tensor out = Tensor::empty({T, hc, dim}, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
+  side_join();  // comb may come from hc_mixes' side stream
   hc_expand_kernel<<<grid_for(out.numel(), 256), 256>>>(y.data<float>(), stream.data<float>(), post.data<float>(),
                                                         comb.data<float>(), T, static_cast<int>(hc), dim, round,
                                                         out.data<float>());
@@ -249,7 +385,7 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
   DI_CHECK(stream.dim() == 3, "cuda::hc_head: stream {}", stream.describe());
   const int64_t T = stream.size(0), hc = stream.size(1);
   Tensor pre = Tensor::empty({T, hc}, DType::kF32, Device::kCUDA);
-  launch_project(stream, fn, scale, base, hc, hc, 0, hc_eps, norm_eps, 1, pre.data<float>(), nullptr, nullptr,
+  launch_project(stream, fn, scale, base, hc, hc, 0, hc_eps, norm_eps, 1, pre.data<float>(), nullptr, nullptr, nullptr,
                  "cuda::hc_head");
   return hc_collapse(stream, pre, round);
 }

@@ -4,13 +4,16 @@
 // Numerics.
 //  * hc_collapse, hc_expand: one thread per output, the CPU's fp32 order (acc = 0; acc += p_j * s_j
 //    for j = 0..hc-1; expand: post * y + acc) with explicit IEEE operations: bit for bit the CPU op.
-//  * hc_mixes, hc_head: the projection sums (mean of squares, fn . flat(stream)) are FP64 as on the
-//    CPU, but split over 512-column chunks (one block each, a fixed tree inside) added in chunk order instead of the
-//    CPU's sequential order; products are exact in FP64, so the fp32 mixes equal the CPU's unless a double-rounding
-//    boundary is hit (rare, one fp32 ulp). Everything after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order
-//    per value in one warp per token (lane l owns comb[l]; row / column sums formed sequentially from shuffles in the
-//    CPU's order), exp as fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp cases).
-//    Tests allow 2e-6 relative on pre / post / comb.
+//  * hc_mixes, hc_head: one launch. The projection sums (mean of squares, fn . flat(stream)) are FP64 as on
+//    the CPU, but split over 128-column chunks (one block each, a fixed tree inside) added in chunk order
+//    by the token's last block instead of the CPU's sequential order; products are exact in FP64, so the
+//    fp32 mixes equal the CPU's unless a double-rounding boundary is hit (rare, one fp32 ulp). Everything
+//    after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order per value in one warp per token (lane l
+//    owns comb[l]; row / column sums formed sequentially from shuffles in the CPU's order), exp as
+//    fp32(exp(double)) (glibc's expf is correctly rounded but for ~0.5 ulp cases). Tests allow 2e-6
+//    relative on pre / post / comb.
+//  * hc_mixes returns pre and post computed, and comb still being computed on the side stream (device.h:
+//    side_fork): its Sinkhorn overlaps the sublayer, and hc_expand (and any copy of comb) joins it first.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +24,8 @@
 namespace deepinfer::cuda {
 
 // stream [T, hc, dim] contiguous float32 on kCUDA; fn [(2+hc)*hc, hc*dim], scale [3], base [(2+hc)*hc]
-// float32 on kCUDA. Returns pre [T, hc], post [T, hc], comb [T, hc, hc] on kCUDA.
+// float32 on kCUDA. Returns pre [T, hc], post [T, hc], comb [T, hc, hc] on kCUDA (comb written by the side
+// stream: read it only through hc_expand or a copy, which join the side stream).
 ops::HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                     int64_t sinkhorn_iters, float hc_eps, float norm_eps);
 // out[t, d] = round(sum_j pre[t, j] * stream[t, j, d]); [T, dim].

@@ -454,8 +454,8 @@ void launch_chain(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, in
 
 // The exact linear: the decode GEMV (linear_gemv.cuh) for the few-row calls it takes when `decode_gemv`,
 // else this file's slab kernels. Both replay the CPU op's order, so the choice never changes a bit.
-void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y,
-                  cudaStream_t stream, bool decode_gemv) {
+void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y, cudaStream_t stream,
+                  bool decode_gemv) {
   const char* op = "cuda::linear";
   DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2,
            "{}: x must be a 2-D float32 CUDA tensor, got {}", op, x.describe());
@@ -489,7 +489,12 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   // 1.34x, wq_a [1280, 5120] 1.21x); on wider weights, on M >= 2 and on FP4 / BF16 the slab kernel
   // is as fast or faster (its grouped mode is what the routed experts use: linear_grouped.cu).
   constexpr int64_t kGemvMaxRows = 2048;
-  if (decode_gemv && M == 1 && fmt == kFp8 && N <= kGemvMaxRows) {
+  // Single-row E4M3 calls on weights that fp8_walk_gemv streams near the HBM ceiling (gemv_fp8_uses_walk:
+  // wq_b, wo_b, the shared expert's w2, the indexer's wq_b) also go to the GEMV, which needs no prep_x
+  // launch; under variant 2 (forced) every single-row E4M3 call does. Between 2,048 and 4,096 rows (the
+  // shared expert's w1 / w3) the slab kernel measured fastest.
+  const bool walk = fmt == kFp8 && M == 1 && gemv_fp8_uses_walk(false, N);
+  if (decode_gemv && fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) {
     GemvArgs a;
     a.fmt = fmt, a.w = static_cast<const uint8_t*>(w.raw()), a.ldw = ldw, a.scale = s, a.lds = lds, a.B = B;
     a.N = static_cast<int>(N), a.K = static_cast<int>(K);
@@ -562,7 +567,8 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
 WeightLayout weight_layout(const ops::QWeight& qw, const char* op) {
   const Tensor& w = qw.w;
   DI_CHECK(w.defined() && w.device() == Device::kCUDA && w.dim() == 2,
-           "{}: the weight must be a 2-D CUDA tensor, got {}", op, w.defined() ? w.describe() : std::string("(undefined)"));
+           "{}: the weight must be a 2-D CUDA tensor, got {}", op,
+           w.defined() ? w.describe() : std::string("(undefined)"));
   DI_CHECK(w.size(1) <= 1 || w.strides()[1] == 1, "{}: the weight's rows must be dense, got {}", op, w.describe());
   const int64_t N = w.size(0), K = w.size(1);
   WeightLayout l;
@@ -603,8 +609,7 @@ WeightLayout weight_layout(const ops::QWeight& qw, const char* op) {
   return l;
 }
 
-void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
-                 CUstream_st* stream) {
+void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y, CUstream_st* stream) {
   linear_exact(x, w, opts, y, stream, false);
 }
 

@@ -31,6 +31,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -665,7 +666,7 @@ __global__ void __launch_bounds__(256) chain_gemv(Params p) {
 __device__ __forceinline__ void fp4_half_patterns(uint32_t W, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
   const uint32_t H = W & 0xF0F0F0F0u;         // the high nibbles
   const uint32_t L = (W << 4) & 0xF0F0F0F0u;  // the low nibbles
-  uint32_t gh, gl;  // (X | X >> 3) & 0x8E8E8E8E as one LOP3 each (immLut 0xA8 = (a | b) & c)
+  uint32_t gh, gl;                            // (X | X >> 3) & 0x8E8E8E8E as one LOP3 each (immLut 0xA8 = (a | b) & c)
   asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gh) : "r"(H), "r"(H >> 3), "r"(0x8E8E8E8Eu));
   asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gl) : "r"(L), "r"(L >> 3), "r"(0x8E8E8E8Eu));
   lo[0] = prmt(gl, 0u, 0x1404u);  // bytes [0, gl.b0, 0, gl.b1]
@@ -740,7 +741,6 @@ __device__ __forceinline__ bool fp4_fast4(uint32_t e4) {
   return (((e4 & 0x7f7f7f7fu) + 0x18181818u) & ~e4 & 0x80808080u) == 0x80808080u;
 }
 
-
 __host__ __device__ inline int64_t pair_smem_bytes(int MT, int K, int ng) {
   return 4 * (static_cast<int64_t>(MT) * K + 2 * ((MT * ng + 3) & ~3));
 }
@@ -755,9 +755,9 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
   constexpr int kSlots = pair_slots(MT);
   extern __shared__ __align__(16) float smem_f[];
   pdl_launch_dependents();
-  const int K = p.K, N = p.N, nch = K / 32, nsu = (nch + 3) / 4;  // slots (4 chunks) per row
-  float* xs = smem_f;                                               // [MT][K]
-  uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * K);        // [MT][ng]: amax, then scale
+  const int K = p.K, N = p.N, nch = K / 32, nsu = (nch + 3) / 4;          // slots (4 chunks) per row
+  float* xs = smem_f;                                                     // [MT][K]
+  uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * K);              // [MT][ng]: amax, then scale
   float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));  // [MT][ng]: 1 / scale
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int h = lane & 1;
@@ -905,8 +905,7 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
       if (kEven && fp4_fast4(e4)) {
         // 2^(e_j - 113) in both halves of sc[j]: byte j of d = 4 (e_j - 98) < 128 moved to bytes 1 and 3.
         const uint32_t d = (e4 - 0x62626262u) << 2;
-        const uint32_t sc[4] = {prmt(d, 0u, 0x0404u), prmt(d, 0u, 0x1414u), prmt(d, 0u, 0x2424u),
-                                prmt(d, 0u, 0x3434u)};
+        const uint32_t sc[4] = {prmt(d, 0u, 0x0404u), prmt(d, 0u, 0x1414u), prmt(d, 0u, 0x2424u), prmt(d, 0u, 0x3434u)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           float w[16];
@@ -1052,7 +1051,8 @@ void launch_fp4_pair(Params p, cudaStream_t stream) {
   for (const int w : {4, 2, 1}) {
     const int64_t steps = (p.N + 16 * w - 1) / (16 * w);
     const int64_t work = steps * p.mtiles;
-    const int64_t resident = static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * w, smem)) * sms;
+    const int64_t resident =
+        static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * w, smem)) * sms;
     const int64_t grid = std::max<int64_t>(p.mtiles, std::min(work, resident) / p.mtiles * p.mtiles);
     const int64_t per_block = (steps + grid / p.mtiles - 1) / (grid / p.mtiles);
     const int64_t cost = (grid + sms - 1) / sms * per_block * w;
@@ -1068,11 +1068,35 @@ std::atomic<int> g_fp4_variant{2};
 
 int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
 
+// The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (the
+// default; fp8_uses_walk). gemv_set_fp8_variant.
+constexpr int kFp8DefaultVariant = 3;
+std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
+
 }  // namespace
 
 int gemv_set_fp4_variant(int v) {
   DI_CHECK(v >= 0 && v <= 2, "gemv_set_fp4_variant: {} is not 0, 1 or 2", v);
   return g_fp4_variant.exchange(v == 0 ? 2 : v, std::memory_order_relaxed);
+}
+
+int gemv_set_fp8_variant(int v) {
+  DI_CHECK(v >= 0 && v <= 3, "gemv_set_fp8_variant: {} is not 0 .. 3", v);
+  return g_fp8_variant.exchange(v == 0 ? kFp8DefaultVariant : v, std::memory_order_relaxed);
+}
+
+int gemv_fp8_variant() { return g_fp8_variant.load(std::memory_order_relaxed); }
+
+bool gemv_fp8_uses_walk(bool grouped, int64_t N) {
+  // By shape (bench_cuda_gemv on the H200, V4.1 shapes at M = 1): a warp of fp8_walk_gemv walks 4 rows over
+  // the whole of K, so it needs many row groups to fill the GPU. It won at N >= 4,096 (wq_b [32768, 1280]
+  // 17.2 us against 29.8 for fp8_gemv, shared w2 [5120, 2304] 10.3 against 13.0, wo_b [5120, 8192] 26.8
+  // against 40.8) and on grouped calls (wo_a's 8 x [1024, 4096]: 18.9 against 28.8); fp8_gemv, which splits
+  // K across a block, won on narrow weights (wq_a [1024, 5120] 8.7 against 23.1, wkv [512, 5120] 7.7
+  // against 16.6).
+  constexpr int64_t kWalkMinRows = 4096;
+  const int v = gemv_fp8_variant();
+  return v == 2 || (v == 3 && (grouped || N >= kWalkMinRows));
 }
 
 bool gemv_supported(const GemvArgs& a) {
@@ -1128,7 +1152,9 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   p.A = static_cast<int>(std::min<int64_t>(a.act_quant_block, a.K));  // a block >= K is one group per row
   p.ng = p.A > 0 ? (p.K + p.A - 1) / p.A : 0;
   p.round = a.round;
-  if (a.fmt == kFp8)
+  if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N))
+    gemv_fp8_walk_into(a, stream);
+  else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_variant() == 2)
     launch_fp4_pair(p, stream);

@@ -34,6 +34,10 @@
 //    flight; blocks of 1, 2 or 4 warps (16 rows each) sized to spread the rows evenly over the SMs.
 //    The first FP4 kernel (chain_gemv) stays for comparison: tests and benchmarks switch with
 //    gemv_set_fp4_variant.
+//  * E4M3, second kernel (fp8_walk_gemv, gemv_set_fp8_variant): a warp owns 4 / MT rows and walks the whole
+//    row in segments of 16 tiles (two lanes per tile as above), with 16 loads per lane in flight; it folds its
+//    own tile sums through a per-warp shared buffer (lane = (row, x row, l)), so no block barrier after the
+//    x prologue. Details in linear_gemv_fp8.cu.
 // Blocks are persistent (each loops over row groups), so x is staged once per block.
 // Known gap (as linear.cu): an E4M3 tile scale code above 246 takes the CPU's scalar path, not replayed.
 #pragma once
@@ -90,5 +94,16 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream);
 // design: 4 lanes per row and a shared-memory transpose), 2 = fp4_pair_gemv (2 lanes per row, fp16x2
 // decode; the default), 0 = the default again. Returns the variant in force before the call.
 int gemv_set_fp4_variant(int v);
+
+// Tests, benchmarks and the dispatch in linear.cu: the E4M3 kernel of the following gemv_into calls,
+// 1 = fp8_gemv (K split across a block, tile sums folded after a block barrier), 2 = fp8_walk_gemv
+// (linear_gemv_fp8.cu: each warp walks whole rows and folds its own tile sums, a deeper load pipeline),
+// 3 = by shape (the default: fp8_walk_gemv for grouped calls and N >= 4096, where it measured faster;
+// fp8_gemv otherwise), 0 = the default again. gemv_set_fp8_variant returns the variant in force before the
+// call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of this shape (grouped or
+// dense with N weight rows) runs fp8_walk_gemv under it.
+int gemv_set_fp8_variant(int v);
+int gemv_fp8_variant();
+bool gemv_fp8_uses_walk(bool grouped, int64_t N);
 
 }  // namespace deepinfer::cuda

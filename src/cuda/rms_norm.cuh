@@ -12,4 +12,9 @@ namespace deepinfer::cuda {
 // Asynchronous on the default stream.
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round);
 
+// rms_norm(hc_collapse(stream, pre, round), w, eps, round) (hc.cuh) in one kernel where the row fits
+// (dim % 4 == 0, dim <= 8192), the same bits as the two ops; the two ops otherwise. stream [T, hc, dim],
+// pre [T, hc] float32 on kCUDA. Returns [T, dim].
+Tensor hc_collapse_norm(const Tensor& stream, const Tensor& pre, const Tensor& w, float eps, bool round);
+
 }  // namespace deepinfer::cuda

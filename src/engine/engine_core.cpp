@@ -1,5 +1,6 @@
 #include "engine/engine_core.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <unordered_map>
@@ -8,6 +9,7 @@
 #include "deepinfer/error.h"
 #include "engine/local_model_runner.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "sampling/sampler.h"
 #include "structured/structured.h"
 
@@ -170,14 +172,22 @@ void EngineCore::record_prompt_logprobs(const ModelRunnerOutput& ro) {
   }
 }
 
+// One token per row whose sequence is still live (a stop string may have ended one since it was
+// scheduled). Host rows go through sample() one by one; rows left on the GPU (ro.device_logits) go through
+// ops::sample_rows in one call, with the same results bit for bit. Either way a row sample() rejects
+// (e.g. a grammar mask that allows nothing) throws out of step() with sample()'s message, the first bad
+// row in row order, and no token of the step is kept.
 std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) const {
-  std::vector<SampledToken> sampled;
-  sampled.reserve(ro.seq_ids.size());
+  const bool on_device = ro.device_logits.defined();
+  std::vector<SampleInput> inputs;
+  std::vector<int32_t> live;  // the row of each input
+  std::vector<int64_t> seq_ids;
+  inputs.reserve(ro.seq_ids.size());
   for (size_t i = 0; i < ro.seq_ids.size(); ++i) {
     const Sequence* seq = scheduler_->sequence(ro.seq_ids[i]);
     if (!seq) continue;
     SampleInput in;
-    in.logits = ro.row(i);
+    in.logits = on_device ? nullptr : ro.row(i);
     in.vocab = ro.vocab;
     in.params = &seq->request->params;
     in.seed = seq->seed;
@@ -187,8 +197,29 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
     in.eos_id = static_cast<int32_t>(config_.eos_token_id);
     auto m = so_masks_.find(seq->seq_id);
     if (m != so_masks_.end()) in.allowed_mask = &m->second;
-    SampleResult r = sample(in);
-    sampled.push_back(SampledToken{seq->seq_id, r.token, r.logprob, std::move(r.top_logprobs)});
+    inputs.push_back(in);
+    live.push_back(static_cast<int32_t>(i));
+    seq_ids.push_back(seq->seq_id);
+  }
+  std::vector<SampleResult> results;
+  if (on_device) {
+    if (inputs.empty()) return {};
+    Tensor rows = ro.device_logits;
+    if (live.size() != ro.seq_ids.size()) {  // drop the finished sequences' rows on the device
+      Tensor ids = Tensor::empty({static_cast<int64_t>(live.size())}, DType::kI32);
+      std::copy(live.begin(), live.end(), ids.data<int32_t>());
+      rows = ops::gather_rows(rows, ids.to(rows.device()));
+    }
+    results = ops::sample_rows(rows, inputs);
+  } else {
+    results.reserve(inputs.size());
+    for (const SampleInput& in : inputs) results.push_back(sample(in));
+  }
+  std::vector<SampledToken> sampled;
+  sampled.reserve(results.size());
+  for (size_t k = 0; k < results.size(); ++k) {
+    SampleResult& r = results[k];
+    sampled.push_back(SampledToken{seq_ids[k], r.token, r.logprob, std::move(r.top_logprobs)});
   }
   return sampled;
 }

@@ -8,7 +8,9 @@
 //
 // Because every draw depends only on (sequence seed, output position) and the kernels are batch
 // invariant, a request's tokens do not depend on what else runs, the token budget, the order of
-// arrival or preemption.
+// arrival or preemption. Sampling runs where the logits are: on the CPU for a CPU model, on the GPU
+// (ops::sample_rows over the runner's device_logits, one call per step) for a CUDA model, with the
+// same tokens and logprobs bit for bit.
 //
 // Async scheduling (EngineArgs::async_scheduling, on by default): the model executes step N on a
 // worker thread while the engine thread runs the output processor (detokenising, stop strings) on
@@ -108,8 +110,8 @@ class EngineCore {
   void accept_structured(std::vector<SeqUpdate>& updates);
   std::shared_ptr<const structured::TokenVocab> so_vocab_;
   std::unordered_map<std::string, std::shared_ptr<structured::CompiledGrammar>> so_grammars_;  // by so_args text
-  std::unordered_map<std::string, SoRequest> so_requests_;  // by request id
-  std::unordered_map<int64_t, SoSeq> so_seqs_;              // by sequence id
+  std::unordered_map<std::string, SoRequest> so_requests_;                                     // by request id
+  std::unordered_map<int64_t, SoSeq> so_seqs_;                                                 // by sequence id
   std::unordered_map<int64_t, std::vector<uint32_t>> so_masks_;  // the masks of the step being sampled
   int32_t think_open_ = -1, think_close_ = -1;
 

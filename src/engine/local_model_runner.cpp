@@ -4,11 +4,12 @@
 #include <cstring>
 
 #include "deepinfer/error.h"
+#include "ops/ops.h"
 
 namespace deepinfer {
 
-LocalModelRunner::LocalModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics, int64_t replay_keep_tokens,
-                               int64_t state_budget_bytes)
+LocalModelRunner::LocalModelRunner(std::unique_ptr<Model> model, const ops::Numerics& numerics,
+                                   int64_t replay_keep_tokens, int64_t state_budget_bytes)
     : model_(std::move(model)), replay_keep_(replay_keep_tokens) {
   DI_CHECK(model_ != nullptr, "LocalModelRunner: no model");
   if (state_budget_bytes > 0) {
@@ -22,6 +23,7 @@ LocalModelRunner::LocalModelRunner(std::unique_ptr<Model> model, const ops::Nume
   }
   opts_.numerics = numerics;
   opts_.all_logits = false;
+  opts_.logits_device = model_->device() != Device::kCPU;
 }
 
 const SequenceState* LocalModelRunner::state(int64_t seq_id) const {
@@ -55,9 +57,44 @@ ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
   }
   Tensor logits = model_->forward_batch(batch, opts_);
   // forward_batch returns, per chunk in order, all its rows (all_logits) or its last row.
-  const size_t V = static_cast<size_t>(result.vocab);
-  const float* p = logits.data<float>();
   int64_t rows_used = 0;
+  for (const ScheduledSeq& s : out.seqs)
+    rows_used += s.want_prompt_logits ? static_cast<int64_t>(s.tokens.size()) : s.want_logits ? 1 : 0;
+  DI_CHECK(logits.size(0) == rows_used && logits.size(1) == result.vocab,
+           "model runner: forward returned {} logits rows, expected {}", logits.size(0), rows_used);
+  const size_t V = static_cast<size_t>(result.vocab);
+  if (opts_.logits_device) {
+    // The rows to sample stay on the device: the last row of each chunk that wants one. Without prompt
+    // logprobs (the usual step) those are all the rows, in order; otherwise they are gathered there and
+    // only the prompt rows come to the host.
+    std::vector<int32_t> wanted;
+    int64_t r = 0;
+    for (const ScheduledSeq& s : out.seqs) {
+      const int64_t n = s.want_prompt_logits ? static_cast<int64_t>(s.tokens.size()) : s.want_logits ? 1 : 0;
+      if (s.want_prompt_logits) {
+        result.prompt_seq_ids.push_back(s.seq_id);
+        result.prompt_pos.push_back(s.start_pos);
+        result.prompt_rows.push_back(n);
+        const Tensor host = logits.slice(0, r, r + n).to(Device::kCPU);
+        result.prompt_logits.insert(result.prompt_logits.end(), host.data<float>(), host.data<float>() + n * V);
+      }
+      if (s.want_logits) wanted.push_back(static_cast<int32_t>(r + n - 1));
+      r += n;
+    }
+    // Each chunk gives at most one row to sample: as many as there are rows means every row, in order.
+    if (!wanted.empty() && wanted.size() == static_cast<size_t>(rows_used)) {
+      result.device_logits = logits;
+    } else if (!wanted.empty()) {
+      Tensor ids = Tensor::empty({static_cast<int64_t>(wanted.size())}, DType::kI32);
+      std::copy(wanted.begin(), wanted.end(), ids.data<int32_t>());
+      result.device_logits = ops::gather_rows(logits, ids.to(logits.device()));
+    }
+    // The model's queued GPU work is waited for here rather than inside the sampler, which would wait for it
+    // anyway: EngineStats keeps model and sampling time apart.
+    ops::synchronize(logits.device());
+    return result;
+  }
+  const float* p = logits.data<float>();
   for (const ScheduledSeq& s : out.seqs) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (s.want_prompt_logits) {
@@ -67,15 +104,11 @@ ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
       result.prompt_logits.insert(result.prompt_logits.end(), p, p + n * V);
       if (s.want_logits) result.logits.insert(result.logits.end(), p + (n - 1) * V, p + n * V);
       p += n * V;
-      rows_used += n;
     } else if (s.want_logits) {
       result.logits.insert(result.logits.end(), p, p + V);
       p += V;
-      rows_used += 1;
     }
   }
-  DI_CHECK(logits.size(0) == rows_used && logits.size(1) == result.vocab,
-           "model runner: forward returned {} logits rows, expected {}", logits.size(0), rows_used);
   return result;
 }
 

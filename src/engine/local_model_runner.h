@@ -1,6 +1,7 @@
 // LocalModelRunner: the ModelRunner over a Model (V4 or V4.1) in this process, on the model's device (CPU or
 // CUDA): a SequenceState per sequence (in that device's memory), one
-// forward_batch per step.
+// forward_batch per step. On CUDA the rows to sample stay on the GPU (ModelRunnerOutput::device_logits,
+// sampled there by ops::sample_rows); only prompt-logprob rows are copied to the host.
 #pragma once
 
 #include <memory>
@@ -26,6 +27,11 @@ class LocalModelRunner final : public ModelRunner {
   int64_t num_states() const override { return static_cast<int64_t>(states_.size()); }
 
   const Model& model() const { return *model_; }
+  // Whether the rows to sample stay on the model's device as ModelRunnerOutput::device_logits (default: on
+  // for a model on CUDA, off on the CPU). Tests set it both ways: off on CUDA gives host rows for the CPU
+  // sampler; on for a CPU model runs the device path's plumbing with CPU tensors.
+  void set_device_logits(bool on) { opts_.logits_device = on; }
+  bool device_logits() const { return opts_.logits_device; }
   // The state held for seq_id, or nullptr (tests compare it with the KV accounting).
   const SequenceState* state(int64_t seq_id) const;
 

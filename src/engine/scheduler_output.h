@@ -1,5 +1,6 @@
 // The plain records that cross between deciding (Scheduler), doing (ModelRunner) and sampling:
-// no tensors, no pointers into scheduler state (vLLM v1 `sched/output.py`, `outputs.py`).
+// no pointers into scheduler state (vLLM v1 `sched/output.py`, `outputs.py`); the one tensor is the
+// runner's logits when they stay on the GPU for sampling there.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "deepinfer/tensor.h"
 #include "engine/request.h"
 
 namespace deepinfer {
@@ -16,9 +18,9 @@ namespace deepinfer {
 // chunk, the re-prefill after preemption and a decode token are all just `tokens`.
 struct ScheduledSeq {
   int64_t seq_id = 0;
-  int64_t start_pos = 0;        // = num_computed_tokens before the step; 0 means a fresh state
-  std::vector<int32_t> tokens;  // the tokens to run, at positions start_pos ...
-  bool want_logits = false;     // the chunk reaches the end of the known tokens: sample after it
+  int64_t start_pos = 0;            // = num_computed_tokens before the step; 0 means a fresh state
+  std::vector<int32_t> tokens;      // the tokens to run, at positions start_pos ...
+  bool want_logits = false;         // the chunk reaches the end of the known tokens: sample after it
   bool want_prompt_logits = false;  // every row of the chunk, for prompt_logprobs
   int64_t num_prompt_tokens = 0;    // the request's prompt (bounded replay counts back from its end)
 };
@@ -31,14 +33,25 @@ struct SchedulerOutput {
   bool empty() const { return seqs.empty(); }
 };
 
-// The model's answer: one logits row per sequence that wanted logits, in SchedulerOutput order.
+// The model's answer: one logits row per sequence that wanted logits, in SchedulerOutput order, either
+// on the host (`logits`) or, when the model runs on a GPU, left there (`device_logits`; `logits` is
+// empty then) so that the sampler reads them in place and only the sampled tokens cross the bus.
 struct ModelRunnerOutput {
   std::vector<int64_t> seq_ids;
   int64_t vocab = 0;
-  std::vector<float> logits;  // [seq_ids.size(), vocab]
+  std::vector<float> logits;  // [seq_ids.size(), vocab] on the host, unless device_logits is defined
+  Tensor device_logits;       // float32 [seq_ids.size(), vocab] on the model's device, or undefined
+  // Row i on the host; only when device_logits is undefined (host_logits() gives a host copy otherwise).
   const float* row(size_t i) const { return logits.data() + i * static_cast<size_t>(vocab); }
-  // prompt_logprobs: for prompt_seq_ids[i], prompt_rows[i] consecutive rows of prompt_logits, the
-  // first at position prompt_pos[i] (the logits after that position's token).
+  // The rows on the host wherever they are (a copy from the device): for readers that need host rows.
+  std::vector<float> host_logits() const {
+    if (!device_logits.defined()) return logits;
+    const Tensor h = device_logits.to(Device::kCPU);
+    return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+  }
+  // prompt_logprobs (always on the host: rare, and read by the CPU): for prompt_seq_ids[i], prompt_rows[i]
+  // consecutive rows of prompt_logits, the first at position prompt_pos[i] (the logits after that
+  // position's token).
   std::vector<int64_t> prompt_seq_ids, prompt_pos, prompt_rows;
   std::vector<float> prompt_logits;
 };

@@ -30,6 +30,9 @@ struct ForwardOptions {
   ops::Numerics numerics;
   bool all_logits = true;  // logits for every token, or only the last
   Trace* trace = nullptr;  // optional
+  // The logits stay on the model's device (for sampling there, ops::sample_rows) instead of coming back to
+  // the host. A batch that wants no logits still returns its empty [0, vocab] tensor on the host.
+  bool logits_device = false;
 };
 
 // One sequence's part of a batched forward: its next tokens (a prefill chunk or one decode token)
@@ -61,13 +64,13 @@ class Model {
   std::unique_ptr<SequenceState> new_sequence(const StatePools& pools = {}) const {
     return std::make_unique<SequenceState>(cfg_, pools, device_);
   }
-  // Returns float32 logits [T or 1, vocab] on the host.
+  // Returns float32 logits [T or 1, vocab] on the host (on the model's device with opts.logits_device).
   Tensor forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const;
   // Several sequences in one forward: their tokens are stacked into one batch for every GEMM and
   // per-token op (the attention projections included); only attention's state-dependent middle runs
-  // per sequence on its own state. Returns the wanted logits rows,
-  // sequence by sequence in batch order, [rows, vocab] on the host. With the batch-invariant kernels (the
-  // default) every row equals what the sequence would get alone. opts.all_logits is ignored
+  // per sequence on its own state. Returns the wanted logits rows, sequence by sequence in batch order,
+  // [rows, vocab] on the host (on the model's device with opts.logits_device). With the batch-invariant
+  // kernels (the default) every row equals what the sequence would get alone. opts.all_logits is ignored
   // (each chunk says what it wants); opts.trace records the stacked rows.
   virtual Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const = 0;
 

@@ -35,7 +35,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
     const LayerCtx ctx{cfg, num, l, opts.trace};
     ops::HcMix mix = ops::hc_mixes(stream, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
                                    cfg.hc_eps, cfg.norm_eps);
-    Tensor x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
+    Tensor x = ops::hc_collapse_norm(stream, mix.pre, L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
     const AttnRows rows = attention_rows_v4(L.attn, x, positions.data(), rope_[l], ctx);
     Tensor o = Tensor::empty({T, cfg.n_heads * cfg.head_dim}, DType::kF32, device_);
@@ -50,7 +50,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
 
     mix = ops::hc_mixes(stream, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters, cfg.hc_eps,
                         cfg.norm_eps);
-    x = ops::rms_norm(ops::hc_collapse(stream, mix.pre, num.bf16), L.ffn_norm, cfg.norm_eps, num.bf16);
+    x = ops::hc_collapse_norm(stream, mix.pre, L.ffn_norm, cfg.norm_eps, num.bf16);
     dump("ffn_in", l, x);
     y = moe(L.ffn, x, tokens, ctx);
     dump("ffn_out", l, y);
@@ -66,7 +66,8 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   const Tensor picked = ops::gather_rows(stream, ids_tensor(rows, device_));
   Tensor h = ops::hc_head(picked, w_.hc_head_fn, w_.hc_head_scale, w_.hc_head_base, cfg.hc_eps, cfg.norm_eps, num.bf16);
   h = ops::rms_norm(h, w_.norm, cfg.norm_eps, num.bf16);
-  return linear_f32(h, ops::QWeight{w_.head, {}, 0}).to(Device::kCPU);
+  Tensor logits = linear_f32(h, ops::QWeight{w_.head, {}, 0});
+  return opts.logits_device ? logits : logits.to(Device::kCPU);
 }
 
 }  // namespace deepinfer

@@ -136,7 +136,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
                                         cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps);
     dump("attn_post", l, attn_mix.post);
     dump("attn_comb", l, attn_mix.comb);
-    Tensor x = ops::rms_norm(ops::hc_collapse(stream, pre, num.bf16), L.attn_norm, cfg.norm_eps, num.bf16);
+    Tensor x = ops::hc_collapse_norm(stream, pre, L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
     force("attn_in", l, x);
     const AttnRows rows = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
@@ -158,7 +158,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     force("attn_stream", l, stream);
     dump("ffn_post", l, ffn_mix.post);
     dump("ffn_comb", l, ffn_mix.comb);
-    x = ops::rms_norm(ops::hc_collapse(stream, attn_mix.pre, num.bf16), L.ffn_norm, cfg.norm_eps, num.bf16);
+    x = ops::hc_collapse_norm(stream, attn_mix.pre, L.ffn_norm, cfg.norm_eps, num.bf16);
     dump("ffn_in", l, x);
     force("ffn_in", l, x);
     y = moe(L.ffn, x, layer_tokens, ctx);
@@ -176,8 +176,9 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
   const Tensor row_ids = ids_tensor(rows, device_);
   const Tensor picked = ops::gather_rows(stream, row_ids), picked_pre = ops::gather_rows(pre, row_ids);
-  Tensor h = ops::rms_norm(ops::hc_collapse(picked, picked_pre, num.bf16), w_.norm, cfg.norm_eps, num.bf16);
-  return linear_f32(h, ops::QWeight{w_.head, {}, 0}).to(Device::kCPU);
+  Tensor h = ops::hc_collapse_norm(picked, picked_pre, w_.norm, cfg.norm_eps, num.bf16);
+  Tensor logits = linear_f32(h, ops::QWeight{w_.head, {}, 0});
+  return opts.logits_device ? logits : logits.to(Device::kCPU);
 }
 
 }  // namespace deepinfer

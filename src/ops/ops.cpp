@@ -14,6 +14,7 @@
 #include "core/env.h"
 #include "cpu/cpu_ops.h"
 #include "deepinfer/error.h"
+#include "sampling/sampler.h"
 #if DEEPINFER_HAS_CUDA
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
@@ -23,6 +24,7 @@
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
 #include "cuda/rope.cuh"
+#include "cuda/sampling.cuh"
 #include "cuda/topk.cuh"
 #endif
 
@@ -216,9 +218,8 @@ void synchronize(Device d) {
 
 Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
   OpScope scope("linear", x);
-  scope.detail([&] {
-    return fmt::format("{}x{} {}{}", w.out(), w.in(), dtype_name(w.w.dtype()), x.size(0) > 1 ? " M>1" : "");
-  });
+  scope.detail(
+      [&] { return fmt::format("{}x{} {}{}", w.out(), w.in(), dtype_name(w.w.dtype()), x.size(0) > 1 ? " M>1" : ""); });
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(x)) return cuda::linear(x, w, opts);
 #endif
@@ -341,6 +342,15 @@ Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
 #endif
   if (on_cuda(stream)) no_kernel("hc_collapse", stream);
   return cpu::hc_collapse(stream, pre, round);
+}
+
+Tensor hc_collapse_norm(const Tensor& stream, const Tensor& pre, const Tensor& w, float eps, bool round) {
+  const OpScope scope("hc_collapse_norm", stream);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(stream)) return cuda::hc_collapse_norm(stream, pre, w, eps, round);
+#endif
+  if (on_cuda(stream)) no_kernel("hc_collapse_norm", stream);
+  return cpu::rms_norm(cpu::hc_collapse(stream, pre, round), w, eps, round);
 }
 
 Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round) {
@@ -528,6 +538,32 @@ void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
 #endif
   if (on_cuda(q)) no_kernel("renorm_heads", q);
   cpu::renorm_heads(q, head_dim, eps, round);
+}
+
+std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<SampleInput>& rows) {
+  const OpScope scope("sample_rows", logits);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(logits)) return cuda::sample_rows(logits, rows);
+#endif
+  if (on_cuda(logits)) no_kernel("sample_rows", logits);
+  DI_CHECK(logits.defined(), "ops::sample_rows: logits is undefined");
+  DI_CHECK(logits.dtype() == DType::kF32 && logits.dim() == 2 && logits.strides()[1] == 1,
+           "ops::sample_rows: logits must be float32 [R, V] with dense rows, got {}", logits.describe());
+  const int64_t R = logits.size(0), V = logits.size(1);
+  DI_CHECK(R == static_cast<int64_t>(rows.size()), "ops::sample_rows: {} logits rows for {} inputs", R, rows.size());
+  // Checked for every row before any is sampled, as the CUDA path does, so both report the same misuse.
+  for (size_t r = 0; r < rows.size(); ++r)
+    DI_CHECK(rows[r].vocab == 0 || rows[r].vocab == V,
+             "ops::sample_rows: row {} has vocab {} but the logits have {} columns", r, rows[r].vocab, V);
+  std::vector<SampleResult> results;
+  results.reserve(rows.size());
+  for (int64_t r = 0; r < R; ++r) {
+    SampleInput in = rows[static_cast<size_t>(r)];
+    in.logits = logits.data<float>() + r * logits.strides()[0];
+    in.vocab = V;
+    results.push_back(sample(in));
+  }
+  return results;
 }
 
 }  // namespace deepinfer::ops

@@ -12,6 +12,11 @@
 
 #include "deepinfer/tensor.h"
 
+namespace deepinfer {
+struct SampleInput;  // sampling/sampler.h (declared here only: callers of sample_rows include it)
+struct SampleResult;
+}  // namespace deepinfer
+
 namespace deepinfer::ops {
 
 // ---- devices -------------------------------------------------------------------------------------
@@ -104,6 +109,8 @@ struct HcMix {
 HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                int64_t sinkhorn_iters, float hc_eps, float norm_eps);
 Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round);
+// rms_norm(hc_collapse(stream, pre, round), w, eps, round): a sublayer's input; one kernel on CUDA.
+Tensor hc_collapse_norm(const Tensor& stream, const Tensor& pre, const Tensor& w, float eps, bool round);
 // out[t, k, :] = round(post[t,k] * y[t,:] + sum_j comb[t,j,k] * stream[t,j,:])
 Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, const Tensor& comb, bool round);
 // Final collapse without Sinkhorn (V4 hc_head): pre_j = sigmoid(mix_j*scale + base_j) + hc_eps.
@@ -257,5 +264,13 @@ void scale(Tensor& x, float s, bool round);
 // Copies src into dst (same shape and dtype, both contiguous, one device; dst may be a row slice of a
 // larger tensor, e.g. Tensor::slice(0, a, b)). Exact.
 void copy_into(const Tensor& dst, const Tensor& src);
+
+// ---- sampling ------------------------------------------------------------------------------------
+// sample() of sampling/sampler.h for every row of logits (float32 [R, V], last dimension dense) with
+// rows[r] (R inputs; their `logits` is ignored and may be null, their `vocab` is V or 0): the same
+// results, bit for bit, on either device. On CUDA the logits stay on the GPU (cuda::sample_rows: one
+// launch for all rows, only the results come back). Throws deepinfer::Error as sample() does, for the
+// first bad row in row order (no result is returned then).
+std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<SampleInput>& rows);
 
 }  // namespace deepinfer::ops

@@ -184,6 +184,14 @@ TEST(Ops, HcMixesSinkhornIsDoublyStochastic) {
         EXPECT_NEAR(e.data<float>()[(t * hc + k) * dim + d], w2, 1e-5);
       }
     }
+  // The fused sublayer input is the norm of the collapse, bit for bit (both roundings).
+  const Tensor nw = randn({dim}, 12);
+  for (bool round : {false, true}) {
+    const Tensor want = ops::rms_norm(ops::hc_collapse(stream, m.pre, round), nw, 1e-6f, round);
+    const Tensor got = ops::hc_collapse_norm(stream, m.pre, nw, 1e-6f, round);
+    ASSERT_EQ(got.shape(), want.shape());
+    EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), want.nbytes()), 0) << "round " << round;
+  }
 }
 
 // The op layer dispatches on the device: a CUDA tensor reaching an op without a CUDA kernel is a
@@ -235,8 +243,7 @@ TEST(Ops, IndexScoresReplayTheScalarOrderBitForBit) {
     const Tensor s = ops::index_scores(q, keys, w, vis, c.bf16);
     ASSERT_EQ(s.shape(), (Shape{c.T, c.N}));
     for (int64_t t = 0; t < c.T; ++t) {
-      const int64_t visible =
-          c.counts ? vis.counts.data<int32_t>()[t] : std::min(c.N, (c.start_pos + t + 1) / c.ratio);
+      const int64_t visible = c.counts ? vis.counts.data<int32_t>()[t] : std::min(c.N, (c.start_pos + t + 1) / c.ratio);
       for (int64_t j = 0; j < c.N; ++j) {
         const float got = s.data<float>()[t * c.N + j];
         if (j >= visible) {

@@ -26,6 +26,7 @@ if [ $ops_rc -eq 2 ]; then cat "$out/ops.txt"; echo "test-cuda: no GPU here, not
 echo "ops: $(grep -c '^PASS ' "$out/ops.txt") PASS, $(grep -c '^FAIL ' "$out/ops.txt") FAIL (${SECONDS}s)"
 grep '^FAIL ' "$out/ops.txt"
 SECONDS=0; "$(find_bin deepinfer_cuda_gemv_tests)" > "$out/gemv.txt" 2>&1 || rc=1; echo "gemv: $(grep -c '^PASS ' "$out/gemv.txt") PASS, $(grep -c '^FAIL ' "$out/gemv.txt") FAIL (${SECONDS}s)"; grep '^FAIL ' "$out/gemv.txt"
+SECONDS=0; "$(find_bin deepinfer_cuda_sampling_tests)" > "$out/sampling.txt" 2>&1 || rc=1; echo "sampling: $(grep -c '^PASS ' "$out/sampling.txt") PASS, $(grep -c '^FAIL ' "$out/sampling.txt") FAIL (${SECONDS}s)"; grep '^FAIL ' "$out/sampling.txt"
 SECONDS=0
 "$model" "$out/ckpt/tiny-v4" "$out/ckpt/tiny-v41" "$here/models/mini-v41" 2>&1 | tee "$out/model.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

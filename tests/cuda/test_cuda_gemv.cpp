@@ -10,8 +10,10 @@
 // and 128, packed FP4, BF16), act quant on / off (and odd group sizes), round on / off, M = 1..4, the
 // V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large / small
 // FP4 scales, and the grouped-rows mode (each row against its own expert, FP4 / FP8 / BF16; FP4 also with
-// several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on both FP4 kernels
-// ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant).
+// several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on each FP4 kernel
+// ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant), every E4M3 case
+// on both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv, gemv_set_fp8_variant), including
+// x that sends fp8_walk_gemv to its slow path (huge or tiny x, raw fp32 x).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,8 +39,17 @@ using namespace cuda_test;  // NOLINT: the shared test helpers
 
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
 
-// Runs a case once, or for FP4 weights once per FP4 kernel (the name tagged "[fp4 old]" / "[fp4 new]").
+// Runs a case once, or for FP4 / E4M3 weights once per kernel (the name tagged "[fp4 old]" / "[fp4 new]",
+// "[fp8 old]" / "[fp8 walk]").
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
+  if (dt == di::DType::kE4M3) {  // both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv)
+    for (const int v : {1, 2}) {
+      di::cuda::gemv_set_fp8_variant(v);
+      run_case(name + (v == 1 ? " [fp8 old]" : " [fp8 walk]"), body);
+    }
+    di::cuda::gemv_set_fp8_variant(0);
+    return;
+  }
   if (dt != di::DType::kE2M1x2) {
     run_case(name, body);
     return;
@@ -183,9 +194,10 @@ di::Tensor make_x(int64_t M, int64_t K, uint32_t seed, bool raw = false) {
 
 // Dense call against ops::linear on the host tensors. xpad > 0: x rows K + xpad floats apart on the device.
 std::string check_dense(const di::ops::QWeight& wh, const di::ops::QWeight& wd, int64_t M, const di::ops::LinearOpts& o,
-                        uint32_t seed, bool raw_x = false, int64_t xpad = 0) {
+                        uint32_t seed, bool raw_x = false, int64_t xpad = 0, float xscale = 1.0f) {
   const int64_t N = wh.w.size(0), K = wh.w.size(1);
-  const di::Tensor x = make_x(M, K, seed, raw_x);
+  di::Tensor x = make_x(M, K, seed, raw_x);
+  for (int64_t i = 0; i < M * K; ++i) x.data<float>()[i] *= xscale;  // a power of two: exact
   const di::Tensor want = di::ops::linear(x, wh, o);
   di::Tensor xw = di::Tensor::zeros({M, K + xpad}, di::DType::kF32);
   for (int64_t m = 0; m < M; ++m)
@@ -218,6 +230,7 @@ void test_dense() {
   const Dense cases[] = {
       // V4.1 decode shapes: E4M3 with 32 x 32 tile scales at the FP8 input site, FP4 experts.
       {"v4.1 wq_a", di::DType::kE4M3, 1280, 5120, 32, 32},
+      {"v4.1-flash wq_a", di::DType::kE4M3, 1024, 5120, 32, 32},
       {"v4.1 wq_b", di::DType::kE4M3, 32768, 1280, 32, 32},
       {"v4.1 wkv", di::DType::kE4M3, 512, 5120, 32, 32},
       {"v4.1 wo_b", di::DType::kE4M3, 5120, 8192, 32, 32},
@@ -241,6 +254,9 @@ void test_dense() {
       {"fp8 B 32 short K", di::DType::kE4M3, 37, 96, 32, 0},
       {"fp8 B 128 short K", di::DType::kE4M3, 37, 96, 128, 32},
       {"fp8 B 64 one row", di::DType::kE4M3, 1, 640, 64, 32},
+      {"fp8 B 128 K 16384 (largest K)", di::DType::kE4M3, 300, 16384, 128, 128},
+      {"fp8 B 32 K 8192 act 128", di::DType::kE4M3, 700, 8192, 32, 128},
+      {"fp8 B 64 K 4096 no act quant", di::DType::kE4M3, 260, 4096, 64, 0},
       {"fp4 short K (3 chunks)", di::DType::kE2M1x2, 37, 96, 0, 0},
       {"fp4 ragged K (5 chunks)", di::DType::kE2M1x2, 333, 160, 0, 32},
       {"fp4 K 192 (6 chunks: K % 128 != 0)", di::DType::kE2M1x2, 129, 192, 0, 32},
@@ -278,8 +294,10 @@ void test_dense() {
     const Dense c{"raw x", di::DType::kE4M3, 1280, 5120, 32, 0};
     const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++);
     const di::ops::QWeight wd = to_device(wh);
-    for (int64_t M : {1, 3})
-      run_case(case_name("gemv", c, M, false), [&] { return check_dense(wh, wd, M, {}, seed++, true); });
+    for (int64_t M : {1, 3}) {
+      const uint32_t xseed = seed++;
+      run_variants(c.dt, case_name("gemv", c, M, false), [&] { return check_dense(wh, wd, M, {}, xseed, true); });
+    }
     const Dense cb{"raw x", di::DType::kBF16, 1000, 2048, 0, 0};
     const di::ops::QWeight bh = make_weight(cb.dt, cb.N, cb.K, 0, seed++);
     const di::ops::QWeight bd = to_device(bh);
@@ -297,7 +315,8 @@ void test_dense() {
     const Dense c8{"strided x", di::DType::kE4M3, 512, 2048, 32, 32};
     const di::ops::QWeight w8 = make_weight(c8.dt, c8.N, c8.K, 32, seed++);
     const di::ops::QWeight w8d = to_device(w8);
-    run_case(case_name("gemv", c8, 2, false), [&] { return check_dense(w8, w8d, 2, o, seed++, false, 64); });
+    const uint32_t xseed8 = seed++;
+    run_variants(c8.dt, case_name("gemv", c8, 2, false), [&] { return check_dense(w8, w8d, 2, o, xseed8, false, 64); });
   }
   // The BF16 vocabulary head at M = 1.
   {
@@ -311,19 +330,52 @@ void test_dense() {
 // E4M3 NaN codes make their row NaN; FP4 scales above 128 take the two-multiply path, 255 (NaN) poisons.
 void test_special() {
   uint32_t seed = 9500;
-  for (const int64_t B : {32, 128}) {
-    char name[120];
-    std::snprintf(name, sizeof name, "gemv fp8 NaN codes B=%lld", static_cast<long long>(B));
-    run_case(name, [&] {
-      di::ops::QWeight wh = make_weight(di::DType::kE4M3, 300, 1024, B, seed++);
-      uint8_t* p = wh.w.data<uint8_t>();
-      p[3 * 1024 + 100] = 0x7f;    // row 3
-      p[64 * 1024 + 1023] = 0xff;  // row 64, last column
-      p[299 * 1024] = 0x7f;        // the last row, first column
-      di::ops::LinearOpts o;
-      o.act_quant_block = 32;
-      return check_dense(wh, to_device(wh), 2, o, seed++);
-    });
+  for (const int64_t B : {32, 64, 128}) {
+    di::ops::QWeight wh = make_weight(di::DType::kE4M3, 300, 1024, B, seed++);
+    uint8_t* p = wh.w.data<uint8_t>();
+    p[3 * 1024 + 100] = 0x7f;    // row 3
+    p[64 * 1024 + 1023] = 0xff;  // row 64, last column
+    p[299 * 1024] = 0x7f;        // the last row, first column
+    const di::ops::QWeight wd = to_device(wh);
+    for (const int64_t M : {1, 2, 3}) {
+      for (const int64_t act : {int64_t{32}, int64_t{0}}) {
+        char name[120];
+        std::snprintf(name, sizeof name, "gemv fp8 NaN codes B=%lld M=%lld act=%lld", static_cast<long long>(B),
+                      static_cast<long long>(M), static_cast<long long>(act));
+        const uint32_t xseed = seed++;
+        run_variants(di::DType::kE4M3, name, [&] {
+          di::ops::LinearOpts o;
+          o.act_quant_block = act;
+          return check_dense(wh, wd, M, o, xseed);
+        });
+      }
+    }
+  }
+  // x far from 1: group scales of 2^91 and above, and x below 2^-100 without act quant, take fp8_walk_gemv's
+  // slow path (products formed and summed one by one); 2^60 stays on the fast path.
+  {
+    struct Scaled {
+      int64_t B, act;
+      float xscale;
+    };
+    const Scaled cases[] = {{32, 32, 0x1p100f}, {128, 128, 0x1p100f}, {32, 32, 0x1p60f},
+                            {32, 0, 0x1p-110f}, {64, 0, 0x1p-110f},   {32, 0, 0x1p60f}};
+    for (const Scaled& c : cases) {
+      const di::ops::QWeight wh = make_weight(di::DType::kE4M3, 200, 2048, c.B, seed++);
+      const di::ops::QWeight wd = to_device(wh);
+      for (const int64_t M : {1, 2}) {
+        char name[160];
+        std::snprintf(name, sizeof name, "gemv fp8 x * %g B=%lld act=%lld M=%lld", static_cast<double>(c.xscale),
+                      static_cast<long long>(c.B), static_cast<long long>(c.act), static_cast<long long>(M));
+        const uint32_t xseed = seed++;
+        run_variants(di::DType::kE4M3, name, [&] {
+          di::ops::LinearOpts o;
+          o.act_quant_block = c.act;
+          o.round_out_bf16 = M == 2;
+          return check_dense(wh, wd, M, o, xseed, false, 0, c.xscale);
+        });
+      }
+    }
   }
   {
     const di::ops::QWeight wh = make_weight(di::DType::kE2M1x2, 700, 2048, 0, seed++, 120, 140);
@@ -375,18 +427,21 @@ void test_grouped() {
       {"fp4 w1+w3 decode top-6", di::DType::kE2M1x2, 2304, 5120, 0, 32, 16, 6, true, 2},
       {"fp4 w1+w3 4 tokens", di::DType::kE2M1x2, 2304, 5120, 0, 32, 16, 24, false, 2},
       {"fp4 w2 one list", di::DType::kE2M1x2, 5120, 2304, 0, 32, 8, 6, true, 1},
+      {"fp4 w2 4 tokens one list", di::DType::kE2M1x2, 5120, 2304, 0, 32, 16, 24, false, 1},
       {"fp4 ragged 2 lists", di::DType::kE2M1x2, 333, 160, 0, 32, 8, 7, false, 2},
       {"fp4 3 lists K 2304 ragged N", di::DType::kE2M1x2, 1001, 2304, 0, 0, 6, 5, true, 3},
       {"fp8 B 32 2 lists", di::DType::kE4M3, 512, 2048, 32, 32, 6, 5, false, 2},
+      // wo_a as the model calls it: 8 groups [1024, 4096], x row g against group g (one list, x_rows 8).
+      {"fp8 wo_a 8 groups", di::DType::kE4M3, 1024, 4096, 32, 32, 8, 8, true, 1},
+      {"fp8 B 64 ragged", di::DType::kE4M3, 333, 2176, 64, 64, 5, 6, false},
   };
   uint32_t seed = 9700;
   for (const Grouped& c : cases) {
     char name[300];
-    std::snprintf(name, sizeof name,
-                  "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d", c.what,
-                  di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
-                  static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.lists,
-                  c.round ? 1 : 0);
+    std::snprintf(
+        name, sizeof name, "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d",
+        c.what, di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
+        static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.lists, c.round ? 1 : 0);
     // Expert e of list l is entry l * experts + e of the tables (one list in plain mode).
     const int L = std::max(c.lists, 1), M = L * c.rows;
     std::vector<di::ops::QWeight> wh, wd;

@@ -9,13 +9,21 @@
 // fed the CPU's tokens on both devices so one divergence does not hide the later steps; (2) the same
 // with the prompt in chunks of 7 on the GPU; (3) three sequences of different lengths decoded in
 // one batch on the GPU against each alone on the CPU. Reports the largest |logit difference|.
+// (4) the engine with sampling on the GPU (LocalModelRunner's device_logits through ops::sample_rows):
+// greedy, seeded top-p / top-k and n = 2 requests with logprobs and prompt logprobs, against the same
+// CUDA model with host logits and the CPU sampler (every token and logprob bit for bit: same logits,
+// same sampling), and against the engine on the CPU (the same tokens; the logprobs differ by the two
+// devices' logit differences, reported).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "engine/engine_core.h"
+#include "engine/local_model_runner.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
@@ -117,6 +125,92 @@ bool batched(const di::Model& cpu, const di::Model& gpu, const std::string& name
   return report(name, cmp);
 }
 
+// The engine over `dir` on `device`; device_logits: sample on the device (the default on CUDA) or not.
+std::vector<di::RequestOutput> run_engine(const std::string& dir, di::Device device, bool device_logits,
+                                          const std::vector<std::vector<int32_t>>& prompts,
+                                          const std::vector<di::SamplingParams>& params) {
+  di::EngineArgs args;
+  args.model = dir;
+  args.max_model_len = 256;
+  args.max_num_batched_tokens = 64;  // the 100-token prompt prefills in chunks, next to decodes
+  auto runner = std::make_unique<di::LocalModelRunner>(di::Model::load(dir, device), args.numerics());
+  runner->set_device_logits(device_logits);
+  DI_CHECK(runner->device_logits() == device_logits, "engine case: device_logits did not take");
+  di::EngineCore engine(args, di::load_model_config(dir), std::move(runner));
+  return engine.generate(prompts, params);
+}
+
+bool engine_case(const std::string& dir) {
+  const int64_t vocab = di::load_model_config(dir).vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<di::SamplingParams> params;
+  for (uint32_t i = 0; i < 6; ++i) {
+    prompts.push_back(prompt_ids(i == 0 ? 100 : i == 1 ? 37 : 5 + 3 * i, vocab, 40 + i));
+    di::SamplingParams p;
+    p.max_tokens = 24;
+    p.ignore_eos = true;
+    p.seed = 1000 + i;
+    p.logprobs = 2;
+    if (i % 3 == 0) {  // greedy
+      p.temperature = 0.0f;
+    } else if (i % 3 == 1) {  // seeded top-p
+      p.temperature = 0.8f;
+      p.top_p = 0.9f;
+    } else {  // seeded top-k with a penalty
+      p.top_k = 40;
+      p.repetition_penalty = 1.1f;
+    }
+    if (i == 2) p.prompt_logprobs = 1;  // its prompt's rows come to the host, the rest are gathered
+    if (i == 4) p.n = 2;
+    params.push_back(p);
+  }
+  const auto gpu = run_engine(dir, di::Device::kCUDA, true, prompts, params);
+  const auto gpu_host = run_engine(dir, di::Device::kCUDA, false, prompts, params);
+  const auto cpu = run_engine(dir, di::Device::kCPU, false, prompts, params);
+  int exact_mismatch = 0, cpu_mismatch = 0, tokens = 0;
+  double max_lp_diff = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (const auto* o : {&gpu[i], &gpu_host[i], &cpu[i]})
+      if (o->error) {
+        std::printf("FAIL %s engine, request %zu: %s\n", dir.c_str(), i, o->error->c_str());
+        return false;
+      }
+    for (size_t k = 0; k < gpu[i].outputs.size(); ++k) {
+      const di::CompletionOutput &g = gpu[i].outputs[k], &h = gpu_host[i].outputs[k], &c = cpu[i].outputs[k];
+      tokens += static_cast<int>(g.token_ids.size());
+      bool same = g.token_ids == h.token_ids && g.logprobs.size() == h.logprobs.size();
+      for (size_t t = 0; same && t < g.logprobs.size(); ++t)
+        same = g.logprobs[t].logprob == h.logprobs[t].logprob && g.logprobs[t].top == h.logprobs[t].top;
+      if (!same) std::printf("  request %zu child %zu: GPU sampling differs from the CPU sampler\n", i, k);
+      exact_mismatch += !same;
+      if (g.token_ids != c.token_ids) {
+        size_t t = 0;
+        while (t < g.token_ids.size() && t < c.token_ids.size() && g.token_ids[t] == c.token_ids[t]) ++t;
+        std::printf("  request %zu child %zu (temperature %.1f): GPU and CPU engines diverge at token %zu\n", i, k,
+                    params[i].temperature, t);
+        ++cpu_mismatch;
+      }
+      for (size_t t = 0; t < std::min(g.logprobs.size(), c.logprobs.size()); ++t) {
+        const double d = std::fabs(static_cast<double>(g.logprobs[t].logprob) - c.logprobs[t].logprob);
+        max_lp_diff = std::max(max_lp_diff, d);
+      }
+    }
+    const auto &gp = gpu[i].prompt_logprobs, &hp = gpu_host[i].prompt_logprobs;
+    bool same = gp.size() == hp.size();
+    for (size_t t = 0; same && t < gp.size(); ++t)
+      same = gp[t].has_value() == hp[t].has_value() &&
+             (!gp[t] || (gp[t]->logprob == hp[t]->logprob && gp[t]->top == hp[t]->top));
+    if (!same) std::printf("  request %zu: prompt logprobs differ between the two GPU engines\n", i);
+    exact_mismatch += !same;
+  }
+  const bool ok = exact_mismatch == 0 && cpu_mismatch == 0 && tokens > 0;
+  std::printf(
+      "%s %s engine, sampling on the GPU: %d tokens, %d outputs differ from the CPU sampler on the same "
+      "logits, %d differ from the CPU engine (max |dlogprob| vs CPU %.3g)\n",
+      ok ? "PASS" : "FAIL", dir.c_str(), tokens, exact_mismatch, cpu_mismatch, max_lp_diff);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +231,7 @@ int main(int argc, char** argv) {
       failed += !single(*cpu, *gpu, dir + " prefill+64 decode", 0, 64);
       failed += !single(*cpu, *gpu, dir + " chunked prefill (7)+16 decode", 7, 16);
       failed += !batched(*cpu, *gpu, dir + " batch of 3 +32 decode", 32);
+      failed += !engine_case(dir);
     } catch (const std::exception& e) {
       std::printf("FAIL %s: threw: %s\n", dir.c_str(), e.what());
       ++failed;

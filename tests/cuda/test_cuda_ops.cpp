@@ -147,8 +147,19 @@ void test_rms_norm() {
     bool round;
   };
   const Case cases[] = {
-      {5, 4096, W::kBF16, true}, {5, 4096, W::kBF16, false}, {3, 7168, W::kF32, true},
-      {4, 512, W::kNone, true},  {4, 512, W::kNone, false},  {2, 100, W::kF32, false},
+      {5, 4096, W::kBF16, true},
+      {5, 4096, W::kBF16, false},
+      {3, 7168, W::kF32, true},
+      {4, 512, W::kNone, true},
+      {4, 512, W::kNone, false},
+      {2, 100, W::kF32, false},
+      // the register-held kernel's range (cols % 4 == 0, <= 8192) and edges; 8196 and 102 take the loop
+      {1, 5120, W::kBF16, true},
+      {2, 1024, W::kBF16, true},
+      {1, 8192, W::kF32, false},
+      {1, 36, W::kNone, false},
+      {2, 8196, W::kBF16, true},
+      {3, 102, W::kF32, true},
   };
   uint32_t seed = 1000;
   for (const Case& c : cases) {
@@ -519,54 +530,65 @@ void test_rope() {
 }
 
 void test_hc() {
-  const int64_t hc = 4;
   uint32_t seed = 24000;
-  for (int64_t dim : {int64_t{5120}, int64_t{96}}) {
-    for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{256}}) {
-      if (dim == 96 && T == 256) continue;
-      const std::string sh = " T=" + std::to_string(T) + " hc=4 dim=" + std::to_string(dim);
-      di::Tensor stream = normal_tensor({T, hc, dim}, 1.0f, seed++, true);
-      di::Tensor sd = dev(stream);
-      // mixes: fn [24, hc*dim] small, scale [3], base [24]
-      const int64_t M = (2 + hc) * hc;
-      di::Tensor fn = normal_tensor({M, hc * dim}, 0.02f, seed++, false);
-      di::Tensor scale = normal_tensor({3}, 0.5f, seed++, false);
-      di::Tensor base = normal_tensor({M}, 1.0f, seed++, false);
-      run_case("hc_mixes (sinkhorn 20)" + sh, [&] {
-        const di::ops::HcMix want = di::ops::hc_mixes(stream, fn, scale, base, hc, 20, 1e-6f, 1e-6f);
-        const di::ops::HcMix got = di::ops::hc_mixes(sd, dev(fn), dev(scale), dev(base), hc, 20, 1e-6f, 1e-6f);
-        const char* rule = "2e-6 relative (FP64 sums in a different order, exp ulps)";
-        std::string r = close_to(want.pre, got.pre, 2e-6, 1e-30, rule);
-        const std::string r2 = close_to(want.post, got.post, 2e-6, 1e-30, rule);
-        const std::string r3 = close_to(want.comb, got.comb, 2e-6, 1e-12, rule);
-        return !r.empty() ? "pre: " + r : (!r2.empty() ? "post: " + r2 : (!r3.empty() ? "comb: " + r3 : ""));
-      });
-      for (bool round : {true, false}) {
-        const std::string rs = " round " + std::to_string(round);
-        di::Tensor pre = normal_tensor({T, hc}, 0.5f, seed++, false);
-        run_case("hc_collapse" + sh + rs, [&] {
-          return exact(di::ops::hc_collapse(stream, pre, round), di::ops::hc_collapse(sd, dev(pre), round));
+  // hc = 4 (the models') runs the kernel specialised for it; hc = 3 the generic one.
+  for (int64_t hc : {int64_t{4}, int64_t{3}})
+    for (int64_t dim : {int64_t{5120}, int64_t{96}}) {
+      for (int64_t T : {int64_t{1}, int64_t{64}, int64_t{256}}) {
+        if ((dim == 96 || hc != 4) && T == 256) continue;
+        const std::string sh = " T=" + std::to_string(T) + " hc=" + std::to_string(hc) + " dim=" + std::to_string(dim);
+        di::Tensor stream = normal_tensor({T, hc, dim}, 1.0f, seed++, true);
+        di::Tensor sd = dev(stream);
+        // mixes: fn [24, hc*dim] small, scale [3], base [24]
+        const int64_t M = (2 + hc) * hc;
+        di::Tensor fn = normal_tensor({M, hc * dim}, 0.02f, seed++, false);
+        di::Tensor scale = normal_tensor({3}, 0.5f, seed++, false);
+        di::Tensor base = normal_tensor({M}, 1.0f, seed++, false);
+        run_case("hc_mixes (sinkhorn 20)" + sh, [&] {
+          const di::ops::HcMix want = di::ops::hc_mixes(stream, fn, scale, base, hc, 20, 1e-6f, 1e-6f);
+          const di::ops::HcMix got = di::ops::hc_mixes(sd, dev(fn), dev(scale), dev(base), hc, 20, 1e-6f, 1e-6f);
+          const char* rule = "2e-6 relative (FP64 sums in a different order, exp ulps)";
+          std::string r = close_to(want.pre, got.pre, 2e-6, 1e-30, rule);
+          const std::string r2 = close_to(want.post, got.post, 2e-6, 1e-30, rule);
+          const std::string r3 = close_to(want.comb, got.comb, 2e-6, 1e-12, rule);
+          return !r.empty() ? "pre: " + r : (!r2.empty() ? "post: " + r2 : (!r3.empty() ? "comb: " + r3 : ""));
         });
-        di::Tensor y = normal_tensor({T, dim}, 1.0f, seed++, true);
-        di::Tensor post = normal_tensor({T, hc}, 0.5f, seed++, false);
-        di::Tensor comb = normal_tensor({T, hc, hc}, 0.5f, seed++, false);
-        run_case("hc_expand" + sh + rs, [&] {
-          return exact(di::ops::hc_expand(y, stream, post, comb, round),
-                       di::ops::hc_expand(dev(y), sd, dev(post), dev(comb), round));
-        });
-        di::Tensor hfn = normal_tensor({hc, hc * dim}, 0.02f, seed++, false);
-        di::Tensor hscale = normal_tensor({1}, 0.5f, seed++, false);
-        di::Tensor hbase = normal_tensor({hc}, 1.0f, seed++, false);
-        run_case("hc_head" + sh + rs, [&] {
-          const di::Tensor want = di::ops::hc_head(stream, hfn, hscale, hbase, 1e-6f, 1e-6f, round);
-          const di::Tensor got = di::ops::hc_head(sd, dev(hfn), dev(hscale), dev(hbase), 1e-6f, 1e-6f, round);
-          // pre may differ by an ulp (see hc_mixes), then one bf16 step when rounding.
-          return round ? close_to(want, got, 1.0 / 128, 1e-30, "one bf16 step")
-                       : close_to(want, got, 1e-5, 1e-6, "1e-5 relative + 1e-6");
-        });
+        for (bool round : {true, false}) {
+          const std::string rs = " round " + std::to_string(round);
+          di::Tensor pre = normal_tensor({T, hc}, 0.5f, seed++, false);
+          run_case("hc_collapse" + sh + rs, [&] {
+            return exact(di::ops::hc_collapse(stream, pre, round), di::ops::hc_collapse(sd, dev(pre), round));
+          });
+          // The fused collapse + norm: the same bits as the two CUDA ops, the norm's tolerance against the CPU.
+          di::Tensor nw = normal_tensor({dim}, 1.0f, seed++, true);
+          run_case("hc_collapse_norm" + sh + rs, [&] {
+            const di::Tensor got = di::ops::hc_collapse_norm(sd, dev(pre), dev(nw), 1e-6f, round);
+            const di::Tensor two = di::ops::rms_norm(di::ops::hc_collapse(sd, dev(pre), round), dev(nw), 1e-6f, round);
+            const std::string r = exact(di::cuda::copy_to_host(two), got);
+            if (!r.empty()) return "vs the two CUDA ops: " + r;
+            return compare_close(di::ops::hc_collapse_norm(stream, pre, nw, 1e-6f, round), di::cuda::copy_to_host(got),
+                                 round);
+          });
+          di::Tensor y = normal_tensor({T, dim}, 1.0f, seed++, true);
+          di::Tensor post = normal_tensor({T, hc}, 0.5f, seed++, false);
+          di::Tensor comb = normal_tensor({T, hc, hc}, 0.5f, seed++, false);
+          run_case("hc_expand" + sh + rs, [&] {
+            return exact(di::ops::hc_expand(y, stream, post, comb, round),
+                         di::ops::hc_expand(dev(y), sd, dev(post), dev(comb), round));
+          });
+          di::Tensor hfn = normal_tensor({hc, hc * dim}, 0.02f, seed++, false);
+          di::Tensor hscale = normal_tensor({1}, 0.5f, seed++, false);
+          di::Tensor hbase = normal_tensor({hc}, 1.0f, seed++, false);
+          run_case("hc_head" + sh + rs, [&] {
+            const di::Tensor want = di::ops::hc_head(stream, hfn, hscale, hbase, 1e-6f, 1e-6f, round);
+            const di::Tensor got = di::ops::hc_head(sd, dev(hfn), dev(hscale), dev(hbase), 1e-6f, 1e-6f, round);
+            // pre may differ by an ulp (see hc_mixes), then one bf16 step when rounding.
+            return round ? close_to(want, got, 1.0 / 128, 1e-30, "one bf16 step")
+                         : close_to(want, got, 1e-5, 1e-6, "1e-5 relative + 1e-6");
+          });
+        }
       }
     }
-  }
 }
 
 // idx rows for attention: the first `valid` slots random kv rows (some repeated), then -1; a few rows
@@ -723,11 +745,10 @@ void test_sparse_attention() {
   uint32_t seed = 25000;
   for (const Case& c : cases) {
     char name[240];
-    std::snprintf(name, sizeof name,
-                  "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d hg=%d", c.what,
-                  static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
-                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0,
-                  c.hg);
+    std::snprintf(
+        name, sizeof name, "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d hg=%d",
+        c.what, static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
+        static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0, c.hg);
     run_case(name, [&] {
       const di::Tensor q = normal_tensor({c.T, c.H, c.D}, 1.0f, seed++, true);
       const di::Tensor kv = normal_tensor({c.N, c.D}, 1.0f, seed++, true);

@@ -1,0 +1,448 @@
+// fp8_walk_gemv: the E4M3 decode GEMV built for HBM bandwidth at the V4.1 decode shapes, bit-identical to
+// fp8_gemv and the CPU op (the order replayed is linear_gemv.cuh's). Why a second kernel: fp8_gemv splits K
+// across the warps of a block, so every step of R rows ends in a block barrier after which only R*MT*8
+// threads fold the T tile sums in sequence while the rest wait, with one step in flight.
+//
+// Thread mapping. A warp owns a "row group" of R = 4 / MT weight rows (MT x rows, so 4 (row, x row) pairs:
+// the 4 "fold rows") and walks the whole of K in segments of 16 tiles; a warp's row groups are g = gw,
+// gw + stride, ... (gw its global warp index within its x-row group). Within a segment, lanes 2p and 2p+1
+// (h = 0, 1) own tile 16 seg + p and load, per row and per 32-column chunk of the tile, the 16 bytes
+// [16h, 16h + 16) (a warp's load instruction: 512 contiguous bytes for B = 32). Two shuffles per chunk
+// give lane h the codes of elements 8j + 4h + i (j, i = 0..3) (fp8_gemv's exchange), so the lane runs the
+// chains v[j][l], l = 4h + i, of its tile and forms s[l] = ((v0 + v1) + v2) + v3 itself. The 4 x 8 tile sums
+// of each fold row go to a per-warp shared buffer with the 16 tile factors; after a __syncwarp, lane
+// 8 f + l (fold row f, chain l) folds tot = fma(s, fac, tot) over the 16 tiles in order (4 + 4 float4
+// loads, 16 FMAs), so the whole warp folds, every warp independently: no block barrier after the prologue.
+// After the last segment of a row group, 8-lane shuffles form the CPU's hsum and lane l = 0 stores y.
+//
+// Pipeline. Each lane keeps a ring of D items (item = one segment of the row group: R x G 16-byte loads and
+// the tile's scale code), 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1). Slot d is
+// refilled as soon as it is computed, with the item D ahead in the warp's sequence, which runs on across row
+// groups (no drain at the end of a row). Dense mode issues the first D items before griddepcontrol.wait.
+//
+// Arithmetic (per 16 weight bytes and x row: 8 cvt.rn.f16x2.e4m3x2, 16 f16 -> f32, 16 FMAs). The codes
+// are decoded through the hardware e4m3x2 -> f16x2 conversion, exact, NaN codes to NaN (which then
+// propagates to y, as the contract wants, with no separate NaN test). The contract's weight is
+// e4m3 * 2^-8 (tile factor 2^(e-119)); when the block's x qualifies ("fast" x, checked once per block) the
+// 2^-8 moves to x instead (x * 2^-8 is exact, so every product is the same real number) and, for B = 32 where
+// each chain holds one product, s = ((p0 + p1) + p2) + p3 becomes fma(w3, x3, fma(w2, x2, fma(w1, x1,
+// fma(w0, x0, 0)))): equal bit for bit because every product is exact. Fast x: with act quant, every group
+// scale below 2^91 (x_q has 4 significant bits and |x_q| < 2^100); without, every x is 0, not finite, or has
+// at most 20 significant bits and 2^-100 <= |x| < 2^100. Otherwise (raw fp32 x, extreme values) the slow
+// path multiplies the f16 codes by 2^-8 (exact) and forms the products and sums one by one as the CPU.
+//
+// x staging: the block's MT x rows go to shared memory by cp.async (16 bytes each, all in flight), swizzled
+// so that the float4 reads of a quarter warp (4 tiles x 2 lanes) hit 8 distinct bank groups; then they
+// are fake-quantised in place (linear_gemv.cu's arithmetic: group amax by integer atomicMax, ue8m0
+// scale, e4m3_rne(x * (1 / s)) * s) and, for fast x, scaled by 2^-8.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
+#include "cuda/linear_gemv_fp8.cuh"
+#include "cuda/quant.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+struct WalkParams {
+  const uint8_t* w;  // dense weight (grouped: ignored)
+  int64_t ldw;
+  const uint8_t* sc;  // dense scale codes (grouped: ignored)
+  int64_t lds;
+  const float* x;
+  int64_t ldx;
+  float* y;
+  const int32_t* row_expert;  // grouped mode when not null (GemvArgs)
+  const uint8_t* const* w_table;
+  const uint8_t* const* s_table;
+  int x_rows, n_experts;
+  int N, K, M;
+  int A, ng;   // act_quant_block (0: none) and its groups per x row
+  int mtiles;  // x-row groups of MT rows (grouped: M, one row each)
+  int groups;  // row groups of R weight rows: ceil(N / R)
+  int T, S;    // tiles per row, segments (16 tiles) per row
+  int xcols;   // x columns staged per row: 16 S B (zeros beyond K)
+  bool round;
+};
+
+constexpr int kSegTiles = 16;                          // tiles per segment (one per lane pair)
+constexpr int kLStride = 20;                           // floats between the chains l of a fold row: conflict free
+constexpr int kFoldRow = 8 * kLStride;                 // floats per fold row of the s buffer
+constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][8][20] and tile factors [16]
+constexpr int kMaxWarps = 8;
+
+template <int MT, int G>
+struct WalkShape {
+  static constexpr int kR = 4 / MT;                                         // weight rows per row group
+  static constexpr int kSlots = MT == 1 ? 16 : 8;                           // 16-byte loads in flight per lane
+  static constexpr int kD = kSlots / (kR * G) > 0 ? kSlots / (kR * G) : 1;  // items in the ring
+};
+
+// Float4 slot of float4 F of a staged x row: bits 1-2 (the chain j) XOR the tile's low 2 bits, so that the
+// 4 tiles x 2 lanes of a quarter warp read 8 distinct 16-byte bank groups (a permutation within each
+// 32-column chunk).
+template <int G>
+__device__ __forceinline__ int x_slot(int F) {
+  constexpr int kShift = 3 + (G == 1 ? 0 : G == 2 ? 1 : 2);
+  return F ^ (((F >> kShift) & 3) << 1);
+}
+
+__device__ __forceinline__ int64_t walk_x_row(const WalkParams& p, int m) { return p.x_rows > 0 ? m % p.x_rows : m; }
+
+// Four e4m3 codes (byte i = element i) -> f[i] = e4m3 (kScaled: e4m3 * 2^-8), exact; NaN codes give NaN.
+template <bool kScaled>
+__device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
+  __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3));
+  __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+  if constexpr (kScaled) {
+    // e4m3 * 2^-8 is an fp16 (normal, or subnormal on the 2^-24 grid), so the fp16 multiply is exact.
+    const __half2 k = __float2half2_rn(0x1p-8f);
+    lo = __hmul2(lo, k);
+    hi = __hmul2(hi, k);
+  }
+  f[0] = __low2float(lo);
+  f[1] = __high2float(lo);
+  f[2] = __low2float(hi);
+  f[3] = __high2float(hi);
+}
+
+// One x value quantised as the CPU's fake_quant_fp8 (linear_gemv.cu's act_quant): e4m3_rne(v * (1 / s)) * s.
+__device__ __forceinline__ float walk_act_quant(float v, float s, float inv) {
+  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
+}
+
+// True when x value v qualifies for the fast path without act quant (see the top of the file).
+__device__ __forceinline__ bool fast_raw_x(float v) {
+  const uint32_t u = __float_as_uint(v), e = (u >> 23) & 0xffu;
+  return (u & 0x7fffffffu) == 0u || e == 0xffu || (e >= 127u - 100u && e < 127u + 100u && (u & 0xfu) == 0u);
+}
+
+// Shared memory of fp8_walk_gemv, in floats (the host sizes the launch with the same function).
+__host__ __device__ inline int64_t walk_smem_floats(int MT, int xcols, int warps, int ng) {
+  return static_cast<int64_t>(MT) * xcols + static_cast<int64_t>(warps) * kWarpFloats + 2 * ((MT * ng + 3) & ~3);
+}
+
+template <int MT, int G>
+__global__ void __launch_bounds__(32 * kMaxWarps, 2) fp8_walk_gemv(WalkParams p) {
+  using Shape = WalkShape<MT, G>;
+  constexpr int R = Shape::kR, D = Shape::kD, B = 32 * G;
+  extern __shared__ __align__(16) float smem_walk[];
+  pdl_launch_dependents();
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int lane = tid & 31, warp = tid >> 5, nw = nthreads >> 5;
+  const int h = lane & 1, pp = lane >> 1;  // lane pair pp owns tile 16 seg + pp of every segment
+  const int N = p.N, K = p.K, T = p.T, S = p.S;
+  float* xs = smem_walk;                                                               // [MT][xcols], swizzled (x_slot)
+  float* sb = xs + MT * p.xcols + warp * kWarpFloats;                                  // this warp's s [4][8][kLStride]
+  float* sfac = sb + 4 * kFoldRow;                                                     // and tile factors [16]
+  uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * p.xcols + nw * kWarpFloats);  // [MT][ng]
+  float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));               // [MT][ng]
+
+  const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
+  const int gw = static_cast<int>(blockIdx.x) / p.mtiles * nw + warp;
+  const int gstride = static_cast<int>(gridDim.x) / p.mtiles * nw;
+  const int m0 = mt * MT, mrows = min(MT, p.M - m0);
+  const uint8_t* W = p.w;
+  const uint8_t* SC = p.sc;
+
+  // The ring: item (row group lg, segment lseg) of the loader; slot d holds rows [lg R, lg R + R) (clamped
+  // to N - 1) of this lane's tile half, chunk by chunk, zeros beyond the row, and the tile's scale code.
+  uint4 ring[D][R][G];
+  uint32_t ring_e[D];
+  int lg = gw, lseg = 0;
+  auto load_item = [&](int d) {
+    const int t = lseg * kSegTiles + pp;
+    const bool tv = lg < p.groups && t < T;
+    const int nch = tv ? min(G, (K - t * B) >> 5) : 0;
+    const int n0 = lg * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = W + static_cast<int64_t>(min(n0 + r, N - 1)) * p.ldw + t * B + 16 * h;
+#pragma unroll
+      for (int c = 0; c < G; ++c) ring[d][r][c] = c < nch ? ldg_stream(row + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    // Rows n0 .. n0 + R - 1 share a scale row: R divides B.
+    ring_e[d] = tv ? static_cast<uint32_t>(__ldg(SC + static_cast<int64_t>(n0 / B) * p.lds + t)) : 0u;
+    if (++lseg == S) lseg = 0, lg += gstride;
+  };
+  auto prime = [&]() {
+#pragma unroll
+    for (int d = 0; d < D; ++d) load_item(d);
+  };
+
+  const bool grouped = p.row_expert != nullptr;
+  if (!grouped) prime();
+  for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
+  pdl_wait();
+
+  // x rows [m0, m0 + mrows) into xs, raw (zeros beyond K and for rows >= mrows), all in flight at once.
+  const int k4 = K >> 2, xc4 = p.xcols >> 2;
+  for (int i = tid; i < MT * xc4; i += nthreads) {
+    const int m = i / xc4, c = i - m * xc4;
+    float* dst = xs + m * p.xcols + 4 * x_slot<G>(c);
+    if (m < mrows && c < k4)
+      cp_async16(dst, p.x + walk_x_row(p, m0 + m) * p.ldx + 4 * c);
+    else
+      *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if (grouped) {  // the expert of x row m0 (as linear_gemv.cu's expert_of), while x is in flight
+    const int e = __ldcg(p.row_expert + walk_x_row(p, m0)) + (p.x_rows > 0 ? m0 / p.x_rows * p.n_experts : 0);
+    W = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
+    SC = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
+    prime();
+  }
+  cp_async_wait_all();
+  __syncthreads();  // raw x complete, gmax zeroed
+
+  bool fast;
+  if (p.A > 0) {
+    const int A = p.A;
+    for (int i = tid; i < mrows * k4; i += nthreads) {  // group amax (linear_gemv.cu's group_max)
+      const int m = i / k4, c = i - m * k4, k = 4 * c;
+      const float4 v = *reinterpret_cast<const float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
+      const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+      uint32_t* g = gmax + m * p.ng;
+      if (A % 4 == 0) {
+        atomicMax(g + k / A, __float_as_uint(fmaxf(fmaxf(fmaxf(fmaxf(0.0f, a[0]), a[1]), a[2]), a[3])));
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
+      }
+    }
+    __syncthreads();  // group amax complete
+    bool ok = true;
+    for (int i = tid; i < MT * p.ng; i += nthreads) {
+      const float s = ue8m0_scale(fmaxf(__uint_as_float(gmax[i]), 1e-4f), kE4M3Max);
+      gmax[i] = __float_as_uint(s);
+      ginv[i] = __fdiv_rn(1.0f, s);
+      ok = ok && s < 0x1p91f;
+    }
+    fast = __syncthreads_and(ok) != 0;  // and the group scales are complete
+    const float k = fast ? 0x1p-8f : 1.0f;
+    for (int i = tid; i < mrows * k4; i += nthreads) {
+      const int m = i / k4, c = i - m * k4, col = 4 * c;
+      float4* v = reinterpret_cast<float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
+      const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
+      const float* gi = ginv + m * p.ng;
+      float4 q = *v;
+      const int g0 = col / A, g1 = (col + 1) / A, g2 = (col + 2) / A, g3 = (col + 3) / A;
+      q.x = __fmul_rn(walk_act_quant(q.x, gs[g0], gi[g0]), k);
+      q.y = __fmul_rn(walk_act_quant(q.y, gs[g1], gi[g1]), k);
+      q.z = __fmul_rn(walk_act_quant(q.z, gs[g2], gi[g2]), k);
+      q.w = __fmul_rn(walk_act_quant(q.w, gs[g3], gi[g3]), k);
+      *v = q;
+    }
+    __syncthreads();  // quantised x complete
+  } else {
+    bool ok = true;
+    for (int i = tid; i < mrows * k4; i += nthreads) {
+      const int m = i / k4, c = i - m * k4;
+      const float4 v = *reinterpret_cast<const float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
+      ok = ok && fast_raw_x(v.x) && fast_raw_x(v.y) && fast_raw_x(v.z) && fast_raw_x(v.w);
+    }
+    fast = __syncthreads_and(ok) != 0;
+    if (fast) {
+      for (int i = tid; i < mrows * k4; i += nthreads) {
+        const int m = i / k4, c = i - m * k4;
+        float4* v = reinterpret_cast<float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
+        float4 q = *v;
+        q.x = __fmul_rn(q.x, 0x1p-8f), q.y = __fmul_rn(q.y, 0x1p-8f);
+        q.z = __fmul_rn(q.z, 0x1p-8f), q.w = __fmul_rn(q.w, 0x1p-8f);
+        *v = q;
+      }
+      __syncthreads();
+    }
+  }
+
+  // The walk: item after item (segment seg of row group cg), D slots of the ring per pass.
+  const int f = lane >> 3, l = lane & 7;  // this lane's fold row and chain
+  auto walk = [&](auto fast_tag) {
+    constexpr bool kFast = decltype(fast_tag)::value;
+    float tot = 0.0f;
+    int cg = gw, cseg = 0;
+    while (cg < p.groups) {
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        if (cg >= p.groups) break;  // uniform over the warp
+        const int t = cseg * kSegTiles + pp;
+        // x of chunk c of this lane's tile: xw[m][j] = x[m0 + m][32 (t G + c) + 8 j + 4 h .. + 3].
+        auto load_x = [&](int c, float4(&xw)[MT][4]) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              xw[m][j] =
+                  *reinterpret_cast<const float4*>(xs + m * p.xcols + 4 * x_slot<G>(8 * (t * G + c) + 2 * j + h));
+        };
+        float4 xw[MT][4];
+        if constexpr (G == 1) load_x(0, xw);  // shared by the R rows
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float v[MT][4][4];  // the chains v[j][4h + i] of each x row
+#pragma unroll
+          for (int c = 0; c < G; ++c) {
+            const uint4 q = ring[d][r][c];
+            // Lane 0 loaded bytes 0..15 of the chunk, lane 1 bytes 16..31; wj[j] = bytes 8j + 4h .. + 3.
+            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q.x : q.y, 1);
+            const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q.z : q.w, 1);
+            const uint32_t wj[4] = {h ? r0 : q.x, h ? r1 : q.z, h ? q.y : r0, h ? q.w : r1};
+            float wf[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) decode4<!kFast>(wj[j], wf[j]);
+            if constexpr (G > 1) load_x(c, xw);
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const float xv[4] = {xw[m][j].x, xw[m][j].y, xw[m][j].z, xw[m][j].w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  if constexpr (G == 1 && kFast)  // exact products: the chain sum fused (see the top)
+                    v[m][0][i] = __fmaf_rn(wf[j][i], xv[i], j == 0 ? 0.0f : v[m][0][i]);
+                  else
+                    v[m][j][i] = __fmaf_rn(wf[j][i], xv[i], c == 0 ? 0.0f : v[m][j][i]);
+                }
+              }
+          }
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              float s = v[m][0][i];
+              if constexpr (!(G == 1 && kFast))
+                s = __fadd_rn(__fadd_rn(__fadd_rn(v[m][0][i], v[m][1][i]), v[m][2][i]), v[m][3][i]);
+              sb[(r * MT + m) * kFoldRow + (4 * h + i) * kLStride + pp] = s;
+            }
+        }
+        // Tiles beyond T: s = 0 (zero weights and x) and factor 0, so their fma leaves tot as it is.
+        if (h == 0) sfac[pp] = t < T ? fp8_tile_factor(ring_e[d]) : 0.0f;
+        load_item(d);  // the slot is consumed: refill it with the item D ahead
+        __syncwarp();
+        const float* sp = sb + f * kFoldRow + l * kLStride;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 a = *reinterpret_cast<const float4*>(sp + 4 * k);
+          const float4 e = *reinterpret_cast<const float4*>(sfac + 4 * k);
+          tot = __fmaf_rn(a.x, e.x, tot);
+          tot = __fmaf_rn(a.y, e.y, tot);
+          tot = __fmaf_rn(a.z, e.z, tot);
+          tot = __fmaf_rn(a.w, e.w, tot);
+        }
+        __syncwarp();  // the buffer is free for the next item
+        if (++cseg == S) {
+          // hsum in the CPU's order: ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)), + the empty tail.
+          float hs = __fadd_rn(tot, __shfl_down_sync(0xffffffffu, tot, 4, 8));
+          hs = __fadd_rn(hs, __shfl_down_sync(0xffffffffu, hs, 2, 8));
+          hs = __fadd_rn(hs, __shfl_down_sync(0xffffffffu, hs, 1, 8));
+          const int n = cg * R + f / MT, m = f % MT;
+          if (l == 0 && n < N && m < mrows) {
+            const float o = __fadd_rn(hs, 0.0f);
+            p.y[static_cast<int64_t>(m0 + m) * N + n] = p.round ? round_to_bf16(o) : o;
+          }
+          tot = 0.0f;
+          cseg = 0;
+          cg += gstride;
+        }
+      }
+    }
+  };
+  if (fast)
+    walk(std::true_type{});
+  else
+    walk(std::false_type{});
+}
+
+// ---- host side -----------------------------------------------------------------------------------------------
+constexpr int64_t kWalkSmemBudget = 110 << 10;  // per block: two blocks per SM
+
+// Blocks of `kernel` per SM for this launch shape (cached; sets the dynamic shared memory limit on first use).
+int walk_blocks_per_sm(const void* kernel, int threads, int64_t smem) {
+  static std::mutex mu;
+  static std::set<const void*> configured;
+  static std::map<std::tuple<const void*, int, int64_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (configured.insert(kernel).second)
+    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+  int n = 0;
+  DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, static_cast<size_t>(smem)));
+  DI_CHECK(n > 0, "cuda::gemv: a block of {} threads with {} bytes of shared memory does not fit an SM", threads, smem);
+  cache.emplace(key, n);
+  return n;
+}
+
+}  // namespace
+
+void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
+  WalkParams p = {};
+  p.w = a.w;
+  p.ldw = a.ldw;
+  p.sc = a.scale;
+  p.lds = a.lds;
+  p.x = a.x;
+  p.ldx = a.ldx;
+  p.y = a.y;
+  p.row_expert = a.row_expert;
+  p.w_table = a.w_table;
+  p.s_table = a.s_table;
+  p.x_rows = a.x_rows;
+  p.n_experts = a.n_experts;
+  p.N = a.N;
+  p.K = a.K;
+  p.M = a.M;
+  p.A = static_cast<int>(std::min<int64_t>(a.act_quant_block, a.K));  // a block >= K is one group per row
+  p.ng = p.A > 0 ? (p.K + p.A - 1) / p.A : 0;
+  p.round = a.round;
+  const int B = a.B, G = B / 32;
+  p.T = (p.K + B - 1) / B;
+  p.S = (p.T + kSegTiles - 1) / kSegTiles;
+  p.xcols = kSegTiles * p.S * B;
+
+  // x rows per block: all of M when the 4 fold rows allow it (M = 3 runs as 4 with an empty row), at most 2
+  // for tiles above 32 (their chains persist over a tile: 16 MT registers), fewer when x does not fit.
+  const bool grouped = a.row_expert != nullptr;
+  int MT = grouped ? 1 : a.M == 1 ? 1 : a.M == 2 || G > 1 ? 2 : 4;
+  while (MT > 1 && 4 * walk_smem_floats(MT, p.xcols, kMaxWarps, p.ng) > kWalkSmemBudget) MT /= 2;
+  p.mtiles = (p.M + MT - 1) / MT;
+  const int R = 4 / MT;
+  p.groups = (p.N + R - 1) / R;
+
+  // Warps per block: 8, or fewer (at least 2) when the row groups would not give every SM a block.
+  const int64_t sms = sm_count();
+  const int64_t work = static_cast<int64_t>(p.groups) * p.mtiles;
+  int nw = kMaxWarps;
+  while (nw > 2 && work < nw * sms) nw /= 2;
+  const int64_t smem = 4 * walk_smem_floats(MT, p.xcols, nw, p.ng);
+
+  void (*kernel)(WalkParams) = nullptr;
+  if (G == 1)
+    kernel = MT == 1 ? fp8_walk_gemv<1, 1> : MT == 2 ? fp8_walk_gemv<2, 1> : fp8_walk_gemv<4, 1>;
+  else if (G == 2)
+    kernel = MT == 1 ? fp8_walk_gemv<1, 2> : fp8_walk_gemv<2, 2>;
+  else
+    kernel = MT == 1 ? fp8_walk_gemv<1, 4> : fp8_walk_gemv<2, 4>;
+  // Persistent blocks: as many as fit at once, at most one warp per row group, a multiple of mtiles.
+  const int64_t per_mt = (p.groups + nw - 1) / nw;
+  const int64_t resident =
+      static_cast<int64_t>(walk_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem)) * sms;
+  const int64_t grid = p.mtiles * std::max<int64_t>(1, std::min(per_mt, resident / p.mtiles));
+  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);
+}
+
+}  // namespace deepinfer::cuda
