@@ -495,23 +495,24 @@ Tensor sparse_index(const ops::IndexLayout& l, int64_t T, const Tensor& picks) {
   DI_CHECK(!picks.defined() || (picks.device() == Device::kCPU && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
                                 picks.size(0) == T && picks.size(1) == l.kcols && picks.is_contiguous()),
            "sparse_index: picks {} are not contiguous int32 [{}, {}] on the CPU", desc(picks), T, l.kcols);
-  const int64_t width = l.wcols + l.kcols;
+  const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
   Tensor out = Tensor::empty({T, width}, DType::kI32);
   int32_t* op = out.data<int32_t>();
   const int32_t* pk = picks.defined() ? picks.data<int32_t>() : nullptr;
   for (int64_t t = 0; t < T; ++t) {
     int32_t* row = op + t * width;
+    for (int64_t c = l.wcols + l.kcols; c < width; ++c) row[c] = -1;
     const int64_t p = l.start_pos + t, lo = std::max<int64_t>({0, p - l.window + 1, l.floor});
     const int64_t count = std::max<int64_t>(0, p - lo + 1);
     int64_t c = 0;
     if (l.pad_front)
       while (c < l.wcols - count) row[c++] = -1;
-    for (int64_t s = lo; s <= p; ++s) row[c++] = static_cast<int32_t>(s - l.wstart);
+    for (int64_t s = lo; s <= p; ++s) row[c++] = static_cast<int32_t>(s - l.wstart + l.base);
     while (c < l.wcols) row[c++] = -1;
     const int64_t visible = l.ratio > 0 ? (p + 1) / l.ratio : 0;
     for (int64_t i = 0; i < l.kcols; ++i) {
       const int64_t j = pk ? pk[t * l.kcols + i] : (i < visible ? i : -1);
-      row[l.wcols + i] = j < 0 ? -1 : static_cast<int32_t>(l.offset + j);
+      row[l.wcols + i] = j < 0 ? -1 : static_cast<int32_t>(l.offset + j + l.base);
     }
   }
   return out;

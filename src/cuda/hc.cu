@@ -28,12 +28,14 @@ __device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __f
 // the width, and the addition order never on which block arrives last, so a row's result depends neither
 // on the batch nor on scheduling. At decode the kernel is latency-bound (ncu: ~12 cycles per issued
 // instruction, one or two blocks per SM): what counts is dependent instructions per warp, hence one column
-// per thread (every load issued at once, 160 blocks at the models' width) and the recursive-halving warp
-// reduction (31 shuffles for 32 values instead of 5 per value).
-constexpr int kMixThreads = 128;
+// per thread (every load issued at once) in blocks of 160 columns, so that the models' width (4 x 5120) is
+// 128 blocks: one wave on an H200's 132 SMs (with 160 blocks of 128 the second wave doubled the time before
+// the last block could finish), and the recursive-halving warp reduction (31 shuffles for 32 values
+// instead of 5 per value).
+constexpr int kMixThreads = 160;
 constexpr int kMixCols = 1;                            // columns per thread
 constexpr int64_t kMixChunk = kMixThreads * kMixCols;  // columns per block
-constexpr int kSumGroups = 3;                          // threads per mix adding the partials
+constexpr int kSumGroups = 4;                          // threads per mix adding the partials
 static_assert(kSumGroups * (kMaxMix + 1) <= kMixThreads, "the last block's adders");
 
 // Sums v[j] (j < 32) over the warp; lane j returns the total of v[j]. Level o: the lanes with bit o
@@ -156,12 +158,12 @@ __global__ void __launch_bounds__(kMixThreads)
   }
   double acc[kMaxMix];
 #pragma unroll
-  for (int m = 0; m < kMaxMix; ++m) {
-    acc[m] = 0.0;
-    if (m < M) {
+  for (int q = 0; q < kMixCols; ++q) {
+    const float* f = fn + s * kMixChunk + q * kMixThreads + tid;  // mix m's value: f[m * width], one add per m
 #pragma unroll
-      for (int q = 0; q < kMixCols; ++q)
-        if (in[q]) acc[m] += static_cast<double>(fn[m * width + s * kMixChunk + q * kMixThreads + tid]) * xv[q];
+    for (int m = 0; m < kMaxMix; ++m, f += width) {
+      if (q == 0) acc[m] = 0.0;
+      if (m < M && in[q]) acc[m] += static_cast<double>(*f) * xv[q];
     }
   }
   double ss = 0.0;

@@ -5,7 +5,7 @@
 //  * hc_collapse, hc_expand: one thread per output, the CPU's fp32 order (acc = 0; acc += p_j * s_j
 //    for j = 0..hc-1; expand: post * y + acc) with explicit IEEE operations: bit for bit the CPU op.
 //  * hc_mixes, hc_head: one launch. The projection sums (mean of squares, fn . flat(stream)) are FP64 as on
-//    the CPU, but split over 128-column chunks (one block each, a fixed tree inside) added in chunk order
+//    the CPU, but split over 160-column chunks (one block each, a fixed tree inside) added in chunk order
 //    by the token's last block instead of the CPU's sequential order; products are exact in FP64, so the
 //    fp32 mixes equal the CPU's unless a double-rounding boundary is hit (rare, one fp32 ulp). Everything
 //    after (sigmoid, softmax, Sinkhorn) replays the CPU's fp32 order per value in one warp per token (lane l

@@ -730,10 +730,9 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
                                           g.slots.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   if (P > 0) {
-    moe_group_kernel<<<static_cast<unsigned>(E), kGroupThreads>>>(ids.data<int32_t>(), weights.data<float>(), P,
-                                                                  static_cast<int>(k), op_, rows.data<int32_t>(),
-                                                                  wout.data<float>(), g.slots.data<int32_t>(),
-                                                                  rexp.data<int32_t>());
+    moe_group_kernel<<<static_cast<unsigned>(E), kGroupThreads>>>(
+        ids.data<int32_t>(), weights.data<float>(), P, static_cast<int>(k), op_, rows.data<int32_t>(),
+        wout.data<float>(), g.slots.data<int32_t>(), rexp.data<int32_t>());
     DI_CUDA_CHECK(cudaGetLastError());
   }
   if (!host_offsets) {
@@ -884,7 +883,7 @@ __global__ void mask_to_blocks_kernel(float* scores, const int32_t* blocks, int6
 
 // One thread per (row, column) of the index lists; ops::IndexLayout's rules.
 __global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t* picks, int32_t* out) {
-  const int64_t width = l.wcols + l.kcols;
+  const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * width) return;
   const int64_t t = i / width, c = i % width, p = l.start_pos + t;
@@ -893,11 +892,11 @@ __global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t
     const int64_t lo = max(max(int64_t{0}, p - l.window + 1), l.floor);
     const int64_t count = max(int64_t{0}, p - lo + 1);
     const int64_t k = l.pad_front ? c - (l.wcols - count) : c;
-    if (k >= 0 && k < count) v = lo + k - l.wstart;
-  } else {
+    if (k >= 0 && k < count) v = lo + k - l.wstart + l.base;
+  } else if (c < l.wcols + l.kcols) {
     const int64_t k = c - l.wcols;
     const int64_t j = picks ? picks[t * l.kcols + k] : (k < (l.ratio > 0 ? (p + 1) / l.ratio : 0) ? k : -1);
-    if (j >= 0) v = l.offset + j;
+    if (j >= 0) v = l.offset + j + l.base;
   }
   out[i] = static_cast<int32_t>(v);
 }
@@ -948,7 +947,7 @@ Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& pic
   DI_CHECK(!picks.defined() || (picks.device() == Device::kCUDA && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
                                 picks.size(0) == T && picks.size(1) == layout.kcols && picks.is_contiguous()),
            "{}: picks {} are not contiguous int32 [{}, {}] on CUDA", op, desc(picks), T, layout.kcols);
-  const int64_t width = layout.wcols + layout.kcols;
+  const int64_t width = layout.width > 0 ? layout.width : layout.wcols + layout.kcols;
   Tensor out = Tensor::empty({T, width}, DType::kI32, Device::kCUDA);
   if (T * width == 0) return out;
   sparse_index_kernel<<<grid_for(T * width, 256), 256>>>(layout, T, picks.defined() ? picks.data<int32_t>() : nullptr,

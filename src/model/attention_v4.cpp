@@ -147,8 +147,8 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
   return r;
 }
 
-Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
-                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
+                           const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = r.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -183,13 +183,17 @@ Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t st
   // The KV table: window rows for positions wstart..start_pos+T-1, then every compressed entry.
   const int64_t wstart = std::max<int64_t>(0, start_pos - W + 1);
   const int64_t nwin = start_pos + T - wstart, ncomp = w.has_compressor ? st.compressed.rows() : 0;
-  const Tensor table = kv_table(st.window, kv, wstart, start_pos, w.has_compressor ? &st.compressed : nullptr);
+  AttnChunk chunk;
+  chunk.kv = kv;
+  chunk.start_pos = start_pos;
+  chunk.wstart = wstart;
+  chunk.ring = &st.window;
+  chunk.compressed = w.has_compressor ? &st.compressed : nullptr;
 
   // Index lists: W window slots (oldest first, -1 padded) then the compressed picks.
   const int64_t kcomp = ratio == 4 ? std::min(cfg.index_topk, ncomp) : ncomp;
-  Tensor picks;
-  if (ratio == 4) picks = indexer(r.iq, r.iw, start_pos, st.index_keys, kcomp, c);
-  ops::IndexLayout lay;
+  if (ratio == 4) chunk.picks = indexer(r.iq, r.iw, start_pos, st.index_keys, kcomp, c);
+  ops::IndexLayout& lay = chunk.lay;
   lay.start_pos = start_pos;
   lay.window = W;
   lay.wstart = wstart;
@@ -197,16 +201,7 @@ Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t st
   lay.offset = nwin;
   lay.kcols = kcomp;
   lay.ratio = ratio;  // C128 (no picks): every visible entry in order
-  const Tensor idx = ops::sparse_index(lay, T, picks, kv.device());
-
-  if (dump_enabled()) {
-    dump("table", c.layer, table);
-    const Tensor host = idx.to(Device::kCPU);
-    Tensor fi = Tensor::empty(idx.shape(), DType::kF32);
-    for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(host.data<int32_t>()[i]);
-    dump("idx", c.layer, fi);
-  }
-  return attend(r.q, table, idx, kv, w.attn_sink, start_pos, st.window, c);
+  return chunk;
 }
 
 }  // namespace deepinfer

@@ -127,8 +127,8 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
   return r;
 }
 
-Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
-                         SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
+AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
+                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = rows.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -175,16 +175,21 @@ Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int
   DI_CHECK(ratio == 0 || (shared.picks.defined() ? shared.picks.numel() : 0) == T * k,
            "layer {}: no top-k list from an index source for this chunk", c.layer);
 
-  // The KV table: window rows for positions wstart..start_pos+T-1, then the compressed entries.
+  // The KV table (attend_chunks): window rows for positions wstart..start_pos+T-1, then the compressed entries.
   DI_CHECK(window_floor <= start_pos, "layer {}: window floor {} above the chunk start {}", c.layer, window_floor,
            start_pos);
   const int64_t wstart = std::max<int64_t>({0, start_pos - W + 1, window_floor});
   const int64_t nwin = start_pos + T - wstart;
-  const Tensor table = kv_table(st.window, kv, wstart, start_pos, src ? &src->compressed : nullptr);
 
   // Index lists (ops::sparse_index, built on the table's device): the window rows, oldest first (a
   // decode row right-aligned: the empty slots lead while the ring fills), then the picks.
-  ops::IndexLayout lay;
+  AttnChunk chunk;
+  chunk.kv = kv;
+  chunk.start_pos = start_pos;
+  chunk.wstart = wstart;
+  chunk.ring = &st.window;
+  chunk.compressed = src ? &src->compressed : nullptr;
+  ops::IndexLayout& lay = chunk.lay;
   lay.start_pos = start_pos;
   lay.window = W;
   lay.floor = window_floor;
@@ -193,8 +198,8 @@ Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int
   lay.pad_front = start_pos > 0 && T == 1;
   lay.offset = nwin;
   lay.kcols = k;
-  const Tensor idx = ops::sparse_index(lay, T, k > 0 ? shared.picks : Tensor(), kv.device());
-  return attend(rows.q, table, idx, kv, w.attn_sink, start_pos, st.window, c);
+  if (k > 0) chunk.picks = shared.picks;
+  return chunk;
 }
 
 }  // namespace deepinfer

@@ -27,12 +27,13 @@ inline bool run_grouped(int64_t rows, Device device) { return device == Device::
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 
-// Attention of one layer runs in three steps so that every projection sees the whole stacked batch
+// Attention of one layer runs in four steps so that every projection sees the whole stacked batch
 // (each weight read once per step) and only the state-dependent middle runs per sequence:
 //   attention_rows_*  the per-token projections of all rows (x [T, dim] collapsed and normalised,
 //                     positions[T] each row's position),
-//   attention_seq_*   per sequence, on its rows (AttnRows::rows): compressors, indexer, KV table and
-//                     index lists, sparse attention, the window ring; returns o [T_b, H*D],
+//   attention_seq_*   per sequence, on its rows (AttnRows::rows): compressors, indexer and the state they
+//                     update; returns the chunk's AttnChunk (its KV table's parts, its index-list layout),
+//   attend_chunks     every chunk's table and lists stacked, one sparse attention, the window rings,
 //   attention_output  the stacked o back to [T, dim].
 // The per-token projections of one layer's attention. V4: qr, q (re-normed, RoPE), kv (window KV),
 // ckv / cscore (the compressor's FP32 projections), ikv / iscore (the indexer compressor's), iq / iw
@@ -47,14 +48,28 @@ struct AttnRows {
 };
 AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int64_t* positions,
                            const ops::RopeFreqs& rope, const LayerCtx& c);
-// One sequence's chunk at positions start_pos..start_pos+T-1 (r: its rows); updates the layer's state.
-Tensor attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
-                        const ops::RopeFreqs& rope, const LayerCtx& c);
+// Both families (§2.4): one sequence's chunk made ready for the sparse attention by attention_seq_*: the
+// parts of its KV table and the layout of its index lists (relative to its own table).
+struct AttnChunk {
+  Tensor kv;  // the chunk's window KV [T, D]
+  int64_t start_pos = 0, wstart = 0;
+  WindowRing* ring = nullptr;
+  const RowPages* compressed = nullptr;  // the kv source's compressed entries, or null
+  ops::IndexLayout lay;
+  Tensor picks;  // the indexer's top-k [T, kcols], or undefined
+};
+// The attention of a layer for every chunk of the batch at once: each chunk's KV table is built into one
+// stacked table and its index lists shifted to its rows there (ops::IndexLayout::base) and padded with -1
+// to the widest chunk's, then one sparse attention of q [sum T, H*D] (the chunks' rows stacked in their
+// order) with the per-head sink, and each chunk's window KV is written into its ring. A row's lists name
+// the same KV rows as alone, and the padding only adds empty slots, so every row's result is the one it
+// gets alone (batch invariance); one launch per layer instead of one per sequence. Returns o [sum T, H*D].
+Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c);
 
-// Both families (§2.4): sparse attention of q [T, H*D] over the KV table by idx with the per-head sink,
-// then the chunk's window KV kv [T, D] written into the ring. Returns o [T, H*D].
-Tensor attend(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
-              int64_t start_pos, WindowRing& ring, const LayerCtx& c);
+// One sequence's chunk at positions start_pos..start_pos+T-1 (r: its rows); updates the layer's state
+// (compressor, index keys, compressed entries) and returns the chunk for attend_chunks.
+AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
+                           const ops::RopeFreqs& rope, const LayerCtx& c);
 // The output of both families (§2.4) over stacked rows: conjugate RoPE of o (in place) at the rows'
 // positions, the grouped BF16 wo_a, then wo_b. Returns [T, dim].
 Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
@@ -85,9 +100,10 @@ Tensor ids_tensor(const std::vector<I>& ids, Device device = Device::kCPU) {
 
 // The KV table of one layer's attention (both families): the window rows of positions
 // [wstart, start_pos) from the ring, the chunk's own rows kv [T, D], then the compressed entries;
-// float32 [start_pos + T - wstart + compressed.rows(), D] on kv's device.
-Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos,
-                const RowPages* compressed);
+// float32 [start_pos + T - wstart + compressed.rows(), D] on kv's device (written into `into`, a contiguous
+// tensor of that shape, when it is defined).
+Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos, const RowPages* compressed,
+                const Tensor& into = Tensor());
 
 // MoE of one layer (both families, §2.8). tokens are the chunk's ids (V4 hash routing). Returns [T, dim].
 Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);

@@ -24,12 +24,12 @@ struct SharedAttnV41 {
 // sequence's chunk at positions start_pos..start_pos+T-1 of `seq` (rows: its AttnRows): window KV of
 // this layer; kv sources compress and publish compressed KV and index keys; index sources score and
 // publish top-k lists (the candidate source also its candidate blocks); every compressed layer attends
-// to the latest list; returns o [T, H*D] for attention_output. window_floor: the first position whose
-// window KV this layer holds (bounded replay; else 0).
+// to the latest list; returns the chunk for attend_chunks (layers_v4.h), whose o [T, H*D] goes to
+// attention_output. window_floor: the first position whose window KV this layer holds (bounded replay; else 0).
 AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const int64_t* positions,
                             const ops::RopeFreqs& rope, const LayerCtx& c);
-Tensor attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
-                         SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c);
+AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
+                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c);
 
 // Engram (§2.9): stream [T, hc, dim] plus the gated n-gram lookup; rows [T, n_cols] are the table
 // rows of every token. Returns the new stream.

@@ -5,12 +5,15 @@
 #include <cstring>
 
 #include "core/debug_dump.h"
+#include "deepinfer/error.h"
 #include "model/layers_v4.h"
 
 namespace deepinfer {
 
 ops::LinearOpts linear_q_opts(const LayerCtx& c) { return {c.num.simulate_qat ? c.cfg.fp8_block : 0, c.num.bf16}; }
-Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) { return ops::linear(x, w, linear_q_opts(c)); }
+Tensor linear_q(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
+  return ops::linear(x, w, linear_q_opts(c));
+}
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
   return ops::linear(x, w, {0, c.num.bf16});
 }
@@ -30,28 +33,65 @@ Tensor pages_tensor(const RowPages& pages) {
   return t;
 }
 
-Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos,
-                const RowPages* compressed) {
+Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos, const RowPages* compressed,
+                const Tensor& into) {
   const int64_t T = kv.size(0), D = kv.size(1), nwin = start_pos + T - wstart;
   const int64_t ncomp = compressed ? compressed->rows() : 0;
-  Tensor table = Tensor::empty({nwin + ncomp, D}, DType::kF32, kv.device());
+  Tensor table = into.defined() ? into : Tensor::empty({nwin + ncomp, D}, DType::kF32, kv.device());
+  DI_CHECK(table.dim() == 2 && table.size(0) == nwin + ncomp && table.size(1) == D && table.is_contiguous() &&
+               table.device() == kv.device(),
+           "kv_table: {} cannot hold [{}, {}]", table.describe(), nwin + ncomp, D);
   ring.read(wstart, start_pos, table);
   copy_tensor(table.slice(0, start_pos - wstart, nwin), kv);
   if (ncomp > 0) compressed->copy_to(table.slice(0, nwin, nwin + ncomp));
   return table;
 }
 
-Tensor attend(const Tensor& q, const Tensor& table, const Tensor& idx, const Tensor& kv, const Tensor& sink,
-              int64_t start_pos, WindowRing& ring, const LayerCtx& c) {
+Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = q.size(0), H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const int64_t H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
-  Tensor o = ops::sparse_attention(q.view({T, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf)
-                 .view({T, H * D});
-  // Slide the window ring forward over this chunk.
-  const int64_t p0 = std::max(start_pos, start_pos + T - W);
-  ring.write(p0, start_pos + T, kv.slice(0, p0 - start_pos, T));
-  return o;
+  auto table_rows = [](const AttnChunk& k) {
+    return k.start_pos + k.kv.size(0) - k.wstart + (k.compressed ? k.compressed->rows() : 0);
+  };
+  int64_t rows = 0, n = 0, width = 0;
+  for (const AttnChunk& k : chunks) {
+    rows += k.kv.size(0);
+    n += table_rows(k);
+    width = std::max(width, k.lay.wcols + k.lay.kcols);
+  }
+  DI_CHECK(rows == q.size(0), "attention: {} chunk rows for {} query rows", rows, q.size(0));
+  const Device dev = q.device();
+  if (rows == 0) return Tensor::empty({0, H * D}, DType::kF32, dev);
+  Tensor table = Tensor::empty({n, D}, DType::kF32, dev);
+  Tensor idx = chunks.size() == 1 ? Tensor() : Tensor::empty({rows, width}, DType::kI32, dev);
+  int64_t base = 0, r0 = 0;
+  for (AttnChunk& k : chunks) {
+    const int64_t T = k.kv.size(0), tn = table_rows(k);
+    kv_table(*k.ring, k.kv, k.wstart, k.start_pos, k.compressed, table.slice(0, base, base + tn));
+    ops::IndexLayout lay = k.lay;
+    lay.base = base;
+    lay.width = width;
+    const Tensor ki = ops::sparse_index(lay, T, k.picks, dev);
+    if (chunks.size() == 1)
+      idx = ki;
+    else
+      copy_tensor(idx.slice(0, r0, r0 + T), ki);
+    // Slide the window ring forward over this chunk (after its rows were copied into the table).
+    const int64_t p0 = std::max(k.start_pos, k.start_pos + T - W);
+    k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
+    base += tn;
+    r0 += T;
+  }
+  if (dump_enabled()) {
+    dump("table", c.layer, table);
+    const Tensor host = idx.to(Device::kCPU);
+    Tensor fi = Tensor::empty(idx.shape(), DType::kF32);
+    for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(host.data<int32_t>()[i]);
+    dump("idx", c.layer, fi);
+  }
+  return ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf)
+      .view({rows, H * D});
 }
 
 Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
@@ -74,12 +114,12 @@ Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight&
     // o [T, H*D] is [T*G, gin] row by row: row (t, g) through group g gives z[t, g*R:(g+1)*R] in place.
     std::vector<int64_t> group_of(T * G);
     for (int64_t i = 0; i < T * G; ++i) group_of[i] = i % G;
-    z = ops::linear_grouped(o.view({T * G, gin}), ids_tensor(group_of, o.device()), parts, {0, bf})
-            .view({T, G * R});
+    z = ops::linear_grouped(o.view({T * G, gin}), ids_tensor(group_of, o.device()), parts, {0, bf}).view({T, G * R});
   } else {
     z = Tensor::empty({T, G * R}, DType::kF32, o.device());
     for (int64_t g = 0; g < G; ++g)
-      copy_tensor(z.view({T, G, R}).select(1, g), linear_bf16(o.view({T, G, gin}).select(1, g).contiguous(), parts[g], c));
+      copy_tensor(z.view({T, G, R}).select(1, g),
+                  linear_bf16(o.view({T, G, gin}).select(1, g).contiguous(), parts[g], c));
   }
   dump("z", c.layer, z);
   return linear_q(z, wo_b, c);

@@ -24,7 +24,6 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   const int64_t hc = cfg.hc_mult;
   std::vector<int64_t> offset;
   const std::vector<int32_t> tokens = stack_batch(batch, offset);
-  const int64_t T = offset.back();
   std::vector<int64_t> starts;
   for (const SeqChunk& c : batch) starts.push_back(c.state->num_tokens);
   const std::vector<int64_t> positions = stacked_positions(starts, offset);
@@ -38,12 +37,11 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
     Tensor x = ops::hc_collapse_norm(stream, mix.pre, L.attn_norm, cfg.norm_eps, num.bf16);
     dump("attn_in", l, x);
     const AttnRows rows = attention_rows_v4(L.attn, x, positions.data(), rope_[l], ctx);
-    Tensor o = Tensor::empty({T, cfg.n_heads * cfg.head_dim}, DType::kF32, device_);
-    for (size_t b = 0; b < batch.size(); ++b) {  // the middle reads and writes each sequence's own state
-      const Tensor ob = attention_seq_v4(L.attn, rows.rows(offset[b], offset[b + 1]), batch[b].state->num_tokens,
-                                         batch[b].state->layers[l], rope_[l], ctx);
-      copy_tensor(o.slice(0, offset[b], offset[b + 1]), ob);
-    }
+    std::vector<AttnChunk> chunks;
+    for (size_t b = 0; b < batch.size(); ++b)  // the middle reads and writes each sequence's own state
+      chunks.push_back(attention_seq_v4(L.attn, rows.rows(offset[b], offset[b + 1]), batch[b].state->num_tokens,
+                                        batch[b].state->layers[l], rope_[l], ctx));
+    Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
     Tensor y = attention_output(o, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);

@@ -140,14 +140,14 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     dump("attn_in", l, x);
     force("attn_in", l, x);
     const AttnRows rows = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
-    Tensor o = Tensor::empty({T, cfg.n_heads * cfg.head_dim}, DType::kF32, device_);
+    std::vector<AttnChunk> chunks;
     for (size_t b = 0; b < B; ++b) {             // the middle reads and writes each sequence's own state
       if (offset[b + 1] == offset[b]) continue;  // every row of this chunk skipped (bounded replay)
       const int64_t floor = l > last_source ? batch[b].state->replay_floor : 0;
-      const Tensor ob = attention_seq_v41(L.attn, rows.rows(offset[b], offset[b + 1]), start[b], floor, *batch[b].state,
-                                          shared[b], rope_[l], ctx);
-      copy_tensor(o.slice(0, offset[b], offset[b + 1]), ob);
+      chunks.push_back(attention_seq_v41(L.attn, rows.rows(offset[b], offset[b + 1]), start[b], floor, *batch[b].state,
+                                         shared[b], rope_[l], ctx));
     }
+    Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
     Tensor y = attention_output(o, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
     dump("attn_out", l, y);
     stream = ops::hc_expand(y, stream, attn_mix.post, attn_mix.comb, num.bf16);

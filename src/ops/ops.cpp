@@ -417,9 +417,10 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
 Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device) {
   const OpScope scope("sparse_index", picks);
   DI_CHECK(T >= 0 && l.start_pos >= 0 && l.window >= 1 && l.wcols >= 0 && l.kcols >= 0 && l.offset >= 0 &&
-               (picks.defined() || l.kcols == 0 || l.ratio >= 1),
-           "sparse_index: T {}, start_pos {}, window {}, wcols {}, kcols {}, offset {}, ratio {}", T, l.start_pos,
-           l.window, l.wcols, l.kcols, l.offset, l.ratio);
+               (picks.defined() || l.kcols == 0 || l.ratio >= 1) && l.base >= 0 &&
+               (l.width == 0 || l.width >= l.wcols + l.kcols),
+           "sparse_index: T {}, start_pos {}, window {}, wcols {}, kcols {}, offset {}, ratio {}, base {}, width {}", T,
+           l.start_pos, l.window, l.wcols, l.kcols, l.offset, l.ratio, l.base, l.width);
   DI_CHECK(!picks.defined() || (picks.device() == device && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
                                 picks.size(0) == T && picks.size(1) == l.kcols && picks.is_contiguous()),
            "sparse_index: picks {} are not contiguous int32 [{}, {}] on {}", picks.defined() ? picks.describe() : "", T,

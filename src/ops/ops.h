@@ -155,7 +155,8 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
 //   compressed part (kcols columns): picks defined (int32 [T, kcols] on `device`): picks < 0 -> -1,
 //     else offset + pick, in the picks' order; picks undefined: column i -> offset + i while
 //     i < (p_t + 1) / ratio (every visible entry, in order), else -1 (ratio > 0 when kcols > 0).
-// Exact (integers only). Built on the device: no host list, no upload.
+// Every listed row is then shifted by `base`, and the lists padded with -1 to `width` columns (the
+// chunks of a batch attended in one call). Exact (integers only). Built on the device: no host list, no upload.
 struct IndexLayout {
   int64_t start_pos = 0;
   int64_t window = 0;  // W
@@ -166,6 +167,8 @@ struct IndexLayout {
   int64_t offset = 0;  // table row of compressed entry 0
   int64_t kcols = 0;
   int64_t ratio = 0;  // the dense compressed rule (picks undefined)
+  int64_t base = 0;   // added to every listed row (the chunk's table inside a batch's stacked table)
+  int64_t width = 0;  // columns of each list, >= wcols + kcols, -1 past them (0: wcols + kcols)
 };
 Tensor sparse_index(const IndexLayout& layout, int64_t T, const Tensor& picks, Device device);
 

@@ -488,6 +488,19 @@ TEST(Ops, SparseIndexReplaysTheHostLists) {
         EXPECT_EQ(idx.data<int32_t>()[t * (wcols + c.kcols) + i], row[i])
             << "start " << sp << " row " << t << " col " << i;
     }
+    // Inside a batch's stacked table (attend_chunks): every listed row shifted by base, -1 past the
+    // chunk's own columns up to width.
+    ops::IndexLayout shifted = lay;
+    shifted.base = 37;
+    shifted.width = wcols + c.kcols + 5;
+    const Tensor sidx = ops::sparse_index(shifted, T, picks, Device::kCPU);
+    ASSERT_EQ(sidx.shape(), (Shape{T, shifted.width}));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < shifted.width; ++i) {
+        const int32_t want = i < wcols + c.kcols ? idx.data<int32_t>()[t * (wcols + c.kcols) + i] : -1;
+        EXPECT_EQ(sidx.data<int32_t>()[t * shifted.width + i], want < 0 ? -1 : want + 37)
+            << "row " << t << " col " << i;
+      }
   }
   // A window wider than its columns is refused.
   ops::IndexLayout bad;
@@ -496,4 +509,11 @@ TEST(Ops, SparseIndexReplaysTheHostLists) {
   bad.wstart = 3;
   bad.wcols = 4;
   EXPECT_THROW(ops::sparse_index(bad, 1, Tensor(), Device::kCPU), Error);
+  // So is a width below the lists' own columns.
+  ops::IndexLayout narrow;
+  narrow.start_pos = 2;
+  narrow.window = 8;
+  narrow.wcols = 8;
+  narrow.width = 4;
+  EXPECT_THROW(ops::sparse_index(narrow, 1, Tensor(), Device::kCPU), Error);
 }

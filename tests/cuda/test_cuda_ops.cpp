@@ -1274,6 +1274,15 @@ void test_index_lists() {
       const di::Tensor want = di::ops::sparse_index(lay, T, picks, di::Device::kCPU);
       return compare_idx(want, di::ops::sparse_index(lay, T, c.picks ? dev(picks) : di::Tensor(), di::Device::kCUDA));
     });
+    // The same lists inside a batch's stacked table (attend_chunks): shifted and padded.
+    di::ops::IndexLayout shifted = lay;
+    shifted.base = 1000 + sp;
+    shifted.width = lay.wcols + lay.kcols + 3;
+    run_case(std::string("sparse_index shifted ") + c.what + " T=" + std::to_string(T), [&] {
+      const di::Tensor want = di::ops::sparse_index(shifted, T, picks, di::Device::kCPU);
+      return compare_idx(want,
+                         di::ops::sparse_index(shifted, T, c.picks ? dev(picks) : di::Tensor(), di::Device::kCUDA));
+    });
   }
 }
 
