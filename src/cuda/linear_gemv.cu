@@ -1134,24 +1134,7 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
            a.K, a.M, a.B, a.act_quant_block, a.row_expert != nullptr);
   if (a.M == 0 || a.N == 0) return;
   Params p = {};
-  p.w = a.w;
-  p.ldw = a.ldw;
-  p.sc = a.scale;
-  p.lds = a.lds;
-  p.x = a.x;
-  p.ldx = a.ldx;
-  p.y = a.y;
-  p.row_expert = a.row_expert;
-  p.w_table = a.w_table;
-  p.s_table = a.s_table;
-  p.x_rows = a.x_rows;
-  p.n_experts = a.n_experts;
-  p.N = a.N;
-  p.K = a.K;
-  p.M = a.M;
-  p.A = static_cast<int>(std::min<int64_t>(a.act_quant_block, a.K));  // a block >= K is one group per row
-  p.ng = p.A > 0 ? (p.K + p.A - 1) / p.A : 0;
-  p.round = a.round;
+  copy_gemv_args(a, p);
   if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N))
     gemv_fp8_walk_into(a, stream);
   else if (a.fmt == kFp8)

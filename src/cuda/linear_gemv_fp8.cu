@@ -390,24 +390,7 @@ int walk_blocks_per_sm(const void* kernel, int threads, int64_t smem) {
 
 void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
   WalkParams p = {};
-  p.w = a.w;
-  p.ldw = a.ldw;
-  p.sc = a.scale;
-  p.lds = a.lds;
-  p.x = a.x;
-  p.ldx = a.ldx;
-  p.y = a.y;
-  p.row_expert = a.row_expert;
-  p.w_table = a.w_table;
-  p.s_table = a.s_table;
-  p.x_rows = a.x_rows;
-  p.n_experts = a.n_experts;
-  p.N = a.N;
-  p.K = a.K;
-  p.M = a.M;
-  p.A = static_cast<int>(std::min<int64_t>(a.act_quant_block, a.K));  // a block >= K is one group per row
-  p.ng = p.A > 0 ? (p.K + p.A - 1) / p.A : 0;
-  p.round = a.round;
+  copy_gemv_args(a, p);
   const int B = a.B, G = B / 32;
   p.T = (p.K + B - 1) / B;
   p.S = (p.T + kSegTiles - 1) / kSegTiles;

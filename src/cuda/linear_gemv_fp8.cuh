@@ -10,6 +10,30 @@
 
 namespace deepinfer::cuda {
 
+// The fields that every GEMV kernel's parameter block (Params in linear_gemv.cu, WalkParams here) takes
+// from the call as they are: pointers, strides, shapes, the grouped mode, and the act-quant groups.
+template <typename P>
+inline void copy_gemv_args(const GemvArgs& a, P& p) {
+  p.w = a.w;
+  p.ldw = a.ldw;
+  p.sc = a.scale;
+  p.lds = a.lds;
+  p.x = a.x;
+  p.ldx = a.ldx;
+  p.y = a.y;
+  p.row_expert = a.row_expert;
+  p.w_table = a.w_table;
+  p.s_table = a.s_table;
+  p.x_rows = a.x_rows;
+  p.n_experts = a.n_experts;
+  p.N = a.N;
+  p.K = a.K;
+  p.M = a.M;
+  p.A = static_cast<int>(a.act_quant_block < a.K ? a.act_quant_block : a.K);  // a block >= K: one group per row
+  p.ng = p.A > 0 ? (p.K + p.A - 1) / p.A : 0;
+  p.round = a.round;
+}
+
 // Launches fp8_walk_gemv for an E4M3 call. Preconditions: gemv_supported(a), a.fmt == 0, a.M > 0, a.N > 0.
 void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream);
 

@@ -597,15 +597,19 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
     double my_best = key_arg;
     int my_id = arg;
     const int groups = (V + 3) / 4;
-    for (int g = tid; g < groups; g += kThreads) {
-      float w[4];
+    // The race weights of tokens 4g .. 4g+3 (one Philox block each); false when none can win.
+    auto group_weights = [&](int g, float(&w)[4]) {
       bool any = false;
       for (int j = 0; j < 4; ++j) {
         const int i = 4 * g + j;
         w[j] = i < V ? rv.w_of(i, raw[i]) : 0.0f;
         any |= w[j] > 0.0f;
       }
-      if (!any) continue;
+      return any;
+    };
+    for (int g = tid; g < groups; g += kThreads) {
+      float w[4];
+      if (!group_weights(g, w)) continue;
       const uint4 r4 = philox_block(p.seed, pos, static_cast<uint64_t>(g));
       for (int j = 0; j < 4; ++j) {
         const int i = 4 * g + j;
@@ -628,13 +632,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
       const double thr = gmin * (1.0 + kCandMargin);
       for (int g = tid; g < groups; g += kThreads) {
         float w[4];
-        bool any = false;
-        for (int j = 0; j < 4; ++j) {
-          const int i = 4 * g + j;
-          w[j] = i < V ? rv.w_of(i, raw[i]) : 0.0f;
-          any |= w[j] > 0.0f;
-        }
-        if (!any) continue;
+        if (!group_weights(g, w)) continue;
         const uint4 r4 = philox_block(p.seed, pos, static_cast<uint64_t>(g));
         for (int j = 0; j < 4; ++j) {
           if (!(w[j] > 0.0f)) continue;
