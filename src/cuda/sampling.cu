@@ -43,6 +43,11 @@ static_assert(kBins == 4 * kThreads, "find_digit gives every thread 4 bins");
 
 // Row flags (RowParams::flags).
 constexpr uint32_t kGreedy = 1, kHasMask = 2, kSkip = 4;
+// kPlain: greedy with no penalty, mask or logprobs, whose pass 1 (bad logits, the raw argmax) is
+// split over kSlices blocks by row_scan_kernel: one block of sample_kernel reading a 505 KB row one
+// strided load after another per thread took ~0.1 ms, most of a batch-1 greedy step's sampling.
+constexpr uint32_t kPlain = 8;
+constexpr int kSlices = 32;
 // Penalty list flags (SpecialEntry::flags).
 constexpr uint32_t kRep = 1, kFreqPres = 2, kMaskTok = 4;
 // RowCore::status.
@@ -102,7 +107,9 @@ struct KernelArgs {
   const RowParams* params;
   const SpecialEntry* entries;
   const uint32_t* masks;
-  float* overlay;  // [R, V], only the marked tokens are touched
+  float* overlay;       // [R, V], only the marked tokens are touched
+  int32_t* part_bad;    // [R, kSlices]: row_scan_kernel's first non-finite index per slice (INT_MAX: none)
+  uint64_t* part_best;  // [R, kSlices]: its best rank_key per slice (0: no finite logit)
   RowCore* core;
   RowLogprobs* lp;
 };
@@ -417,6 +424,28 @@ struct RowView {
   }
 };
 
+// Pass 1 of the kPlain rows over slice blockIdx.x of row blockIdx.y: what sample_kernel's first loop computes
+// for such a row (x = the raw logit), reduced per slice; sample_kernel reduces the slices.
+__global__ void __launch_bounds__(256) row_scan_kernel(KernelArgs a) {
+  const int row = blockIdx.y, s = blockIdx.x, V = a.V;
+  if ((a.params[row].flags & kPlain) == 0) return;
+  const float* raw = a.logits + static_cast<int64_t>(row) * a.row_stride;
+  const int per = (V + kSlices - 1) / kSlices, i0 = s * per, i1 = min(V, i0 + per);
+  int bad = INT_MAX;
+  uint64_t best = 0;
+  for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += 256) {
+    const float r = raw[i];
+    if (!(r < INFINITY)) bad = min(bad, i);
+    if (r > -INFINITY) best = max(best, rank_key(r, i, V));
+  }
+  bad = block_reduce(bad, MinOp{}, INT_MAX);
+  best = block_reduce(best, MaxOp{}, uint64_t{0});
+  if (threadIdx.x == 0) {
+    a.part_bad[row * kSlices + s] = bad;
+    a.part_best[row * kSlices + s] = best;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ BlockVars bv;
@@ -469,7 +498,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
   const bool count_t = !greedy && p.top_k > 0;
   int bad = INT_MAX, allowed = 0, n_fin_t = 0, n_fin_raw = 0;
   uint64_t best = 0, raw_best = 0;  // 0: no finite value (every real key is larger)
-  for (int i = tid; i < V; i += kThreads) {
+  const bool plain = (p.flags & kPlain) != 0;
+  if (plain) {  // row_scan_kernel's slices
+    for (int s = tid; s < kSlices; s += kThreads) {
+      bad = min(bad, a.part_bad[row * kSlices + s]);
+      best = max(best, a.part_best[row * kSlices + s]);
+    }
+  }
+  for (int i = plain ? V : tid; i < V; i += kThreads) {
     const float r = raw[i];
     if (!(r < INFINITY)) bad = min(bad, i);
     if (skip) continue;
@@ -762,7 +798,7 @@ struct PinnedBuffer {
 struct Workspace {
   std::mutex mu;
   PinnedBuffer up, down;
-  GrowingBuffer d_up, d_res, d_overlay;
+  GrowingBuffer d_up, d_res, d_overlay, d_part;
   size_t smem_set = 0;
   std::vector<int32_t> slot;  // token -> index in the row's penalty list (-1 = none)
 };
@@ -832,7 +868,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   std::vector<uint32_t> masks;
   std::vector<std::string> host_error(rows.size());
   std::vector<char> on_host(rows.size(), 0);  // sampled by the CPU on a host copy
-  bool any_special = false, any_lp = false;
+  bool any_special = false, any_lp = false, any_plain = false;
   for (size_t r = 0; r < rows.size(); ++r) {
     const SampleInput& in = rows[r];
     const SamplingParams& p = *in.params;
@@ -905,6 +941,10 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
     rp.spec_begin = static_cast<uint32_t>(begin);
     rp.spec_count = static_cast<uint32_t>(entries.size() - begin);
     any_special |= rp.spec_count > 0;
+    if ((rp.flags & kGreedy) && !(rp.flags & kHasMask) && rp.spec_count == 0 && p.logprobs < 0) {
+      rp.flags |= kPlain;
+      any_plain = true;
+    }
   }
 
   const size_t off_entries = align16(params.size() * sizeof(RowParams));
@@ -932,6 +972,11 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   ka.entries = reinterpret_cast<const SpecialEntry*>(d_up + off_entries);
   ka.masks = reinterpret_cast<const uint32_t*>(d_up + off_masks);
   ka.overlay = d_overlay;
+  if (any_plain) {
+    char* d_part = static_cast<char*>(ws.d_part.get(static_cast<size_t>(R) * kSlices * (sizeof(int32_t) + 8)));
+    ka.part_best = reinterpret_cast<uint64_t*>(d_part);
+    ka.part_bad = reinterpret_cast<int32_t*>(d_part + static_cast<size_t>(R) * kSlices * sizeof(uint64_t));
+  }
   ka.core = reinterpret_cast<RowCore*>(d_res);
   ka.lp = reinterpret_cast<RowLogprobs*>(d_res + core_bytes);
   const size_t smem = kFixedSmem + (any_special ? static_cast<size_t>(words) * sizeof(uint32_t) : 0);
@@ -940,6 +985,10 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
     DI_CUDA_CHECK(
         cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     ws.smem_set = smem;
+  }
+  if (any_plain) {
+    row_scan_kernel<<<dim3(kSlices, static_cast<unsigned>(R)), 256>>>(ka);
+    DI_CUDA_CHECK(cudaGetLastError());
   }
   sample_kernel<<<static_cast<unsigned>(R), kThreads, smem>>>(ka);
   DI_CUDA_CHECK(cudaGetLastError());
