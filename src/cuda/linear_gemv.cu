@@ -36,6 +36,25 @@
 
 namespace deepinfer::cuda {
 
+// Blocks of `kernel` that fit one SM with this launch shape (cached; sets the kernel's dynamic shared
+// memory limit to the opt-in maximum on first use).
+int gemv_blocks_per_sm(const void* kernel, int threads, int64_t smem) {
+  static std::mutex mu;
+  static std::set<const void*> configured;
+  static std::map<std::tuple<const void*, int, int64_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (configured.insert(kernel).second)
+    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+  int n = 0;
+  DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, static_cast<size_t>(smem)));
+  DI_CHECK(n > 0, "cuda::gemv: a block of {} threads with {} bytes of shared memory does not fit an SM", threads, smem);
+  cache.emplace(key, n);
+  return n;
+}
+
 namespace {
 
 enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
@@ -939,31 +958,12 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
 // ---- host side -----------------------------------------------------------------------------------------------
 constexpr int64_t kSmemBudget = 96 << 10;  // per block: keeps 2+ blocks per SM
 
-// Blocks of `kernel` that fit one SM with this launch shape (cached; sets the kernel's dynamic shared
-// memory limit to the opt-in maximum on first use).
-int blocks_per_sm(const void* kernel, int threads, int64_t smem) {
-  static std::mutex mu;
-  static std::set<const void*> configured;
-  static std::map<std::tuple<const void*, int, int64_t>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, threads, smem);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (configured.insert(kernel).second)
-    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
-  int n = 0;
-  DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, static_cast<size_t>(smem)));
-  DI_CHECK(n > 0, "cuda::gemv: a block of {} threads with {} bytes of shared memory does not fit an SM", threads, smem);
-  cache.emplace(key, n);
-  return n;
-}
-
 // Launches kernel(p) with programmatic stream serialisation: as many persistent blocks as fit the GPU
 // at once, at most one per (weight step, x-row group), and a multiple of p.mtiles.
 void launch(void (*kernel)(Params), Params p, int threads, int64_t smem, cudaStream_t stream) {
   const int64_t work = static_cast<int64_t>(p.steps) * p.mtiles;
   const int64_t resident =
-      static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem)) * sm_count();
+      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem)) * sm_count();
   int64_t grid = std::min(work, resident);
   grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
   DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
@@ -1052,7 +1052,7 @@ void launch_fp4_pair(Params p, cudaStream_t stream) {
     const int64_t steps = (p.N + 16 * w - 1) / (16 * w);
     const int64_t work = steps * p.mtiles;
     const int64_t resident =
-        static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * w, smem)) * sms;
+        static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * w, smem)) * sms;
     const int64_t grid = std::max<int64_t>(p.mtiles, std::min(work, resident) / p.mtiles * p.mtiles);
     const int64_t per_block = (steps + grid / p.mtiles - 1) / (grid / p.mtiles);
     const int64_t cost = (grid + sms - 1) / sms * per_block * w;

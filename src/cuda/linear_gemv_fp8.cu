@@ -368,24 +368,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) fp8_walk_gemv(WalkParams p)
 // ---- host side -----------------------------------------------------------------------------------------------
 constexpr int64_t kWalkSmemBudget = 110 << 10;  // per block: two blocks per SM
 
-// Blocks of `kernel` per SM for this launch shape (cached; sets the dynamic shared memory limit on first use).
-int walk_blocks_per_sm(const void* kernel, int threads, int64_t smem) {
-  static std::mutex mu;
-  static std::set<const void*> configured;
-  static std::map<std::tuple<const void*, int, int64_t>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, threads, smem);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (configured.insert(kernel).second)
-    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
-  int n = 0;
-  DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, static_cast<size_t>(smem)));
-  DI_CHECK(n > 0, "cuda::gemv: a block of {} threads with {} bytes of shared memory does not fit an SM", threads, smem);
-  cache.emplace(key, n);
-  return n;
-}
-
 }  // namespace
 
 void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
@@ -422,7 +404,7 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
   // Persistent blocks: as many as fit at once, at most one warp per row group, a multiple of mtiles.
   const int64_t per_mt = (p.groups + nw - 1) / nw;
   const int64_t resident =
-      static_cast<int64_t>(walk_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem)) * sms;
+      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem)) * sms;
   const int64_t grid = p.mtiles * std::max<int64_t>(1, std::min(per_mt, resident / p.mtiles));
   DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
   launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);

@@ -34,6 +34,10 @@ inline void copy_gemv_args(const GemvArgs& a, P& p) {
   p.round = a.round;
 }
 
+// Blocks of `kernel` that fit one SM with this launch shape, for the GEMV kernels' persistent grids (cached;
+// sets the kernel's dynamic shared memory limit to the opt-in maximum on first use). linear_gemv.cu.
+int gemv_blocks_per_sm(const void* kernel, int threads, int64_t smem);
+
 // Launches fp8_walk_gemv for an E4M3 call. Preconditions: gemv_supported(a), a.fmt == 0, a.M > 0, a.N > 0.
 void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream);
 
