@@ -2,12 +2,14 @@
 // exactly the CPU's results (token, logprob, rank, top_logprobs: the same bits) and the same errors.
 //
 // One call = one H2D copy (every row's params, penalty lists and grammar masks packed in one pinned
-// buffer), one kernel with one 512-thread block per row (a second, small kernel only when some row asks for
-// logprobs), one D2H copy of the results. Per row:
+// buffer), one kernel with one 512-thread block per row (before it, a scan of the plain greedy rows over 32
+// blocks each; after it, a small kernel only when some row asks for logprobs), one D2H copy of the results.
+// Per row:
 //   - penalties and min_tokens come as a compact list of distinct (token, output count, flags); the block
 //     marks them in a shared-memory bitmap and writes their processed logits to a per-row overlay, so every
 //     later pass reads the raw row plus (for marked tokens) the overlay instead of a processed copy;
-//   - greedy: one pass, the argmax by (logit desc, id asc) as one 64-bit integer max;
+//   - greedy: one pass, the argmax by (logit desc, id asc) as one 64-bit integer max (rows with no penalty,
+//     mask or logprobs: that pass split over 32 blocks, row_scan_kernel, and the row's block reduces them);
 //   - top_k, the top_p cut inside its mass bucket and the top logprobs are one radix select on the CPU's
 //     64-bit (value desc, id asc) keys, weighted by 1 (top_k) or by the exact integer masses (top_p): 11-bit
 //     digit histograms over the row until the candidates fit in shared memory, then an exact finish there;
