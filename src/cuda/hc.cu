@@ -61,40 +61,31 @@ __device__ __forceinline__ double warp_transpose_sum(double (&v)[32]) {
   return v[0];
 }
 
-// The finish (warp 0 of the last block) from the FP64 sums: mixes[m] = float(fn[m] . flat) *
-// (1 / sqrt(float(ss / width) + norm_eps)); lane j < hc writes pre[j] (and post[j]); for comb, lane
-// l < hc*hc owns c[l] (row l / hc, column l % hc) in a register and every row / column sum is formed
-// by each lane of that row / column with shuffles, sequentially in the CPU's order (k ascending for a
-// row, j ascending for a column), so each value sees exactly the CPU's fp32 operation sequence.
-// HC > 0: hc known at compile time (the loops unroll and the shuffles issue together); 0: hc_rt.
-// mode 0: pre, post and comb; mode 1: hc_head (pre only, M = hc); mode 2: pre and post (hc_mixes: comb by
-// hc_comb_kernel on the side stream, from the sums the kernel stores).
-template <int HC>
-__device__ void hc_comb_warp(const double* sums, float r, const float* scale, const float* base, int hc_rt,
-                             int sinkhorn_iters, float hc_eps, float* comb);
+// The scale of every mix: 1 / sqrt(float(ss / width) + norm_eps), from the FP64 sum of squares.
+__device__ __forceinline__ float mix_scale(double ss, int64_t width, float norm_eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(ss / static_cast<double>(width)), norm_eps)));
+}
 
+// The finish (warp 0 of the last block) from the FP64 sums: mixes[m] = float(fn[m] . flat) * mix_scale;
+// lane j < hc writes pre[j], and post[j] unless post is null (hc_head: M = hc). comb is hc_comb_kernel's,
+// on the side stream, from the sums the kernel stores. HC > 0: hc known at compile time; 0: hc_rt.
 template <int HC>
 __device__ void hc_finish_warp(const double* sums, int64_t width, const float* scale, const float* base, int hc_rt,
-                               int sinkhorn_iters, float hc_eps, float norm_eps, int mode, float* pre, float* post,
-                               float* comb) {
+                               float hc_eps, float norm_eps, float* pre, float* post) {
   const int hc = HC > 0 ? HC : hc_rt;
   const int lane = static_cast<int>(threadIdx.x);
-  const float r =
-      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(sums[kMaxMix] / static_cast<double>(width)), norm_eps)));
+  const float r = mix_scale(sums[kMaxMix], width, norm_eps);
   if (lane < hc) {
     const float mix = __fmul_rn(static_cast<float>(sums[lane]), r);
     pre[lane] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[0]), base[lane])), hc_eps);
   }
-  if (mode == 1) return;
-  if (lane < hc) {
+  if (post != nullptr && lane < hc) {
     const float mix = __fmul_rn(static_cast<float>(sums[hc + lane]), r);
     post[lane] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(mix, scale[1]), base[hc + lane])));
   }
-  if (mode == 2) return;  // comb: hc_comb_kernel on the side stream
-  hc_comb_warp<HC>(sums, r, scale, base, hc, sinkhorn_iters, hc_eps, comb);
 }
 
-// comb from the FP64 sums (r as in hc_finish_warp): lane l < hc*hc owns c[l] (row l / hc, column l % hc) in a
+// comb from the FP64 sums (r: mix_scale): lane l < hc*hc owns c[l] (row l / hc, column l % hc) in a
 // register and every row / column sum is formed by each lane of that row / column with shuffles, sequentially
 // in the CPU's order (k ascending for a row, j ascending for a column), so each value sees exactly the CPU's
 // fp32 operation sequence.
@@ -138,8 +129,8 @@ __device__ void hc_comb_warp(const double* sums, float r, const float* scale, co
 template <int HC>
 __global__ void __launch_bounds__(kMixThreads)
     hc_mix_kernel(const float* stream, int64_t width, const float* fn, int M, int splits, double* part, int* counters,
-                  const float* scale, const float* base, int hc_rt, int sinkhorn_iters, float hc_eps, float norm_eps,
-                  int mode, float* pre, float* post, float* comb, double* sums_out) {
+                  const float* scale, const float* base, int hc_rt, float hc_eps, float norm_eps, float* pre,
+                  float* post, double* sums_out) {
   static_assert(kMaxMix == 32, "warp_transpose_sum reduces 32 mixes");
   __shared__ double warp_sums[kMixThreads / 32][kMaxMix + 1];
   __shared__ double group_sums[kSumGroups][kMaxMix + 1];
@@ -209,13 +200,12 @@ __global__ void __launch_bounds__(kMixThreads)
     sums[tid] = v;
   }
   __syncthreads();
-  if (mode == 2 && tid <= kMaxMix) sums_out[t * (kMaxMix + 1) + tid] = sums[tid];  // for hc_comb_kernel
+  if (sums_out != nullptr && tid <= kMaxMix) sums_out[t * (kMaxMix + 1) + tid] = sums[tid];  // for hc_comb_kernel
   if (warp != 0) return;
-  hc_finish_warp<HC>(sums, width, scale, base, hc, sinkhorn_iters, hc_eps, norm_eps, mode, pre + t * hc,
-                     post ? post + t * hc : nullptr, comb ? comb + t * hc * hc : nullptr);
+  hc_finish_warp<HC>(sums, width, scale, base, hc, hc_eps, norm_eps, pre + t * hc, post ? post + t * hc : nullptr);
 }
 
-// comb of token blockIdx.x from the sums hc_mix_kernel left (mode 2), on the side stream: one warp.
+// comb of token blockIdx.x from the sums hc_mix_kernel left, on the side stream: one warp.
 template <int HC>
 __global__ void __launch_bounds__(32)
     hc_comb_kernel(const double* sums, int64_t width, const float* scale, const float* base, int hc_rt,
@@ -223,9 +213,8 @@ __global__ void __launch_bounds__(32)
   const int hc = HC > 0 ? HC : hc_rt;
   const int64_t t = blockIdx.x;
   const double* st = sums + t * (kMaxMix + 1);
-  const float r =
-      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(st[kMaxMix] / static_cast<double>(width)), norm_eps)));
-  hc_comb_warp<HC>(st, r, scale, base, hc, sinkhorn_iters, hc_eps, comb + t * hc * hc);
+  hc_comb_warp<HC>(st, mix_scale(st[kMaxMix], width, norm_eps), scale, base, hc, sinkhorn_iters, hc_eps,
+                   comb + t * hc * hc);
 }
 
 __global__ void hc_collapse_kernel(const float* stream, const float* pre, int64_t T, int hc, int64_t dim, bool round,
@@ -285,8 +274,8 @@ int* arrival_counters(int64_t rows) {
 }
 
 void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t M,
-                    int64_t hc, int64_t iters, float hc_eps, float norm_eps, int mode, float* pre, float* post,
-                    float* comb, double* sums_out, const char* op) {
+                    int64_t hc, float hc_eps, float norm_eps, float* pre, float* post, double* sums_out,
+                    const char* op) {
   check_dev(stream, op, "stream");
   check_dev(fn, op, "fn");
   check_dev(scale, op, "scale");
@@ -296,7 +285,7 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
            kMaxHc);
   DI_CHECK(fn.dim() == 2 && fn.size(0) == M && fn.size(1) == width, "{}: fn {} does not match stream rows of {}", op,
            fn.describe(), width);
-  DI_CHECK(base.numel() >= M && scale.numel() >= (mode == 1 ? 1 : 3), "{}: base {} / scale {} too small", op,
+  DI_CHECK(base.numel() >= M && scale.numel() >= (post ? 3 : 1), "{}: base {} / scale {} too small", op,
            base.describe(), scale.describe());
   if (T == 0) return;
   DI_CHECK(T < (int64_t{1} << 31) && width > 0, "{}: too many rows or an empty row", op);
@@ -312,8 +301,7 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
     auto kernel = hc == 4 ? hc_mix_kernel<4> : hc_mix_kernel<0>;
     kernel<<<grid, kMixThreads>>>(stream.data<float>() + t0 * width, width, fn.data<float>(), static_cast<int>(M),
                                   splits, p, counters, scale.data<float>(), base.data<float>(), static_cast<int>(hc),
-                                  static_cast<int>(iters), hc_eps, norm_eps, mode, pre + t0 * hc,
-                                  post ? post + t0 * hc : nullptr, comb ? comb + t0 * hc * hc : nullptr,
+                                  hc_eps, norm_eps, pre + t0 * hc, post ? post + t0 * hc : nullptr,
                                   sums_out ? sums_out + t0 * (kMaxMix + 1) : nullptr);
     DI_CUDA_CHECK(cudaGetLastError());
   }
@@ -331,8 +319,8 @@ ops::HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale,
   ops::HcMix out{Tensor::empty({T, hc}, DType::kF32, Device::kCUDA), Tensor::empty({T, hc}, DType::kF32, Device::kCUDA),
                  buf.slice(0, 0, T * hc * hc).view({T, hc, hc})};
   double* sums = reinterpret_cast<double*>(buf.data<float>() + comb_floats);
-  launch_project(stream, fn, scale, base, M, hc, sinkhorn_iters, hc_eps, norm_eps, 2, out.pre.data<float>(),
-                 out.post.data<float>(), nullptr, sums, "cuda::hc_mixes");
+  launch_project(stream, fn, scale, base, M, hc, hc_eps, norm_eps, out.pre.data<float>(), out.post.data<float>(), sums,
+                 "cuda::hc_mixes");
   if (T == 0) return out;
   // The Sinkhorn (~20 dependent rounds in one warp) runs on the side stream: pre, which the sublayer's
   // input needs at once, is ready without it; comb is needed only at the sublayer's hc_expand (side_join).
@@ -387,7 +375,7 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
   DI_CHECK(stream.dim() == 3, "cuda::hc_head: stream {}", stream.describe());
   const int64_t T = stream.size(0), hc = stream.size(1);
   Tensor pre = Tensor::empty({T, hc}, DType::kF32, Device::kCUDA);
-  launch_project(stream, fn, scale, base, hc, hc, 0, hc_eps, norm_eps, 1, pre.data<float>(), nullptr, nullptr, nullptr,
+  launch_project(stream, fn, scale, base, hc, hc, hc_eps, norm_eps, pre.data<float>(), nullptr, nullptr,
                  "cuda::hc_head");
   return hc_collapse(stream, pre, round);
 }
