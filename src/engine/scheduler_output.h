@@ -41,14 +41,8 @@ struct ModelRunnerOutput {
   int64_t vocab = 0;
   std::vector<float> logits;  // [seq_ids.size(), vocab] on the host, unless device_logits is defined
   Tensor device_logits;       // float32 [seq_ids.size(), vocab] on the model's device, or undefined
-  // Row i on the host; only when device_logits is undefined (host_logits() gives a host copy otherwise).
+  // Row i on the host; only when device_logits is undefined.
   const float* row(size_t i) const { return logits.data() + i * static_cast<size_t>(vocab); }
-  // The rows on the host wherever they are (a copy from the device): for readers that need host rows.
-  std::vector<float> host_logits() const {
-    if (!device_logits.defined()) return logits;
-    const Tensor h = device_logits.to(Device::kCPU);
-    return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
-  }
   // prompt_logprobs (always on the host: rare, and read by the CPU): for prompt_seq_ids[i], prompt_rows[i]
   // consecutive rows of prompt_logits, the first at position prompt_pos[i] (the logits after that
   // position's token).

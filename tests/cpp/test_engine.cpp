@@ -11,26 +11,14 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "engine/local_model_runner.h"
 #include "engine/engine_core.h"
+#include "engine/local_model_runner.h"
 #include "model/model.h"
 #include "st_writer.h"
+#include "tiny_checkpoint.h"
 
 namespace deepinfer {
 namespace {
-
-// The tiny checkpoint of a family ("v4" or "v41"), written once per process; empty when
-// python3/numpy are missing.
-const std::string& tiny_checkpoint(const std::string& family = "v4") {
-  static st_test::TempDir dir;
-  static std::map<std::string, std::string> paths;
-  auto it = paths.find(family);
-  if (it != paths.end()) return it->second;
-  const std::string out = (dir / ("tiny-" + family)).string();
-  const std::string cmd = "python3 " DEEPINFER_SOURCE_DIR "/tools/make_checkpoint.py --family " + family +
-                          " --preset tiny --seed 0 --out " + out + " > /dev/null 2>&1";
-  return paths[family] = std::system(cmd.c_str()) == 0 ? out : std::string();
-}
 
 #define REQUIRE_CHECKPOINT()                                        \
   if (tiny_checkpoint().empty() || tiny_checkpoint("v41").empty())  \

@@ -20,6 +20,7 @@
 #include "ops/ops.h"
 #include "sampling/sampler.h"
 #include "st_writer.h"
+#include "tiny_checkpoint.h"
 
 namespace deepinfer {
 namespace {
@@ -217,17 +218,6 @@ TEST(SampleRows, ErrorsAreSamplesForTheFirstBadRow) {
 }
 
 // ---- the engine over device logits ------------------------------------------------------------
-
-const std::string& tiny_checkpoint(const std::string& family) {
-  static st_test::TempDir dir;
-  static std::map<std::string, std::string> paths;
-  auto it = paths.find(family);
-  if (it != paths.end()) return it->second;
-  const std::string out = (dir / ("tiny-" + family)).string();
-  const std::string cmd = "python3 " DEEPINFER_SOURCE_DIR "/tools/make_checkpoint.py --family " + family +
-                          " --preset tiny --seed 0 --out " + out + " > /dev/null 2>&1";
-  return paths[family] = std::system(cmd.c_str()) == 0 ? out : std::string();
-}
 
 // Forwards to a LocalModelRunner and counts the steps whose rows came as device_logits (on a CPU model
 // with set_device_logits(true) they are a CPU tensor: the GPU's plumbing with the CPU's op underneath).
