@@ -12,6 +12,9 @@
 // speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
 // counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
 // is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
+// First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv and
+// fp8_walk_gemv; BF16: chain_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone;
+// BENCH_BATCHED_SHAPE=<name>: one shape of it).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -130,18 +133,76 @@ void run() {
   const double read_gbs = deepinfer::bench::read_ceiling_gbs(st, size_t{2} << 30);
   std::printf("HBM ceiling: read kernel %.0f GB/s\n\n", read_gbs);
 
-  std::printf("## Dense decode GEMV (act_quant_block 32 for fp8 / fp4, 0 for bf16; bf16-rounded output)\n\n");
+  struct Shape {
+    const char* name;
+    int fmt;
+    int64_t N, K;
+  };
+  // ---- batched decode: dense calls of M = 2..64 rows, each GEMV kernel against the slab kernels ------------
+  std::printf(
+      "## Batched decode (dense, M rows of x; GEMV kernels against linear_into's slab kernels; GB/s of the "
+      "weight read once)\n\n");
+  std::printf(
+      "| weight [N, K] | fmt | M | slab us | gemv us (fp8_gemv / chain_gemv) | walk us | best GB/s | %% of read | best "
+      "/ slab |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  const Shape batched[] = {
+      {"attn.wq_a", kFp8, 1024, 5120}, {"attn.wq_b", kFp8, 32768, 1280},   {"attn.wkv", kFp8, 512, 5120},
+      {"attn.wo_b", kFp8, 5120, 8192}, {"shared w1/w3", kFp8, 2304, 5120}, {"shared w2", kFp8, 5120, 2304},
+      {"head", kBf16, 129280, 5120},
+  };
+  const char* only = std::getenv("BENCH_BATCHED_SHAPE");  // a shape name: that shape alone
+  for (const Shape& s : batched) {
+    if (only != nullptr && std::string(only) != s.name) continue;
+    const di::ops::QWeight w0 = make_weight(s.fmt, s.N, s.K);
+    const double wbytes = qbytes(w0);
+    const int copies = static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / wbytes)));
+    std::vector<di::ops::QWeight> ws{w0};
+    for (int i = 1; i < copies; ++i) ws.push_back(make_weight(s.fmt, s.N, s.K));
+    const di::Tensor x = dev_act({64, s.K});
+    di::Tensor y = di::Tensor::empty({64, s.N}, di::DType::kF32, di::Device::kCUDA);
+    di::ops::LinearOpts o;
+    o.act_quant_block = s.fmt == kBf16 ? 0 : 32;
+    o.round_out_bf16 = true;
+    CK(cudaDeviceSynchronize());
+    for (const int64_t M : {2, 4, 8, 16, 32, 64}) {
+      const di::Tensor xs = x.slice(0, 0, M);
+      di::Tensor ys = y.slice(0, 0, M);
+      std::vector<di::cuda::GemvArgs> args;
+      for (const auto& w : ws) args.push_back(args_of(s.fmt, w, xs, ys, o));
+      DI_CHECK(di::cuda::gemv_supported(args[0]), "gemv does not support {} at M = {}", s.name, M);
+      const double ms_slab =
+          time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
+      // E4M3: both GEMV kernels (fp8_gemv, fp8_walk_gemv); BF16: its one (chain_gemv).
+      double ms[3] = {0.0, 0.0, 0.0};
+      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+        if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
+        ms[variant] = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
+      }
+      di::cuda::gemv_set_fp8_variant(0);
+      const double best = s.fmt == kFp8 ? std::min(ms[1], ms[2]) : ms[1], gbs = wbytes / best / 1e6;
+      char walk[32] = "-";
+      if (s.fmt == kFp8) std::snprintf(walk, sizeof walk, "%.2f", ms[2] * 1e3);
+      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
+                  static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
+                  ms_slab * 1e3, ms[1] * 1e3, walk, gbs, 100.0 * gbs / read_gbs, ms_slab / best);
+      std::fflush(stdout);
+    }
+  }
+
+  if (std::getenv("BENCH_BATCHED") != nullptr) {  // the batched table alone
+    CK(cudaStreamDestroy(st));
+    return;
+  }
+
+  std::printf("\n## Dense decode GEMV (act_quant_block 32 for fp8 / fp4, 0 for bf16; bf16-rounded output)\n\n");
   std::printf(
       "| weight [N, K] | fmt | M | gemv us | GB/s | %% of read | linear_into us | GB/s | %% of read | speedup | new / "
       "old "
       "kernel |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
-  struct Shape {
-    const char* name;
-    int fmt;
-    int64_t N, K;
-  };
   const Shape shapes[] = {
       {"attn.wq_a", kFp8, 1280, 5120}, {"flash wq_a", kFp8, 1024, 5120},   {"attn.wq_b", kFp8, 32768, 1280},
       {"attn.wkv", kFp8, 512, 5120},   {"attn.wo_b", kFp8, 5120, 8192},    {"shared w1/w3", kFp8, 2304, 5120},
@@ -161,7 +222,7 @@ void run() {
     o.round_out_bf16 = true;
     CK(cudaDeviceSynchronize());
     for (const int64_t M : {1, 2, 4}) {
-      if (s.fmt == kBf16 && M > 1) continue;  // the head runs at M = 1
+      if (s.fmt == kBf16 && M > 1) continue;  // the head at M > 1: the batched table
       const di::Tensor xs = x.slice(0, 0, M);
       di::Tensor ys = y.slice(0, 0, M);
       std::vector<di::cuda::GemvArgs> args;

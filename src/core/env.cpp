@@ -23,6 +23,10 @@ const std::vector<EnvVar>& env_vars() {
        "CUDA linear kernel for FP8/FP4 weights: exact (bit-identical to the CPU op), tc (tensor cores, within "
        "tolerance) or auto (tc from 64 rows up; not batch-invariant)",
        true},
+      {"DEEPINFER_CUDA_GEMV_ROWS", "4096",
+       "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "
+       "calls of 2+ rows on the slab kernels); same bits either way",
+       true},
       {"DEEPINFER_OP_PROFILE", "0",
        "debugging: 1 times every op (synchronising the device around it) and every device copy, printed at exit; "
        "gpu times each CUDA op's GPU work with events, without synchronising",

@@ -42,7 +42,7 @@ int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index);
 Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);
 void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
-Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks);
+Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks, const Tensor& into = Tensor());
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                   const RouteOpts& opts);

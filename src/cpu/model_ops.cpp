@@ -491,12 +491,12 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
   }
 }
 
-Tensor sparse_index(const ops::IndexLayout& l, int64_t T, const Tensor& picks) {
+Tensor sparse_index(const ops::IndexLayout& l, int64_t T, const Tensor& picks, const Tensor& into) {
   DI_CHECK(!picks.defined() || (picks.device() == Device::kCPU && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
                                 picks.size(0) == T && picks.size(1) == l.kcols && picks.is_contiguous()),
            "sparse_index: picks {} are not contiguous int32 [{}, {}] on the CPU", desc(picks), T, l.kcols);
   const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
-  Tensor out = Tensor::empty({T, width}, DType::kI32);
+  Tensor out = into.defined() ? into : Tensor::empty({T, width}, DType::kI32);  // into: checked by ops::sparse_index
   int32_t* op = out.data<int32_t>();
   const int32_t* pk = picks.defined() ? picks.data<int32_t>() : nullptr;
   for (int64_t t = 0; t < T; ++t) {

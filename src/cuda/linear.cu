@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <type_traits>
 
 #include "core/env.h"
@@ -452,6 +454,21 @@ void launch_chain(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, in
              round);
 }
 
+// The most rows of x that linear_exact sends to the decode GEMV (DEEPINFER_CUDA_GEMV_ROWS, default 4,096; 1 keeps
+// every call of 2+ rows on the slab kernels).
+int64_t gemv_rows_max() {
+  static const int64_t v = [] {
+    const std::string s = env_value("DEEPINFER_CUDA_GEMV_ROWS");
+    if (s.empty()) return int64_t{4096};
+    char* end = nullptr;
+    const long long n = std::strtoll(s.c_str(), &end, 10);
+    DI_CHECK(end != s.c_str() && *end == '\0' && n >= 1, "DEEPINFER_CUDA_GEMV_ROWS must be a row count >= 1 (got '{}')",
+             s);
+    return static_cast<int64_t>(n);
+  }();
+  return v;
+}
+
 // The exact linear: the decode GEMV (linear_gemv.cuh) for the few-row calls it takes when `decode_gemv`,
 // else this file's slab kernels. Both replay the CPU op's order, so the choice never changes a bit.
 void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y, cudaStream_t stream,
@@ -486,7 +503,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const uint8_t* s = wl.scale;
   // The decode GEMV takes the single-row E4M3 calls of up to kGemvMaxRows weight rows, where it
   // measured faster than the slab kernel (bench_cuda_gemv, V4.1 shapes at M = 1: wkv [512, 5120]
-  // 1.34x, wq_a [1280, 5120] 1.21x); on wider weights, on M >= 2 and on FP4 / BF16 the slab kernel
+  // 1.34x, wq_a [1280, 5120] 1.21x); on wider weights and on FP4 / BF16 single rows the slab kernel
   // is as fast or faster (its grouped mode is what the routed experts use: linear_grouped.cu).
   constexpr int64_t kGemvMaxRows = 2048;
   // Single-row E4M3 calls on weights that fp8_walk_gemv streams near the HBM ceiling (gemv_fp8_uses_walk:
@@ -494,7 +511,19 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   // launch; under variant 2 (forced) every single-row E4M3 call does. Between 2,048 and 4,096 rows (the
   // shared expert's w1 / w3) the slab kernel measured fastest.
   const bool walk = fmt == kFp8 && M == 1 && gemv_fp8_uses_walk(false, N);
-  if (decode_gemv && fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) {
+  // Calls of 2 <= M <= gemv_rows_max() rows (decode batches, prefill chunks) on the shapes where
+  // bench_cuda_gemv's batched table (M = 2..64, V4.1 shapes) and bench_cuda_model measured the GEMV faster: the
+  // BF16 head (chain_gemv, 1.2x to 1.8x; on narrow BF16 weights, the gate [384, 5120], the slab kernel was
+  // 2.7x faster at M = 32); E4M3 on fp8_walk_gemv from 4,096 weight rows (wq_b 1.7x to 2.1x, wo_b up to 1.6x,
+  // shared w2 1.1x to 1.7x) and, for K >= 4,096, on narrower weights once N * M >= 32,768 (shared w1 / w3
+  // [2304, 5120] from M = 16, wq_a [1024, 5120] from 32, wkv [512, 5120] at 64); below that the slab kernel's
+  // x pre-pass and 8-row slabs won. Both kernels scale linearly in M past 16, so the ratios hold at larger M
+  // (prefill of 4,096 tokens 1.23x end to end).
+  constexpr int64_t kWalkBatchRows = 32768, kBf16GemvMinN = 16384;
+  const bool batch =
+      M >= 2 && M <= gemv_rows_max() &&
+      ((fmt == kBf16 && N >= kBf16GemvMinN) || (fmt == kFp8 && (N >= 4096 || (K >= 4096 && N * M >= kWalkBatchRows))));
+  if (decode_gemv && ((fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) || batch)) {
     GemvArgs a;
     a.fmt = fmt, a.w = static_cast<const uint8_t*>(w.raw()), a.ldw = ldw, a.scale = s, a.lds = lds, a.B = B;
     a.N = static_cast<int>(N), a.K = static_cast<int>(K);

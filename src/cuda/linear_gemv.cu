@@ -1001,7 +1001,7 @@ void launch_fp8(Params p, int B, cudaStream_t stream) {
 
 void launch_chain(Params p, int fmt, cudaStream_t stream) {
   const bool grouped = p.row_expert != nullptr;
-  int MT = grouped ? 1 : p.M;
+  int MT = grouped ? 1 : std::min(p.M, 4);
   while (MT > 1 && chain_smem_bytes(fmt, MT, p.K, p.ng, 8) > kSmemBudget) --MT;
   p.mtiles = (p.M + MT - 1) / MT;
   // 8 warps (64 rows per step) when that still gives two blocks per SM of work, else 4 (32 rows).
@@ -1028,7 +1028,7 @@ void launch_chain(Params p, int fmt, cudaStream_t stream) {
 // larger W on ties. MT as launch_chain.
 void launch_fp4_pair(Params p, cudaStream_t stream) {
   const bool grouped = p.row_expert != nullptr;
-  int MT = grouped ? 1 : p.M;
+  int MT = grouped ? 1 : std::min(p.M, 4);
   while (MT > 1 && pair_smem_bytes(MT, p.K, p.ng) > kSmemBudget) --MT;
   p.mtiles = (p.M + MT - 1) / MT;
   // kEven: K % 128 == 0 and 4-byte aligned scale rows (fp4_pair_gemv).
@@ -1087,16 +1087,17 @@ int gemv_set_fp8_variant(int v) {
 
 int gemv_fp8_variant() { return g_fp8_variant.load(std::memory_order_relaxed); }
 
-bool gemv_fp8_uses_walk(bool grouped, int64_t N) {
+bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
   // By shape (bench_cuda_gemv on the H200, V4.1 shapes at M = 1): a warp of fp8_walk_gemv walks 4 rows over
   // the whole of K, so it needs many row groups to fill the GPU. It won at N >= 4,096 (wq_b [32768, 1280]
   // 17.2 us against 29.8 for fp8_gemv, shared w2 [5120, 2304] 10.3 against 13.0, wo_b [5120, 8192] 26.8
   // against 40.8) and on grouped calls (wo_a's 8 x [1024, 4096]: 18.9 against 28.8); fp8_gemv, which splits
   // K across a block, won on narrow weights (wq_a [1024, 5120] 8.7 against 23.1, wkv [512, 5120] 7.7
-  // against 16.6).
+  // against 16.6). Dense calls of 2+ rows of x: fp8_walk_gemv beat fp8_gemv on every V4.1 shape from M = 2 to
+  // 64 (bench_cuda_gemv's batched table), 1.1x to 2.3x.
   constexpr int64_t kWalkMinRows = 4096;
   const int v = gemv_fp8_variant();
-  return v == 2 || (v == 3 && (grouped || N >= kWalkMinRows));
+  return v == 2 || (v == 3 && (grouped || N >= kWalkMinRows || M >= 2));
 }
 
 bool gemv_supported(const GemvArgs& a) {
@@ -1114,7 +1115,7 @@ bool gemv_supported(const GemvArgs& a) {
     if (a.w_table == nullptr || (a.fmt != kBf16 && a.s_table == nullptr)) return false;
     if (a.x_rows < 0 || (a.x_rows > 0 && (a.M % a.x_rows != 0 || a.n_experts <= 0))) return false;
   } else {
-    if (a.M > 4 || a.w == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
+    if (a.w == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
     if (a.fmt != kBf16 && a.scale == nullptr) return false;
   }
   const int64_t row_bytes = a.fmt == kFp8 ? a.K : a.fmt == kFp4 ? a.K / 2 : 2 * static_cast<int64_t>(a.K);
@@ -1135,7 +1136,7 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   if (a.M == 0 || a.N == 0) return;
   Params p = {};
   copy_gemv_args(a, p);
-  if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N))
+  if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N, a.M))
     gemv_fp8_walk_into(a, stream);
   else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);

@@ -1,6 +1,7 @@
-// Decode GEMV: y[M, N] = x[M, K] . W^T for small M (1..4 rows of x), and a grouped-rows mode (MoE experts
-// at decode: row m of x against its own expert's weight), bit-identical to the CPU op ops::linear (the
-// contract of linear.cuh: every product is exact in fp32, so only the order of the FP32 additions
+// Decode GEMV: y[M, N] = x[M, K] . W^T for decode batches (up to 4 rows of x per pass over the weight; larger M
+// takes several passes side by side, the later ones reading the weight from L2 when it is still there), and a
+// grouped-rows mode (MoE experts at decode: row m of x against its own expert's weight), bit-identical to the CPU op
+// ops::linear (the contract of linear.cuh: every product is exact in fp32, so only the order of the FP32 additions
 // matters, and these kernels replay the CPU's order). Built for HBM bandwidth: weights go straight from
 // global memory into registers (16-byte streaming loads, several in flight per thread, no shared-memory
 // staging and no per-slab barriers), x is fake-quantised inside the kernel (one launch, no workspace).
@@ -75,7 +76,7 @@ struct GemvArgs {
   int n_experts = 0;
 };
 
-// True when gemv_into handles this call: dense mode with 1 <= M <= 4 or grouped mode (any M >= 1),
+// True when gemv_into handles this call: dense mode or grouped mode (any M >= 1),
 // K % 32 == 0 and 32 <= K <= 16384 (E4M3 tile 32 or 64: K <= 8192; tile 128: K <= 16384), 16-byte
 // aligned x rows and weight rows, act_quant_block 0 or with at most 512 groups per row. M == 0 or N == 0
 // is a no-op.
@@ -98,12 +99,12 @@ int gemv_set_fp4_variant(int v);
 // Tests, benchmarks and the dispatch in linear.cu: the E4M3 kernel of the following gemv_into calls,
 // 1 = fp8_gemv (K split across a block, tile sums folded after a block barrier), 2 = fp8_walk_gemv
 // (linear_gemv_fp8.cu: each warp walks whole rows and folds its own tile sums, a deeper load pipeline),
-// 3 = by shape (the default: fp8_walk_gemv for grouped calls and N >= 4096, where it measured faster;
+// 3 = by shape (the default: fp8_walk_gemv for grouped calls, N >= 4096 and M >= 2, where it measured faster;
 // fp8_gemv otherwise), 0 = the default again. gemv_set_fp8_variant returns the variant in force before the
 // call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of this shape (grouped or
-// dense with N weight rows) runs fp8_walk_gemv under it.
+// dense with N weight rows and M rows of x) runs fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);
 int gemv_fp8_variant();
-bool gemv_fp8_uses_walk(bool grouped, int64_t N);
+bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M = 1);
 
 }  // namespace deepinfer::cuda

@@ -942,13 +942,13 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
-Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks) {
+Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks, const Tensor& into) {
   const char* op = "cuda::sparse_index";
   DI_CHECK(!picks.defined() || (picks.device() == Device::kCUDA && picks.dtype() == DType::kI32 && picks.dim() == 2 &&
                                 picks.size(0) == T && picks.size(1) == layout.kcols && picks.is_contiguous()),
            "{}: picks {} are not contiguous int32 [{}, {}] on CUDA", op, desc(picks), T, layout.kcols);
   const int64_t width = layout.width > 0 ? layout.width : layout.wcols + layout.kcols;
-  Tensor out = Tensor::empty({T, width}, DType::kI32, Device::kCUDA);
+  Tensor out = into.defined() ? into : Tensor::empty({T, width}, DType::kI32, Device::kCUDA);  // into: ops checked it
   if (T * width == 0) return out;
   sparse_index_kernel<<<grid_for(T * width, 256), 256>>>(layout, T, picks.defined() ? picks.data<int32_t>() : nullptr,
                                                          out.data<int32_t>());

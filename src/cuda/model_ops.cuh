@@ -42,6 +42,6 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
 // ascending list by binary search; sparse_index writes one thread per (row, column).
 Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);
 void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
-Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks);
+Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks, const Tensor& into = Tensor());
 
 }  // namespace deepinfer::cuda

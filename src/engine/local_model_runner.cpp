@@ -57,9 +57,11 @@ ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
   }
   Tensor logits = model_->forward_batch(batch, opts_);
   // forward_batch returns, per chunk in order, all its rows (all_logits) or its last row.
+  auto logit_rows = [](const ScheduledSeq& s) -> int64_t {
+    return s.want_prompt_logits ? static_cast<int64_t>(s.tokens.size()) : s.want_logits ? 1 : 0;
+  };
   int64_t rows_used = 0;
-  for (const ScheduledSeq& s : out.seqs)
-    rows_used += s.want_prompt_logits ? static_cast<int64_t>(s.tokens.size()) : s.want_logits ? 1 : 0;
+  for (const ScheduledSeq& s : out.seqs) rows_used += logit_rows(s);
   DI_CHECK(logits.size(0) == rows_used && logits.size(1) == result.vocab,
            "model runner: forward returned {} logits rows, expected {}", logits.size(0), rows_used);
   const size_t V = static_cast<size_t>(result.vocab);
@@ -70,7 +72,7 @@ ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
     std::vector<int32_t> wanted;
     int64_t r = 0;
     for (const ScheduledSeq& s : out.seqs) {
-      const int64_t n = s.want_prompt_logits ? static_cast<int64_t>(s.tokens.size()) : s.want_logits ? 1 : 0;
+      const int64_t n = logit_rows(s);
       if (s.want_prompt_logits) {
         result.prompt_seq_ids.push_back(s.seq_id);
         result.prompt_pos.push_back(s.start_pos);

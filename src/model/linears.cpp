@@ -72,11 +72,10 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     ops::IndexLayout lay = k.lay;
     lay.base = base;
     lay.width = width;
-    const Tensor ki = ops::sparse_index(lay, T, k.picks, dev);
     if (chunks.size() == 1)
-      idx = ki;
+      idx = ops::sparse_index(lay, T, k.picks, dev);
     else
-      copy_tensor(idx.slice(0, r0, r0 + T), ki);
+      ops::sparse_index(lay, T, k.picks, dev, idx.slice(0, r0, r0 + T));  // written in place: no copy
     // Slide the window ring forward over this chunk (after its rows were copied into the table).
     const int64_t p0 = std::max(k.start_pos, k.start_pos + T - W);
     k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));

@@ -33,12 +33,14 @@ Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, const ops::
 // The shared expert. On CUDA at decode its w1 and w3 run as one grouped launch (two lists of one matrix,
 // every row against matrix 0), as the routed experts' w1 / w3 do: one GEMV streaming both matrices instead
 // of two calls each with its own x pre-pass. The same linears row for row, so the same bits.
-Tensor shared_expert_forward(const ExpertWeights& e, const Tensor& x, const LayerCtx& c) {
+Tensor shared_expert_forward(const MoeWeights& w, const Tensor& x, const LayerCtx& c) {
+  const ExpertWeights& e = w.shared;
   const int64_t T = x.size(0);
-  if (!run_grouped(T, x.device())) return expert_forward(e, x, Tensor(), c);
-  const std::vector<ops::QWeight> l1{e.w1}, l3{e.w3};
-  const Tensor matrix0 = Tensor::zeros({T}, DType::kI32, x.device());
-  const std::vector<const std::vector<ops::QWeight>*> w13{&l1, &l3};
+  if (!run_grouped(T, x.device()) || !w.shared_rows.defined() || T > w.shared_rows.numel() ||
+      w.shared_rows.device() != x.device())
+    return expert_forward(e, x, Tensor(), c);
+  const Tensor matrix0 = w.shared_rows.slice(0, 0, T);
+  const std::vector<const std::vector<ops::QWeight>*> w13{&w.shared_w1, &w.shared_w3};
   const Tensor gu = ops::linear_grouped(x, matrix0, w13, linear_q_opts(c));  // [2T, inter]: w1, then w3
   const Tensor h = ops::swiglu(gu.slice(0, 0, T), gu.slice(0, T, 2 * T), Tensor(), c.cfg.swiglu_limit, c.num.bf16);
   return linear_q(h, e.w2, c);
@@ -89,7 +91,7 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tok
       ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
     }
   }
-  Tensor ys = shared_expert_forward(w.shared, x, c);
+  Tensor ys = shared_expert_forward(w, x, c);
   dump("shared_out", c.layer, ys);
   Tensor out = ops::moe_combine(yg, groups.slots, ys, c.num.bf16);
   return out;

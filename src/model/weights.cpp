@@ -146,6 +146,13 @@ void index_experts(MoeWeights& m) {
     m.routed_w2.push_back(e.w2);
     m.routed_w3.push_back(e.w3);
   }
+  m.shared_w1.clear(), m.shared_w3.clear();
+  m.shared_rows = Tensor();
+  if (m.shared.w1.w.defined()) {
+    m.shared_w1.push_back(m.shared.w1);
+    m.shared_w3.push_back(m.shared.w3);
+    m.shared_rows = Tensor::zeros({MoeWeights::kSharedRows}, DType::kI32, m.shared.w1.w.device());
+  }
 }
 
 void move_weights(ModelWeights& w, Device d) {

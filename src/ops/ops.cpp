@@ -414,7 +414,7 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
   cpu::mask_to_blocks(scores, blocks, block_size);
 }
 
-Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device) {
+Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device, const Tensor& into) {
   const OpScope scope("sparse_index", picks);
   DI_CHECK(T >= 0 && l.start_pos >= 0 && l.window >= 1 && l.wcols >= 0 && l.kcols >= 0 && l.offset >= 0 &&
                (picks.defined() || l.kcols == 0 || l.ratio >= 1) && l.base >= 0 &&
@@ -425,6 +425,11 @@ Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device
                                 picks.size(0) == T && picks.size(1) == l.kcols && picks.is_contiguous()),
            "sparse_index: picks {} are not contiguous int32 [{}, {}] on {}", picks.defined() ? picks.describe() : "", T,
            l.kcols, device_name(device));
+  const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
+  DI_CHECK(!into.defined() || (into.device() == device && into.dtype() == DType::kI32 && into.dim() == 2 &&
+                               into.size(0) == T && into.size(1) == width && into.is_contiguous()),
+           "sparse_index: output {} is not a contiguous int32 [{}, {}] on {}", into.defined() ? into.describe() : "", T,
+           width, device_name(device));
   if (T > 0) {  // the window of row t grows with t: row 0 has the lowest start, row T-1 the most entries
     auto lo = [&](int64_t p) { return std::max<int64_t>({0, p - l.window + 1, l.floor}); };
     const int64_t last = l.start_pos + T - 1;
@@ -433,10 +438,10 @@ Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device
              l.wstart, last - lo(last) + 1, l.wcols);
   }
 #if DEEPINFER_HAS_CUDA
-  if (device == Device::kCUDA) return cuda::sparse_index(l, T, picks);
+  if (device == Device::kCUDA) return cuda::sparse_index(l, T, picks, into);
 #endif
   if (device != Device::kCPU) fail("ops::sparse_index: no {} kernel", device_name(device));
-  return cpu::sparse_index(l, T, picks);
+  return cpu::sparse_index(l, T, picks, into);
 }
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {

@@ -170,7 +170,10 @@ struct IndexLayout {
   int64_t base = 0;   // added to every listed row (the chunk's table inside a batch's stacked table)
   int64_t width = 0;  // columns of each list, >= wcols + kcols, -1 past them (0: wcols + kcols)
 };
-Tensor sparse_index(const IndexLayout& layout, int64_t T, const Tensor& picks, Device device);
+// `into`, when defined (a contiguous int32 [T, width] on `device`, e.g. a row slice of a batch's stacked lists),
+// receives the lists in place and is returned.
+Tensor sparse_index(const IndexLayout& layout, int64_t T, const Tensor& picks, Device device,
+                    const Tensor& into = Tensor());
 
 // ---- model pieces (issue 8): the per-token loops of src/model behind ops ---------------------------
 // Indexer scores (§2.5, §2.6). q [T, heads, d] (or [T, heads*d]), keys [N, d], w [T, heads], all

@@ -501,6 +501,20 @@ TEST(Ops, SparseIndexReplaysTheHostLists) {
         EXPECT_EQ(sidx.data<int32_t>()[t * shifted.width + i], want < 0 ? -1 : want + 37)
             << "row " << t << " col " << i;
       }
+    // Written in place into a row slice of a stacked list (`into`): the same lists, the rows around untouched.
+    Tensor stacked = Tensor::empty({T + 2, shifted.width}, DType::kI32);
+    std::fill(stacked.data<int32_t>(), stacked.data<int32_t>() + stacked.numel(), 12345);
+    const Tensor rows = stacked.slice(0, 1, 1 + T);
+    const Tensor back = ops::sparse_index(shifted, T, picks, Device::kCPU, rows);
+    EXPECT_EQ(back.data<int32_t>(), rows.data<int32_t>());
+    for (int64_t i = 0; i < T * shifted.width; ++i)
+      EXPECT_EQ(stacked.data<int32_t>()[shifted.width + i], sidx.data<int32_t>()[i]) << "element " << i;
+    for (int64_t i = 0; i < shifted.width; ++i) {
+      EXPECT_EQ(stacked.data<int32_t>()[i], 12345);
+      EXPECT_EQ(stacked.data<int32_t>()[(T + 1) * shifted.width + i], 12345);
+    }
+    // An output of the wrong shape is refused.
+    EXPECT_THROW(ops::sparse_index(shifted, T, picks, Device::kCPU, stacked), Error);
   }
   // A window wider than its columns is refused.
   ops::IndexLayout bad;

@@ -7,8 +7,8 @@
 //
 // Every output must equal the CPU's bit for bit (NaN == NaN). Outputs are pre-filled with a finite
 // sentinel, so an output the kernel never writes fails. Cases: every format (E4M3 with tiles of 32, 64
-// and 128, packed FP4, BF16), act quant on / off (and odd group sizes), round on / off, M = 1..4, the
-// V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large / small
+// and 128, packed FP4, BF16), act quant on / off (and odd group sizes), round on / off, M = 1..4 and decode batches up
+// to 33, the V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large / small
 // FP4 scales, and the grouped-rows mode (each row against its own expert, FP4 / FP8 / BF16; FP4 also with
 // several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on each FP4 kernel
 // ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant), every E4M3 case
@@ -318,6 +318,63 @@ void test_dense() {
     const uint32_t xseed8 = seed++;
     run_variants(c8.dt, case_name("gemv", c8, 2, false), [&] { return check_dense(w8, w8d, 2, o, xseed8, false, 64); });
   }
+  // Decode batches: M > 4 takes several passes over the weight (4 rows of x each), side by side; an M that 4
+  // does not divide leaves a short last pass.
+  {
+    const Dense batched[] = {
+        {"v4.1 wq_b", di::DType::kE4M3, 32768, 1280, 32, 32},
+        {"v4.1 wo_b", di::DType::kE4M3, 5120, 8192, 32, 32},
+        {"v4.1 shared w1", di::DType::kE4M3, 2304, 5120, 32, 32},
+        {"v4 wo_b", di::DType::kE4M3, 5120, 8192, 128, 128},
+        {"fp8 B 64 ragged", di::DType::kE4M3, 333, 2176, 64, 64},
+        {"fp8 B 32 no act quant", di::DType::kE4M3, 700, 2048, 32, 0},
+        {"fp4 ragged N, K 2304", di::DType::kE2M1x2, 1001, 2304, 0, 32},
+        {"bf16", di::DType::kBF16, 1280, 5120, 0, 0},
+        {"bf16 act 64", di::DType::kBF16, 1000, 2048, 0, 64},
+        {"bf16 ragged N", di::DType::kBF16, 333, 4096, 0, 0},
+        {"bf16 K 8192 (fewer rows of x per pass)", di::DType::kBF16, 300, 8192, 0, 0},
+    };
+    for (const Dense& c : batched) {
+      const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++, c.slo, c.shi);
+      const di::ops::QWeight wd = to_device(wh);
+      for (const int64_t M : {5, 8, 11, 16, 33}) {
+        if (c.N * c.K > (int64_t{1} << 25) && M > 16) continue;  // the CPU reference's time
+        const bool round = M % 2 == 0;
+        const uint32_t xseed = seed++;
+        run_variants(c.dt, case_name("gemv", c, M, round), [&] {
+          di::ops::LinearOpts o;
+          o.act_quant_block = c.act;
+          o.round_out_bf16 = round;
+          return check_dense(wh, wd, M, o, xseed);
+        });
+      }
+    }
+    const Dense cb{"raw x", di::DType::kBF16, 1000, 2048, 0, 0};
+    const di::ops::QWeight bh = make_weight(cb.dt, cb.N, cb.K, 0, seed++);
+    const di::ops::QWeight bd = to_device(bh);
+    run_variants(cb.dt, case_name("gemv", cb, 9, false), [&] { return check_dense(bh, bd, 9, {}, seed++, true); });
+    const Dense c8{"raw x", di::DType::kE4M3, 1280, 5120, 32, 0};
+    const di::ops::QWeight w8 = make_weight(c8.dt, c8.N, c8.K, c8.block, seed++);
+    const di::ops::QWeight w8d = to_device(w8);
+    run_variants(c8.dt, case_name("gemv", c8, 7, false), [&] { return check_dense(w8, w8d, 7, {}, seed++, true); });
+    di::ops::LinearOpts o;
+    o.act_quant_block = 32;
+    const Dense cs{"strided x", di::DType::kBF16, 512, 2048, 0, 32};
+    const di::ops::QWeight sh = make_weight(cs.dt, cs.N, cs.K, 0, seed++);
+    const di::ops::QWeight sd = to_device(sh);
+    run_variants(cs.dt, case_name("gemv", cs, 6, false), [&] { return check_dense(sh, sd, 6, o, seed++, false, 64); });
+  }
+  // The BF16 vocabulary head at M = 1, and at M = 8 (K 1024: the CPU reference's time).
+  {
+    const Dense c{"head", di::DType::kBF16, 129280, 1024, 0, 0};
+    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, 0, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    run_variants(c.dt, case_name("gemv", c, 8, true), [&] {
+      di::ops::LinearOpts o;
+      o.round_out_bf16 = true;
+      return check_dense(wh, wd, 8, o, seed++);
+    });
+  }
   // The BF16 vocabulary head at M = 1.
   {
     const Dense c{"head", di::DType::kBF16, 129280, 4096, 0, 0};
@@ -512,8 +569,8 @@ void test_supported() {
     a.y = reinterpret_cast<float*>(uintptr_t{256});
     if (!di::cuda::gemv_supported(a)) return std::string("a V4.1 call is not supported");
     di::cuda::GemvArgs b = a;
-    b.M = 5;
-    if (di::cuda::gemv_supported(b)) return std::string("dense M = 5 is supported");
+    b.M = 33;
+    if (!di::cuda::gemv_supported(b)) return std::string("dense M = 33 is not supported");
     b = a;
     b.K = 48;
     if (di::cuda::gemv_supported(b)) return std::string("K = 48 is supported");

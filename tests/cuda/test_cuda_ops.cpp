@@ -1283,6 +1283,17 @@ void test_index_lists() {
       return compare_idx(want,
                          di::ops::sparse_index(shifted, T, c.picks ? dev(picks) : di::Tensor(), di::Device::kCUDA));
     });
+    run_case(std::string("sparse_index into a row slice ") + c.what + " T=" + std::to_string(T), [&] {
+      const di::Tensor want = di::ops::sparse_index(shifted, T, picks, di::Device::kCPU);
+      di::Tensor stacked = di::Tensor::zeros({T + 2, shifted.width}, di::DType::kI32, di::Device::kCUDA);
+      di::ops::sparse_index(shifted, T, c.picks ? dev(picks) : di::Tensor(), di::Device::kCUDA,
+                            stacked.slice(0, 1, 1 + T));
+      const di::Tensor host = stacked.to(di::Device::kCPU);
+      for (int64_t i = 0; i < shifted.width; ++i)
+        if (host.data<int32_t>()[i] != 0 || host.data<int32_t>()[(T + 1) * shifted.width + i] != 0)
+          return std::string("a row outside the slice was written");
+      return compare_idx(want, stacked.slice(0, 1, 1 + T));
+    });
   }
 }
 
