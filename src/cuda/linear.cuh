@@ -64,6 +64,7 @@ WeightLayout weight_layout(const ops::QWeight& w, const char* op);
 // ops::linear_grouped on CUDA (linear_grouped.cu): one GEMV launch over all rows, each row's expert
 // read on the device from row_expert through a cached device table of the experts' pointers.
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
-                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts);
+                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
+                      int64_t tile_rows = 0);
 
 }  // namespace deepinfer::cuda

@@ -79,6 +79,7 @@ struct Params {
   int mtiles;  // x-row groups
   int rows;    // weight rows per step
   int steps;   // ceil(N / rows)
+  int tile;    // grouped, > 1: fp4_pair_gemv's tiles of up to `tile` rows of one expert (GemvArgs::tile_rows)
   bool round;
 };
 
@@ -781,7 +782,7 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int h = lane & 1;
   const int row_in_step = warp * 16 + (lane >> 1);
-  const Work wk = block_work<MT>(p);
+  Work wk = block_work<MT>(p);  // grouped tile mode: m0 / mrows set after pdl_wait
   const uint8_t* W = p.w;
   const uint8_t* SC = p.sc;
 
@@ -831,6 +832,19 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
   if (!grouped) prime();
   for (int i = static_cast<int>(threadIdx.x); i < MT * p.ng; i += static_cast<int>(blockDim.x)) gmax[i] = 0u;
   pdl_wait();
+  if (grouped && p.tile > 1) {
+    // Tile mode (rows sorted by expert within each list): block mt serves row mt and the rows after it that share
+    // its expert, up to the next multiple of `tile`, when row mt starts such a tile (its list's first row, a
+    // multiple of `tile`, or an expert change); otherwise a tile that starts earlier holds the row, and the
+    // block has nothing to do. Every thread reads the same ids, so the exit is uniform.
+    const int xr = p.x_rows > 0 ? p.x_rows : p.M, m = wk.mt, r = m % xr;
+    const int e = __ldcg(p.row_expert + r);
+    if (r % p.tile != 0 && __ldcg(p.row_expert + r - 1) == e) return;
+    int cnt = 1;
+    while (cnt < p.tile && (r + cnt) % p.tile != 0 && r + cnt < xr && __ldcg(p.row_expert + r + cnt) == e) ++cnt;
+    wk.m0 = m;
+    wk.mrows = cnt;
+  }
   // x rows [m0, m0 + mrows) into xs (zeros beyond): 16-byte cp.async, all in flight at once (grouped: while
   // the expert's pointers are read).
   const int k4 = K / 4;
@@ -1026,11 +1040,13 @@ void launch_chain(Params p, int fmt, cudaStream_t stream) {
 // FP4 pair kernel. Warps per block W in {4, 2, 1} (16 W rows per step): the one that puts the fewest rows on the
 // busiest SM (blocks spread evenly over the SMs, each doing ceil(steps per x-row group / its blocks) steps), the
 // larger W on ties. MT as launch_chain.
-void launch_fp4_pair(Params p, cudaStream_t stream) {
+void launch_fp4_pair(Params p, int tile_rows, cudaStream_t stream) {
   const bool grouped = p.row_expert != nullptr;
-  int MT = grouped ? 1 : std::min(p.M, 4);
+  // Grouped tile mode: up to 4 rows of one expert per block (one block slot per row; see the kernel).
+  int MT = grouped ? std::min(std::max(tile_rows, 1), 4) : std::min(p.M, 4);
   while (MT > 1 && pair_smem_bytes(MT, p.K, p.ng) > kSmemBudget) --MT;
-  p.mtiles = (p.M + MT - 1) / MT;
+  p.tile = grouped ? MT : 0;
+  p.mtiles = grouped ? p.M : (p.M + MT - 1) / MT;
   // kEven: K % 128 == 0 and 4-byte aligned scale rows (fp4_pair_gemv).
   const bool even = p.K % 128 == 0 && reinterpret_cast<uintptr_t>(p.sc) % 4 == 0 && p.lds % 4 == 0;
   void (*kernel)(Params) = nullptr;
@@ -1141,7 +1157,7 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_variant() == 2)
-    launch_fp4_pair(p, stream);
+    launch_fp4_pair(p, a.tile_rows, stream);
   else
     launch_chain(p, a.fmt, stream);
 }

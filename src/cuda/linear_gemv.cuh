@@ -74,6 +74,10 @@ struct GemvArgs {
   // (m / x_rows) * n_experts + row_expert[m % x_rows] of the tables (row_expert has x_rows entries).
   int x_rows = 0;
   int n_experts = 0;
+  // Grouped rows sorted by expert within each list (moe_group's order), FP4 only (fp4_pair_gemv; the other
+  // kernels ignore it): tile_rows > 1 lets one block serve up to tile_rows (at most 4) consecutive rows of one
+  // expert, so that their pass over the expert's weight is shared. The same bits either way.
+  int tile_rows = 0;
 };
 
 // True when gemv_into handles this call: dense mode or grouped mode (any M >= 1),

@@ -4,6 +4,7 @@
 // routing back to the host.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -43,8 +44,8 @@ void check_experts(const std::vector<const std::vector<ops::QWeight>*>& lists) {
                "cuda::linear_grouped: the experts differ in format, shape or device ({} vs {})", w.w.describe(),
                w0.w.describe());
     for (const ops::QWeight& w : *list)  // the kernel's 16-byte loads start at each table entry
-      DI_CHECK(reinterpret_cast<uintptr_t>(w.w.raw()) % 16 == 0, "cuda::linear_grouped: expert weight {} is not 16-byte aligned",
-               w.w.describe());
+      DI_CHECK(reinterpret_cast<uintptr_t>(w.w.raw()) % 16 == 0,
+               "cuda::linear_grouped: expert weight {} is not 16-byte aligned", w.w.describe());
   }
 }
 
@@ -79,7 +80,8 @@ const uint8_t* const* expert_table(const std::vector<const std::vector<ops::QWei
 }  // namespace
 
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
-                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts) {
+                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
+                      int64_t tile_rows) {
   const char* op = "cuda::linear_grouped";
   DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2 && x.is_contiguous(),
            "{}: x must be a contiguous float32 [R, K] CUDA tensor, got {}", op,
@@ -108,6 +110,7 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
   a.row_expert = row_expert.data<int32_t>();
   a.w_table = table, a.s_table = table + L * E;
   a.x_rows = static_cast<int>(R), a.n_experts = static_cast<int>(E);
+  a.tile_rows = static_cast<int>(std::min<int64_t>(std::max<int64_t>(tile_rows, 0), 4));
   if (gemv_supported(a)) {
     gemv_into(a, nullptr);
     return y;

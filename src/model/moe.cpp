@@ -25,9 +25,16 @@ Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, const ops::
   const ops::LinearOpts o = linear_q_opts(c);
   const int64_t R = x.size(0);
   const std::vector<const std::vector<ops::QWeight>*> w13{&w.routed_w1, &w.routed_w3};
-  const Tensor gu = ops::linear_grouped(x, groups.row_expert, w13, o);  // [2R, inter]: w1 rows, then w3 rows
+  // moe_group's rows are sorted by expert: from kTileFromRows rows on (256 tokens of top-6), experts that several
+  // rows share are read once per tile of up to 4 of them (ops::linear_grouped's tile_rows). Measured on the
+  // V4.1-Flash shape (bench/RESULTS.md): batch 256 (~4 rows per expert) 1,638 -> 1,769 tok/s, but batch 32 and
+  // 128 (~1.3 and ~2.3 rows per expert) slower, where the 4-row blocks' shared memory costs more occupancy
+  // than the shared passes save.
+  constexpr int64_t kTileFromRows = 1536;
+  const int64_t tile = R >= kTileFromRows ? 4 : 0;
+  const Tensor gu = ops::linear_grouped(x, groups.row_expert, w13, o, tile);  // [2R, inter]: w1 rows, then w3 rows
   Tensor h = ops::swiglu(gu.slice(0, 0, R), gu.slice(0, R, 2 * R), groups.weights, c.cfg.swiglu_limit, c.num.bf16);
-  return ops::linear_grouped(h, groups.row_expert, w.routed_w2, o);
+  return ops::linear_grouped(h, groups.row_expert, w.routed_w2, o, tile);
 }
 
 // The shared expert. On CUDA at decode its w1 and w3 run as one grouped launch (two lists of one matrix,

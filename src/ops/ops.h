@@ -63,10 +63,12 @@ Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
 // launch reads the expert ids on the device (no copy to the host). With several lists (of equal
 // length, one format and shape: w1 and w3 of the experts), y is [lists * R, N], block l being x
 // through lists[l], still in one launch.
+// tile_rows > 1 promises rows sorted by expert (moe_group's order): on CUDA an FP4 call then lets one block
+// serve up to tile_rows rows of one expert, sharing its pass over the weight (the same bits; ignored elsewhere).
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<QWeight>& experts,
-                      const LinearOpts& opts);
+                      const LinearOpts& opts, int64_t tile_rows = 0);
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
-                      const LinearOpts& opts);
+                      const LinearOpts& opts, int64_t tile_rows = 0);
 
 // Dequantises a weight to a dense float32 [out, in] tensor (exact: every format fits fp32).
 Tensor dequantize(const QWeight& w);

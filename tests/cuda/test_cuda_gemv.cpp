@@ -468,6 +468,7 @@ struct Grouped {
   int experts, rows;
   bool round;
   int lists = 0;  // > 0: that many expert lists over the same `rows` x rows (GemvArgs::x_rows); 0: plain mode
+  int tile = 0;   // > 0: ids sorted ascending (moe_group's order) and GemvArgs::tile_rows = tile
 };
 
 void test_grouped() {
@@ -491,14 +492,23 @@ void test_grouped() {
       // wo_a as the model calls it: 8 groups [1024, 4096], x row g against group g (one list, x_rows 8).
       {"fp8 wo_a 8 groups", di::DType::kE4M3, 1024, 4096, 32, 32, 8, 8, true, 1},
       {"fp8 B 64 ragged", di::DType::kE4M3, 333, 2176, 64, 64, 5, 6, false},
+      // Tiles of rows sharing an expert (sorted ids, fp4_pair_gemv): runs longer and shorter than a tile, crossing
+      // multiples of it, one expert for every row, and the other formats (which ignore the hint).
+      {"fp4 w1+w3 tiles 32 tokens", di::DType::kE2M1x2, 2304, 5120, 0, 32, 24, 96, false, 2, 4},
+      {"fp4 w2 tiles", di::DType::kE2M1x2, 5120, 2304, 0, 32, 16, 70, true, 1, 4},
+      {"fp4 tiles plain mode ragged", di::DType::kE2M1x2, 333, 160, 0, 32, 5, 37, false, 0, 4},
+      {"fp4 tiles one expert", di::DType::kE2M1x2, 640, 1024, 0, 32, 1, 19, true, 2, 4},
+      {"fp4 tiles of 2, 3 lists", di::DType::kE2M1x2, 1001, 2304, 0, 0, 6, 23, false, 3, 2},
+      {"fp8 tiles hint ignored", di::DType::kE4M3, 512, 2048, 32, 32, 6, 21, false, 2, 4},
   };
   uint32_t seed = 9700;
   for (const Grouped& c : cases) {
     char name[300];
-    std::snprintf(
-        name, sizeof name, "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d",
-        c.what, di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
-        static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.lists, c.round ? 1 : 0);
+    std::snprintf(name, sizeof name,
+                  "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d tile=%d",
+                  c.what, di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
+                  static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.lists,
+                  c.round ? 1 : 0, c.tile);
     // Expert e of list l is entry l * experts + e of the tables (one list in plain mode).
     const int L = std::max(c.lists, 1), M = L * c.rows;
     std::vector<di::ops::QWeight> wh, wd;
@@ -510,6 +520,7 @@ void test_grouped() {
     std::uniform_int_distribution<int> pick(0, c.experts - 1);
     di::Tensor ids = di::Tensor::empty({c.rows}, di::DType::kI32);
     for (int m = 0; m < c.rows; ++m) ids.data<int32_t>()[m] = pick(rng);
+    if (c.tile > 0) std::sort(ids.data<int32_t>(), ids.data<int32_t>() + c.rows);
     di::Tensor wt = di::Tensor::empty({L * c.experts}, di::DType::kI64),
                st = di::Tensor::empty({L * c.experts}, di::DType::kI64);
     for (int e = 0; e < L * c.experts; ++e) {
@@ -544,6 +555,7 @@ void test_grouped() {
         a.x_rows = c.rows;
         a.n_experts = c.experts;
       }
+      a.tile_rows = c.tile;
       if (!di::cuda::gemv_supported(a)) return std::string("gemv_supported is false");
       di::cuda::gemv_into(a, nullptr);
       return compare_bits(want, di::cuda::copy_to_host(yd));
