@@ -119,6 +119,28 @@ double time_calls(cudaStream_t st, int copies, F body) {
   return deepinfer::bench::time_graph(st, calls, [&](int i) { body(i % copies); });
 }
 
+// A shape's weight copies (>= 512 MiB in all, so that calls rotating over them read HBM), x [rows, K] and y
+// [rows, N] on the GPU, and the options of its rows (act_quant_block 32 for FP8 / FP4, 0 for BF16; bf16 output).
+struct ShapeSetup {
+  std::vector<di::ops::QWeight> ws;
+  double wbytes = 0.0;  // of one copy
+  di::Tensor x, y;
+  di::ops::LinearOpts o;
+};
+ShapeSetup setup_shape(int fmt, int64_t N, int64_t K, int64_t rows) {
+  ShapeSetup su;
+  su.ws.push_back(make_weight(fmt, N, K));
+  su.wbytes = qbytes(su.ws[0]);
+  const int copies = static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / su.wbytes)));
+  for (int i = 1; i < copies; ++i) su.ws.push_back(make_weight(fmt, N, K));
+  su.x = dev_act({rows, K});
+  su.y = di::Tensor::empty({rows, N}, di::DType::kF32, di::Device::kCUDA);
+  su.o.act_quant_block = fmt == kBf16 ? 0 : 32;
+  su.o.round_out_bf16 = true;
+  CK(cudaDeviceSynchronize());
+  return su;
+}
+
 const char* fmt_name(int fmt) { return fmt == kFp8 ? "fp8 B32" : fmt == kFp4 ? "fp4" : "bf16"; }
 
 void run() {
@@ -155,20 +177,13 @@ void run() {
   const char* only = std::getenv("BENCH_BATCHED_SHAPE");  // a shape name: that shape alone
   for (const Shape& s : batched) {
     if (only != nullptr && std::string(only) != s.name) continue;
-    const di::ops::QWeight w0 = make_weight(s.fmt, s.N, s.K);
-    const double wbytes = qbytes(w0);
-    const int copies = static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / wbytes)));
-    std::vector<di::ops::QWeight> ws{w0};
-    for (int i = 1; i < copies; ++i) ws.push_back(make_weight(s.fmt, s.N, s.K));
-    const di::Tensor x = dev_act({64, s.K});
-    di::Tensor y = di::Tensor::empty({64, s.N}, di::DType::kF32, di::Device::kCUDA);
-    di::ops::LinearOpts o;
-    o.act_quant_block = s.fmt == kBf16 ? 0 : 32;
-    o.round_out_bf16 = true;
-    CK(cudaDeviceSynchronize());
+    ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 64);
+    const std::vector<di::ops::QWeight>& ws = su.ws;  // (lambdas capture these: no structured bindings in C++17)
+    const di::ops::LinearOpts& o = su.o;
+    const int copies = static_cast<int>(ws.size());
     for (const int64_t M : {2, 4, 8, 16, 32, 64}) {
-      const di::Tensor xs = x.slice(0, 0, M);
-      di::Tensor ys = y.slice(0, 0, M);
+      const di::Tensor xs = su.x.slice(0, 0, M);
+      di::Tensor ys = su.y.slice(0, 0, M);
       std::vector<di::cuda::GemvArgs> args;
       for (const auto& w : ws) args.push_back(args_of(s.fmt, w, xs, ys, o));
       DI_CHECK(di::cuda::gemv_supported(args[0]), "gemv does not support {} at M = {}", s.name, M);
@@ -181,7 +196,7 @@ void run() {
         ms[variant] = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
       }
       di::cuda::gemv_set_fp8_variant(0);
-      const double best = s.fmt == kFp8 ? std::min(ms[1], ms[2]) : ms[1], gbs = wbytes / best / 1e6;
+      const double best = s.fmt == kFp8 ? std::min(ms[1], ms[2]) : ms[1], gbs = su.wbytes / best / 1e6;
       char walk[32] = "-";
       if (s.fmt == kFp8) std::snprintf(walk, sizeof walk, "%.2f", ms[2] * 1e3);
       std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
@@ -210,27 +225,20 @@ void run() {
       {"expert w2", kFp4, 5120, 2304}, {"head", kBf16, 129280, 5120},
   };
   for (const Shape& s : shapes) {
-    const di::ops::QWeight w0 = make_weight(s.fmt, s.N, s.K);
-    const double wbytes = qbytes(w0);
-    const int copies = static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / wbytes)));
-    std::vector<di::ops::QWeight> ws{w0};
-    for (int i = 1; i < copies; ++i) ws.push_back(make_weight(s.fmt, s.N, s.K));
-    const di::Tensor x = dev_act({4, s.K});
-    di::Tensor y = di::Tensor::empty({4, s.N}, di::DType::kF32, di::Device::kCUDA);
-    di::ops::LinearOpts o;
-    o.act_quant_block = s.fmt == kBf16 ? 0 : 32;
-    o.round_out_bf16 = true;
-    CK(cudaDeviceSynchronize());
+    ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 4);
+    const std::vector<di::ops::QWeight>& ws = su.ws;  // (lambdas capture these: no structured bindings in C++17)
+    const di::ops::LinearOpts& o = su.o;
+    const int copies = static_cast<int>(ws.size());
     for (const int64_t M : {1, 2, 4}) {
       if (s.fmt == kBf16 && M > 1) continue;  // the head at M > 1: the batched table
-      const di::Tensor xs = x.slice(0, 0, M);
-      di::Tensor ys = y.slice(0, 0, M);
+      const di::Tensor xs = su.x.slice(0, 0, M);
+      di::Tensor ys = su.y.slice(0, 0, M);
       std::vector<di::cuda::GemvArgs> args;
       for (const auto& w : ws) args.push_back(args_of(s.fmt, w, xs, ys, o));
       DI_CHECK(di::cuda::gemv_supported(args[0]), "gemv does not support {}", s.name);
       const double ms_old =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
-      const double gbs_old = wbytes / ms_old / 1e6;
+      const double gbs_old = su.wbytes / ms_old / 1e6;
       // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
       const bool two = s.fmt == kFp4 || s.fmt == kFp8;
       double ms_first = 0.0;
@@ -239,7 +247,7 @@ void run() {
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
         if (variant == 1) ms_first = ms;
-        const double gbs = wbytes / ms / 1e6;
+        const double gbs = su.wbytes / ms / 1e6;
         const char* tag = variant == 0 ? "" : variant == 1 ? " old" : s.fmt == kFp8 ? " walk" : " new";
         char vs[32] = "-";
         if (variant == 2) std::snprintf(vs, sizeof vs, "%.2fx", ms_first / ms);

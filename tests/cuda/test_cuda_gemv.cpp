@@ -226,6 +226,17 @@ std::string case_name(const char* kind, const Dense& c, int64_t M, bool round) {
   return name;
 }
 
+// One dense case on every kernel of its format: c's act quant, `round`, M rows of x from `xseed`.
+void run_dense(const Dense& c, const di::ops::QWeight& wh, const di::ops::QWeight& wd, int64_t M, bool round,
+               uint32_t xseed) {
+  run_variants(c.dt, case_name("gemv", c, M, round), [&] {
+    di::ops::LinearOpts o;
+    o.act_quant_block = c.act;
+    o.round_out_bf16 = round;
+    return check_dense(wh, wd, M, o, xseed);
+  });
+}
+
 void test_dense() {
   const Dense cases[] = {
       // V4.1 decode shapes: E4M3 with 32 x 32 tile scales at the FP8 input site, FP4 experts.
@@ -280,13 +291,7 @@ void test_dense() {
     const di::ops::QWeight wd = to_device(wh);
     for (int64_t M = 1; M <= 4; ++M) {
       const bool round = (M + static_cast<int64_t>(seed)) % 2 == 0;
-      const uint32_t xseed = seed++;
-      run_variants(c.dt, case_name("gemv", c, M, round), [&] {
-        di::ops::LinearOpts o;
-        o.act_quant_block = c.act;
-        o.round_out_bf16 = round;
-        return check_dense(wh, wd, M, o, xseed);
-      });
+      run_dense(c, wh, wd, M, round, seed++);
     }
   }
   // Raw (not bf16-rounded) x: with act quant off the products are rounded by the fma, on both sides alike.
@@ -340,13 +345,7 @@ void test_dense() {
       for (const int64_t M : {5, 8, 11, 16, 33}) {
         if (c.N * c.K > (int64_t{1} << 25) && M > 16) continue;  // the CPU reference's time
         const bool round = M % 2 == 0;
-        const uint32_t xseed = seed++;
-        run_variants(c.dt, case_name("gemv", c, M, round), [&] {
-          di::ops::LinearOpts o;
-          o.act_quant_block = c.act;
-          o.round_out_bf16 = round;
-          return check_dense(wh, wd, M, o, xseed);
-        });
+        run_dense(c, wh, wd, M, round, seed++);
       }
     }
     const Dense cb{"raw x", di::DType::kBF16, 1000, 2048, 0, 0};
