@@ -454,12 +454,11 @@ void launch_chain(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, in
              round);
 }
 
-// The most rows of x that linear_exact sends to the decode GEMV (DEEPINFER_CUDA_GEMV_ROWS, default 4,096; 1 keeps
-// every call of 2+ rows on the slab kernels).
+// The most rows of x that linear_exact sends to the decode GEMV (DEEPINFER_CUDA_GEMV_ROWS, its default in the env
+// table; 1 keeps every call of 2+ rows on the slab kernels).
 int64_t gemv_rows_max() {
   static const int64_t v = [] {
     const std::string s = env_value("DEEPINFER_CUDA_GEMV_ROWS");
-    if (s.empty()) return int64_t{4096};
     char* end = nullptr;
     const long long n = std::strtoll(s.c_str(), &end, 10);
     DI_CHECK(end != s.c_str() && *end == '\0' && n >= 1, "DEEPINFER_CUDA_GEMV_ROWS must be a row count >= 1 (got '{}')",

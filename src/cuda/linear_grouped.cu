@@ -110,7 +110,7 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
   a.row_expert = row_expert.data<int32_t>();
   a.w_table = table, a.s_table = table + L * E;
   a.x_rows = static_cast<int>(R), a.n_experts = static_cast<int>(E);
-  a.tile_rows = static_cast<int>(std::min<int64_t>(std::max<int64_t>(tile_rows, 0), 4));
+  a.tile_rows = static_cast<int>(std::min<int64_t>(tile_rows, 4));  // launch_fp4_pair takes 1..4
   if (gemv_supported(a)) {
     gemv_into(a, nullptr);
     return y;

@@ -64,7 +64,7 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   const Device dev = q.device();
   if (rows == 0) return Tensor::empty({0, H * D}, DType::kF32, dev);
   Tensor table = Tensor::empty({n, D}, DType::kF32, dev);
-  Tensor idx = chunks.size() == 1 ? Tensor() : Tensor::empty({rows, width}, DType::kI32, dev);
+  Tensor idx = Tensor::empty({rows, width}, DType::kI32, dev);
   int64_t base = 0, r0 = 0;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), tn = table_rows(k);
@@ -72,10 +72,7 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     ops::IndexLayout lay = k.lay;
     lay.base = base;
     lay.width = width;
-    if (chunks.size() == 1)
-      idx = ops::sparse_index(lay, T, k.picks, dev);
-    else
-      ops::sparse_index(lay, T, k.picks, dev, idx.slice(0, r0, r0 + T));  // written in place: no copy
+    ops::sparse_index(lay, T, k.picks, dev, idx.slice(0, r0, r0 + T));  // written in place: no copy
     // Slide the window ring forward over this chunk (after its rows were copied into the table).
     const int64_t p0 = std::max(k.start_pos, k.start_pos + T - W);
     k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
