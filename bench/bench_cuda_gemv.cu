@@ -222,7 +222,7 @@ void run() {
       {"attn.wq_a", kFp8, 1280, 5120}, {"flash wq_a", kFp8, 1024, 5120},   {"attn.wq_b", kFp8, 32768, 1280},
       {"attn.wkv", kFp8, 512, 5120},   {"attn.wo_b", kFp8, 5120, 8192},    {"shared w1/w3", kFp8, 2304, 5120},
       {"shared w2", kFp8, 5120, 2304}, {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120},
-      {"expert w2", kFp4, 5120, 2304}, {"head", kBf16, 129280, 5120},
+      {"expert w2", kFp4, 5120, 2304}, {"gate", kBf16, 384, 5120},         {"head", kBf16, 129280, 5120},
   };
   for (const Shape& s : shapes) {
     ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 4);

@@ -27,6 +27,10 @@ const std::vector<EnvVar>& env_vars() {
        "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "
        "calls of 2+ rows on the slab kernels); same bits either way",
        true},
+      {"DEEPINFER_CUDA_PDL", "1",
+       "tuning: 1 launches the CUDA kernels with programmatic dependent launch (a kernel's launch overlaps the "
+       "previous one's tail); 0 launches them plainly; same bits either way",
+       true},
       {"DEEPINFER_OP_PROFILE", "0",
        "debugging: 1 times every op (synchronising the device around it) and every device copy, printed at exit; "
        "gpu times each CUDA op's GPU work with events, without synchronising",

@@ -2,8 +2,8 @@
 #include <cmath>
 #include <vector>
 
-#include "deepinfer/error.h"
 #include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::cpu {
 
@@ -19,8 +19,12 @@ void check_f32_2d(const Tensor& x, const char* op) {
 }  // namespace
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
-  check_f32_2d(x, "rms_norm");
-  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  // x: contiguous, or 2-D rows of any stride (a column slice of a wider output, as linear_q_pair's).
+  const bool strided = x.dim() == 2 && !x.is_contiguous() && x.strides()[1] == 1;
+  if (!strided) check_f32_2d(x, "rms_norm");
+  DI_CHECK(x.device() == Device::kCPU && x.dtype() == DType::kF32, "rms_norm: expected a float32 CPU tensor, got {}",
+           x.describe());
+  const int64_t cols = x.size(-1), rows = x.numel() / cols, ldx = strided ? x.strides()[0] : cols;
   if (w.defined()) DI_CHECK(w.numel() == cols, "rms_norm: weight has {} values for rows of {}", w.numel(), cols);
   Tensor y = Tensor::empty(x.shape(), DType::kF32);
   const float* xp = x.data<float>();
@@ -30,7 +34,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
     for (int64_t c = 0; c < cols; ++c) wf[c] = weight_at(w, c);
 #pragma omp parallel for if (rows > 8)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* a = xp + r * cols;
+    const float* a = xp + r * ldx;
     double ss = 0;
     for (int64_t c = 0; c < cols; ++c) ss += static_cast<double>(a[c]) * a[c];
     const float var = static_cast<float>(ss / cols);
@@ -79,7 +83,8 @@ RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t origi
   f.freq.resize(half);
   for (int64_t i = 0; i < half; ++i) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(rope_dim);
-    const float p = static_cast<float>(std::pow(static_cast<double>(static_cast<float>(base)), static_cast<double>(expo)));
+    const float p =
+        static_cast<float>(std::pow(static_cast<double>(static_cast<float>(base)), static_cast<double>(expo)));
     f.freq[i] = 1.0f / p;
   }
   if (original_seq_len > 0) {

@@ -8,6 +8,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 
 namespace deepinfer::cuda {
 
@@ -18,7 +19,6 @@ constexpr int kThreads = 256;  // 8 warps
 constexpr int kMaxD = 512;     // two output columns per thread
 
 __device__ __forceinline__ float exp_f(float x) { return __double2float_rn(exp(static_cast<double>(x))); }
-
 
 // Shared memory (floats): kv tile [64][D + 4] | q [HG][D] | pv [64][HG] (doubles: converted once per
 // entry and head, not once per output column) | s [HG][64] | idx [64] | m, l, resc [HG].
@@ -31,13 +31,15 @@ __global__ void __launch_bounds__(kThreads)
     sparse_attn_kernel(const float* __restrict__ q, const float* __restrict__ kv, const int32_t* __restrict__ idx,
                        const float* __restrict__ sink, float* __restrict__ out, int H, int D, int N, int K, float scale,
                        bool bf16_probs, bool round) {
+  pdl_wait();
+  pdl_launch_dependents();
   static_assert(HG == 4 || HG == 8 || HG == 16, "heads per CTA");
   constexpr int R = HG / 4;  // heads per thread in the score phase (64 entries x HG heads over 256 threads)
   extern __shared__ __align__(16) float smem[];
   const int LD = D + 4;
   float* kvs = smem;
   float* qs = kvs + kTile * LD;
-  double* pvs = reinterpret_cast<double*>(qs + HG * D);  // [i][h]; 16-byte aligned (D % 4 == 0)
+  double* pvs = reinterpret_cast<double*>(qs + HG * D);    // [i][h]; 16-byte aligned (D % 4 == 0)
   float* ss = reinterpret_cast<float*>(pvs + kTile * HG);  // [h][i]
   int* ids = reinterpret_cast<int*>(ss + HG * kTile);
   float* m_s = reinterpret_cast<float*>(ids + kTile);
@@ -228,13 +230,13 @@ struct SplitCfg {
   static constexpr int kSlots = HG;  // score chains per thread at most: (kMaxK / kC) * HG / kThreads
 };
 
-constexpr int kC = 8;                    // CTAs per cluster (the portable maximum)
-constexpr int kSplitMaxK = 2048;         // longest index list the split kernel takes
+constexpr int kC = 8;             // CTAs per cluster (the portable maximum)
+constexpr int kSplitMaxK = 2048;  // longest index list the split kernel takes
 constexpr int kRounds = kSplitMaxK / kThreads;
-constexpr int kDch = 32;                 // d per streamed score chunk
-constexpr int kSst = kDch + 4;           // its row stride in shared memory (conflict-free float4 reads)
-constexpr int kNsts = 4;                 // score chunk stages
-constexpr int kNstv = 3;                 // P.V tile stages
+constexpr int kDch = 32;        // d per streamed score chunk
+constexpr int kSst = kDch + 4;  // its row stride in shared memory (conflict-free float4 reads)
+constexpr int kNsts = 4;        // score chunk stages
+constexpr int kNstv = 3;        // P.V tile stages
 
 // Shared-memory layout of the split kernel, in 4-byte words (every array starts 16-byte aligned).
 struct SplitLayout {
@@ -277,7 +279,9 @@ inline SplitLayout split_layout(int K, int D, int HG) {
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 // Stores v at the address of `local` in the shared memory of cluster CTA `rank`.
 __device__ __forceinline__ void st_cluster(const float* local, unsigned rank, float v) {
@@ -320,9 +324,11 @@ __device__ __forceinline__ void dot_run2(float& a, float& b, const float* qa, co
 
 template <int HG>
 __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 ? 1 : 2)
-    sparse_attn_split_kernel(const float* __restrict__ q, const float* __restrict__ kv,
-                             const int32_t* __restrict__ idx, const float* __restrict__ sink, float* __restrict__ out,
-                             int H, int D, int N, int K, float scale, bool bf16_probs, bool round, SplitLayout L) {
+    sparse_attn_split_kernel(const float* __restrict__ q, const float* __restrict__ kv, const int32_t* __restrict__ idx,
+                             const float* __restrict__ sink, float* __restrict__ out, int H, int D, int N, int K,
+                             float scale, bool bf16_probs, bool round, SplitLayout L) {
+  pdl_wait();
+  pdl_launch_dependents();
   static_assert(HG == 4 || HG == 8 || HG == 16, "heads per cluster");
   constexpr int HPT = SplitCfg<HG>::kPvHeads;
   constexpr int MC = SplitCfg<HG>::kSlots;
@@ -331,19 +337,19 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   int* vpos = reinterpret_cast<int*>(smem + L.vpos);
   int* tstart = reinterpret_cast<int*>(smem + L.tstart);  // [ntiles + 1]: first compacted entry of each tile
   int* wcnt = reinterpret_cast<int*>(smem + L.wcnt);
-  float* qs = smem + L.qs;      // [HG][QS]
-  float* P = smem + L.P;        // [HG][Kp] probabilities by list position (0 where empty)
-  float* sown = smem + L.sown;  // [HG][Emax] scores of this CTA's entries
-  float* PM = smem + L.pm;      // [kC][HG][ntiles] tile maxima of each CTA's entries
-  float* TM = smem + L.tm;      // [HG][ntiles] tile maxima
-  float* MN = smem + L.mn;      // m after the tile (m_new)
-  float* MO = smem + L.mo;      // m before the tile (m_old)
-  float* RS = smem + L.rs;      // rescale of the tile (1 where skipped)
-  float* TS = smem + L.ts;      // tile sum
-  float* LF = smem + L.lf;      // [HG] l + exp(sink - m)
-  float* MF = smem + L.mf;      // [HG] final m
+  float* qs = smem + L.qs;                                // [HG][QS]
+  float* P = smem + L.P;                                  // [HG][Kp] probabilities by list position (0 where empty)
+  float* sown = smem + L.sown;                            // [HG][Emax] scores of this CTA's entries
+  float* PM = smem + L.pm;                                // [kC][HG][ntiles] tile maxima of each CTA's entries
+  float* TM = smem + L.tm;                                // [HG][ntiles] tile maxima
+  float* MN = smem + L.mn;                                // m after the tile (m_new)
+  float* MO = smem + L.mo;                                // m before the tile (m_old)
+  float* RS = smem + L.rs;                                // rescale of the tile (1 where skipped)
+  float* TS = smem + L.ts;                                // tile sum
+  float* LF = smem + L.lf;                                // [HG] l + exp(sink - m)
+  float* MF = smem + L.mf;                                // [HG] final m
   double* pvd = reinterpret_cast<double*>(smem + L.pvd);  // [2][64][HG] probabilities as used in P.V
-  float* region = smem + L.region;  // score chunk stages, then P.V tile stages
+  float* region = smem + L.region;                        // score chunk stages, then P.V tile stages
 
   // Nothing may be stored into another CTA's shared memory before every CTA of the cluster runs.
   cluster_arrive_relaxed();
@@ -368,7 +374,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     qs[h * QS + d] = h < nh ? q[(t * H + h0 + h) * D + d] : 0.0f;
   }
   for (int e = tid; e < HG * Kp; e += kThreads) P[e] = 0.0f;  // before the cluster barrier A
-  int V = 0;  // valid entries so far (then in all)
+  int V = 0;                                                  // valid entries so far (then in all)
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
     if (r * kThreads < K) {  // uniform
@@ -576,8 +582,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     } else if (col_ok) {
       const int nv = tstart[j + 1] - tstart[j];
 #pragma unroll
-      for (int u = 0; u < HPT; ++u)
-        acc[u] = __dmul_rn(acc[u], static_cast<double>(RS[(hq * HPT + u) * ntiles + j]));
+      for (int u = 0; u < HPT; ++u) acc[u] = __dmul_rn(acc[u], static_cast<double>(RS[(hq * HPT + u) * ntiles + j]));
       const float* vs = region + (j % kNstv) * vstage + cl;
       const double* pd = pvd + (j & 1) * kTile * HG + hq * HPT;
 #pragma unroll 2
@@ -629,10 +634,9 @@ void launch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& 
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>((H + HG - 1) / HG), static_cast<unsigned>(T));
-  sparse_attn_kernel<HG><<<grid, kThreads, smem, stream>>>(q.data<float>(), kv.data<float>(), idx.data<int32_t>(),
-                                                           sink.data<float>(), out.data<float>(), static_cast<int>(H),
-                                                           static_cast<int>(D), static_cast<int>(kv.size(0)),
-                                                           static_cast<int>(idx.size(1)), scale, bf16_probs, round);
+  launch_pdl(sparse_attn_kernel<HG>, grid, kThreads, smem, stream, q.data<float>(), kv.data<float>(),
+             idx.data<int32_t>(), sink.data<float>(), out.data<float>(), static_cast<int>(H), static_cast<int>(D),
+             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -660,17 +664,16 @@ void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Te
                   bool bf16_probs, bool round, Tensor& out, cudaStream_t stream, const SplitLayout& L) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_split_kernel<HG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       smem_optin()));
+    DI_CUDA_CHECK(
+        cudaFuncSetAttribute(sparse_attn_split_kernel<HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
     return true;
   }();
   (void)configured;
   const size_t smem = static_cast<size_t>(L.words) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((H + HG - 1) / HG * kC), static_cast<unsigned>(T));
-  sparse_attn_split_kernel<HG><<<grid, kThreads, smem, stream>>>(
-      q.data<float>(), kv.data<float>(), idx.data<int32_t>(), sink.data<float>(), out.data<float>(),
-      static_cast<int>(H), static_cast<int>(D), static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale,
-      bf16_probs, round, L);
+  launch_pdl(sparse_attn_split_kernel<HG>, grid, kThreads, smem, stream, q.data<float>(), kv.data<float>(),
+             idx.data<int32_t>(), sink.data<float>(), out.data<float>(), static_cast<int>(H), static_cast<int>(D),
+             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round, L);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -722,8 +725,8 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
     const int64_t K = idx.size(1);
     DI_CHECK(split_hg == 4 || split_hg == 8 || split_hg == 16,
              "cuda::sparse_attention: heads per cluster must be 4, 8 or 16, got {}", split_hg);
-    DI_CHECK(K >= 1 && K <= kSplitMaxK, "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}",
-             kSplitMaxK, K);
+    DI_CHECK(K >= 1 && K <= kSplitMaxK,
+             "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}", kSplitMaxK, K);
     const SplitLayout L = split_layout(static_cast<int>(K), static_cast<int>(D), split_hg);
     DI_CHECK(static_cast<int64_t>(L.words) * 4 <= smem_optin(),
              "cuda::sparse_attention: the split kernel needs {} bytes of shared memory for K {} D {} heads {}",

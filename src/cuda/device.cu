@@ -5,10 +5,13 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "deepinfer/error.h"
 
 namespace deepinfer::cuda {
@@ -261,6 +264,15 @@ Tensor copy_to_host(const Tensor& t) {
   side_join();
   DI_CUDA_CHECK(cudaMemcpy(out.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost));
   return out;
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const std::string v = env_value("DEEPINFER_CUDA_PDL");
+    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_PDL must be '0' or '1' (got '{}')", v);
+    return v == "1";
+  }();
+  return on;
 }
 
 }  // namespace deepinfer::cuda

@@ -1,7 +1,7 @@
 // Exact device decoders of the weight formats of the CUDA linear kernels (nvcc only): E4M3 codes through
 // the CPU's fp16 bits, E8M0 scales, packed E2M1 nibbles, the streaming 16-byte weight load and the
-// programmatic-dependent-launch hooks (and the host's launch_pdl). Every decoder returns an exact fp32 value (no rounding), so a
-// kernel's result depends only on the order of its FP32 additions (see linear.cuh's contract).
+// programmatic-dependent-launch hooks (and the host's launch_pdl). Every decoder returns an exact fp32 value (no
+// rounding), so a kernel's result depends only on the order of its FP32 additions (see linear.cuh's contract).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -86,8 +86,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Whether launch_pdl uses programmatic dependent launch (DEEPINFER_CUDA_PDL, read once; device.cu).
+bool pdl_enabled();
+
 // Launches `kernel` with programmatic stream serialisation, so that it may start while the previous
 // kernel on the stream still runs (it must pdl_wait() before reading anything that kernel produced).
+// Why: PDL lets a kernel's launch and block scheduling overlap the previous kernel's tail;
+// DEEPINFER_CUDA_PDL=0 turns it off (a plain launch; griddepcontrol is then a no-op).
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t cfg = {};
@@ -99,7 +104,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 

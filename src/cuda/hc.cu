@@ -7,6 +7,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/hc.cuh"
 
 namespace deepinfer::cuda {
@@ -131,6 +132,8 @@ __global__ void __launch_bounds__(kMixThreads)
     hc_mix_kernel(const float* stream, int64_t width, const float* fn, int M, int splits, double* part, int* counters,
                   const float* scale, const float* base, int hc_rt, float hc_eps, float norm_eps, float* pre,
                   float* post, double* sums_out) {
+  pdl_wait();
+  pdl_launch_dependents();
   static_assert(kMaxMix == 32, "warp_transpose_sum reduces 32 mixes");
   __shared__ double warp_sums[kMixThreads / 32][kMaxMix + 1];
   __shared__ double group_sums[kSumGroups][kMaxMix + 1];
@@ -210,6 +213,8 @@ template <int HC>
 __global__ void __launch_bounds__(32)
     hc_comb_kernel(const double* sums, int64_t width, const float* scale, const float* base, int hc_rt,
                    int sinkhorn_iters, float hc_eps, float norm_eps, float* comb) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int hc = HC > 0 ? HC : hc_rt;
   const int64_t t = blockIdx.x;
   const double* st = sums + t * (kMaxMix + 1);
@@ -219,6 +224,8 @@ __global__ void __launch_bounds__(32)
 
 __global__ void hc_collapse_kernel(const float* stream, const float* pre, int64_t T, int hc, int64_t dim, bool round,
                                    float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = T * dim;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -231,6 +238,8 @@ __global__ void hc_collapse_kernel(const float* stream, const float* pre, int64_
 
 __global__ void hc_expand_kernel(const float* y, const float* stream, const float* post, const float* comb, int64_t T,
                                  int hc, int64_t dim, bool round, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = T * hc * dim;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -299,10 +308,10 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
     const int64_t n = std::min(kRowsPerLaunch, T - t0);
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
     auto kernel = hc == 4 ? hc_mix_kernel<4> : hc_mix_kernel<0>;
-    kernel<<<grid, kMixThreads>>>(stream.data<float>() + t0 * width, width, fn.data<float>(), static_cast<int>(M),
-                                  splits, p, counters, scale.data<float>(), base.data<float>(), static_cast<int>(hc),
-                                  hc_eps, norm_eps, pre + t0 * hc, post ? post + t0 * hc : nullptr,
-                                  sums_out ? sums_out + t0 * (kMaxMix + 1) : nullptr);
+    launch_pdl(kernel, grid, kMixThreads, 0, nullptr, stream.data<float>() + t0 * width, width, fn.data<float>(),
+               static_cast<int>(M), splits, p, counters, scale.data<float>(), base.data<float>(), static_cast<int>(hc),
+               hc_eps, norm_eps, pre + t0 * hc, post ? post + t0 * hc : nullptr,
+               sums_out ? sums_out + t0 * (kMaxMix + 1) : nullptr);
     DI_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -326,9 +335,9 @@ ops::HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale,
   // input needs at once, is ready without it; comb is needed only at the sublayer's hc_expand (side_join).
   cudaStream_t side = side_fork();
   auto kernel = hc == 4 ? hc_comb_kernel<4> : hc_comb_kernel<0>;
-  kernel<<<static_cast<unsigned>(T), 32, 0, side>>>(sums, stream.numel() / T, scale.data<float>(), base.data<float>(),
-                                                    static_cast<int>(hc), static_cast<int>(sinkhorn_iters), hc_eps,
-                                                    norm_eps, out.comb.data<float>());
+  launch_pdl(kernel, static_cast<unsigned>(T), 32, 0, side, sums, stream.numel() / T, scale.data<float>(),
+             base.data<float>(), static_cast<int>(hc), static_cast<int>(sinkhorn_iters), hc_eps, norm_eps,
+             out.comb.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   side_pending(buf.raw(), buf.nbytes());
   return out;
@@ -343,8 +352,8 @@ Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
   const int64_t T = stream.size(0), hc = stream.size(1), dim = stream.size(2);
   Tensor y = Tensor::empty({T, dim}, DType::kF32, Device::kCUDA);
   if (T * dim == 0) return y;
-  hc_collapse_kernel<<<grid_for(T * dim, 256), 256>>>(stream.data<float>(), pre.data<float>(), T, static_cast<int>(hc),
-                                                      dim, round, y.data<float>());
+  launch_pdl(hc_collapse_kernel, grid_for(T * dim, 256), 256, 0, nullptr, stream.data<float>(), pre.data<float>(), T,
+             static_cast<int>(hc), dim, round, y.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return y;
 }
@@ -363,9 +372,8 @@ Tensor hc_expand(const Tensor& y, const Tensor& stream, const Tensor& post, cons
   Tensor out = Tensor::empty({T, hc, dim}, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
   side_join();  // comb may come from hc_mixes' side stream
-  hc_expand_kernel<<<grid_for(out.numel(), 256), 256>>>(y.data<float>(), stream.data<float>(), post.data<float>(),
-                                                        comb.data<float>(), T, static_cast<int>(hc), dim, round,
-                                                        out.data<float>());
+  launch_pdl(hc_expand_kernel, grid_for(out.numel(), 256), 256, 0, nullptr, y.data<float>(), stream.data<float>(),
+             post.data<float>(), comb.data<float>(), T, static_cast<int>(hc), dim, round, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }

@@ -33,6 +33,7 @@ constexpr int kRows = 8;  // weight rows per thread block (divides every E4M3 ti
 // that threads reading consecutive groups hit different shared-memory banks.
 __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT, int gk, int xg, int64_t tile_floats,
                               int64_t group, bool quant, float* xt) {
+  pdl_wait();
   pdl_launch_dependents();
   const int m = blockIdx.y;
   const int64_t c0 = blockIdx.x * group;
@@ -549,9 +550,9 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const int64_t group = quant ? opts.act_quant_block : 2048;
   const int64_t groups = (K + group - 1) / group;
   DI_CHECK(groups < (int64_t{1} << 31), "{}: too many activation groups", op);
-  prep_x_kernel<<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(tiles * MT)), threads_for(group, 256), 0,
-                  stream>>>(x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), MT, gk, xg,
-                            tile_floats, group, quant, xt);
+  launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(tiles * MT)),
+             threads_for(group, 256), 0, stream, x.data<float>(), x.strides()[0], static_cast<int>(M),
+             static_cast<int>(K), MT, gk, xg, tile_floats, group, quant, xt);
   DI_CUDA_CHECK(cudaGetLastError());
 
   const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows), static_cast<unsigned>(tiles));

@@ -82,7 +82,7 @@ constexpr int kSegTiles = 16;                          // tiles per segment (one
 constexpr int kLStride = 20;                           // floats between the chains l of a fold row: conflict free
 constexpr int kFoldRow = 8 * kLStride;                 // floats per fold row of the s buffer
 constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][8][20] and tile factors [16]
-constexpr int kMaxWarps = 8;
+constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
 
 template <int MT, int G>
 struct WalkShape {
@@ -136,7 +136,7 @@ __host__ __device__ inline int64_t walk_smem_floats(int MT, int xcols, int warps
 }
 
 template <int MT, int G>
-__global__ void __launch_bounds__(32 * kMaxWarps, 2) fp8_walk_gemv(WalkParams p) {
+__global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p) {
   using Shape = WalkShape<MT, G>;
   constexpr int R = Shape::kR, D = Shape::kD, B = 32 * G;
   extern __shared__ __align__(16) float smem_walk[];
@@ -151,9 +151,12 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) fp8_walk_gemv(WalkParams p)
   uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * p.xcols + nw * kWarpFloats);  // [MT][ng]
   float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));               // [MT][ng]
 
+  // Row groups go to warps interleaved over the blocks (warp w of block b: groups w nb + b + j nb nw), so that
+  // every block holds the same number of row groups, to one: the host launches a whole number of blocks per SM.
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
-  const int gw = static_cast<int>(blockIdx.x) / p.mtiles * nw + warp;
-  const int gstride = static_cast<int>(gridDim.x) / p.mtiles * nw;
+  const int nb = static_cast<int>(gridDim.x) / p.mtiles;
+  const int gw = warp * nb + static_cast<int>(blockIdx.x) / p.mtiles;
+  const int gstride = nb * nw;
   const int m0 = mt * MT, mrows = min(MT, p.M - m0);
   const uint8_t* W = p.w;
   const uint8_t* SC = p.sc;
@@ -366,7 +369,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 2) fp8_walk_gemv(WalkParams p)
 }
 
 // ---- host side -----------------------------------------------------------------------------------------------
-constexpr int64_t kWalkSmemBudget = 110 << 10;  // per block: two blocks per SM
+constexpr int64_t kWalkSmemBudget = 200 << 10;  // per block: one block per SM
 
 }  // namespace
 
@@ -387,11 +390,15 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
   const int R = 4 / MT;
   p.groups = (p.N + R - 1) / R;
 
-  // Warps per block: 8, or fewer (at least 2) when the row groups would not give every SM a block.
+  // One block per SM, as many as the x-row groups can use (a multiple of mtiles; more, in waves, when the x-row
+  // groups outnumber the SMs), and warps per block (16, or fewer when the row groups would leave half of them
+  // idle). The kernel deals row groups out evenly over the blocks of an x-row group, so every SM gets the same
+  // number to one: with blocks of whole warps' groups, 160 blocks of 8 warps on 132 SMs (wo_b, the shared w2)
+  // left 28 SMs with twice the rows of the others (ncu: SMs active 48-62% of the kernel's time).
   const int64_t sms = sm_count();
-  const int64_t work = static_cast<int64_t>(p.groups) * p.mtiles;
+  const int64_t per_mt = std::max<int64_t>(1, std::min<int64_t>(p.groups, sms / p.mtiles));
   int nw = kMaxWarps;
-  while (nw > 2 && work < nw * sms) nw /= 2;
+  while (nw > 2 && static_cast<int64_t>(nw / 2) * per_mt >= p.groups) nw /= 2;
   const int64_t smem = 4 * walk_smem_floats(MT, p.xcols, nw, p.ng);
 
   void (*kernel)(WalkParams) = nullptr;
@@ -401,11 +408,9 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
     kernel = MT == 1 ? fp8_walk_gemv<1, 2> : fp8_walk_gemv<2, 2>;
   else
     kernel = MT == 1 ? fp8_walk_gemv<1, 4> : fp8_walk_gemv<2, 4>;
-  // Persistent blocks: as many as fit at once, at most one warp per row group, a multiple of mtiles.
-  const int64_t per_mt = (p.groups + nw - 1) / nw;
-  const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem)) * sms;
-  const int64_t grid = p.mtiles * std::max<int64_t>(1, std::min(per_mt, resident / p.mtiles));
+  DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= 1,
+           "cuda::gemv: fp8_walk_gemv does not fit an SM ({} warps, {} bytes of shared memory)", nw, smem);
+  const int64_t grid = p.mtiles * per_mt;
   DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
   launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);
 }

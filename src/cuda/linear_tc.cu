@@ -65,6 +65,8 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], c
 // (the group's scale, repeated for each 32 columns).
 __global__ void __launch_bounds__(256) quant_x_kernel(const float* __restrict__ x, int64_t ldx, int M, int K, int act,
                                                       int M4, uint8_t* __restrict__ xq, float* __restrict__ sx32) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int ngroups = K / act;
   if (gw >= static_cast<int64_t>(M) * ngroups) return;
@@ -106,6 +108,8 @@ __global__ void __launch_bounds__(WR* WT * 32)
     tc_kernel(const uint8_t* __restrict__ w, int64_t ldw, const uint8_t* __restrict__ sc, int64_t lds, int B, int N,
               int K, int M, int M4, const uint8_t* __restrict__ xq, const float* __restrict__ sx32, int fsteps,
               float* __restrict__ y, bool round) {
+  pdl_wait();
+  pdl_launch_dependents();
   using C = TcCfg<FMT, MI, NI, WR, WT>;
   constexpr int R = C::kR, BT = C::kBT, NT = C::kThreads, WS = C::kWS;
   constexpr int WP = FMT == kFp8 ? kBK / 16 : kBK / 32;  // 16-byte pieces per weight row and stage
@@ -280,8 +284,8 @@ void launch(const Args& a, cudaStream_t stream) {
     DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S * C::kStage));
   });
   const dim3 grid(static_cast<unsigned>((a.N + C::kR - 1) / C::kR), static_cast<unsigned>((a.M + C::kBT - 1) / C::kBT));
-  kernel<<<grid, C::kThreads, S * C::kStage, stream>>>(a.w, a.ldw, a.sc, a.lds, a.B, a.N, a.K, a.M, a.M4, a.xq, a.sx32,
-                                                       a.fsteps, a.y, a.round);
+  launch_pdl(kernel, grid, C::kThreads, S * C::kStage, stream, a.w, a.ldw, a.sc, a.lds, a.B, a.N, a.K, a.M, a.M4, a.xq,
+             a.sx32, a.fsteps, a.y, a.round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -391,9 +395,9 @@ void linear_tc_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOp
   a.sx32 = reinterpret_cast<const float*>(ws + code_bytes);
 
   const int64_t warps = M * (K / act);
-  quant_x_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(
-      x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), act, static_cast<int>(M4), ws,
-      reinterpret_cast<float*>(ws + code_bytes));
+  launch_pdl(quant_x_kernel, static_cast<unsigned>((warps + 7) / 8), 256, 0, stream, x.data<float>(), x.strides()[0],
+             static_cast<int>(M), static_cast<int>(K), act, static_cast<int>(M4), ws,
+             reinterpret_cast<float*>(ws + code_bytes));
   DI_CUDA_CHECK(cudaGetLastError());
 
   a.w = static_cast<const uint8_t*>(qw.w.raw());

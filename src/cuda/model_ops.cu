@@ -8,6 +8,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/model_ops.cuh"
 #include "cuda/topk.cuh"
 
@@ -42,6 +43,8 @@ constexpr int kPad = kKeys + 1;
 __global__ void __launch_bounds__(kKeys)
     index_scores_kernel(const float* q, const float* keys, const float* w, const int32_t* counts, int64_t start_pos,
                         int64_t ratio, int T, int N, int nh, int d, bool round, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float smem[];
   float* ks = smem;                                   // [d][kPad]: the block's keys, transposed
   float* qs = smem + static_cast<int64_t>(d) * kPad;  // [kQueries][d]: one head of each query
@@ -128,6 +131,8 @@ __global__ void __launch_bounds__(kDecThreads)
     index_scores_decode_kernel(const float* q, const float* keys, const float* w, const int32_t* counts,
                                int64_t start_pos, int64_t ratio, int N, int nh, int d, int slice, bool round,
                                float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float4 smem4[];
   const int dq = d / 4, qstride = dq + 1;  // float4s per row; q rows padded by one float4
   float4* qs = smem4;                      // [kDecHeads][qstride]
@@ -221,6 +226,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     moe_route_kernel(const float* logits, int E, int k, int func, float temp, const float* bias, const void* tid2eid,
                      bool tid_i64, int64_t vocab, const int32_t* tokens, bool normalize, float norm_eps,
                      float route_scale, int32_t* ids, float* weights) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float sh[];
   float* s = sh;           // [E] scores
   float* biased = sh + E;  // [E] selection keys
@@ -337,6 +344,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
 // ---- swiglu, embedding, gather_rows ------------------------------------------------------------------
 __global__ void swiglu_kernel(const float* g, const float* u, const float* wts, float limit, bool round, int64_t T,
                               int64_t I, float* h) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (n >= T * I) return;
   float gv = g[n], uv = u[n];
@@ -353,6 +362,8 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* wts, 
 
 __global__ void embedding_kernel(const void* table, bool bf16, const int32_t* ids, int64_t T, int copies, int64_t dim,
                                  float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (n >= T * copies * dim) return;
   const int64_t d = n % dim, t = n / (copies * dim);
@@ -362,6 +373,8 @@ __global__ void embedding_kernel(const void* table, bool bf16, const int32_t* id
 }
 
 __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t R, int64_t width, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (n >= R * width) return;
   out[n] = x[static_cast<int64_t>(rows[n / width]) * width + n % width];
@@ -377,6 +390,8 @@ constexpr int kScanSharedMax = 8192;  // experts counted in shared memory
 
 __global__ void __launch_bounds__(kScanThreads)
     moe_offsets_kernel(const int32_t* ids, int64_t P, int E, int32_t* gcounts, int32_t* offsets, int32_t* slots) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ int32_t scounts[kScanSharedMax];
   __shared__ int32_t warp_sums[kScanThreads / 32];
   __shared__ int32_t carry_sh;
@@ -431,6 +446,8 @@ constexpr int kGroupThreads = 256;
 __global__ void __launch_bounds__(kGroupThreads)
     moe_group_kernel(const int32_t* ids, const float* w, int64_t P, int k, const int32_t* offsets, int32_t* rows,
                      float* wout, int32_t* slots, int32_t* row_expert) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ int warp_count[kGroupThreads / 32];
   const int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int64_t base = offsets[e];
@@ -462,6 +479,8 @@ constexpr int kCombineMaxK = 64;
 // One thread per (token, column): the token's slots sorted ascending, then 0 + y[s1] + y[s2] + ... + shared.
 __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const float* shared, int k, int64_t dim,
                                    bool round, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t t = blockIdx.y;
   const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (d >= dim) return;
@@ -488,6 +507,8 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const f
 // each in the CPU's row order; exp recomputed identically in each pass.
 __global__ void compress_pool_kernel(const float* kv, const float* score, const float* ape, int r, int64_t d, int64_t w,
                                      bool overlap, bool has_prev, int64_t lead, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t g = blockIdx.y;
   const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (ch >= d) return;
@@ -527,16 +548,41 @@ __global__ void compress_pool_kernel(const float* kv, const float* score, const 
 }
 
 // ---- renorm_heads: one thread per head, the CPU's sequential FP64 sum (bit for bit) ----------------
-__global__ void renorm_heads_kernel(float* q, int64_t n, int64_t hd, float eps, bool round) {
-  const int64_t h = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (h >= n) return;
+// One warp per head (kRenormWarps heads per block): the lanes square the head's values into shared memory (each
+// rd(a * a), as the CPU), lane 0 adds them in the CPU's order (a sequential double sum, so the warp cannot split
+// it) and forms the factor, and the lanes scale the head. With one thread per head walking its row in global
+// memory the dependent loads made this op ~136 us per layer at 1-8 tokens (V4-Flash shape, ncu).
+constexpr int kRenormWarps = 4;
+__global__ void __launch_bounds__(32 * kRenormWarps)
+    renorm_heads_kernel(float* q, int64_t n, int hd, float eps, bool round) {
+  pdl_wait();
+  pdl_launch_dependents();
+  extern __shared__ float renorm_sq[];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t h = blockIdx.x * static_cast<int64_t>(kRenormWarps) + warp;
+  if (h >= n) return;  // whole warps
   float* a = q + h * hd;
+  float* sq = renorm_sq + warp * (hd + 1);  // sq[hd]: the factor
   auto rd = [&](float v) { return round ? round_to_bf16(v) : v; };
-  double ss = 0;
-  for (int64_t i = 0; i < hd; ++i) ss = __dadd_rn(ss, static_cast<double>(rd(__fmul_rn(a[i], a[i]))));
-  const float mean = rd(__double2float_rn(__ddiv_rn(ss, static_cast<double>(hd))));
-  const float r = rd(__fdiv_rn(1.0f, __fsqrt_rn(rd(__fadd_rn(mean, eps)))));
-  for (int64_t i = 0; i < hd; ++i) a[i] = rd(__fmul_rn(a[i], r));
+  for (int i = lane; i < hd; i += 32) sq[i] = rd(__fmul_rn(a[i], a[i]));
+  __syncwarp();
+  if (lane == 0) {
+    double ss = 0;
+    int i = 0;
+    for (; i + 4 <= hd; i += 4) {  // loads ahead of the dependent adds
+      const float v0 = sq[i], v1 = sq[i + 1], v2 = sq[i + 2], v3 = sq[i + 3];
+      ss = __dadd_rn(ss, static_cast<double>(v0));
+      ss = __dadd_rn(ss, static_cast<double>(v1));
+      ss = __dadd_rn(ss, static_cast<double>(v2));
+      ss = __dadd_rn(ss, static_cast<double>(v3));
+    }
+    for (; i < hd; ++i) ss = __dadd_rn(ss, static_cast<double>(sq[i]));
+    const float mean = rd(__double2float_rn(__ddiv_rn(ss, static_cast<double>(hd))));
+    sq[hd] = rd(__fdiv_rn(1.0f, __fsqrt_rn(rd(__fadd_rn(mean, eps)))));
+  }
+  __syncwarp();
+  const float r = sq[hd];
+  for (int i = lane; i < hd; i += 32) a[i] = rd(__fmul_rn(a[i], r));
 }
 
 }  // namespace
@@ -584,10 +630,10 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
       const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
       const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(sm_count()) * occ_blocks / T);
       const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
-      index_scores_decode_kernel<<<grid, kDecThreads, dsmem>>>(
-          q.data<float>(), keys.data<float>(), w.data<float>(),
-          vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(N),
-          static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round, out.data<float>());
+      launch_pdl(index_scores_decode_kernel, grid, kDecThreads, dsmem, nullptr, q.data<float>(), keys.data<float>(),
+                 w.data<float>(), vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr, vis.start_pos, vis.ratio,
+                 static_cast<int>(N), static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round,
+                 out.data<float>());
       DI_CUDA_CHECK(cudaGetLastError());
       return out;
     }
@@ -612,10 +658,9 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   Tensor out = Tensor::empty({T, N}, DType::kF32, Device::kCUDA);
   if (T == 0 || N == 0) return out;
   const dim3 grid(grid_for(N, kKeys), static_cast<unsigned>((T + kQueries - 1) / kQueries));
-  index_scores_kernel<<<grid, kKeys, smem>>>(q.data<float>(), keys.data<float>(), w.data<float>(),
-                                             vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr, vis.start_pos,
-                                             vis.ratio, static_cast<int>(T), static_cast<int>(N), static_cast<int>(nh),
-                                             static_cast<int>(d), round, out.data<float>());
+  launch_pdl(index_scores_kernel, grid, kKeys, smem, nullptr, q.data<float>(), keys.data<float>(), w.data<float>(),
+             vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(T),
+             static_cast<int>(N), static_cast<int>(nh), static_cast<int>(d), round, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -641,11 +686,12 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
   ops::Routing r{Tensor::empty({T, k}, DType::kI32, Device::kCUDA), Tensor::empty({T, k}, DType::kF32, Device::kCUDA)};
   if (T == 0) return r;
   const int func = o.func == ops::ScoreFunc::kSqrtSoftplus ? 0 : o.func == ops::ScoreFunc::kSigmoid ? 1 : 2;
-  moe_route_kernel<<<static_cast<unsigned>(T), kRouteThreads, 2 * E * sizeof(float)>>>(
-      logits.data<float>(), static_cast<int>(E), static_cast<int>(k), func, o.temp,
-      bias.defined() ? bias.data<float>() : nullptr, hash ? tid2eid.raw() : nullptr,
-      hash && tid2eid.dtype() == DType::kI64, hash ? tid2eid.size(0) : 0, hash ? tokens.data<int32_t>() : nullptr,
-      o.normalize, o.norm_eps, o.route_scale, r.ids.data<int32_t>(), r.weights.data<float>());
+  launch_pdl(moe_route_kernel, static_cast<unsigned>(T), kRouteThreads, 2 * E * sizeof(float), nullptr,
+             logits.data<float>(), static_cast<int>(E), static_cast<int>(k), func, o.temp,
+             bias.defined() ? bias.data<float>() : nullptr, hash ? tid2eid.raw() : nullptr,
+             hash && tid2eid.dtype() == DType::kI64, hash ? tid2eid.size(0) : 0,
+             hash ? tokens.data<int32_t>() : nullptr, o.normalize, o.norm_eps, o.route_scale, r.ids.data<int32_t>(),
+             r.weights.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return r;
 }
@@ -663,9 +709,8 @@ Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float lim
   }
   Tensor h = Tensor::empty({T, I}, DType::kF32, Device::kCUDA);
   if (T * I == 0) return h;
-  swiglu_kernel<<<grid_for(T * I, 256), 256>>>(g.data<float>(), u.data<float>(),
-                                               weights.defined() ? weights.data<float>() : nullptr, limit, round, T, I,
-                                               h.data<float>());
+  launch_pdl(swiglu_kernel, grid_for(T * I, 256), 256, 0, nullptr, g.data<float>(), u.data<float>(),
+             weights.defined() ? weights.data<float>() : nullptr, limit, round, T, I, h.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return h;
 }
@@ -681,8 +726,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
   check_ids(ids, T, op, "ids");
   Tensor out = Tensor::empty({T, copies, dim}, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
-  embedding_kernel<<<grid_for(out.numel(), 256), 256>>>(table.raw(), table.dtype() == DType::kBF16, ids.data<int32_t>(),
-                                                        T, static_cast<int>(copies), dim, out.data<float>());
+  launch_pdl(embedding_kernel, grid_for(out.numel(), 256), 256, 0, nullptr, table.raw(), table.dtype() == DType::kBF16,
+             ids.data<int32_t>(), T, static_cast<int>(copies), dim, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -698,8 +743,8 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
   shape[0] = R;
   Tensor out = Tensor::empty(shape, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
-  gather_rows_kernel<<<grid_for(R * width, 256), 256>>>(x.data<float>(), rows.data<int32_t>(), R, width,
-                                                        out.data<float>());
+  launch_pdl(gather_rows_kernel, grid_for(R * width, 256), 256, 0, nullptr, x.data<float>(), rows.data<int32_t>(), R,
+             width, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -726,13 +771,13 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   int32_t* cp = counts.data<int32_t>();
   int32_t* op_ = cp + E;
   if (E > kScanSharedMax) DI_CUDA_CHECK(cudaMemsetAsync(cp, 0, E * sizeof(int32_t)));
-  moe_offsets_kernel<<<1, kScanThreads>>>(ids.data<int32_t>(), P, static_cast<int>(E), cp, op_,
-                                          g.slots.data<int32_t>());
+  launch_pdl(moe_offsets_kernel, 1, kScanThreads, 0, nullptr, ids.data<int32_t>(), P, static_cast<int>(E), cp, op_,
+             g.slots.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   if (P > 0) {
-    moe_group_kernel<<<static_cast<unsigned>(E), kGroupThreads>>>(
-        ids.data<int32_t>(), weights.data<float>(), P, static_cast<int>(k), op_, rows.data<int32_t>(),
-        wout.data<float>(), g.slots.data<int32_t>(), rexp.data<int32_t>());
+    launch_pdl(moe_group_kernel, static_cast<unsigned>(E), kGroupThreads, 0, nullptr, ids.data<int32_t>(),
+               weights.data<float>(), P, static_cast<int>(k), op_, rows.data<int32_t>(), wout.data<float>(),
+               g.slots.data<int32_t>(), rexp.data<int32_t>());
     DI_CUDA_CHECK(cudaGetLastError());
   }
   if (!host_offsets) {
@@ -765,8 +810,8 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
   Tensor out = Tensor::empty({T, dim}, DType::kF32, Device::kCUDA);
   if (T * dim == 0) return out;
   const dim3 grid(grid_for(dim, 256), static_cast<unsigned>(T));
-  moe_combine_kernel<<<grid, 256>>>(expert_out.data<float>(), slots.data<int32_t>(), shared.data<float>(),
-                                    static_cast<int>(k), dim, round, out.data<float>());
+  launch_pdl(moe_combine_kernel, grid, 256, 0, nullptr, expert_out.data<float>(), slots.data<int32_t>(),
+             shared.data<float>(), static_cast<int>(k), dim, round, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -798,15 +843,17 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
   Tensor out = Tensor::empty({G, d}, DType::kF32, Device::kCUDA);
   if (G == 0) return out;
   const dim3 grid(grid_for(d, 128), static_cast<unsigned>(G));
-  compress_pool_kernel<<<grid, 128>>>(kv.data<float>(), score.data<float>(),
-                                      ape.defined() ? ape.data<float>() : nullptr, static_cast<int>(r), d, w, overlap,
-                                      has_prev, lead, out.data<float>());
+  launch_pdl(compress_pool_kernel, grid, 128, 0, nullptr, kv.data<float>(), score.data<float>(),
+             ape.defined() ? ape.data<float>() : nullptr, static_cast<int>(r), d, w, overlap, has_prev, lead,
+             out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
 
 namespace {
 __global__ void scale_kernel(float* x, int64_t n, float s, bool round) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const float v = x[i] * s;
@@ -818,7 +865,7 @@ void scale(Tensor& x, float s, bool round) {
   check_f32(x, "cuda::scale", "x");
   const int64_t n = x.numel();
   if (n == 0) return;
-  scale_kernel<<<grid_for(n, 256), 256>>>(x.data<float>(), n, s, round);
+  launch_pdl(scale_kernel, grid_for(n, 256), 256, 0, nullptr, x.data<float>(), n, s, round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -828,7 +875,11 @@ void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round) {
            head_dim);
   const int64_t n = q.numel() / head_dim;
   if (n == 0) return;
-  renorm_heads_kernel<<<grid_for(n, 128), 128>>>(q.data<float>(), n, head_dim, eps, round);
+  const int64_t smem = kRenormWarps * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+  DI_CHECK(smem <= 48 * 1024 && (n + kRenormWarps - 1) / kRenormWarps < (int64_t{1} << 31),
+           "cuda::renorm_heads: heads of {} in {} are too large", head_dim, q.describe());
+  launch_pdl(renorm_heads_kernel, dim3(static_cast<unsigned>((n + kRenormWarps - 1) / kRenormWarps)), 32 * kRenormWarps,
+             smem, nullptr, q.data<float>(), n, static_cast<int>(head_dim), eps, round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -838,6 +889,8 @@ namespace {
 // One thread per (row, block): the block's max score, +inf for the block of the row's newest visible entry.
 __global__ void block_max_kernel(const float* scores, int64_t T, int64_t n, int64_t bs, int64_t nb, int64_t start_pos,
                                  int64_t ratio, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * nb) return;
   const int64_t t = i / nb, b = i % nb;
@@ -855,6 +908,8 @@ __global__ void block_max_kernel(const float* scores, int64_t T, int64_t n, int6
 
 // out [T, keep]: the first kk columns from top [T, kk] (nullptr: none), then -1.
 __global__ void pad_ids_kernel(const int32_t* top, int64_t T, int64_t kk, int64_t keep, int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * keep) return;
   const int64_t t = i / keep, c = i % keep;
@@ -864,6 +919,8 @@ __global__ void pad_ids_kernel(const int32_t* top, int64_t T, int64_t kk, int64_
 // One thread per score: kept when its block is in the row's ascending id list (-1 entries trail).
 __global__ void mask_to_blocks_kernel(float* scores, const int32_t* blocks, int64_t T, int64_t n, int64_t keep,
                                       int64_t bs) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * n) return;
   const int64_t t = i / n, j = i % n;
@@ -883,6 +940,8 @@ __global__ void mask_to_blocks_kernel(float* scores, const int32_t* blocks, int6
 
 // One thread per (row, column) of the index lists; ops::IndexLayout's rules.
 __global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t* picks, int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * width) return;
@@ -915,15 +974,15 @@ Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, 
   Tensor top;
   if (kk > 0) {
     Tensor bmax = Tensor::empty({T, nb}, DType::kF32, Device::kCUDA);
-    block_max_kernel<<<grid_for(T * nb, 256), 256>>>(scores.data<float>(), T, n, bs, nb, start_pos, ratio,
-                                                     bmax.data<float>());
+    launch_pdl(block_max_kernel, grid_for(T * nb, 256), 256, 0, nullptr, scores.data<float>(), T, n, bs, nb, start_pos,
+               ratio, bmax.data<float>());
     DI_CUDA_CHECK(cudaGetLastError());
     top = topk_rows(bmax, kk, /*sort_by_index=*/true);
     if (kk == keep) return top;
   }
   Tensor out = Tensor::empty({T, keep}, DType::kI32, Device::kCUDA);
-  pad_ids_kernel<<<grid_for(T * keep, 256), 256>>>(kk > 0 ? top.data<int32_t>() : nullptr, T, kk, keep,
-                                                   out.data<int32_t>());
+  launch_pdl(pad_ids_kernel, grid_for(T * keep, 256), 256, 0, nullptr, kk > 0 ? top.data<int32_t>() : nullptr, T, kk,
+             keep, out.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -937,8 +996,8 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
            desc(blocks), block_size);
   const int64_t T = scores.size(0), n = scores.size(1), keep = blocks.size(1);
   if (T * n == 0) return;
-  mask_to_blocks_kernel<<<grid_for(T * n, 256), 256>>>(scores.data<float>(), blocks.data<int32_t>(), T, n, keep,
-                                                       block_size);
+  launch_pdl(mask_to_blocks_kernel, grid_for(T * n, 256), 256, 0, nullptr, scores.data<float>(), blocks.data<int32_t>(),
+             T, n, keep, block_size);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -950,8 +1009,8 @@ Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& pic
   const int64_t width = layout.width > 0 ? layout.width : layout.wcols + layout.kcols;
   Tensor out = into.defined() ? into : Tensor::empty({T, width}, DType::kI32, Device::kCUDA);  // into: ops checked it
   if (T * width == 0) return out;
-  sparse_index_kernel<<<grid_for(T * width, 256), 256>>>(layout, T, picks.defined() ? picks.data<int32_t>() : nullptr,
-                                                         out.data<int32_t>());
+  launch_pdl(sparse_index_kernel, grid_for(T * width, 256), 256, 0, nullptr, layout, T,
+             picks.defined() ? picks.data<int32_t>() : nullptr, out.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }

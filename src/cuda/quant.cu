@@ -7,6 +7,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -17,6 +18,8 @@ namespace {
 // Groups are numbered row-major: blockIdx.x = row * groups_per_row + group.
 __global__ void fake_quant_fp8_kernel(float* x, int64_t row_stride, int64_t col_begin, int64_t col_end, int64_t block,
                                       int64_t groups_per_row) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t row = blockIdx.x / groups_per_row;
   const int64_t group = blockIdx.x % groups_per_row;
   const int64_t c0 = col_begin + group * block;
@@ -37,6 +40,8 @@ __global__ void fake_quant_fp8_kernel(float* x, int64_t row_stride, int64_t col_
 
 // Elementwise bf16 rounding over rows; a grid-stride loop over all rows * cols values.
 __global__ void round_bf16_kernel(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -50,6 +55,8 @@ __global__ void round_bf16_kernel(float* x, int64_t rows, int64_t cols, int64_t 
 template <bool kE4M3Scale>
 __global__ void fake_quant_fp4_kernel(float* x, int64_t rows, int64_t row_stride, int64_t cols, int64_t block,
                                       int64_t groups_per_row, float floor) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (gw >= rows * groups_per_row) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
@@ -82,6 +89,8 @@ __global__ void fake_quant_fp4_kernel(float* x, int64_t rows, int64_t row_stride
 // Dequantisation: one thread per output element, grid-stride.
 __global__ void dequant_kernel(int fmt, const uint8_t* w, int64_t ldw, const uint8_t* s, int64_t lds, int64_t B,
                                int64_t N, int64_t K, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = N * K;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -118,8 +127,8 @@ void launch_fp4(Tensor& x, int64_t block, float floor, const char* op) {
   constexpr int kThreads = 256;
   const int64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
   DI_CHECK(blocks < (int64_t{1} << 31), "{}: {} groups is too many for one launch", op, warps);
-  fake_quant_fp4_kernel<kE4M3Scale>
-      <<<static_cast<unsigned>(blocks), kThreads>>>(r.data, r.rows, r.row_stride, r.cols, block, groups_per_row, floor);
+  launch_pdl(fake_quant_fp4_kernel<kE4M3Scale>, static_cast<unsigned>(blocks), kThreads, 0, nullptr, r.data, r.rows,
+             r.row_stride, r.cols, block, groups_per_row, floor);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -182,8 +191,8 @@ Tensor dequantize(const ops::QWeight& qw) {
   if (N == 0 || K == 0) return out;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((N * K + kThreads - 1) / kThreads, int64_t{1} << 20);
-  dequant_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(fmt, static_cast<const uint8_t*>(w.raw()), ldw, sp, lds,
-                                                              B, N, K, out.data<float>());
+  launch_pdl(dequant_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, fmt,
+             static_cast<const uint8_t*>(w.raw()), ldw, sp, lds, B, N, K, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }
@@ -198,8 +207,8 @@ void fake_quant_fp8(Tensor& x, int64_t col_begin, int64_t col_end, int64_t block
   const int64_t grid = r.rows * groups_per_row;
   DI_CHECK(grid < (int64_t{1} << 31), "cuda::fake_quant_fp8: {} groups is too many for one launch", grid);
   const int threads = threads_for(block, 256);
-  fake_quant_fp8_kernel<<<static_cast<unsigned>(grid), threads>>>(r.data, r.row_stride, col_begin, col_end, block,
-                                                                  groups_per_row);
+  launch_pdl(fake_quant_fp8_kernel, static_cast<unsigned>(grid), threads, 0, nullptr, r.data, r.row_stride, col_begin,
+             col_end, block, groups_per_row);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -210,7 +219,8 @@ void round_bf16(Tensor& x, bool enable) {
   if (n == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
-  round_bf16_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(r.data, r.rows, r.cols, r.row_stride);
+  launch_pdl(round_bf16_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, r.data, r.rows, r.cols,
+             r.row_stride);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

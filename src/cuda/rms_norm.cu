@@ -7,6 +7,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/hc.cuh"
 #include "cuda/rms_norm.cuh"
 
@@ -21,6 +22,8 @@ __device__ __forceinline__ float load_weight(const __nv_bfloat16* w, int64_t c) 
 template <typename W>
 __global__ void rms_norm_kernel(const float* x, int64_t row_stride, int64_t cols, const W* w, float eps, bool round,
                                 float* y) {
+  pdl_wait();
+  pdl_launch_dependents();
   const float* xr = x + blockIdx.x * row_stride;
   float* yr = y + blockIdx.x * cols;
 
@@ -96,6 +99,8 @@ __device__ __forceinline__ void norm_row_vec(float4 (&v)[kVecMax], int n4, int64
 template <typename W>
 __global__ void __launch_bounds__(kVecThreads)
     rms_norm_vec_kernel(const float* x, int64_t row_stride, int64_t cols, const W* w, float eps, bool round, float* y) {
+  pdl_wait();
+  pdl_launch_dependents();
   const float4* xr = reinterpret_cast<const float4*>(x + blockIdx.x * row_stride);
   const int n4 = static_cast<int>(cols / 4), tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
   float4 v[kVecMax];
@@ -115,6 +120,8 @@ template <int HC, typename W>
 __global__ void __launch_bounds__(kVecThreads)
     hc_collapse_norm_kernel(const float* stream, const float* pre, int hc_rt, int64_t dim, const W* w, float eps,
                             bool round, float* y) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int kH = HC > 0 ? HC : 8;
   const int hc = HC > 0 ? HC : hc_rt;
   const int64_t t = blockIdx.x;
@@ -172,20 +179,23 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
   if (vec) {
     const int threads = threads_for(r.cols / 4, kVecThreads);  // one float4 each, up to kVecMax at 256 threads
     if (w.defined() && w.dtype() == DType::kBF16) {
-      rms_norm_vec_kernel<<<grid, threads>>>(r.data, r.row_stride, r.cols, w.data<__nv_bfloat16>(), eps, round, out);
+      launch_pdl(rms_norm_vec_kernel<__nv_bfloat16>, grid, threads, 0, nullptr, r.data, r.row_stride, r.cols,
+                 w.data<__nv_bfloat16>(), eps, round, out);
     } else {
       const float* wf = w.defined() ? w.data<float>() : nullptr;
-      rms_norm_vec_kernel<<<grid, threads>>>(r.data, r.row_stride, r.cols, wf, eps, round, out);
+      launch_pdl(rms_norm_vec_kernel<float>, grid, threads, 0, nullptr, r.data, r.row_stride, r.cols, wf, eps, round,
+                 out);
     }
     DI_CUDA_CHECK(cudaGetLastError());
     return y;
   }
   const int threads = threads_for(r.cols, 512);
   if (w.defined() && w.dtype() == DType::kBF16) {
-    rms_norm_kernel<<<grid, threads>>>(r.data, r.row_stride, r.cols, w.data<__nv_bfloat16>(), eps, round, out);
+    launch_pdl(rms_norm_kernel<__nv_bfloat16>, grid, threads, 0, nullptr, r.data, r.row_stride, r.cols,
+               w.data<__nv_bfloat16>(), eps, round, out);
   } else {
     const float* wf = w.defined() ? w.data<float>() : nullptr;
-    rms_norm_kernel<<<grid, threads>>>(r.data, r.row_stride, r.cols, wf, eps, round, out);
+    launch_pdl(rms_norm_kernel<float>, grid, threads, 0, nullptr, r.data, r.row_stride, r.cols, wf, eps, round, out);
   }
   DI_CUDA_CHECK(cudaGetLastError());
   return y;
@@ -222,8 +232,8 @@ Tensor hc_collapse_norm(const Tensor& stream, const Tensor& pre, const Tensor& w
   auto go = [&](auto* wp) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
     auto kernel = hc == 4 ? hc_collapse_norm_kernel<4, W> : hc_collapse_norm_kernel<0, W>;
-    kernel<<<grid, threads>>>(stream.data<float>(), pre.data<float>(), static_cast<int>(hc), dim, wp, eps, round,
-                              y.data<float>());
+    launch_pdl(kernel, grid, threads, 0, nullptr, stream.data<float>(), pre.data<float>(), static_cast<int>(hc), dim,
+               wp, eps, round, y.data<float>());
   };
   if (w.defined() && w.dtype() == DType::kBF16)
     go(w.data<__nv_bfloat16>());

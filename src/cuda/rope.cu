@@ -9,6 +9,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/rope.cuh"
 
 namespace deepinfer::cuda {
@@ -26,6 +27,8 @@ void check_contiguous_f32(const Tensor& x, const char* op) {
 __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_width, int64_t rope_dim,
                             const float* cs, const float* sn, const int64_t* pos, int64_t pos0, int64_t stride,
                             bool inverse, bool round) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t half = rope_dim / 2;
   const int64_t total = rows * heads * half;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -50,6 +53,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_
 
 // One block per segment of n values (n / 2 butterflies per stage, blockDim.x threads).
 __global__ void hadamard_kernel(float* x, int64_t n, float scale, bool round) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float seg[];
   float* p = x + static_cast<int64_t>(blockIdx.x) * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) seg[i] = p[i];
@@ -157,9 +162,8 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
   constexpr int kThreads = 256;
   const int64_t total = rows * heads * half;
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20);
-  rope_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(x.data<float>(), rows, heads, head_width, rope_dim,
-                                                           table.cs.data<float>(), table.sn.data<float>(), dpos,
-                                                           positions[0], stride, inverse, round);
+  launch_pdl(rope_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, x.data<float>(), rows, heads, head_width,
+             rope_dim, table.cs.data<float>(), table.sn.data<float>(), dpos, positions[0], stride, inverse, round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -173,8 +177,8 @@ void hadamard(Tensor& x, int64_t n, bool round) {
   DI_CHECK(segs < (int64_t{1} << 31), "{}: {} segments is too many for one launch", op, segs);
   const float scale = 1.0f / std::sqrt(static_cast<float>(n));  // as the CPU op
   const int threads = threads_for(std::max<int64_t>(n / 2, 1), 512);
-  hadamard_kernel<<<static_cast<unsigned>(segs), threads, static_cast<size_t>(n) * sizeof(float)>>>(x.data<float>(), n,
-                                                                                                    scale, round);
+  launch_pdl(hadamard_kernel, static_cast<unsigned>(segs), threads, static_cast<size_t>(n) * sizeof(float), nullptr,
+             x.data<float>(), n, scale, round);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

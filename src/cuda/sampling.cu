@@ -25,6 +25,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/sampling.cuh"
 #include "sampling/rng.h"
 
@@ -427,6 +428,8 @@ struct RowView {
 // Pass 1 of the kPlain rows over slice blockIdx.x of row blockIdx.y: what sample_kernel's first loop computes
 // for such a row (x = the raw logit), reduced per slice; sample_kernel reduces the slices.
 __global__ void __launch_bounds__(256) row_scan_kernel(KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int row = blockIdx.y, s = blockIdx.x, V = a.V;
   if ((a.params[row].flags & kPlain) == 0) return;
   const float* raw = a.logits + static_cast<int64_t>(row) * a.row_stride;
@@ -447,6 +450,8 @@ __global__ void __launch_bounds__(256) row_scan_kernel(KernelArgs a) {
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ BlockVars bv;
   SelectMem sm;
@@ -752,6 +757,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
 // The CPU's sum_exp over a raw row: lane j (i % 8 == j) adds its terms in ascending i in FP64, then the lanes
 // are added in order. Sequential by definition, so 8 threads per row; latency-bound, only for logprobs rows.
 __global__ void __launch_bounds__(32) lse_sum_kernel(KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ double lane_sum[8];
   const int row = blockIdx.x, lane = threadIdx.x, V = a.V;
   const RowParams& p = a.params[row];
@@ -987,13 +994,13 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
     ws.smem_set = smem;
   }
   if (any_plain) {
-    row_scan_kernel<<<dim3(kSlices, static_cast<unsigned>(R)), 256>>>(ka);
+    launch_pdl(row_scan_kernel, dim3(kSlices, static_cast<unsigned>(R)), 256, 0, nullptr, ka);
     DI_CUDA_CHECK(cudaGetLastError());
   }
-  sample_kernel<<<static_cast<unsigned>(R), kThreads, smem>>>(ka);
+  launch_pdl(sample_kernel, static_cast<unsigned>(R), kThreads, smem, nullptr, ka);
   DI_CUDA_CHECK(cudaGetLastError());
   if (any_lp) {
-    lse_sum_kernel<<<static_cast<unsigned>(R), 32>>>(ka);
+    launch_pdl(lse_sum_kernel, static_cast<unsigned>(R), 32, 0, nullptr, ka);
     DI_CUDA_CHECK(cudaGetLastError());
   }
   const size_t down_bytes = any_lp ? res_bytes : core_bytes;

@@ -5,6 +5,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/topk.cuh"
 
 namespace deepinfer::cuda {
@@ -43,6 +44,8 @@ __device__ int block_excl_count(bool flag, int* warp_sums, int* total) {
 
 __global__ void __launch_bounds__(kThreads)
     topk_rows_kernel(const float* scores, int64_t ld, int n, int k, bool by_index, int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ unsigned long long sel[];  // [P] sort keys, P = next power of two >= k
   __shared__ int hist[256];
   __shared__ int warp_sums[kThreads / 32];
@@ -173,9 +176,8 @@ Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {
     return true;
   }();
   (void)configured;
-  topk_rows_kernel<<<static_cast<unsigned>(T), kThreads, smem>>>(scores.data<float>(), scores.strides()[0],
-                                                                 static_cast<int>(n), static_cast<int>(k),
-                                                                 sort_by_index, out.data<int32_t>());
+  launch_pdl(topk_rows_kernel, static_cast<unsigned>(T), kThreads, smem, nullptr, scores.data<float>(),
+             scores.strides()[0], static_cast<int>(n), static_cast<int>(k), sort_by_index, out.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }

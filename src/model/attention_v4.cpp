@@ -114,8 +114,10 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
   const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
   AttnRows r;
+  // wq_a and wkv read the same x: one launch when stacked.
+  const std::pair<Tensor, Tensor> qa_kv = linear_q_pair(x, w.wq_a, w.wkv, w.wq_a_kv, c);
   // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
-  r.qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
+  r.qr = ops::rms_norm(qa_kv.first, w.q_norm, cfg.norm_eps, bf);
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
   dump("q_proj", c.layer, r.q);
   ops::renorm_heads(r.q, D, cfg.norm_eps, bf);
@@ -124,7 +126,7 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
   dump("qr", c.layer, r.qr);
 
   // Window KV: one shared latent per token, RoPE, FP8 fake quant of the NoPE part.
-  r.kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
+  r.kv = ops::rms_norm(qa_kv.second, w.kv_norm, cfg.norm_eps, bf);  // [T, D]
   ops::apply_rope(r.kv, D, rd, positions, rope, false, bf);
   if (c.num.simulate_qat) ops::fake_quant_fp8(r.kv, 0, D - rd, 64);
   dump("kv", c.layer, r.kv);

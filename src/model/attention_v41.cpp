@@ -96,14 +96,16 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
   const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
   AttnRows r;
+  // wq_a and wkv read the same x: one launch when stacked.
+  const std::pair<Tensor, Tensor> qa_kv = linear_q_pair(x, w.wq_a, w.wkv, w.wq_a_kv, c);
   // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
-  r.qr = ops::rms_norm(linear_q(x, w.wq_a, c), w.q_norm, cfg.norm_eps, bf);
+  r.qr = ops::rms_norm(qa_kv.first, w.q_norm, cfg.norm_eps, bf);
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
   ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
   dump("q", c.layer, r.q);
 
   // Window KV: RoPE, then FP8 fake quant over the whole vector (RoPE tail included), block 32.
-  r.kv = ops::rms_norm(linear_q(x, w.wkv, c), w.kv_norm, cfg.norm_eps, bf);  // [T, D]
+  r.kv = ops::rms_norm(qa_kv.second, w.kv_norm, cfg.norm_eps, bf);  // [T, D]
   ops::apply_rope(r.kv, D, rd, positions, rope, false, bf);
   if (c.num.simulate_qat) ops::fake_quant_fp8(r.kv, 0, fam.window_quant_rope_dims ? D : D - rd, fam.window_quant_block);
   dump("kv", c.layer, r.kv);

@@ -1,6 +1,7 @@
 // The V4 sublayers, one function per block of docs/v4-architecture.md §2.4–§2.8.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "model/model.h"
@@ -26,6 +27,10 @@ ops::LinearOpts linear_q_opts(const LayerCtx& c);  // linear_q's options (the FP
 inline bool run_grouped(int64_t rows, Device device) { return device == Device::kCUDA && rows <= 2048; }
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
+// linear_q of x by a and by b (two linears over the same input); from one call when they are stacked
+// (`stacked`, from stack_rows), whose output columns are then split: the same values either way.
+std::pair<Tensor, Tensor> linear_q_pair(const Tensor& x, const ops::QWeight& a, const ops::QWeight& b,
+                                        const ops::QWeight& stacked, const LayerCtx& c);
 
 // Attention of one layer runs in four steps so that every projection sees the whole stacked batch
 // (each weight read once per step) and only the state-dependent middle runs per sequence:

@@ -19,6 +19,13 @@ Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c) {
 }
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w) { return ops::linear(x, w, {0, false}); }
 
+std::pair<Tensor, Tensor> linear_q_pair(const Tensor& x, const ops::QWeight& a, const ops::QWeight& b,
+                                        const ops::QWeight& stacked, const LayerCtx& c) {
+  if (!stacked.w.defined()) return {linear_q(x, a, c), linear_q(x, b, c)};
+  const Tensor y = linear_q(x, stacked, c);
+  return {y.slice(1, 0, a.out()), y.slice(1, a.out(), y.size(1))};
+}
+
 Tensor indexer_head_weights(const Tensor& x, const ops::QWeight& proj, const LayerCtx& c) {
   const int64_t nh = c.cfg.index_n_heads, hd = c.cfg.index_head_dim;
   Tensor w = linear_bf16(x, proj, c);

@@ -73,6 +73,9 @@ class Model {
   // kernels (the default) every row equals what the sequence would get alone. opts.all_logits is ignored
   // (each chunk says what it wants); opts.trace records the stacked rows.
   virtual Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const = 0;
+  // Stacks the linears that share an input (stack_linears in model/weights.h; the same logits to the bit).
+  // A CUDA load does it; on the CPU it is there for the tests. Returns how many pairs were stacked.
+  virtual int stack_linears() = 0;
 
  protected:
   // Checks the batch and stacks its tokens: offsets[b]..offsets[b+1] are sequence b's rows.
@@ -99,6 +102,7 @@ class ModelV4 final : public Model {
  public:
   static std::unique_ptr<ModelV4> load(const std::string& dir, const ModelConfig& cfg, Device device);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
+  int stack_linears() override { return deepinfer::stack_linears(w_); }
 
  private:
   ModelWeights w_;
@@ -108,6 +112,7 @@ class ModelV41 final : public Model {
  public:
   static std::unique_ptr<ModelV41> load(const std::string& dir, const ModelConfig& cfg, Device device);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
+  int stack_linears() override { return deepinfer::stack_linears(w_); }
 
  private:
   ModelWeightsV41 w_;

@@ -15,6 +15,7 @@ std::unique_ptr<ModelV4> ModelV4::load(const std::string& dir, const ModelConfig
   m->open(dir, cfg, device);
   m->w_ = load_weights_v4(m->ckpt_, cfg);
   move_weights(m->w_, device);
+  if (device == Device::kCUDA) m->stack_linears();
   return m;
 }
 

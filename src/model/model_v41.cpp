@@ -55,6 +55,7 @@ std::unique_ptr<ModelV41> ModelV41::load(const std::string& dir, const ModelConf
   m->open(dir, cfg, device);
   m->w_ = load_weights_v41(m->ckpt_, cfg);
   move_weights(m->w_, device);
+  if (device == Device::kCUDA) m->stack_linears();
   m->engram_ = EngramHash::load(dir, cfg);
   return m;
 }

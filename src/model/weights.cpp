@@ -155,6 +155,43 @@ void index_experts(MoeWeights& m) {
   }
 }
 
+void stack_rows(ops::QWeight& a, ops::QWeight& b, ops::QWeight& out) {
+  out = {};
+  if (!a.w.defined() || !b.w.defined() || !a.w.is_contiguous() || !b.w.is_contiguous()) return;
+  if (a.w.dtype() != b.w.dtype() || a.w.dtype() == DType::kE2M1x2 || a.w.device() != b.w.device()) return;
+  if (a.in() != b.in() || a.block != b.block || a.scale.defined() != b.scale.defined()) return;
+  const bool scaled = a.scale.defined();
+  if (scaled && (a.block <= 0 || a.out() % a.block != 0 || a.scale.dtype() != b.scale.dtype() ||
+                 a.scale.size(1) != b.scale.size(1) || !a.scale.is_contiguous() || !b.scale.is_contiguous()))
+    return;
+  auto stack = [](const Tensor& x, const Tensor& y) {
+    Tensor s = Tensor::empty({x.size(0) + y.size(0), x.size(1)}, x.dtype(), x.device());
+    copy_tensor(s.slice(0, 0, x.size(0)), x);
+    copy_tensor(s.slice(0, x.size(0), s.size(0)), y);
+    return s;
+  };
+  out.block = a.block;
+  out.w = stack(a.w, b.w);
+  const int64_t na = a.out();
+  a.w = out.w.slice(0, 0, na);
+  b.w = out.w.slice(0, na, out.w.size(0));
+  if (scaled) {
+    out.scale = stack(a.scale, b.scale);
+    const int64_t sa = a.scale.size(0);
+    a.scale = out.scale.slice(0, 0, sa);
+    b.scale = out.scale.slice(0, sa, out.scale.size(0));
+  }
+}
+
+int stack_linears(ModelWeights& w) {
+  int n = 0;
+  for (LayerWeights& L : w.layers) {
+    stack_rows(L.attn.wq_a, L.attn.wkv, L.attn.wq_a_kv);
+    n += L.attn.wq_a_kv.w.defined() ? 1 : 0;
+  }
+  return n;
+}
+
 void move_weights(ModelWeights& w, Device d) {
   if (d == Device::kCPU) return;
   for (Tensor* t : {&w.embed, &w.head, &w.norm, &w.hc_head_fn, &w.hc_head_base, &w.hc_head_scale}) move_weight(*t, d);

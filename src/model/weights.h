@@ -30,6 +30,7 @@ struct IndexerWeights {
 
 struct AttentionWeights {
   ops::QWeight wq_a, wq_b, wkv, wo_a, wo_b;
+  ops::QWeight wq_a_kv;  // wq_a and wkv stacked by rows (stack_rows), wq_a / wkv then views of it; else empty
   Tensor q_norm, kv_norm, attn_sink;
   bool has_compressor = false, has_indexer = false;
   CompressorWeights compressor;
@@ -91,6 +92,7 @@ struct IndexerWeightsV41 {
 
 struct AttentionWeightsV41 {
   ops::QWeight wq_a, wq_b, wkv, wo_a, wo_b;
+  ops::QWeight wq_a_kv;  // as AttentionWeights::wq_a_kv
   Tensor q_norm, kv_norm, attn_sink;
   bool kv_source = false, index_source = false;
   CompressorWeightsV41 compressor;  // kv sources
@@ -135,5 +137,15 @@ void move_weight(Tensor& t, Device device);
 void move_weight(ops::QWeight& q, Device device);
 void move_moe(MoeWeights& m, Device device);
 void index_experts(MoeWeights& m);
+// Stacks two linears over the same input by rows into `out` (one launch computes both) and re-points a and b
+// at its row blocks. Each output column depends on its own weight row only, so the values are the same bits.
+// Only where the layouts allow it (same dtype, input width and scale tile, a's rows whole tiles); else `out`
+// stays empty and a, b are left as they are.
+void stack_rows(ops::QWeight& a, ops::QWeight& b, ops::QWeight& out);
+// Every layer's wq_a and wkv (the two linears of the attention input): what a GPU load does, where each
+// launch has a fixed cost of several microseconds; the CPU keeps the checkpoint's mapped weights as they are.
+// Returns how many pairs were stacked.
+int stack_linears(ModelWeights& w);
+int stack_linears(ModelWeightsV41& w);
 
 }  // namespace deepinfer

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -319,6 +320,27 @@ TEST(Model, BatchInvarianceOverFiftyRandomCompositions) {
       seqs.insert(seqs.begin() + static_cast<std::ptrdiff_t>(who), target);
       const int chunk = trial % 5 == 0 ? 64 : uni(1, 12);
       ASSERT_EQ(run(seqs, who, chunk), alone) << family << " trial " << trial << " chunk " << chunk;
+    }
+  }
+}
+
+// The GPU load stacks wq_a and wkv into one linear (Model::stack_linears): the logits must not move a bit. Run here on
+// the CPU, for both families, over a prefill and a few decode steps.
+TEST(Model, StackedLinearsGiveTheSameLogits) {
+  REQUIRE_CHECKPOINT();
+  for (const std::string family : {"v4", "v41"}) {
+    auto plain = Model::load(tiny_checkpoint(family));
+    auto stacked = Model::load(tiny_checkpoint(family));
+    ASSERT_EQ(stacked->stack_linears(), plain->config().n_layers) << family;
+    ForwardOptions fo{ops::Numerics{}, false, nullptr};
+    auto a = plain->new_sequence();
+    auto b = stacked->new_sequence();
+    std::vector<int32_t> tokens = {3, 17, 42, 7, 900, 11, 5, 64, 2};
+    for (int step = 0; step < 4; ++step) {
+      const Tensor la = plain->forward(tokens, *a, fo), lb = stacked->forward(tokens, *b, fo);
+      ASSERT_EQ(la.shape(), lb.shape());
+      ASSERT_EQ(std::memcmp(la.raw(), lb.raw(), la.nbytes()), 0) << family << " step " << step;
+      tokens = {argmax(la)};
     }
   }
 }

@@ -1125,13 +1125,14 @@ void test_compress_pool() {
   }
 }
 
-// ---- renorm_heads (V4 q): one thread per head replaying the sequential FP64 sum ----
+// ---- renorm_heads (V4 q): one warp per head, lane 0 replaying the sequential FP64 sum ----
 void test_renorm_heads() {
   struct Case {
     int64_t T, H, D;
     bool round;
   };
-  const Case cases[] = {{256, 64, 512, true}, {1, 64, 512, true}, {33, 64, 512, false}, {5, 3, 72, true}};
+  const Case cases[] = {
+      {256, 64, 512, true}, {1, 64, 512, true}, {33, 64, 512, false}, {5, 3, 72, true}, {3, 5, 37, false}};
   uint32_t seed = 37000;
   for (const Case& c : cases) {
     char name[200];
