@@ -10,6 +10,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/model_ops.cuh"
+#include "cuda/quant.cuh"
 #include "cuda/topk.cuh"
 
 namespace deepinfer::cuda {
@@ -360,6 +361,66 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* wts, 
   h[n] = round ? round_to_bf16(v) : v;
 }
 
+// One row's columns [c0, c1) fake-quantised in place as ops::fake_quant_fp8 (group amax with the 1e-4 floor,
+// ue8m0 scale, e4m3_rne(v / s) * s), by the warp whose lanes wrote them (lane l: columns c0 + l, c0 + l + 32, ...,
+// `amax` the max of |value| over its own). The group's max is order-independent, so the bits are fake_quant_fp8's.
+__device__ __forceinline__ void warp_quant_group(float* p, int64_t c0, int64_t c1, float amax, int lane) {
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
+  for (int64_t c = c0 + lane; c < c1; c += 32) p[c] = e4m3_rne(p[c] / s) * s;
+}
+
+// swiglu_kernel's values with the output fake-quantised per `block` columns: one warp per (row, group).
+__global__ void swiglu_quant_kernel(const float* g, const float* u, const float* wts, float limit, bool round,
+                                    int64_t T, int64_t I, int64_t block, float* h) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t groups = (I + block - 1) / block;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (gw >= T * groups) return;  // whole warps
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t t = gw / groups, c0 = gw % groups * block, c1 = min(c0 + block, I);
+  float* out = h + t * I;
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) {
+    const int64_t n = t * I + c;
+    float gv = g[n], uv = u[n];
+    if (limit > 0) {
+      uv = uv < -limit ? -limit : uv;
+      uv = limit < uv ? limit : uv;
+      gv = limit < gv ? limit : gv;
+    }
+    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, exp_f(-gv)));
+    float v = __fmul_rn(silu, uv);
+    if (wts) v = __fmul_rn(wts[t], v);
+    v = round ? round_to_bf16(v) : v;
+    out[c] = v;
+    amax = fmaxf(amax, fabsf(v));
+  }
+  warp_quant_group(out, c0, c1, amax, lane);
+}
+
+// gather_rows_kernel with each output row fake-quantised per `block` columns: one warp per (row, group).
+__global__ void gather_rows_quant_kernel(const float* x, const int32_t* rows, int64_t R, int64_t width, int64_t block,
+                                         float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t groups = (width + block - 1) / block;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (gw >= R * groups) return;  // whole warps
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t r = gw / groups, c0 = gw % groups * block, c1 = min(c0 + block, width);
+  const float* src = x + static_cast<int64_t>(rows[r]) * width;
+  float* dst = out + r * width;
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) {
+    const float v = src[c];
+    dst[c] = v;
+    amax = fmaxf(amax, fabsf(v));
+  }
+  warp_quant_group(dst, c0, c1, amax, lane);
+}
+
 __global__ void embedding_kernel(const void* table, bool bf16, const int32_t* ids, int64_t T, int copies, int64_t dim,
                                  float* out) {
   pdl_wait();
@@ -696,8 +757,9 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
   return r;
 }
 
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round) {
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block) {
   const char* op = "cuda::swiglu";
+  DI_CHECK(quant_block >= 0, "{}: quant_block must be >= 0, got {}", op, quant_block);
   check_f32(g, op, "g");
   check_f32(u, op, "u");
   DI_CHECK(g.dim() == 2 && g.shape() == u.shape(), "{}: g {} and u {} must be the same [T, I]", op, g.describe(),
@@ -709,6 +771,15 @@ Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float lim
   }
   Tensor h = Tensor::empty({T, I}, DType::kF32, Device::kCUDA);
   if (T * I == 0) return h;
+  if (quant_block > 0) {
+    const int64_t warps = T * ((I + quant_block - 1) / quant_block);
+    DI_CHECK(warps < (int64_t{1} << 34), "{}: {} groups is too many for one launch", op, warps);
+    launch_pdl(swiglu_quant_kernel, static_cast<unsigned>((warps + 7) / 8), 256, 0, nullptr, g.data<float>(),
+               u.data<float>(), weights.defined() ? weights.data<float>() : nullptr, limit, round, T, I, quant_block,
+               h.data<float>());
+    DI_CUDA_CHECK(cudaGetLastError());
+    return h;
+  }
   launch_pdl(swiglu_kernel, grid_for(T * I, 256), 256, 0, nullptr, g.data<float>(), u.data<float>(),
              weights.defined() ? weights.data<float>() : nullptr, limit, round, T, I, h.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
@@ -732,8 +803,10 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
   return out;
 }
 
-Tensor gather_rows(const Tensor& x, const Tensor& rows) {
+Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block) {
   const char* op = "cuda::gather_rows";
+  DI_CHECK(quant_block >= 0 && (quant_block == 0 || x.dim() == 2), "{}: quant_block {} needs x [N, width], got {}", op,
+           quant_block, x.describe());
   check_f32(x, op, "x");
   DI_CHECK(x.dim() >= 1 && rows.defined() && rows.dim() == 1, "{}: expected x [N, ...] and rows [R], got {}, {}", op,
            x.describe(), desc(rows));
@@ -743,6 +816,14 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows) {
   shape[0] = R;
   Tensor out = Tensor::empty(shape, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
+  if (quant_block > 0) {
+    const int64_t warps = R * ((width + quant_block - 1) / quant_block);
+    DI_CHECK(warps < (int64_t{1} << 34), "{}: {} groups is too many for one launch", op, warps);
+    launch_pdl(gather_rows_quant_kernel, static_cast<unsigned>((warps + 7) / 8), 256, 0, nullptr, x.data<float>(),
+               rows.data<int32_t>(), R, width, quant_block, out.data<float>());
+    DI_CUDA_CHECK(cudaGetLastError());
+    return out;
+  }
   launch_pdl(gather_rows_kernel, grid_for(R * width, 256), 256, 0, nullptr, x.data<float>(), rows.data<int32_t>(), R,
              width, out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());

@@ -12,7 +12,7 @@
 // everything else follow the CPU's sequence (the top-k by one warp: per-lane scans, then a butterfly on
 // (score desc, index asc)). moe_group (count + scan in one block, ordered compaction per expert),
 // moe_combine (a token's outputs added in sorted grouped order), copy_into and renorm_heads (one
-// thread per head, sequential FP64 sum) are bit-identical; compress_pool replays the CPU order with exp
+// warp per head, sequential FP64 sum) are bit-identical; compress_pool replays the CPU order with exp
 // as fp32(exp(double)) (ulps). Device-side checks are limited: ids / rows / tokens
 // out of range are the caller's error (hash routing writes id -1 and weight 0 for such a token).
 #pragma once
@@ -26,9 +26,11 @@ namespace deepinfer::cuda {
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round);
 ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                        const ops::RouteOpts& opts);
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
+// quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h).
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round,
+              int64_t quant_block = 0);
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
-Tensor gather_rows(const Tensor& x, const Tensor& rows);
+Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block = 0);
 ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);

@@ -464,13 +464,15 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
   return cpu::moe_route(logits, bias, tid2eid, tokens, k, opts);
 }
 
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round) {
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block) {
   const OpScope scope("swiglu", g);
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round);
+  if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round, quant_block);
 #endif
   if (on_cuda(g)) no_kernel("swiglu", g);
-  return cpu::swiglu(g, u, weights, limit, round);
+  Tensor h = cpu::swiglu(g, u, weights, limit, round);
+  if (quant_block > 0) cpu::fake_quant_fp8(h, 0, h.size(-1), quant_block);
+  return h;
 }
 
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
@@ -482,13 +484,17 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies) {
   return cpu::embedding(table, ids, copies);
 }
 
-Tensor gather_rows(const Tensor& x, const Tensor& rows) {
+Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block) {
   const OpScope scope("gather_rows", x);
+  DI_CHECK(quant_block >= 0 && (quant_block == 0 || x.dim() == 2),
+           "gather_rows: quant_block {} needs x [N, width], got {}", quant_block, x.describe());
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(x)) return cuda::gather_rows(x, rows);
+  if (on_cuda(x)) return cuda::gather_rows(x, rows, quant_block);
 #endif
   if (on_cuda(x)) no_kernel("gather_rows", x);
-  return cpu::gather_rows(x, rows);
+  Tensor out = cpu::gather_rows(x, rows);
+  if (quant_block > 0) cpu::fake_quant_fp8(out, 0, out.size(1), quant_block);
+  return out;
 }
 
 MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets) {

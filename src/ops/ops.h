@@ -215,8 +215,11 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
 
 // Clamped SwiGLU of the experts: h = silu(min(g, L)) * clamp(u, -L, L) (no clamp when limit <= 0),
 // times weights[t] when `weights` (float32 [T]) is defined, rounded to bf16 when `round`.
-// g, u float32 [T, I] contiguous; silu(x) = x / (1 + exp(-x)) in fp32.
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round);
+// g, u float32 [T, I] contiguous; silu(x) = x / (1 + exp(-x)) in fp32. quant_block > 0: h is then
+// fake_quant_fp8(h, 0, I, quant_block)'d (the linear it feeds takes act_quant_block 0 and gives the same bits as
+// it would quantising itself; on CUDA in the same launch, where each linear block would redo it).
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round,
+              int64_t quant_block = 0);
 
 // Embedding gather: table [V, dim] BF16 or F32, ids int32 [T] (each in [0, V)) on the table's device.
 // Returns float32 [T, copies, dim]: every copy the table row (exact).
@@ -224,7 +227,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies = 1);
 
 // Row gather: x float32 contiguous [N, ...], rows int32 [R] (each in [0, N)) on x's device.
 // Returns [R, ...] with out[i] = x[rows[i]] (exact).
-Tensor gather_rows(const Tensor& x, const Tensor& rows);
+// quant_block > 0 (x [N, width]): each gathered row fake_quant_fp8'd as swiglu's.
+Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block = 0);
 
 // MoE dispatch (§2.8): groups the routed (token, slot) pairs by expert. ids int32 [T, k] (each in
 // [0, n_experts), as moe_route returns them), weights float32 [T, k], on one device. The grouped order

@@ -300,6 +300,28 @@ TEST(Ops, SwigluClampsAndEmbeddingGathers) {
   EXPECT_EQ(r.data<float>()[0], 4.0f);  // row 0 of e: table row 2
 }
 
+// gather_rows / swiglu with quant_block: the rows come out on the FP8 grid of their 32-column groups (values that
+// fake_quant_fp8 leaves as they are: 1.3 -> 1.25 at scale 1 or 2^-8), and bad arguments are refused.
+TEST(Ops, GatherAndSwigluQuantiseWhenAsked) {
+  Tensor x = Tensor::full({3, 64}, 1.3f), rows = Tensor::empty({2}, DType::kI32);
+  x.data<float>()[64 + 5] = 448.0f;  // row 1, group 0: a large amax gives that group a coarse scale
+  rows.data<int32_t>()[0] = 1;
+  rows.data<int32_t>()[1] = 2;
+  const Tensor q = ops::gather_rows(x, rows, 32);
+  EXPECT_EQ(q.data<float>()[5], 448.0f);
+  EXPECT_EQ(q.data<float>()[0], 1.25f);  // 1.3 at scale 1: e4m3 step 0.125
+  Tensor again = q.clone();
+  ops::fake_quant_fp8(again, 0, 64, 32);
+  EXPECT_EQ(std::memcmp(again.raw(), q.raw(), q.nbytes()), 0);  // already on the grid
+  EXPECT_NE(q.data<float>()[64 + 40], 1.3f);                    // row 2, group 1 quantised too
+  const Tensor h = ops::swiglu(Tensor::full({1, 40}, 1.3f), Tensor::full({1, 40}, 0.7f), Tensor(), 0.0f, false, 32);
+  Tensor h2 = h.clone();
+  ops::fake_quant_fp8(h2, 0, 40, 32);
+  EXPECT_EQ(std::memcmp(h2.raw(), h.raw(), h.nbytes()), 0);
+  EXPECT_THROW(ops::gather_rows(x, rows, -1), Error);
+  EXPECT_THROW(ops::gather_rows(Tensor::full({3, 2, 4}, 1.0f), rows, 32), Error);
+}
+
 // moe_group + moe_combine against the per-expert host loop they replaced (bit for bit), with an
 // expert repeated within a token (hash routing) and the shared expert added before the rounding.
 TEST(Ops, MoeGroupAndCombineReplayThePerExpertLoop) {

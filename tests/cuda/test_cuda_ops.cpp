@@ -336,8 +336,9 @@ std::string diff_line(const Diff& d) {
 }
 
 // Bit-for-bit comparison (NaNs equal); prints the stats line.
-std::string exact(const di::Tensor& want, const di::Tensor& got_dev) {
+std::string exact(const di::Tensor& want_any, const di::Tensor& got_dev) {
   const di::Tensor got = got_dev.device() == di::Device::kCUDA ? di::cuda::copy_to_host(got_dev) : got_dev;
+  const di::Tensor want = want_any.device() == di::Device::kCUDA ? di::cuda::copy_to_host(want_any) : want_any;
   if (got.numel() != want.numel()) return "size mismatch";
   const float* a = want.data<float>();
   const float* b = got.data<float>();
@@ -981,6 +982,19 @@ void test_swiglu() {
                      : close_to(want, got, 1e-6, 1e-30, "1e-6 relative (exp ulps)");
     });
   }
+  // quant_block: the fused fake quantisation gives the bits of the plain swiglu followed by fake_quant_fp8 (both
+  // on the GPU; each is checked against the CPU above and in test_quant).
+  for (const int64_t block : {32, 128, 48}) {
+    const Case& c = cases[static_cast<size_t>(block == 48 ? 4 : 0)];
+    run_case("swiglu quant_block " + std::to_string(block) + " " + shape_name({c.T, c.I}), [&] {
+      const di::Tensor g = dev(normal_tensor({c.T, c.I}, 6.0f, seed++, true)),
+                       u = dev(normal_tensor({c.T, c.I}, 6.0f, seed++, true));
+      const di::Tensor w = dev(normal_tensor({c.T}, 0.3f, seed++, false));
+      di::Tensor want = di::ops::swiglu(g, u, w, c.limit, c.round);
+      di::ops::fake_quant_fp8(want, 0, c.I, block);
+      return exact(want, di::ops::swiglu(g, u, w, c.limit, c.round, block));
+    });
+  }
 }
 
 void test_embedding_gather() {
@@ -1011,6 +1025,16 @@ void test_embedding_gather() {
     for (int64_t i = 0; i < 37; ++i) rows.data<int32_t>()[i] = static_cast<int32_t>(rng() % 1000);
     return exact(di::ops::gather_rows(x, rows), di::ops::gather_rows(dev(x), dev(rows)));
   });
+  // quant_block: each gathered row fake-quantised in the same launch, against the CPU's gather + fake_quant_fp8.
+  for (const int64_t block : {32, 128, 100}) {
+    run_case("gather_rows quant_block " + std::to_string(block) + " [300, 5120] R=40", [&] {
+      const di::Tensor x = normal_tensor({300, 5120}, 3.0f, seed++, false);
+      std::mt19937 rng(seed++);
+      di::Tensor rows = di::Tensor::empty({40}, di::DType::kI32);
+      for (int64_t i = 0; i < 40; ++i) rows.data<int32_t>()[i] = static_cast<int32_t>(rng() % 300);
+      return exact(di::ops::gather_rows(x, rows, block), di::ops::gather_rows(dev(x), dev(rows), block));
+    });
+  }
 }
 
 // ---- MoE dispatch and combine (issue 8 step 3): grouping by expert, the FP32 combine, copy_into ----
