@@ -185,12 +185,7 @@ AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t
   // The KV table: window rows for positions wstart..start_pos+T-1, then every compressed entry.
   const int64_t wstart = std::max<int64_t>(0, start_pos - W + 1);
   const int64_t nwin = start_pos + T - wstart, ncomp = w.has_compressor ? st.compressed.rows() : 0;
-  AttnChunk chunk;
-  chunk.kv = kv;
-  chunk.start_pos = start_pos;
-  chunk.wstart = wstart;
-  chunk.ring = &st.window;
-  chunk.compressed = w.has_compressor ? &st.compressed : nullptr;
+  AttnChunk chunk = attn_chunk(kv, start_pos, wstart, &st.window, w.has_compressor ? &st.compressed : nullptr);
 
   // Index lists: W window slots (oldest first, -1 padded) then the compressed picks.
   const int64_t kcomp = ratio == 4 ? std::min(cfg.index_topk, ncomp) : ncomp;

@@ -185,12 +185,7 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
 
   // Index lists (ops::sparse_index, built on the table's device): the window rows, oldest first (a
   // decode row right-aligned: the empty slots lead while the ring fills), then the picks.
-  AttnChunk chunk;
-  chunk.kv = kv;
-  chunk.start_pos = start_pos;
-  chunk.wstart = wstart;
-  chunk.ring = &st.window;
-  chunk.compressed = src ? &src->compressed : nullptr;
+  AttnChunk chunk = attn_chunk(kv, start_pos, wstart, &st.window, src ? &src->compressed : nullptr);
   ops::IndexLayout& lay = chunk.lay;
   lay.start_pos = start_pos;
   lay.window = W;

@@ -24,7 +24,9 @@ ops::LinearOpts linear_q_opts(const LayerCtx& c);  // linear_q's options (the FP
 // matrix from L2 after the first: decode batches up to 256 tokens at top-6), instead of one call per
 // matrix, whose rows share each weight read (the prefill shape, where the tensor-core kernel takes
 // them; and the CPU's, where per-row calls would only add overhead). Same bits either way.
-inline bool run_grouped(int64_t rows, Device device) { return device == Device::kCUDA && rows <= 2048; }
+inline bool run_grouped(int64_t rows, Device device) {
+  return device == Device::kCUDA && rows <= MoeWeights::kGroupedRowsMax;
+}
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 // linear_q of x by a and by b (two linears over the same input); from one call when they are stacked
@@ -63,6 +65,18 @@ struct AttnChunk {
   ops::IndexLayout lay;
   Tensor picks;  // the indexer's top-k [T, kcols], or undefined
 };
+// A chunk's table parts (both families' attention_seq): its window KV, window start and ring, and the
+// compressed entries it reads (or null); the index layout and picks are the family's.
+inline AttnChunk attn_chunk(const Tensor& kv, int64_t start_pos, int64_t wstart, WindowRing* ring,
+                            const RowPages* compressed) {
+  AttnChunk chunk;
+  chunk.kv = kv;
+  chunk.start_pos = start_pos;
+  chunk.wstart = wstart;
+  chunk.ring = ring;
+  chunk.compressed = compressed;
+  return chunk;
+}
 // The attention of a layer for every chunk of the batch at once: each chunk's KV table is built into one
 // stacked table and its index lists shifted to its rows there (ops::IndexLayout::base) and padded with -1
 // to the widest chunk's, then one sparse attention of q [sum T, H*D] (the chunks' rows stacked in their

@@ -18,6 +18,7 @@
 #include "engine/local_model_runner.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#include "sample_inputs.h"
 #include "sampling/sampler.h"
 #include "st_writer.h"
 #include "tiny_checkpoint.h"
@@ -25,26 +26,12 @@
 namespace deepinfer {
 namespace {
 
-// One row's inputs, owning what SampleInput points to.
-struct RowSpec {
-  SamplingParams p;
+// One row's inputs, owning what SampleInput points to, with its seed and position.
+struct RowSpec : SampleRowInputs {
   uint64_t seed = 0;
   int64_t position = 0;
-  std::vector<int32_t> prompt, output;
-  std::vector<uint32_t> mask;
-  int32_t eos = -1;
   SampleInput input(const float* logits, int64_t vocab) const {
-    SampleInput in;
-    in.logits = logits;
-    in.vocab = vocab;
-    in.params = &p;
-    in.seed = seed;
-    in.position = position;
-    in.prompt_ids = &prompt;
-    in.output_ids = &output;
-    in.eos_id = eos;
-    in.allowed_mask = mask.empty() ? nullptr : &mask;
-    return in;
+    return SampleRowInputs::input(logits, vocab, seed, position);
   }
 };
 

@@ -1,7 +1,6 @@
 // Sampling: SamplingParams validation and JSON, the Philox RNG, and sample()'s pipeline.
-#include <gtest/gtest.h>
-
 #include <deepinfer/error.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "sample_inputs.h"
 #include "sampling/rng.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_params.h"
@@ -31,24 +31,11 @@ void expect_invalid(F set, const std::string& field) {
   }
 }
 
-struct Row {
+// A row with its own logits.
+struct Row : SampleRowInputs {
   std::vector<float> logits;
-  SamplingParams p;
-  std::vector<int32_t> prompt, output;
-  std::vector<uint32_t> mask;
-  int32_t eos = -1;
   SampleInput in(uint64_t seed = 0, int64_t pos = 0) const {
-    SampleInput s;
-    s.logits = logits.data();
-    s.vocab = static_cast<int64_t>(logits.size());
-    s.params = &p;
-    s.seed = seed;
-    s.position = pos;
-    s.prompt_ids = &prompt;
-    s.output_ids = &output;
-    s.eos_id = eos;
-    s.allowed_mask = mask.empty() ? nullptr : &mask;
-    return s;
+    return input(logits.data(), static_cast<int64_t>(logits.size()), seed, pos);
   }
 };
 
@@ -143,10 +130,10 @@ TEST(SamplingParams, FromJsonNamesAndAliases) {
 }
 
 TEST(SamplingParams, FromJsonRejectsWrongTypesAndRanges) {
-  for (const char* bad : {R"({"temperature": "0.5"})", R"({"top_k": 1.5})", R"({"stop": 3})", R"({"stop": ["a", 1]})",
-                          R"({"seed": -1})", R"({"seed": 1.5})", R"({"ignore_eos": 1})", R"({"n": 0})",
-                          R"({"max_tokens": 4, "max_completion_tokens": 5})", R"({"stop_token_ids": 3})",
-                          R"({"top_p": 0})", R"([1, 2])", R"({"max_tokens": 3000000000})"}) {
+  for (const char* bad :
+       {R"({"temperature": "0.5"})", R"({"top_k": 1.5})", R"({"stop": 3})", R"({"stop": ["a", 1]})", R"({"seed": -1})",
+        R"({"seed": 1.5})", R"({"ignore_eos": 1})", R"({"n": 0})", R"({"max_tokens": 4, "max_completion_tokens": 5})",
+        R"({"stop_token_ids": 3})", R"({"top_p": 0})", R"([1, 2])", R"({"max_tokens": 3000000000})"}) {
     EXPECT_THROW(SamplingParams::from_json(nlohmann::json::parse(bad)), Error) << bad;
   }
 }
@@ -168,7 +155,8 @@ TEST(Philox, MatchesIndependentReimplementation) {
   EXPECT_EQ(philox4x32({7, 0, 123456789, 0}, {0xdeadbeef, 0x12345678}),
             (PhiloxCounter{0x149f4c22, 0x4f789de7, 0x615ba4b9, 0xc1473c37}));
   // philox_draw's layout: key = seed (lo, hi), counter = (position lo, hi, draw lo, hi).
-  EXPECT_EQ(philox_draw(0x12345678deadbeefull, 0, 123456789), philox4x32({0, 0, 123456789, 0}, {0xdeadbeef, 0x12345678}));
+  EXPECT_EQ(philox_draw(0x12345678deadbeefull, 0, 123456789),
+            philox4x32({0, 0, 123456789, 0}, {0xdeadbeef, 0x12345678}));
 }
 
 TEST(Philox, ChildSeed) {
@@ -311,9 +299,8 @@ TEST(Sampler, TopPOnALargeVocabMatchesSortedReference) {
     // Reference: sort by (logit desc, id asc), keep while the mass before is < top_p (FP64 softmax).
     std::vector<int> idx(V);
     for (int i = 0; i < V; ++i) idx[i] = i;
-    std::sort(idx.begin(), idx.end(), [&](int a, int b) {
-      return r.logits[a] != r.logits[b] ? r.logits[a] > r.logits[b] : a < b;
-    });
+    std::sort(idx.begin(), idx.end(),
+              [&](int a, int b) { return r.logits[a] != r.logits[b] ? r.logits[a] > r.logits[b] : a < b; });
     double z = 0;
     for (int i = 0; i < V; ++i) z += std::exp(static_cast<double>(r.logits[i]) - 4.0);
     double acc = 0;
@@ -350,12 +337,12 @@ TEST(Sampler, PenaltiesMatchHandComputation) {
   r.p.frequency_penalty = 0.5f;
   r.p.presence_penalty = 0.25f;
   const auto x = processed_logits(r.in());
-  EXPECT_FLOAT_EQ(x[0], 1.0f);           // prompt: 2 / 2
-  EXPECT_FLOAT_EQ(x[1], -2.75f);         // -1 * 2 - 0.5 * 1 - 0.25
-  EXPECT_FLOAT_EQ(x[2], -1.0f);          // 0.5 / 2 - 0.5 * 2 - 0.25
-  EXPECT_FLOAT_EQ(x[3], 3.0f);           // untouched
+  EXPECT_FLOAT_EQ(x[0], 1.0f);    // prompt: 2 / 2
+  EXPECT_FLOAT_EQ(x[1], -2.75f);  // -1 * 2 - 0.5 * 1 - 0.25
+  EXPECT_FLOAT_EQ(x[2], -1.0f);   // 0.5 / 2 - 0.5 * 2 - 0.25
+  EXPECT_FLOAT_EQ(x[3], 3.0f);    // untouched
   EXPECT_FLOAT_EQ(x[4], 1.0f);
-  r.p.temperature = 0.5f;                // temperature divides after the penalties
+  r.p.temperature = 0.5f;  // temperature divides after the penalties
   EXPECT_FLOAT_EQ(processed_logits(r.in())[1], -5.5f);
   // Greedy follows the penalised logits.
   r.logits = {3.0f, 2.9f};
@@ -390,8 +377,8 @@ TEST(Sampler, AllowedMaskRestrictsAndEmptyMaskIsAnError) {
   Row r;
   for (int i = 0; i < 70; ++i) r.logits.push_back(static_cast<float>(i % 7));
   r.mask.assign(3, 0u);
-  r.mask[0] = 1u << 3;   // token 3
-  r.mask[2] = 1u << 5;   // token 69
+  r.mask[0] = 1u << 3;  // token 3
+  r.mask[2] = 1u << 5;  // token 69
   EXPECT_EQ(support(sampling_probs(r.in())), (std::set<int32_t>{3, 69}));
   EXPECT_EQ(drawn(r, 200), (std::set<int32_t>{3, 69}));
   r.p.temperature = 0.0f;
@@ -399,7 +386,7 @@ TEST(Sampler, AllowedMaskRestrictsAndEmptyMaskIsAnError) {
   r.mask.assign(3, 0u);
   r.mask[2] = 0xFFFFFFC0u;  // bits beyond the vocab only
   EXPECT_THROW(sample(r.in()), Error);
-  r.mask.assign(2, ~0u);    // too short
+  r.mask.assign(2, ~0u);  // too short
   EXPECT_THROW(sample(r.in()), Error);
   // A mask that only allows eos while min_tokens masks it: an Error, not a crash.
   r.mask.assign(3, 0u);
