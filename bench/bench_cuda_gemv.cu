@@ -13,8 +13,8 @@
 // counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
 // is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
 // First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv and
-// fp8_walk_gemv; BF16: chain_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone;
-// BENCH_BATCHED_SHAPE=<name>: one shape of it).
+// fp8_walk_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table
+// alone; BENCH_BATCHED_SHAPE=<name>: one shape of it).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -165,8 +165,8 @@ void run() {
       "## Batched decode (dense, M rows of x; GEMV kernels against linear_into's slab kernels; GB/s of the "
       "weight read once)\n\n");
   std::printf(
-      "| weight [N, K] | fmt | M | slab us | gemv us (fp8_gemv / chain_gemv) | walk us | best GB/s | %% of read | best "
-      "/ slab |\n");
+      "| weight [N, K] | fmt | M | slab us | gemv us (fp8_gemv / chain_gemv) | walk / tile us (fp8_walk_gemv / "
+      "bf16_tile_gemv) | best GB/s | %% of read | best / slab |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const Shape batched[] = {
@@ -189,16 +189,18 @@ void run() {
       DI_CHECK(di::cuda::gemv_supported(args[0]), "gemv does not support {} at M = {}", s.name, M);
       const double ms_slab =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
-      // E4M3: both GEMV kernels (fp8_gemv, fp8_walk_gemv); BF16: its one (chain_gemv).
+      // E4M3: both GEMV kernels (fp8_gemv, fp8_walk_gemv); BF16: both (chain_gemv, bf16_tile_gemv).
       double ms[3] = {0.0, 0.0, 0.0};
-      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+      for (const int variant : {1, 2}) {
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
+        if (s.fmt == kBf16) di::cuda::gemv_set_bf16_variant(variant);
         ms[variant] = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
       }
       di::cuda::gemv_set_fp8_variant(0);
-      const double best = s.fmt == kFp8 ? std::min(ms[1], ms[2]) : ms[1], gbs = su.wbytes / best / 1e6;
+      di::cuda::gemv_set_bf16_variant(0);
+      const double best = std::min(ms[1], ms[2]), gbs = su.wbytes / best / 1e6;
       char walk[32] = "-";
-      if (s.fmt == kFp8) std::snprintf(walk, sizeof walk, "%.2f", ms[2] * 1e3);
+      std::snprintf(walk, sizeof walk, "%.2f", ms[2] * 1e3);
       std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
                   static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
                   ms_slab * 1e3, ms[1] * 1e3, walk, gbs, 100.0 * gbs / read_gbs, ms_slab / best);

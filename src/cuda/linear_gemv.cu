@@ -31,6 +31,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_bf16.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/quant.cuh"
 
@@ -1084,6 +1085,11 @@ std::atomic<int> g_fp4_variant{2};
 
 int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
 
+// The BF16 kernel in force: 1 = chain_gemv (the default), 2 = bf16_tile_gemv (linear_gemv_bf16.cu) for the calls
+// it takes (gemv_set_bf16_variant). bf16_tile_gemv stays off by default until measured on the H200.
+constexpr int kBf16DefaultVariant = 1;
+std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
+
 // The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (the
 // default; fp8_uses_walk). gemv_set_fp8_variant.
 constexpr int kFp8DefaultVariant = 3;
@@ -1102,6 +1108,11 @@ int gemv_set_fp8_variant(int v) {
 }
 
 int gemv_fp8_variant() { return g_fp8_variant.load(std::memory_order_relaxed); }
+
+int gemv_set_bf16_variant(int v) {
+  DI_CHECK(v >= 0 && v <= 2, "gemv_set_bf16_variant: {} is not 0, 1 or 2", v);
+  return g_bf16_variant.exchange(v == 0 ? kBf16DefaultVariant : v, std::memory_order_relaxed);
+}
 
 bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
   // By shape (bench_cuda_gemv on the H200, V4.1 shapes at M = 1): a warp of fp8_walk_gemv walks 4 rows over
@@ -1158,6 +1169,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_variant() == 2)
     launch_fp4_pair(p, a.tile_rows, stream);
+  else if (a.fmt == kBf16 && g_bf16_variant.load(std::memory_order_relaxed) == 2 && gemv_bf16_tile_supported(a))
+    gemv_bf16_tile_into(a, stream);
   else
     launch_chain(p, a.fmt, stream);
 }

@@ -13,7 +13,8 @@
 // several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on each FP4 kernel
 // ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant), every E4M3 case
 // on both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv, gemv_set_fp8_variant), including
-// x that sends fp8_walk_gemv to its slow path (huge or tiny x, raw fp32 x).
+// x that sends fp8_walk_gemv to its slow path (huge or tiny x, raw fp32 x), and every BF16 case on both BF16 kernels
+// ("[bf16 chain]": chain_gemv, "[bf16 tile]": bf16_tile_gemv where it takes the call, gemv_set_bf16_variant).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -48,6 +49,14 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
       run_case(name + (v == 1 ? " [fp8 old]" : " [fp8 walk]"), body);
     }
     di::cuda::gemv_set_fp8_variant(0);
+    return;
+  }
+  if (dt == di::DType::kBF16) {  // both BF16 kernels ("[bf16 chain]": chain_gemv, "[bf16 tile]": bf16_tile_gemv)
+    for (const int v : {1, 2}) {
+      di::cuda::gemv_set_bf16_variant(v);
+      run_case(name + (v == 1 ? " [bf16 chain]" : " [bf16 tile]"), body);
+    }
+    di::cuda::gemv_set_bf16_variant(0);
     return;
   }
   if (dt != di::DType::kE2M1x2) {
