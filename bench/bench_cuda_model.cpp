@@ -11,8 +11,10 @@
 //   each routed expert the step's tokens hit (counted from the forward's trace), plus the state read:
 //   per sequence and layer the window rows and compressed entries attended (as the engine stores
 //   them, float32) and the index keys scored.
-// "host ms / step": the time until forward_batch returns (its kernels queued, not run): when it nears the step's
-// time, the host and not the GPU sets the pace. Prints SKIP and exits 0 without a GPU.
+// "head ms": the head alone at the batch's rows; "layers' fraction": (roofline bytes less the head's) / bandwidth
+// against the step less the head, i.e. how the layers alone fare (a whole model has 43 of them). "host ms / step": the
+// time until forward_batch returns (its kernels queued, not run): when it nears the step's time, the host and not the
+// GPU sets the pace. Prints SKIP and exits 0 without a GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,7 +63,8 @@ double copy_bandwidth() {
 }
 
 struct WeightBytes {
-  double dense = 0;            // read once per step whatever the batch
+  double dense = 0;            // read once per step whatever the batch (the head included)
+  double head = 0;             // of which the head
   double embed_row = 0;        // one embedding row
   std::vector<double> expert;  // per layer: bytes of one routed expert (w1 + w2 + w3 + scales)
 };
@@ -85,8 +88,24 @@ WeightBytes weight_bytes(const std::string& dir, const di::ModelConfig& cfg) {
       continue;
     }
     w.dense += bytes;
+    if (n == "head.weight") w.head = bytes;
   }
   return w;
+}
+
+// The head alone at `rows` rows of x, as the model calls it (linear_f32: FP32 out, no act quant), ms per call: with
+// 4 layers the head (1.3 GB, read near the HBM ceiling at batch 1) is about half a step's bytes, while a whole model
+// has 43 layers, so the table also gives the layers' own fraction of their roofline.
+double head_ms(const di::Tensor& head, int64_t rows, int64_t dim) {
+  const di::Tensor x = di::Tensor::full({rows, dim}, 0.01f).to(di::Device::kCUDA);
+  const di::ops::QWeight w{head, {}, 0};
+  di::ops::linear(x, w, {0, false});  // warm-up
+  di::ops::synchronize(di::Device::kCUDA);
+  const int reps = 10;
+  const double t0 = now_s();
+  for (int i = 0; i < reps; ++i) di::ops::linear(x, w, {0, false});
+  di::ops::synchronize(di::Device::kCUDA);
+  return (now_s() - t0) / reps * 1e3;
 }
 
 // State bytes one sequence's decode step reads at position p (float32 rows, as stored).
@@ -167,6 +186,13 @@ int main(int argc, char** argv) {
                 static_cast<long long>(cfg.vocab_size), now_s() - t_load);
     const double bw = copy_bandwidth();
     const WeightBytes wb = weight_bytes(dir, cfg);
+    di::Tensor head;  // the head on the GPU once more, for head_ms
+    {
+      di::Checkpoint ck = di::Checkpoint::open(dir);
+      if (ck.has("head.weight"))
+        head = ck.take("head.weight", {cfg.vocab_size, cfg.dim}, {di::DType::kBF16, di::DType::kF32})
+                   .to(di::Device::kCUDA);
+    }
     std::printf("D2D copy bandwidth (read + write) %.0f GB/s; dense weights %.3f GB, one routed expert %.1f MB\n\n",
                 bw / 1e9, wb.dense / 1e9, (wb.expert.empty() ? 0.0 : wb.expert[0]) / 1e6);
 
@@ -177,7 +203,8 @@ int main(int argc, char** argv) {
     greedy.temperature = 0.0f;
     std::printf(
         "| batch | context | ms / step | tokens/s per seq | tokens/s total | GB / step (roofline) | roofline ms | "
-        "fraction of roofline | host ms / step |\n|---|---|---|---|---|---|---|---|---|\n");
+        "fraction of roofline | host ms / step | head ms | layers' fraction |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const int64_t B : batches) {
       // B sequences with `context` tokens each, prefilled 4096 tokens per forward at most.
       std::vector<std::unique_ptr<di::SequenceState>> seqs;
@@ -221,9 +248,12 @@ int main(int argc, char** argv) {
         host += dt_host;
       }
       const double ms = total / steps * 1e3, roof_ms = bytes / bw * 1e3;
-      std::printf("| %lld | %lld | %.2f | %.1f | %.1f | %.3f | %.3f | %.1f%% | %.2f |\n", static_cast<long long>(B),
-                  static_cast<long long>(context), ms, 1e3 / ms, B * 1e3 / ms, bytes / 1e9, roof_ms,
-                  100.0 * roof_ms / ms, host / steps * 1e3);
+      // The layers' own fraction: the step less the head (timed alone), against the roofline less the head's bytes.
+      const double h_ms = head.defined() ? head_ms(head, B, cfg.dim) : 0.0;
+      const double layers_frac = (bytes - wb.head) / bw * 1e3 / std::max(1e-9, ms - h_ms);
+      std::printf("| %lld | %lld | %.2f | %.1f | %.1f | %.3f | %.3f | %.1f%% | %.2f | %.3f | %.1f%% |\n",
+                  static_cast<long long>(B), static_cast<long long>(context), ms, 1e3 / ms, B * 1e3 / ms, bytes / 1e9,
+                  roof_ms, 100.0 * roof_ms / ms, host / steps * 1e3, h_ms, 100.0 * layers_frac);
       std::fflush(stdout);
     }
     if (prefill > 0) {
