@@ -112,12 +112,6 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
   __syncthreads();
 
   float acc[4][kTileMT][4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int m = 0; m < kTileMT; ++m)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][m][i] = 0.0f;
 
   // End of a block step: the outputs of this lane's 4 rows (lane (g, 0, 0) stores them).
   auto finish = [&](int step) {
@@ -149,6 +143,12 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
   // Consumer: the same sequence of (block step, chunk), kTileDepth behind the producer (nch % kTileDepth == 0, so
   // chunk c of every step sits in slot c % kTileDepth).
   for (int step = first; step < p.steps; step += stride) {  // uniform over the block
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int m = 0; m < kTileMT; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][m][i] = 0.0f;
 #pragma unroll 1
     for (int c0 = 0; c0 < nch; c0 += kTileDepth) {
 #pragma unroll
@@ -176,12 +176,6 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
       }
     }
     finish(step);
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int m = 0; m < kTileMT; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[r][m][i] = 0.0f;
   }
 }
 

@@ -102,7 +102,7 @@ class ModelV4 final : public Model {
  public:
   static std::unique_ptr<ModelV4> load(const std::string& dir, const ModelConfig& cfg, Device device);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
-  int stack_linears() override { return deepinfer::stack_linears(w_); }
+  int stack_linears() override { return deepinfer::stack_linears(w_.layers); }
 
  private:
   ModelWeights w_;
@@ -112,7 +112,7 @@ class ModelV41 final : public Model {
  public:
   static std::unique_ptr<ModelV41> load(const std::string& dir, const ModelConfig& cfg, Device device);
   Tensor forward_batch(const std::vector<SeqChunk>& batch, const ForwardOptions& opts) const override;
-  int stack_linears() override { return deepinfer::stack_linears(w_); }
+  int stack_linears() override { return deepinfer::stack_linears(w_.layers); }
 
  private:
   ModelWeightsV41 w_;

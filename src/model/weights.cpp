@@ -183,15 +183,6 @@ void stack_rows(ops::QWeight& a, ops::QWeight& b, ops::QWeight& out) {
   }
 }
 
-int stack_linears(ModelWeights& w) {
-  int n = 0;
-  for (LayerWeights& L : w.layers) {
-    stack_rows(L.attn.wq_a, L.attn.wkv, L.attn.wq_a_kv);
-    n += L.attn.wq_a_kv.w.defined() ? 1 : 0;
-  }
-  return n;
-}
-
 void move_weights(ModelWeights& w, Device d) {
   if (d == Device::kCPU) return;
   for (Tensor* t : {&w.embed, &w.head, &w.norm, &w.hc_head_fn, &w.hc_head_base, &w.hc_head_scale}) move_weight(*t, d);

@@ -147,7 +147,14 @@ void stack_rows(ops::QWeight& a, ops::QWeight& b, ops::QWeight& out);
 // Every layer's wq_a and wkv (the two linears of the attention input): what a GPU load does, where each
 // launch has a fixed cost of several microseconds; the CPU keeps the checkpoint's mapped weights as they are.
 // Returns how many pairs were stacked.
-int stack_linears(ModelWeights& w);
-int stack_linears(ModelWeightsV41& w);
+template <typename Layer>
+int stack_linears(std::vector<Layer>& layers) {
+  int n = 0;
+  for (Layer& L : layers) {
+    stack_rows(L.attn.wq_a, L.attn.wkv, L.attn.wq_a_kv);
+    n += L.attn.wq_a_kv.w.defined() ? 1 : 0;
+  }
+  return n;
+}
 
 }  // namespace deepinfer

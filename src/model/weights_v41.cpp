@@ -123,15 +123,6 @@ ModelWeightsV41 load_weights_v41(Checkpoint& ckpt, const ModelConfig& cfg) {
   return w;
 }
 
-int stack_linears(ModelWeightsV41& w) {
-  int n = 0;
-  for (LayerWeightsV41& L : w.layers) {
-    stack_rows(L.attn.wq_a, L.attn.wkv, L.attn.wq_a_kv);
-    n += L.attn.wq_a_kv.w.defined() ? 1 : 0;
-  }
-  return n;
-}
-
 void move_weights(ModelWeightsV41& w, Device d) {
   if (d == Device::kCPU) return;
   for (Tensor* t : {&w.embed, &w.head, &w.norm}) move_weight(*t, d);
