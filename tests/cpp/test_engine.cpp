@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deepinfer/error.h"
@@ -342,6 +343,38 @@ TEST(Model, StackedLinearsGiveTheSameLogits) {
       ASSERT_EQ(std::memcmp(la.raw(), lb.raw(), la.nbytes()), 0) << family << " step " << step;
       tokens = {argmax(la)};
     }
+  }
+}
+
+// stack_rows: E4M3 weights whose first part is whole scale tiles are stacked (the old weights become views of the
+// stacked rows, bytes unchanged); layouts it cannot stack leave both weights as they were.
+TEST(Model, StackRowsStacksWholeTilesOnly) {
+  auto e4m3 = [](int64_t n, int64_t k, uint8_t fill) {
+    ops::QWeight q;
+    q.w = Tensor::empty({n, k}, DType::kE4M3);
+    std::memset(q.w.raw(), fill, q.w.nbytes());
+    q.scale = Tensor::empty({(n + 31) / 32, (k + 31) / 32}, DType::kE8M0);
+    std::memset(q.scale.raw(), 120 + fill % 7, q.scale.nbytes());
+    q.block = 32;
+    return q;
+  };
+  ops::QWeight a = e4m3(64, 96, 3), b = e4m3(32, 96, 5), out;
+  stack_rows(a, b, out);
+  ASSERT_TRUE(out.w.defined());
+  EXPECT_EQ(out.w.shape(), (Shape{96, 96}));
+  EXPECT_EQ(out.scale.shape(), (Shape{3, 3}));
+  EXPECT_EQ(a.w.shape(), (Shape{64, 96}));
+  EXPECT_EQ(b.w.raw(), static_cast<const uint8_t*>(out.w.raw()) + 64 * 96);  // a view of the stacked rows
+  EXPECT_EQ(static_cast<const uint8_t*>(b.w.raw())[0], 5);
+  EXPECT_EQ(static_cast<const uint8_t*>(b.scale.raw())[0], 120 + 5 % 7);
+  // a's rows not whole tiles, other input widths, other formats: not stacked, nothing moved.
+  for (auto [na, kb, bf16] : {std::tuple<int64_t, int64_t, bool>{40, 96, false}, {64, 128, false}, {64, 96, true}}) {
+    ops::QWeight x = e4m3(na, 96, 1), y = e4m3(32, kb, 2), o;
+    if (bf16) y = ops::QWeight{Tensor::zeros({32, 96}, DType::kBF16), {}, 0};
+    const void* xw = x.w.raw();
+    stack_rows(x, y, o);
+    EXPECT_FALSE(o.w.defined()) << na << " " << kb << " " << bf16;
+    EXPECT_EQ(x.w.raw(), xw);
   }
 }
 
