@@ -20,11 +20,10 @@ void check_f32_2d(const Tensor& x, const char* op) {
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
   // x: contiguous, or 2-D rows of any stride (a column slice of a wider output, as linear_q_pair's).
-  const bool strided = x.dim() == 2 && !x.is_contiguous() && x.strides()[1] == 1;
-  if (!strided) check_f32_2d(x, "rms_norm");
-  DI_CHECK(x.device() == Device::kCPU && x.dtype() == DType::kF32, "rms_norm: expected a float32 CPU tensor, got {}",
-           x.describe());
-  const int64_t cols = x.size(-1), rows = x.numel() / cols, ldx = strided ? x.strides()[0] : cols;
+  const bool strided = x.dim() == 2 && x.strides()[1] == 1;
+  DI_CHECK(x.device() == Device::kCPU && x.dtype() == DType::kF32 && (x.is_contiguous() || strided),
+           "rms_norm: expected a float32 CPU tensor with dense rows, got {}", x.describe());
+  const int64_t cols = x.size(-1), rows = x.numel() / cols, ldx = x.is_contiguous() ? cols : x.strides()[0];
   if (w.defined()) DI_CHECK(w.numel() == cols, "rms_norm: weight has {} values for rows of {}", w.numel(), cols);
   Tensor y = Tensor::empty(x.shape(), DType::kF32);
   const float* xp = x.data<float>();

@@ -343,13 +343,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
 }
 
 // ---- swiglu, embedding, gather_rows ------------------------------------------------------------------
-__global__ void swiglu_kernel(const float* g, const float* u, const float* wts, float limit, bool round, int64_t T,
-                              int64_t I, float* h) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (n >= T * I) return;
-  float gv = g[n], uv = u[n];
+// One value of the clamped SwiGLU (ops::swiglu): w = the row's routing weight, or null.
+__device__ __forceinline__ float swiglu_value(float gv, float uv, const float* w, float limit, bool round) {
   if (limit > 0) {
     uv = uv < -limit ? -limit : uv;  // std::max(uv, -limit), NaN kept
     uv = limit < uv ? limit : uv;    // std::min(uv, limit)
@@ -357,8 +352,17 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* wts, 
   }
   const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, exp_f(-gv)));
   float v = __fmul_rn(silu, uv);
-  if (wts) v = __fmul_rn(wts[n / I], v);
-  h[n] = round ? round_to_bf16(v) : v;
+  if (w) v = __fmul_rn(*w, v);
+  return round ? round_to_bf16(v) : v;
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, const float* wts, float limit, bool round, int64_t T,
+                              int64_t I, float* h) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (n >= T * I) return;
+  h[n] = swiglu_value(g[n], u[n], wts ? wts + n / I : nullptr, limit, round);
 }
 
 // One row's columns [c0, c1) fake-quantised in place as ops::fake_quant_fp8 (group amax with the 1e-4 floor,
@@ -383,17 +387,7 @@ __global__ void swiglu_quant_kernel(const float* g, const float* u, const float*
   float* out = h + t * I;
   float amax = 0.0f;
   for (int64_t c = c0 + lane; c < c1; c += 32) {
-    const int64_t n = t * I + c;
-    float gv = g[n], uv = u[n];
-    if (limit > 0) {
-      uv = uv < -limit ? -limit : uv;
-      uv = limit < uv ? limit : uv;
-      gv = limit < gv ? limit : gv;
-    }
-    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, exp_f(-gv)));
-    float v = __fmul_rn(silu, uv);
-    if (wts) v = __fmul_rn(wts[t], v);
-    v = round ? round_to_bf16(v) : v;
+    const float v = swiglu_value(g[t * I + c], u[t * I + c], wts ? wts + t : nullptr, limit, round);
     out[c] = v;
     amax = fmaxf(amax, fabsf(v));
   }

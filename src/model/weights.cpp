@@ -151,7 +151,7 @@ void index_experts(MoeWeights& m) {
   if (m.shared.w1.w.defined()) {
     m.shared_w1.push_back(m.shared.w1);
     m.shared_w3.push_back(m.shared.w3);
-    m.shared_rows = Tensor::zeros({MoeWeights::kSharedRows}, DType::kI32, m.shared.w1.w.device());
+    m.shared_rows = Tensor::zeros({MoeWeights::kGroupedRowsMax}, DType::kI32, m.shared.w1.w.device());
   }
 }
 

@@ -51,11 +51,10 @@ struct MoeWeights {
   // The routed experts' matrices as one list each, indexed by expert (the tables of
   // ops::linear_grouped); index_experts() builds them from `experts` once the weights are in place.
   std::vector<ops::QWeight> routed_w1, routed_w2, routed_w3;
-  // The shared expert's w1 and w3 as one-matrix lists and kSharedRows zero expert ids on its device (every row
+  // The shared expert's w1 and w3 as one-matrix lists and kGroupedRowsMax zero expert ids on its device (every row
   // against matrix 0): its single grouped launch at decode (moe.cpp), without per-call lists or a memset. As many
   // as the grouped launches take (run_grouped in layers_v4.h).
   static constexpr int64_t kGroupedRowsMax = 2048;
-  static constexpr int64_t kSharedRows = kGroupedRowsMax;
   std::vector<ops::QWeight> shared_w1, shared_w3;
   Tensor shared_rows;
 };

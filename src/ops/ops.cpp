@@ -466,6 +466,7 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
 
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block) {
   const OpScope scope("swiglu", g);
+  DI_CHECK(quant_block >= 0, "swiglu: quant_block must be >= 0, got {}", quant_block);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round, quant_block);
 #endif

@@ -40,34 +40,28 @@ using namespace cuda_test;  // NOLINT: the shared test helpers
 
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
 
-// Runs a case once, or for FP4 / E4M3 weights once per kernel (the name tagged "[fp4 old]" / "[fp4 new]",
-// "[fp8 old]" / "[fp8 walk]").
+// Runs a case once per kernel of its weight format, the name tagged with the kernel: E4M3 "[fp8 old]" (fp8_gemv) /
+// "[fp8 walk]" (fp8_walk_gemv), BF16 "[bf16 chain]" (chain_gemv) / "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]"
+// (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
-  if (dt == di::DType::kE4M3) {  // both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv)
-    for (const int v : {1, 2}) {
-      di::cuda::gemv_set_fp8_variant(v);
-      run_case(name + (v == 1 ? " [fp8 old]" : " [fp8 walk]"), body);
-    }
-    di::cuda::gemv_set_fp8_variant(0);
-    return;
+  int (*set_variant)(int) = nullptr;
+  const char* tags[2] = {"", ""};
+  if (dt == di::DType::kE4M3) {
+    set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
+  } else if (dt == di::DType::kBF16) {
+    set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 tile]";
+  } else if (dt == di::DType::kE2M1x2) {
+    set_variant = di::cuda::gemv_set_fp4_variant, tags[0] = " [fp4 old]", tags[1] = " [fp4 new]";
   }
-  if (dt == di::DType::kBF16) {  // both BF16 kernels ("[bf16 chain]": chain_gemv, "[bf16 tile]": bf16_tile_gemv)
-    for (const int v : {1, 2}) {
-      di::cuda::gemv_set_bf16_variant(v);
-      run_case(name + (v == 1 ? " [bf16 chain]" : " [bf16 tile]"), body);
-    }
-    di::cuda::gemv_set_bf16_variant(0);
-    return;
-  }
-  if (dt != di::DType::kE2M1x2) {
+  if (set_variant == nullptr) {
     run_case(name, body);
     return;
   }
   for (const int v : {1, 2}) {
-    di::cuda::gemv_set_fp4_variant(v);
-    run_case(name + (v == 1 ? " [fp4 old]" : " [fp4 new]"), body);
+    set_variant(v);
+    run_case(name + tags[v - 1], body);
   }
-  di::cuda::gemv_set_fp4_variant(0);
+  set_variant(0);
 }
 
 uint64_t splitmix(uint64_t& s) {
