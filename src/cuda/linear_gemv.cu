@@ -1085,9 +1085,9 @@ std::atomic<int> g_fp4_variant{2};
 
 int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
 
-// The BF16 kernel in force: 1 = chain_gemv (the default), 2 = bf16_tile_gemv (linear_gemv_bf16.cu) for the calls
-// it takes (gemv_set_bf16_variant). bf16_tile_gemv stays off by default until measured on the H200.
-constexpr int kBf16DefaultVariant = 1;
+// The BF16 kernel in force: 1 = chain_gemv, 2 = bf16_tile_gemv (linear_gemv_bf16.cu) for the calls it takes,
+// 3 = by rows of x (the default; bf16_uses_tile). gemv_set_bf16_variant.
+constexpr int kBf16DefaultVariant = 3;
 std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 
 // The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (the
@@ -1110,7 +1110,7 @@ int gemv_set_fp8_variant(int v) {
 int gemv_fp8_variant() { return g_fp8_variant.load(std::memory_order_relaxed); }
 
 int gemv_set_bf16_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 2, "gemv_set_bf16_variant: {} is not 0, 1 or 2", v);
+  DI_CHECK(v >= 0 && v <= 3, "gemv_set_bf16_variant: {} is not 0 .. 3", v);
   return g_bf16_variant.exchange(v == 0 ? kBf16DefaultVariant : v, std::memory_order_relaxed);
 }
 
@@ -1126,6 +1126,19 @@ bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
   const int v = gemv_fp8_variant();
   return v == 2 || (v == 3 && (grouped || N >= kWalkMinRows || M >= 2));
 }
+
+namespace {
+
+bool bf16_uses_tile(const GemvArgs& a) {
+  // By rows of x (bench_cuda_gemv's batched table, the head [129280, 5120] on the H200): bf16_tile_gemv against
+  // chain_gemv 691 / 844 us at M = 8, 2,488 / 3,282 at M = 32, 4,827 / 6,779 at M = 64; even at M = 4 (432 / 433)
+  // and slower at M = 2 (435 / 325): its 4 x rows per lane only pay off with several rows.
+  constexpr int64_t kTileMinRows = 8;
+  const int v = g_bf16_variant.load(std::memory_order_relaxed);
+  return (v == 2 || (v == 3 && a.M >= kTileMinRows)) && gemv_bf16_tile_supported(a);
+}
+
+}  // namespace
 
 bool gemv_supported(const GemvArgs& a) {
   if (a.M < 0 || a.N < 0) return false;
@@ -1169,7 +1182,7 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_variant() == 2)
     launch_fp4_pair(p, a.tile_rows, stream);
-  else if (a.fmt == kBf16 && g_bf16_variant.load(std::memory_order_relaxed) == 2 && gemv_bf16_tile_supported(a))
+  else if (a.fmt == kBf16 && bf16_uses_tile(a))
     gemv_bf16_tile_into(a, stream);
   else
     launch_chain(p, a.fmt, stream);

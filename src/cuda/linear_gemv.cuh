@@ -39,7 +39,7 @@
 //    row in segments of 16 tiles (two lanes per tile as above), with 16 loads per lane in flight; it folds its
 //    own tile sums through a per-warp shared buffer (lane = (row, x row, l)), so no block barrier after the
 //    x prologue. Details in linear_gemv_fp8.cu.
-//  * BF16, second kernel (bf16_tile_gemv, gemv_set_bf16_variant; off by default until measured): dense calls
+//  * BF16, second kernel (bf16_tile_gemv, gemv_set_bf16_variant; by default from 8 rows of x): dense calls
 //    without act quant (the head at decode batches), a lane owning 4 chains of 4 weight rows for 4 x rows, so
 //    each x value read from shared memory feeds 4 rows. Details in linear_gemv_bf16.cu.
 // Blocks are persistent (each loops over row groups), so x is staged once per block.
@@ -111,9 +111,10 @@ int gemv_set_fp4_variant(int v);
 // call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of this shape (grouped or
 // dense with N weight rows and M rows of x) runs fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);
-// Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv (the default), 2 =
-// bf16_tile_gemv (linear_gemv_bf16.cuh: 4 weight rows x 4 x rows per lane) for the dense calls without act quant it
-// takes (chain_gemv for the others), 0 = the default again. Returns the variant in force before the call.
+// Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_tile_gemv
+// (linear_gemv_bf16.cuh: 4 weight rows x 4 x rows per lane) for the dense calls without act quant it takes
+// (chain_gemv for the others), 3 = bf16_tile_gemv for those calls from 8 rows of x (the default), 0 = the default
+// again. Returns the variant in force before the call.
 int gemv_set_bf16_variant(int v);
 int gemv_fp8_variant();
 bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M = 1);
