@@ -1115,14 +1115,14 @@ int gemv_set_bf16_variant(int v) {
 }
 
 bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
-  // By shape (bench_cuda_gemv on the H200, V4.1 shapes at M = 1): a warp of fp8_walk_gemv walks 4 rows over
-  // the whole of K, so it needs many row groups to fill the GPU. It won at N >= 4,096 (wq_b [32768, 1280]
-  // 17.2 us against 29.8 for fp8_gemv, shared w2 [5120, 2304] 10.3 against 13.0, wo_b [5120, 8192] 26.8
-  // against 40.8) and on grouped calls (wo_a's 8 x [1024, 4096]: 18.9 against 28.8); fp8_gemv, which splits
-  // K across a block, won on narrow weights (wq_a [1024, 5120] 8.7 against 23.1, wkv [512, 5120] 7.7
-  // against 16.6). Dense calls of 2+ rows of x: fp8_walk_gemv beat fp8_gemv on every V4.1 shape from M = 2 to
-  // 64 (bench_cuda_gemv's batched table), 1.1x to 2.3x.
-  constexpr int64_t kWalkMinRows = 4096;
+  // By shape (bench_cuda_gemv on the H200, V4.1 shapes at M = 1): a warp of fp8_walk_gemv walks 2 or 4 rows
+  // over the whole of K, so it needs many row groups to fill the GPU. It won from N = 1,280 (wq_a [1280, 5120] 8.8
+  // us against 9.3 for fp8_gemv, the shared w1 / w3 [2304, 5120] 9.6 against 12.3, wq_b [32768, 1280] 17.3 against
+  // 29.7, wo_b [5120, 8192] 20.8 against 40.8) and on grouped calls (wo_a's 8 x [1024, 4096]: 17.6 against 28.6);
+  // fp8_gemv, which splits K across a block, won on narrower weights (wq_a [1024, 5120] 9.1 against 10.4, wkv
+  // [512, 5120] 8.5 against 14.9). Dense calls of 2+ rows of x: fp8_walk_gemv beat fp8_gemv on every V4.1 shape
+  // from M = 2 to 64 (bench_cuda_gemv's batched table), 1.1x to 2.3x.
+  constexpr int64_t kWalkMinRows = 1280;
   const int v = gemv_fp8_variant();
   return v == 2 || (v == 3 && (grouped || N >= kWalkMinRows || M >= 2));
 }

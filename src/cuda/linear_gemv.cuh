@@ -106,7 +106,7 @@ int gemv_set_fp4_variant(int v);
 // Tests, benchmarks and the dispatch in linear.cu: the E4M3 kernel of the following gemv_into calls,
 // 1 = fp8_gemv (K split across a block, tile sums folded after a block barrier), 2 = fp8_walk_gemv
 // (linear_gemv_fp8.cu: each warp walks whole rows and folds its own tile sums, a deeper load pipeline),
-// 3 = by shape (the default: fp8_walk_gemv for grouped calls, N >= 4096 and M >= 2, where it measured faster;
+// 3 = by shape (the default: fp8_walk_gemv for grouped calls, N >= 1280 and M >= 2, where it measured faster;
 // fp8_gemv otherwise), 0 = the default again. gemv_set_fp8_variant returns the variant in force before the
 // call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of this shape (grouped or
 // dense with N weight rows and M rows of x) runs fp8_walk_gemv under it.

@@ -4,7 +4,7 @@
 // threads fold the T tile sums in sequence while the rest wait, with one step in flight.
 //
 // Thread mapping. A warp owns a "row group" of R = 4 / MT weight rows (MT x rows, so 4 (row, x row) pairs:
-// the 4 "fold rows") and walks the whole of K in segments of 16 tiles; a warp's row groups are g = gw,
+// the 4 "fold rows"; or R = 2 at one x row, 2 fold rows, when that gives every group a warp) and walks the whole of K in segments of 16 tiles; a warp's row groups are g = gw,
 // gw + stride, ... (gw its global warp index within its x-row group). Within a segment, lanes 2p and 2p+1
 // (h = 0, 1) own tile 16 seg + p and load, per row and per 32-column chunk of the tile, the 16 bytes
 // [16h, 16h + 16) (a warp's load instruction: 512 contiguous bytes for B = 32). Two shuffles per chunk
@@ -16,9 +16,11 @@
 // After the last segment of a row group, 8-lane shuffles form the CPU's hsum and lane l = 0 stores y.
 //
 // Pipeline. Each lane keeps a ring of D items (item = one segment of the row group: R x G 16-byte loads and
-// the tile's scale code), 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1). Slot d is
-// refilled as soon as it is computed, with the item D ahead in the warp's sequence, which runs on across row
-// groups (no drain at the end of a row). Dense mode issues the first D items before griddepcontrol.wait.
+// the tile's scale code), up to 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1; D <= 4,
+// as the unrolled pass's code must stay in the instruction cache). Slot d is refilled as soon as it is computed,
+// with the item D ahead in the warp's sequence, which runs on across row groups (no drain at the end of a row).
+// The loader walks a pointer per row by a segment per item (recomputed at a new row group only). Dense mode
+// issues the first D items before griddepcontrol.wait.
 //
 // Arithmetic (per 16 weight bytes and x row: 8 cvt.rn.f16x2.e4m3x2, 16 f16 -> f32, 16 FMAs). The codes
 // are decoded through the hardware e4m3x2 -> f16x2 conversion, exact, NaN codes to NaN (which then
@@ -84,11 +86,14 @@ constexpr int kFoldRow = 8 * kLStride;                 // floats per fold row of
 constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][8][20] and tile factors [16]
 constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
 
-template <int MT, int G>
+// R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
+template <int MT, int G, int R>
 struct WalkShape {
-  static constexpr int kR = 4 / MT;                                         // weight rows per row group
-  static constexpr int kSlots = MT == 1 ? 16 : 8;                           // 16-byte loads in flight per lane
-  static constexpr int kD = kSlots / (kR * G) > 0 ? kSlots / (kR * G) : 1;  // items in the ring
+  static_assert(R * MT <= 4 && 4 % (R * MT) == 0, "at most 4 fold rows");
+  static constexpr int kSlots = MT == 1 ? 16 : 8;       // 16-byte loads in flight per lane, at most
+  static constexpr int kItem = R * G;                   // 16-byte loads per item
+  static constexpr int kFit = kSlots / kItem > 0 ? kSlots / kItem : 1;
+  static constexpr int kD = kFit < 4 ? kFit : 4;        // items in the ring (4 at most: the unrolled pass's code)
 };
 
 // Float4 slot of float4 F of a staged x row: bits 1-2 (the chain j) XOR the tile's low 2 bits, so that the
@@ -135,10 +140,10 @@ __host__ __device__ inline int64_t walk_smem_floats(int MT, int xcols, int warps
   return static_cast<int64_t>(MT) * xcols + static_cast<int64_t>(warps) * kWarpFloats + 2 * ((MT * ng + 3) & ~3);
 }
 
-template <int MT, int G>
+template <int MT, int G, int R>
 __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p) {
-  using Shape = WalkShape<MT, G>;
-  constexpr int R = Shape::kR, D = Shape::kD, B = 32 * G;
+  using Shape = WalkShape<MT, G, R>;
+  constexpr int D = Shape::kD, B = 32 * G;
   extern __shared__ __align__(16) float smem_walk[];
   pdl_launch_dependents();
   const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
@@ -163,25 +168,40 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 
   // The ring: item (row group lg, segment lseg) of the loader; slot d holds rows [lg R, lg R + R) (clamped
   // to N - 1) of this lane's tile half, chunk by chunk, zeros beyond the row, and the tile's scale code.
+  // The loader keeps a pointer per row (and one to the scale codes) at its tile of the segment and advances them
+  // by a segment per item; they are recomputed only when it moves to its next row group.
   uint4 ring[D][R][G];
   uint32_t ring_e[D];
   int lg = gw, lseg = 0;
-  auto load_item = [&](int d) {
-    const int t = lseg * kSegTiles + pp;
-    const bool tv = lg < p.groups && t < T;
-    const int nch = tv ? min(G, (K - t * B) >> 5) : 0;
+  bool lv = lg < p.groups;
+  const int tlast = T - kSegTiles * (S - 1);               // tiles of the last segment, 1 .. 16
+  const int lastch = (K - (T - 1) * B) >> 5;               // chunks of the last tile, 1 .. G
+  const uint8_t* lp[R];
+  const uint8_t* ls = nullptr;
+  auto set_rows = [&]() {
     const int n0 = lg * R;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = W + static_cast<int64_t>(min(n0 + r, N - 1)) * p.ldw + t * B + 16 * h;
+    for (int r = 0; r < R; ++r) lp[r] = W + static_cast<int64_t>(min(n0 + r, N - 1)) * p.ldw + pp * B + 16 * h;
+    ls = SC + static_cast<int64_t>(n0 / B) * p.lds + pp;  // rows n0 .. n0 + R - 1 share a scale row: R divides B
+  };
+  auto load_item = [&](int d) {
+    const bool tv = lv && (lseg < S - 1 || pp < tlast);
+    const int nch = G == 1 ? 1 : lseg * kSegTiles + pp == T - 1 ? lastch : G;
 #pragma unroll
-      for (int c = 0; c < G; ++c) ring[d][r][c] = c < nch ? ldg_stream(row + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < G; ++c) ring[d][r][c] = tv && c < nch ? ldg_stream(lp[r] + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+    ring_e[d] = tv ? static_cast<uint32_t>(__ldg(ls)) : 0u;
+#pragma unroll
+    for (int r = 0; r < R; ++r) lp[r] += kSegTiles * B;
+    ls += kSegTiles;
+    if (++lseg == S) {
+      lseg = 0, lg += gstride, lv = lg < p.groups;
+      if (lv) set_rows();
     }
-    // Rows n0 .. n0 + R - 1 share a scale row: R divides B.
-    ring_e[d] = tv ? static_cast<uint32_t>(__ldg(SC + static_cast<int64_t>(n0 / B) * p.lds + t)) : 0u;
-    if (++lseg == S) lseg = 0, lg += gstride;
   };
   auto prime = [&]() {
+    if (lv) set_rows();
 #pragma unroll
     for (int d = 0; d < D; ++d) load_item(d);
   };
@@ -272,6 +292,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 
   // The walk: item after item (segment seg of row group cg), D slots of the ring per pass.
   const int f = lane >> 3, l = lane & 7;  // this lane's fold row and chain
+  // x of (tile t, chunk c, j) for this lane: float4 x_slot<G>(8 (t G + c) + 2 j + h) = 8 (t G + c) + 2 (j ^ (t & 3)) + h
+  // of a staged row, where t & 3 = pp & 3 (t = 16 seg + pp): a lane offset per j, plus 512 G floats per segment.
+  int xoff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) xoff[j] = 4 * (8 * pp * G + 2 * (j ^ (pp & 3)) + h);
   auto walk = [&](auto fast_tag) {
     constexpr bool kFast = decltype(fast_tag)::value;
     float tot = 0.0f;
@@ -282,13 +307,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
         if (cg >= p.groups) break;  // uniform over the warp
         const int t = cseg * kSegTiles + pp;
         // x of chunk c of this lane's tile: xw[m][j] = x[m0 + m][32 (t G + c) + 8 j + 4 h .. + 3].
+        const float* xseg = xs + 512 * G * cseg;
         auto load_x = [&](int c, float4(&xw)[MT][4]) {
 #pragma unroll
           for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-              xw[m][j] =
-                  *reinterpret_cast<const float4*>(xs + m * p.xcols + 4 * x_slot<G>(8 * (t * G + c) + 2 * j + h));
+              xw[m][j] = *reinterpret_cast<const float4*>(xseg + m * p.xcols + 32 * c + xoff[j]);
         };
         float4 xw[MT][4];
         if constexpr (G == 1) load_x(0, xw);  // shared by the R rows
@@ -351,7 +376,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
           hs = __fadd_rn(hs, __shfl_down_sync(0xffffffffu, hs, 2, 8));
           hs = __fadd_rn(hs, __shfl_down_sync(0xffffffffu, hs, 1, 8));
           const int n = cg * R + f / MT, m = f % MT;
-          if (l == 0 && n < N && m < mrows) {
+          if (l == 0 && f < R * MT && n < N && m < mrows) {
             const float o = __fadd_rn(hs, 0.0f);
             p.y[static_cast<int64_t>(m0 + m) * N + n] = p.round ? round_to_bf16(o) : o;
           }
@@ -387,27 +412,34 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
   int MT = grouped ? 1 : a.M == 1 ? 1 : a.M == 2 || G > 1 ? 2 : 4;
   while (MT > 1 && 4 * walk_smem_floats(MT, p.xcols, kMaxWarps, p.ng) > kWalkSmemBudget) MT /= 2;
   p.mtiles = (p.M + MT - 1) / MT;
-  const int R = 4 / MT;
-  p.groups = (p.N + R - 1) / R;
 
   // One block per SM, as many as the x-row groups can use (a multiple of mtiles; more, in waves, when the x-row
   // groups outnumber the SMs), and warps per block (16, or fewer when the row groups would leave half of them
   // idle). The kernel deals row groups out evenly over the blocks of an x-row group, so every SM gets the same
   // number to one: with blocks of whole warps' groups, 160 blocks of 8 warps on 132 SMs (wo_b, the shared w2)
   // left 28 SMs with twice the rows of the others (ncu: SMs active 48-62% of the kernel's time).
+  // Rows per group: 4 / MT, or 2 at one x row when every group of 2 gets a warp of its own (bench_cuda_gemv, M =
+  // 1: wq_a [1280, 5120] 11.8 -> 8.8 us, wkv [512, 5120] 22.2 -> 14.9, the shared w1 / w3 [2304, 5120] 11.3 -> 9.6;
+  // but wo_b [5120, 8192], 2,560 groups of 2 for 2,112 warps, 20.8 -> 23.2: a warp with two groups holds up the
+  // rest).
   const int64_t sms = sm_count();
-  const int64_t per_mt = std::max<int64_t>(1, std::min<int64_t>(p.groups, sms / p.mtiles));
+  const int64_t per_mt_max = std::max<int64_t>(1, sms / p.mtiles);
+  const int R = MT == 1 && (p.N + 1) / 2 <= per_mt_max * kMaxWarps ? 2 : 4 / MT;
+  p.groups = (p.N + R - 1) / R;
+  const int64_t per_mt = std::min<int64_t>(p.groups, per_mt_max);
   int nw = kMaxWarps;
   while (nw > 2 && static_cast<int64_t>(nw / 2) * per_mt >= p.groups) nw /= 2;
   const int64_t smem = 4 * walk_smem_floats(MT, p.xcols, nw, p.ng);
 
   void (*kernel)(WalkParams) = nullptr;
   if (G == 1)
-    kernel = MT == 1 ? fp8_walk_gemv<1, 1> : MT == 2 ? fp8_walk_gemv<2, 1> : fp8_walk_gemv<4, 1>;
+    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 1, 4> : fp8_walk_gemv<1, 1, 2>)
+             : MT == 2 ? fp8_walk_gemv<2, 1, 2>
+                       : fp8_walk_gemv<4, 1, 1>;
   else if (G == 2)
-    kernel = MT == 1 ? fp8_walk_gemv<1, 2> : fp8_walk_gemv<2, 2>;
+    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 2, 4> : fp8_walk_gemv<1, 2, 2>) : fp8_walk_gemv<2, 2, 2>;
   else
-    kernel = MT == 1 ? fp8_walk_gemv<1, 4> : fp8_walk_gemv<2, 4>;
+    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 4, 4> : fp8_walk_gemv<1, 4, 2>) : fp8_walk_gemv<2, 4, 2>;
   DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= 1,
            "cuda::gemv: fp8_walk_gemv does not fit an SM ({} warps, {} bytes of shared memory)", nw, smem);
   const int64_t grid = p.mtiles * per_mt;
