@@ -34,6 +34,7 @@ struct SideStream {
   std::atomic<bool> pending{false};
   const char* buffer = nullptr;  // what the pending work writes: [buffer, buffer + bytes)
   size_t bytes = 0;
+  std::vector<Tensor> keep;  // what it reads, held until the join
 };
 
 SideStream& side() {
@@ -178,7 +179,7 @@ cudaStream_t side_fork() {
   return s.stream;
 }
 
-void side_pending(const void* buffer, size_t bytes) {
+void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep) {
   side_join();  // one pending piece at a time
   SideStream& s = side();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -186,18 +187,27 @@ void side_pending(const void* buffer, size_t bytes) {
   DI_CUDA_CHECK(cudaEventRecord(s.done, s.stream));
   s.buffer = static_cast<const char*>(buffer);
   s.bytes = bytes;
+  s.keep = std::move(keep);
   s.pending.store(true, std::memory_order_release);
 }
 
 void side_join() {
   SideStream& s = side();
   if (!s.pending.load(std::memory_order_acquire)) return;
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.pending.load(std::memory_order_relaxed)) return;
-  DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
-  s.buffer = nullptr;
-  s.bytes = 0;
-  s.pending.store(false, std::memory_order_release);
+  std::vector<Tensor> release;  // freed after the lock: a free asks reads_side_buffer, which takes it
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.pending.load(std::memory_order_relaxed)) return;
+    DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
+    s.buffer = nullptr;
+    s.bytes = 0;
+    release.swap(s.keep);
+    s.pending.store(false, std::memory_order_release);
+  }
+}
+
+void side_join_if_reads(const void* p, size_t n) {
+  if (reads_side_buffer(p, n)) side_join();
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "deepinfer/tensor.h"
 
@@ -36,16 +37,18 @@ double op_event_ms(int a, int b);
 void op_events_reset();
 
 // The side stream: a second (non-blocking) stream for small work that need not delay the default
-// stream's (the hyper-connections' Sinkhorn, needed only at the sublayer's end). side_fork() makes the
+// stream's (the hyper-connections' mixes and Sinkhorn, needed only at the sublayer's end). side_fork() makes the
 // side stream wait for everything queued so far on the default stream and returns it; after queuing the
-// side work, side_pending(buffer, bytes) records its end and names the bytes it writes. side_join() makes the
-// default stream wait for that end (no host wait; a no-op when nothing is pending); it runs before any
-// copy to the host, before a device copy or a free that touches the pending bytes, and where the
-// consumer starts.
+// side work, side_pending(buffer, bytes, keep) records its end, names the bytes it writes and holds the tensors it
+// reads (and its scratch) until the join, so that their memory is not handed to default-stream work meanwhile.
+// side_join() makes the default stream wait for that end (no host wait; a no-op when nothing is pending); it runs
+// before any copy to the host, before a device copy or a free that touches the pending bytes, and where the
+// consumer starts; side_join_if_reads(p, n) joins when [p, p + n) overlaps the pending bytes (an op's input).
 // One piece of side work is pending at a time: side_pending joins an earlier one first.
 ::CUstream_st* side_fork();
-void side_pending(const void* buffer, size_t bytes);
+void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep = {});
 void side_join();
+void side_join_if_reads(const void* p, size_t n);
 
 namespace detail {
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);

@@ -132,7 +132,6 @@ __global__ void __launch_bounds__(kMixThreads)
     hc_mix_kernel(const float* stream, int64_t width, const float* fn, int M, int splits, double* part, int* counters,
                   const float* scale, const float* base, int hc_rt, float hc_eps, float norm_eps, float* pre,
                   float* post, double* sums_out) {
-  pdl_wait();
   pdl_launch_dependents();
   static_assert(kMaxMix == 32, "warp_transpose_sum reduces 32 mixes");
   __shared__ double warp_sums[kMixThreads / 32][kMaxMix + 1];
@@ -142,22 +141,30 @@ __global__ void __launch_bounds__(kMixThreads)
   const int hc = HC > 0 ? HC : hc_rt;
   const int64_t t = blockIdx.y, s = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  double xv[kMixCols];
+  // The projection's columns first: fn is a weight (not written by the previous kernel), so its loads (from HBM:
+  // the layer's other weights evicted it) overlap that kernel's tail under programmatic dependent launch.
   bool in[kMixCols];
+  float fv[kMixCols][kMaxMix];
 #pragma unroll
   for (int q = 0; q < kMixCols; ++q) {
     const int64_t i = s * kMixChunk + q * kMixThreads + tid;
     in[q] = i < width;
-    xv[q] = in[q] ? static_cast<double>(stream[t * width + i]) : 0.0;
+    const float* f = fn + i;  // mix m's value: f[m * width]
+#pragma unroll
+    for (int m = 0; m < kMaxMix; ++m) fv[q][m] = m < M && in[q] ? f[m * width] : 0.0f;
   }
+  pdl_wait();
+  double xv[kMixCols];
+#pragma unroll
+  for (int q = 0; q < kMixCols; ++q)
+    xv[q] = in[q] ? static_cast<double>(stream[t * width + s * kMixChunk + q * kMixThreads + tid]) : 0.0;
   double acc[kMaxMix];
 #pragma unroll
   for (int q = 0; q < kMixCols; ++q) {
-    const float* f = fn + s * kMixChunk + q * kMixThreads + tid;  // mix m's value: f[m * width], one add per m
 #pragma unroll
-    for (int m = 0; m < kMaxMix; ++m, f += width) {
+    for (int m = 0; m < kMaxMix; ++m) {  // one add per m
       if (q == 0) acc[m] = 0.0;
-      if (m < M && in[q]) acc[m] += static_cast<double>(*f) * xv[q];
+      if (m < M && in[q]) acc[m] += static_cast<double>(fv[q][m]) * xv[q];
     }
   }
   double ss = 0.0;
@@ -282,9 +289,10 @@ int* arrival_counters(int64_t rows) {
   return buf;
 }
 
-void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t M,
-                    int64_t hc, float hc_eps, float norm_eps, float* pre, float* post, double* sums_out,
-                    const char* op) {
+// Launches hc_mix_kernel on `cs`; returns its scratch (the per-block partials), which must live until the kernel ran.
+Tensor launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t M,
+                      int64_t hc, float hc_eps, float norm_eps, float* pre, float* post, double* sums_out,
+                      const char* op, cudaStream_t cs) {
   check_dev(stream, op, "stream");
   check_dev(fn, op, "fn");
   check_dev(scale, op, "scale");
@@ -296,7 +304,7 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
            fn.describe(), width);
   DI_CHECK(base.numel() >= M && scale.numel() >= (post ? 3 : 1), "{}: base {} / scale {} too small", op,
            base.describe(), scale.describe());
-  if (T == 0) return;
+  if (T == 0) return Tensor();
   DI_CHECK(T < (int64_t{1} << 31) && width > 0, "{}: too many rows or an empty row", op);
   const int splits = static_cast<int>((width + kMixChunk - 1) / kMixChunk);
   constexpr int64_t kRowsPerLaunch = 65535;  // grid.y limit
@@ -308,12 +316,13 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
     const int64_t n = std::min(kRowsPerLaunch, T - t0);
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
     auto kernel = hc == 4 ? hc_mix_kernel<4> : hc_mix_kernel<0>;
-    launch_pdl(kernel, grid, kMixThreads, 0, nullptr, stream.data<float>() + t0 * width, width, fn.data<float>(),
+    launch_pdl(kernel, grid, kMixThreads, 0, cs, stream.data<float>() + t0 * width, width, fn.data<float>(),
                static_cast<int>(M), splits, p, counters, scale.data<float>(), base.data<float>(), static_cast<int>(hc),
                hc_eps, norm_eps, pre + t0 * hc, post ? post + t0 * hc : nullptr,
                sums_out ? sums_out + t0 * (kMaxMix + 1) : nullptr);
     DI_CUDA_CHECK(cudaGetLastError());
   }
+  return part;
 }
 
 }  // namespace
@@ -321,25 +330,28 @@ void launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scale,
 ops::HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                     int64_t sinkhorn_iters, float hc_eps, float norm_eps) {
   const int64_t T = stream.size(0), M = (2 + hc) * hc;
-  // comb and, behind it, the FP64 sums its Sinkhorn starts from share one buffer, so that the sums live as
-  // long as comb (the side stream reads them after this call returns).
-  const int64_t comb_floats = (T * hc * hc + 1) / 2 * 2, sums_floats = 2 * T * (kMaxMix + 1);
-  Tensor buf = Tensor::empty({comb_floats + sums_floats}, DType::kF32, Device::kCUDA);
-  ops::HcMix out{Tensor::empty({T, hc}, DType::kF32, Device::kCUDA), Tensor::empty({T, hc}, DType::kF32, Device::kCUDA),
-                 buf.slice(0, 0, T * hc * hc).view({T, hc, hc})};
-  double* sums = reinterpret_cast<double*>(buf.data<float>() + comb_floats);
-  launch_project(stream, fn, scale, base, M, hc, hc_eps, norm_eps, out.pre.data<float>(), out.post.data<float>(), sums,
-                 "cuda::hc_mixes");
+  // The whole mix runs on the side stream: no consumer needs it before the sublayer's input is formed, and in V4.1
+  // none before the sublayer's end (its input takes the previous mix's pre), so the mix (~9 us at batch 1, a
+  // latency-bound reduction) overlaps the default stream's work. pre, post, comb and the FP64 sums the Sinkhorn
+  // starts from share one buffer, the pending bytes; the consumers join (hc_expand always, hc_collapse_norm /
+  // hc_collapse / gather_rows when they read it).
+  const int64_t pre_floats = T * hc, comb_floats = (T * hc * hc + 1) / 2 * 2, sums_floats = 2 * T * (kMaxMix + 1);
+  const int64_t head = (2 * pre_floats + comb_floats + 1) / 2 * 2;  // doubles start 8-byte aligned
+  Tensor buf = Tensor::empty({head + sums_floats}, DType::kF32, Device::kCUDA);
+  ops::HcMix out{buf.slice(0, 0, pre_floats).view({T, hc}), buf.slice(0, pre_floats, 2 * pre_floats).view({T, hc}),
+                 buf.slice(0, 2 * pre_floats, 2 * pre_floats + T * hc * hc).view({T, hc, hc})};
+  double* sums = reinterpret_cast<double*>(buf.data<float>() + head);
   if (T == 0) return out;
-  // The Sinkhorn (~20 dependent rounds in one warp) runs on the side stream: pre, which the sublayer's
-  // input needs at once, is ready without it; comb is needed only at the sublayer's hc_expand (side_join).
   cudaStream_t side = side_fork();
+  Tensor part = launch_project(stream, fn, scale, base, M, hc, hc_eps, norm_eps, out.pre.data<float>(),
+                               out.post.data<float>(), sums, "cuda::hc_mixes", side);
+  // The Sinkhorn (~20 dependent rounds in one warp) after it, on the same stream.
   auto kernel = hc == 4 ? hc_comb_kernel<4> : hc_comb_kernel<0>;
   launch_pdl(kernel, static_cast<unsigned>(T), 32, 0, side, sums, stream.numel() / T, scale.data<float>(),
              base.data<float>(), static_cast<int>(hc), static_cast<int>(sinkhorn_iters), hc_eps, norm_eps,
              out.comb.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
-  side_pending(buf.raw(), buf.nbytes());
+  side_pending(buf.raw(), buf.nbytes(), {stream, fn, scale, base, part});
   return out;
 }
 
@@ -347,6 +359,7 @@ Tensor hc_collapse(const Tensor& stream, const Tensor& pre, bool round) {
   const char* op = "cuda::hc_collapse";
   check_dev(stream, op, "stream");
   check_dev(pre, op, "pre");
+  side_join_if_reads(pre.raw(), pre.nbytes());  // pre may come from hc_mixes on the side stream
   DI_CHECK(stream.dim() == 3 && pre.numel() == stream.size(0) * stream.size(1), "{}: stream {} pre {}", op,
            stream.describe(), pre.describe());
   const int64_t T = stream.size(0), hc = stream.size(1), dim = stream.size(2);
@@ -383,8 +396,9 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
   DI_CHECK(stream.dim() == 3, "cuda::hc_head: stream {}", stream.describe());
   const int64_t T = stream.size(0), hc = stream.size(1);
   Tensor pre = Tensor::empty({T, hc}, DType::kF32, Device::kCUDA);
+  side_join();  // hc_mix_kernel's arrival counters are shared with the side stream's mixes
   launch_project(stream, fn, scale, base, hc, hc, hc_eps, norm_eps, pre.data<float>(), nullptr, nullptr,
-                 "cuda::hc_head");
+                 "cuda::hc_head", nullptr);
   return hc_collapse(stream, pre, round);
 }
 

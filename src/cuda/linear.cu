@@ -16,6 +16,7 @@
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_bf16.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/quant.cuh"
 
@@ -522,13 +523,17 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const bool batch =
       M >= 2 && M <= gemv_rows_max() &&
       ((fmt == kBf16 && N >= kBf16GemvMinN) || (fmt == kFp8 && (N >= 4096 || (K >= 4096 && N * M >= kWalkBatchRows))));
-  if (decode_gemv && ((fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) || batch)) {
+  // Single-row BF16 calls on narrow weights (the gate, the compressors' and indexer's projections) go to
+  // bf16_lane_gemv where it takes them (a warp per row: the gate [384, 5120] took 8.0 us on the slab kernel, plus its
+  // x pre-pass's launch).
+  const bool bf16_row = fmt == kBf16 && M == 1;
+  if (decode_gemv && ((fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) || batch || bf16_row)) {
     GemvArgs a;
     a.fmt = fmt, a.w = static_cast<const uint8_t*>(w.raw()), a.ldw = ldw, a.scale = s, a.lds = lds, a.B = B;
     a.N = static_cast<int>(N), a.K = static_cast<int>(K);
     a.x = x.data<float>(), a.ldx = x.strides()[0], a.M = static_cast<int>(M);
     a.act_quant_block = opts.act_quant_block, a.round = opts.round_out_bf16, a.y = y.data<float>();
-    if (gemv_supported(a)) {
+    if (gemv_supported(a) && (!bf16_row || gemv_bf16_lane_supported(a))) {
       gemv_into(a, stream);
       return;
     }

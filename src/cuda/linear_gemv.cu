@@ -1085,8 +1085,8 @@ std::atomic<int> g_fp4_variant{2};
 
 int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
 
-// The BF16 kernel in force: 1 = chain_gemv, 2 = bf16_tile_gemv (linear_gemv_bf16.cu) for the calls it takes,
-// 3 = by rows of x (the default; bf16_uses_tile). gemv_set_bf16_variant.
+// The BF16 kernel in force: 1 = chain_gemv, 2 = bf16_lane_gemv / bf16_tile_gemv (linear_gemv_bf16*.cu) for the calls
+// they take, 3 = by rows of x (the default; bf16_uses_tile). gemv_set_bf16_variant.
 constexpr int kBf16DefaultVariant = 3;
 std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 
@@ -1128,6 +1128,12 @@ bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
 }
 
 namespace {
+
+// bf16_lane_gemv for the single-row calls it takes under variants 2 and 3 (bench_cuda_gemv, M = 1: the gate [384,
+// 5120] took 20.7 us on chain_gemv and 8.0 on the slab kernel).
+bool bf16_uses_lane(const GemvArgs& a) {
+  return g_bf16_variant.load(std::memory_order_relaxed) != 1 && gemv_bf16_lane_supported(a);
+}
 
 bool bf16_uses_tile(const GemvArgs& a) {
   // By rows of x (bench_cuda_gemv's batched table, the head [129280, 5120] on the H200): bf16_tile_gemv against
@@ -1182,6 +1188,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_variant() == 2)
     launch_fp4_pair(p, a.tile_rows, stream);
+  else if (a.fmt == kBf16 && bf16_uses_lane(a))
+    gemv_bf16_lane_into(a, stream);
   else if (a.fmt == kBf16 && bf16_uses_tile(a))
     gemv_bf16_tile_into(a, stream);
   else

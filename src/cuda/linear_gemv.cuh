@@ -111,10 +111,11 @@ int gemv_set_fp4_variant(int v);
 // call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of this shape (grouped or
 // dense with N weight rows and M rows of x) runs fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);
-// Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_tile_gemv
-// (linear_gemv_bf16.cuh: 4 weight rows x 4 x rows per lane) for the dense calls without act quant it takes
-// (chain_gemv for the others), 3 = bf16_tile_gemv for those calls from 8 rows of x (the default), 0 = the default
-// again. Returns the variant in force before the call.
+// Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_lane_gemv (a lane
+// per chain: one x row on narrow weights) or bf16_tile_gemv (4 weight rows x 4 x rows per lane) for the dense calls
+// without act quant they take (linear_gemv_bf16.cuh; chain_gemv for the others), 3 = bf16_lane_gemv where it takes
+// the call, bf16_tile_gemv from 8 rows of x (the default), 0 = the default again. Returns the variant in force
+// before the call.
 int gemv_set_bf16_variant(int v);
 int gemv_fp8_variant();
 bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M = 1);

@@ -32,10 +32,10 @@ __global__ void fake_quant_fp8_kernel(float* x, int64_t row_stride, int64_t col_
   amax = block_reduce(amax, MaxOp{}, 0.0f);
 
   // 2. Power-of-two scale with the 1e-4 floor; dividing by it is exact.
-  const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
+  const float s = fp8_group_scale(amax);
 
   // 3. Quantise and write back the dequantised value q * s (exact in fp32).
-  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) p[c] = e4m3_rne(p[c] / s) * s;
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) p[c] = fp8_fake_quant(p[c], s);
 }
 
 // Elementwise bf16 rounding over rows; a grid-stride loop over all rows * cols values.

@@ -64,6 +64,22 @@ __device__ __forceinline__ float e4m3_rne(float v) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
 }
 
+// fake_quant_fp8's group scale from the group's amax (the max of |v| taken with fmaxf, so NaNs are skipped): a power
+// of two with the 1e-4 floor, so dividing by it is exact.
+__device__ __forceinline__ float fp8_group_scale(float amax) { return ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max); }
+// One value fake-quantised with its group's scale s: e4m3_rne(v / s) * s (exact in fp32).
+__device__ __forceinline__ float fp8_fake_quant(float v, float s) { return e4m3_rne(v / s) * s; }
+
+// Columns [c0, c1) of row p fake-quantised in place as one fake_quant_fp8 group by a whole warp (lane l: columns
+// c0 + l, c0 + l + 32, ...). The group's max is order-independent, so the bits are fake_quant_fp8's.
+__device__ __forceinline__ void warp_fake_quant_fp8(float* p, int64_t c0, int64_t c1, int lane) {
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(p[c]));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = fp8_group_scale(amax);
+  for (int64_t c = c0 + lane; c < c1; c += 32) p[c] = fp8_fake_quant(p[c], s);
+}
+
 // RNE onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6} for |v| <= 6, sign kept: the CPU's
 // magic-number form ((a + 2^(E+22)) - 2^(E+22), E clamped at 0), with explicit IEEE adds.
 __device__ __forceinline__ float round_e2m1_grid(float v) {

@@ -22,10 +22,8 @@ void check_contiguous_f32(const Tensor& x, const char* op) {
            x.defined() ? x.describe() : std::string("undefined"));
 }
 
-// One thread per (row, head, pair). cs / sn: the position table [positions, half]; row r sits at
-// position pos[r] when `pos` is given, else at pos0 + r * stride. inverse: the conjugate rotation (-sin).
-__global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_width, int64_t rope_dim,
-                            const float* cs, const float* sn, const int64_t* pos, int64_t pos0, int64_t stride,
+// One thread per (row, head, pair); rows' positions and tables as RopeRows. inverse: the conjugate rotation (-sin).
+__global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_width, int64_t rope_dim, RopeRows t,
                             bool inverse, bool round) {
   pdl_wait();
   pdl_launch_dependents();
@@ -36,18 +34,12 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_
     const int64_t i = e % half;
     const int64_t h = (e / half) % heads;
     const int64_t r = e / (half * heads);
-    const int64_t p = pos ? pos[r] : pos0 + r * stride;
+    const int64_t p = rope_position(t, r);
     float* a = x + (r * heads + h) * head_width + (head_width - rope_dim);
-    const float c = cs[p * half + i], s = inverse ? -sn[p * half + i] : sn[p * half + i];
-    const float x0 = a[2 * i], x1 = a[2 * i + 1];
-    float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-    if (round) {
-      y0 = round_to_bf16(y0);
-      y1 = round_to_bf16(y1);
-    }
-    a[2 * i] = y0;
-    a[2 * i + 1] = y1;
+    const float c = t.cs[p * half + i], s = inverse ? -t.sn[p * half + i] : t.sn[p * half + i];
+    const float2 y = rope_rotate(a[2 * i], a[2 * i + 1], c, s, round);
+    a[2 * i] = y.x;
+    a[2 * i + 1] = y.y;
   }
 }
 
@@ -120,9 +112,6 @@ const PositionTable& position_table(const ops::RopeFreqs& f, int64_t need_rows) 
   return *t;
 }
 
-// Positions as a device buffer when they are not an arithmetic progression (grows on demand).
-Tensor g_positions;
-
 }  // namespace
 
 void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const ops::RopeFreqs& f,
@@ -139,6 +128,18 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
            f.freq.size() * 2, rope_dim);
   const int64_t heads = width / head_width, half = rope_dim / 2;
   if (half == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t total = rows * heads * half;
+  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20);
+  with_rope_rows(f, positions, rows, op, [&](const RopeRows& t) {
+    launch_pdl(rope_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, x.data<float>(), rows, heads,
+               head_width, rope_dim, t, inverse, round);
+    DI_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void with_rope_rows(const ops::RopeFreqs& f, const int64_t* positions, int64_t rows, const char* op,
+                    const std::function<void(const RopeRows&)>& launch) {
   // Positions in [0, 2^40) (the fp32 angle of larger ones is meaningless anyway); an arithmetic
   // progression (every call of the model: consecutive tokens, compressed groups) needs no upload.
   int64_t max_pos = 0;
@@ -151,20 +152,25 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
   }
   std::lock_guard<std::mutex> lock(g_table_mu);
   const PositionTable& table = position_table(f, max_pos + 1);
+  // Other positions (a decode batch: each sequence its own) go up as a fresh buffer by an asynchronous copy: a
+  // synchronous cudaMemcpy into one shared buffer drained the GPU before every such RoPE (3 or 4 per layer at decode
+  // batches), so the host could not run ahead. The buffer lives until the launch is queued; the allocator hands it
+  // out again only to work queued after it on the same stream.
+  Tensor dev_positions;
   const int64_t* dpos = nullptr;
   if (!arithmetic) {
-    if (!g_positions.defined() || g_positions.numel() < rows)
-      g_positions = Tensor::empty({rows}, DType::kI64, Device::kCUDA);
-    DI_CUDA_CHECK(
-        cudaMemcpy(g_positions.raw(), positions, static_cast<size_t>(rows) * sizeof(int64_t), cudaMemcpyHostToDevice));
-    dpos = g_positions.data<int64_t>();
+    Tensor host = Tensor::empty({rows}, DType::kI64);
+    std::copy_n(positions, rows, host.data<int64_t>());
+    dev_positions = host.to(Device::kCUDA);
+    dpos = dev_positions.data<int64_t>();
   }
-  constexpr int kThreads = 256;
-  const int64_t total = rows * heads * half;
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20);
-  launch_pdl(rope_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, x.data<float>(), rows, heads, head_width,
-             rope_dim, table.cs.data<float>(), table.sn.data<float>(), dpos, positions[0], stride, inverse, round);
-  DI_CUDA_CHECK(cudaGetLastError());
+  RopeRows t;
+  t.cs = table.cs.data<float>();
+  t.sn = table.sn.data<float>();
+  t.pos = dpos;
+  t.pos0 = positions[0];
+  t.stride = stride;
+  launch(t);
 }
 
 void hadamard(Tensor& x, int64_t n, bool round) {

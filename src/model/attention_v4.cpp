@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/debug_dump.h"
 #include "deepinfer/error.h"
@@ -116,19 +117,19 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
   AttnRows r;
   // wq_a and wkv read the same x: one launch when stacked.
   const std::pair<Tensor, Tensor> qa_kv = linear_q_pair(x, w.wq_a, w.wkv, w.wq_a_kv, c);
+  // The two low-rank norms together (one launch on CUDA): q's input, and the window KV [T, D] (one shared latent
+  // per token) with RoPE, then FP8 fake quant of the NoPE part in blocks of 64.
+  ops::AttnInputs in = ops::attn_input_norms(qa_kv.first, w.q_norm, qa_kv.second, w.kv_norm, cfg.norm_eps, bf, rd,
+                                             positions, rope, D - rd, c.num.simulate_qat ? 64 : 0);
+  r.qr = std::move(in.qr);
+  r.kv = std::move(in.kv);
   // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
-  r.qr = ops::rms_norm(qa_kv.first, w.q_norm, cfg.norm_eps, bf);
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
   dump("q_proj", c.layer, r.q);
   ops::renorm_heads(r.q, D, cfg.norm_eps, bf);
   ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
   dump("q", c.layer, r.q);
   dump("qr", c.layer, r.qr);
-
-  // Window KV: one shared latent per token, RoPE, FP8 fake quant of the NoPE part.
-  r.kv = ops::rms_norm(qa_kv.second, w.kv_norm, cfg.norm_eps, bf);  // [T, D]
-  ops::apply_rope(r.kv, D, rd, positions, rope, false, bf);
-  if (c.num.simulate_qat) ops::fake_quant_fp8(r.kv, 0, D - rd, 64);
   dump("kv", c.layer, r.kv);
 
   // The compressors' FP32 projections and the indexer's queries and head weights.

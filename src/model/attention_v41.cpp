@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/debug_dump.h"
 #include "deepinfer/error.h"
@@ -98,16 +99,17 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
   AttnRows r;
   // wq_a and wkv read the same x: one launch when stacked.
   const std::pair<Tensor, Tensor> qa_kv = linear_q_pair(x, w.wq_a, w.wkv, w.wq_a_kv, c);
+  // The two low-rank norms together (one launch on CUDA): q's input, and the window KV [T, D] with RoPE, then
+  // FP8 fake quant over the whole vector (RoPE tail included), block 32.
+  const int64_t kv_quant_block = c.num.simulate_qat ? fam.window_quant_block : 0;
+  ops::AttnInputs in = ops::attn_input_norms(qa_kv.first, w.q_norm, qa_kv.second, w.kv_norm, cfg.norm_eps, bf, rd,
+                                             positions, rope, fam.window_quant_rope_dims ? D : D - rd, kv_quant_block);
+  r.qr = std::move(in.qr);
+  r.kv = std::move(in.kv);
   // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
-  r.qr = ops::rms_norm(qa_kv.first, w.q_norm, cfg.norm_eps, bf);
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
   ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
   dump("q", c.layer, r.q);
-
-  // Window KV: RoPE, then FP8 fake quant over the whole vector (RoPE tail included), block 32.
-  r.kv = ops::rms_norm(qa_kv.second, w.kv_norm, cfg.norm_eps, bf);  // [T, D]
-  ops::apply_rope(r.kv, D, rd, positions, rope, false, bf);
-  if (c.num.simulate_qat) ops::fake_quant_fp8(r.kv, 0, fam.window_quant_rope_dims ? D : D - rd, fam.window_quant_block);
   dump("kv", c.layer, r.kv);
 
   const bool compressed = cfg.compress_ratio(c.layer) > 0;

@@ -17,6 +17,7 @@
 #include "sampling/sampler.h"
 #if DEEPINFER_HAS_CUDA
 #include "cuda/attention.cuh"
+#include "cuda/attn_inputs.cuh"
 #include "cuda/device.h"
 #include "cuda/hc.cuh"
 #include "cuda/linear.cuh"
@@ -324,6 +325,34 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
 #endif
   if (on_cuda(x)) no_kernel("apply_rope", x);
   cpu::apply_rope(x, head_width, rope_dim, positions, f, inverse, round);
+}
+
+AttnInputs attn_input_norms(const Tensor& qa, const Tensor& q_w, const Tensor& kva, const Tensor& kv_w, float eps,
+                            bool round, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
+                            int64_t quant_end, int64_t quant_block) {
+  const OpScope scope("attn_input_norms", kva);
+  // The shape rules of both backends here, so that a bad call names this op rather than one of its parts.
+  auto name = [](const Tensor& t) { return t.defined() ? t.describe() : std::string("undefined"); };
+  DI_CHECK(qa.defined() && kva.defined() && qa.dim() == 2 && kva.dim() == 2 && qa.dtype() == DType::kF32 &&
+               kva.dtype() == DType::kF32 && qa.device() == kva.device() && qa.size(0) == kva.size(0),
+           "ops::attn_input_norms: qa and kva must be float32 [T, q_lora] and [T, D] on one device, got {} and {}",
+           name(qa), name(kva));
+  const int64_t T = kva.size(0), D = kva.size(1);
+  DI_CHECK(rope_dim >= 0 && rope_dim % 2 == 0 && rope_dim <= D && static_cast<int64_t>(f.freq.size()) * 2 == rope_dim,
+           "ops::attn_input_norms: rope dim {} (table for {}) does not fit kv rows of {}", rope_dim, f.freq.size() * 2,
+           D);
+  DI_CHECK(quant_block <= 0 || (0 <= quant_end && quant_end <= D),
+           "ops::attn_input_norms: quant columns [0, {}) out of range for kv rows of {}", quant_end, D);
+  DI_CHECK(T == 0 || rope_dim == 0 || positions != nullptr, "ops::attn_input_norms: {} rows need positions", T);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(kva))
+    return cuda::attn_input_norms(qa, q_w, kva, kv_w, eps, round, rope_dim, positions, f, quant_end, quant_block);
+#endif
+  if (on_cuda(kva)) no_kernel("attn_input_norms", kva);
+  AttnInputs r{cpu::rms_norm(qa, q_w, eps, round), cpu::rms_norm(kva, kv_w, eps, round)};
+  if (T > 0 && rope_dim > 0) cpu::apply_rope(r.kv, D, rope_dim, positions, f, false, round);
+  if (quant_block > 0) cpu::fake_quant_fp8(r.kv, 0, quant_end, quant_block);
+  return r;
 }
 
 HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,

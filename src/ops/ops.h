@@ -102,6 +102,18 @@ RopeFreqs rope_freqs(int64_t rope_dim, double base, double factor, int64_t origi
 void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
                 bool inverse, bool round);
 
+// The attention's low-rank inputs (both families): qr = rms_norm(qa, q_w, eps, round) and kv = rms_norm(kva, kv_w,
+// eps, round), then apply_rope(kv, D, rope_dim, positions, f, false, round) (one head of kv's width D) and, when
+// quant_block > 0, fake_quant_fp8(kv, 0, quant_end, quant_block); the bits of those ops, one kernel on CUDA.
+// qa [T, q_lora] and kva [T, D]: float32 on one device with dense rows (column slices of linear_q_pair's stacked
+// output work); q_w / kv_w as rms_norm's; positions: T host values (unread when rope_dim is 0).
+struct AttnInputs {
+  Tensor qr, kv;
+};
+AttnInputs attn_input_norms(const Tensor& qa, const Tensor& q_w, const Tensor& kva, const Tensor& kv_w, float eps,
+                            bool round, int64_t rope_dim, const int64_t* positions, const RopeFreqs& f,
+                            int64_t quant_end, int64_t quant_block);
+
 // ---- hyper-connections (§2.3) ------------------------------------------------------------------
 // stream: [T, hc, dim] float32 (bf16 values in bf16 mode). fn [mix, hc*dim] F32, scale [3], base [mix].
 // Writes x_in [T, dim] = bf16(sum_j pre_j h_j), post [T, hc], comb [T, hc, hc] (comb[j][k]).

@@ -4,9 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
 #include "ops/ops.h"
 
@@ -192,6 +196,85 @@ TEST(Ops, HcMixesSinkhornIsDoublyStochastic) {
     ASSERT_EQ(got.shape(), want.shape());
     EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), want.nbytes()), 0) << "round " << round;
   }
+}
+
+// The attention's fused input op is the composition of its four ops bit for bit: both weight dtypes, rounding on
+// and off, quantisation off / over the NoPE part (V4) / over the whole row (V4.1), row-strided column slices of one
+// stacked [T, q_lora + D] projection as the model passes them, positions that are not a progression.
+TEST(Ops, AttnInputNormsAreTheComposition) {
+  struct Shape3 {
+    int64_t T, q_lora, D, rd;
+  };
+  uint32_t seed = 300;
+  for (const Shape3 sh : {Shape3{1, 96, 64, 16}, Shape3{5, 100, 36, 8}, Shape3{3, 1024, 512, 64}}) {
+    const Tensor stacked = randn({sh.T, sh.q_lora + sh.D}, seed++, 3.0f);
+    const Tensor qa = stacked.slice(1, 0, sh.q_lora), kva = stacked.slice(1, sh.q_lora, sh.q_lora + sh.D);
+    ASSERT_FALSE(kva.is_contiguous());
+    const ops::RopeFreqs f = ops::rope_freqs(sh.rd, 10000.0, 16.0, 65536, 32.0, 1.0);
+    std::vector<int64_t> pos(static_cast<size_t>(sh.T));
+    for (int64_t t = 0; t < sh.T; ++t) pos[t] = 70000 + 3 * t + (t % 2) * 1000;
+    for (DType wdt : {DType::kF32, DType::kBF16}) {
+      Tensor qw = randn({sh.q_lora}, seed++), kw = randn({sh.D}, seed++);
+      if (wdt == DType::kBF16) {
+        auto to_bf16 = [](const Tensor& w) {
+          Tensor b = Tensor::empty(w.shape(), DType::kBF16);
+          for (int64_t i = 0; i < w.numel(); ++i) b.data<uint16_t>()[i] = f32_to_bf16(w.data<float>()[i]);
+          return b;
+        };
+        qw = to_bf16(qw);
+        kw = to_bf16(kw);
+      }
+      for (bool round : {false, true}) {
+        const std::pair<int64_t, int64_t> quants[] = {{0, 0}, {sh.D - sh.rd, 64}, {sh.D, 32}};
+        for (const auto& [qend, block] : quants) {
+          const Tensor qr = ops::rms_norm(qa, qw, 1e-6f, round);
+          Tensor kv = ops::rms_norm(kva, kw, 1e-6f, round);
+          ops::apply_rope(kv, sh.D, sh.rd, pos.data(), f, false, round);
+          if (block > 0) ops::fake_quant_fp8(kv, 0, qend, block);
+          const ops::AttnInputs got =
+              ops::attn_input_norms(qa, qw, kva, kw, 1e-6f, round, sh.rd, pos.data(), f, qend, block);
+          const std::string what = "T " + std::to_string(sh.T) + " D " + std::to_string(sh.D) + " bf16 weights " +
+                                   std::to_string(wdt == DType::kBF16) + " round " + std::to_string(round) +
+                                   " quant block " + std::to_string(block);
+          ASSERT_EQ(got.qr.shape(), qr.shape()) << what;
+          ASSERT_EQ(got.kv.shape(), kv.shape()) << what;
+          EXPECT_EQ(std::memcmp(got.qr.data<float>(), qr.data<float>(), qr.nbytes()), 0) << what;
+          EXPECT_EQ(std::memcmp(got.kv.data<float>(), kv.data<float>(), kv.nbytes()), 0) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(Ops, AttnInputNormsRejectBadShapes) {
+  const Tensor qa = randn({3, 32}, 1), kva = randn({3, 16}, 2), kv2 = randn({2, 16}, 3);
+  const ops::RopeFreqs f = ops::rope_freqs(8, 10000.0, 1.0, 0, 32.0, 1.0);
+  const int64_t pos[] = {0, 1, 2};
+  auto expect_error = [&](const std::function<void()>& call, const char* needle) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("attn_input_norms"), std::string::npos) << what;
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+    }
+  };
+  // Rows that do not pair up, a table for another rope dim, a quant range past the row, no positions, 3-D input.
+  expect_error([&] { ops::attn_input_norms(qa, Tensor(), kv2, Tensor(), 1e-6f, false, 8, pos, f, 16, 32); }, "[T, D]");
+  expect_error([&] { ops::attn_input_norms(qa, Tensor(), kva, Tensor(), 1e-6f, false, 4, pos, f, 16, 32); },
+               "rope dim 4");
+  expect_error([&] { ops::attn_input_norms(qa, Tensor(), kva, Tensor(), 1e-6f, false, 8, pos, f, 17, 32); },
+               "quant columns");
+  expect_error([&] { ops::attn_input_norms(qa, Tensor(), kva, Tensor(), 1e-6f, false, 8, nullptr, f, 16, 32); },
+               "positions");
+  expect_error(
+      [&] {
+        ops::attn_input_norms(qa.view({3, 2, 16}), Tensor(), kva, Tensor(), 1e-6f, false, 8, pos, f, 16, 0);
+      },
+      "[T, q_lora]");
+  // A weight of the wrong width is the norm's own error.
+  EXPECT_THROW(ops::attn_input_norms(qa, randn({31}, 4), kva, Tensor(), 1e-6f, false, 8, pos, f, 16, 0), Error);
 }
 
 // The op layer dispatches on the device: a CUDA tensor reaching an op without a CUDA kernel is a

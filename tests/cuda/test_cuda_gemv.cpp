@@ -14,7 +14,8 @@
 // ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant), every E4M3 case
 // on both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv, gemv_set_fp8_variant), including
 // x that sends fp8_walk_gemv to its slow path (huge or tiny x, raw fp32 x), and every BF16 case on both BF16 kernels
-// ("[bf16 chain]": chain_gemv, "[bf16 tile]": bf16_tile_gemv where it takes the call, gemv_set_bf16_variant).
+// ("[bf16 chain]": chain_gemv, "[bf16 lane/tile]": bf16_lane_gemv / bf16_tile_gemv where they take the call,
+// gemv_set_bf16_variant).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -49,7 +50,7 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
   } else if (dt == di::DType::kBF16) {
-    set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 tile]";
+    set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
     set_variant = di::cuda::gemv_set_fp4_variant, tags[0] = " [fp4 old]", tags[1] = " [fp4 new]";
   }
@@ -287,6 +288,13 @@ void test_dense() {
       {"bf16 act 64", di::DType::kBF16, 1000, 2048, 0, 64},
       {"bf16 short K", di::DType::kBF16, 37, 96, 0, 0},
       {"bf16 ragged N", di::DType::kBF16, 333, 4096, 0, 0},
+      // Narrow BF16 weights (bf16_lane_gemv at M = 1): the V4.1 / V4 gates, an indexer-like head-weights
+      // projection, a K that is a multiple of 256 but not of 2,048 (a short last pass of the ring), the largest K.
+      {"bf16 v4.1 gate", di::DType::kBF16, 384, 5120, 0, 0},
+      {"bf16 v4 gate", di::DType::kBF16, 256, 4096, 0, 0},
+      {"bf16 head weights", di::DType::kBF16, 64, 5120, 0, 0},
+      {"bf16 K 2304, 3 rows", di::DType::kBF16, 3, 2304, 0, 0},
+      {"bf16 K 12288", di::DType::kBF16, 130, 12288, 0, 0},
   };
   uint32_t seed = 9000;
   for (const Dense& c : cases) {

@@ -10,7 +10,8 @@
 //
 // The remaining ops (each case prints "differ x/n max|d|" and its rule):
 //   bit for bit: fake_quant_fp4, fake_quant_fp4_e4m3_scale, dequantize, hadamard, apply_rope,
-//     hc_collapse, hc_expand, topk_rows (indices);
+//     hc_collapse, hc_expand, topk_rows (indices), attn_input_norms (against the CUDA ops it fuses, and against the
+//     CPU op: its norms' FP64 sums could round apart as rms_norm's, which these cases never do);
 //   tolerance: hc_mixes 2e-6 relative (FP64 sums in another order, exp ulps), hc_head (its pre as
 //     hc_mixes: one bf16 step rounded, 1e-5 otherwise), sparse_attention (CPU order replayed, exp as
 //     fp32(exp(double)) vs glibc expf: 1e-5 of the row max for >= 99.9% of values, 1e-2 for all).
@@ -592,6 +593,80 @@ void test_hc() {
     }
 }
 
+// attn_input_norms: the fused kernel against the CUDA ops it replaces (rms_norm twice, apply_rope, fake_quant_fp8)
+// and against the CPU op, both bit for bit. Inputs are the model's: column slices of one stacked [T, q_lora + D]
+// projection (contiguous for one case). The real shapes (V4.1: quant over the whole row in blocks of 32; V4: the
+// NoPE part in blocks of 64) at T = 1, 3, 8, 64; widths with several float4 per thread, a kv wider than q, and
+// widths the fused kernel leaves to the ops (odd, or over 8,192).
+void test_attn_inputs() {
+  struct Case {
+    int64_t q_lora, D, rd, quant_end, block;
+    std::vector<int64_t> Ts;
+  };
+  const Case cases[] = {
+      {1024, 512, 64, 512, 32, {1, 3, 8, 64}},  // V4.1
+      {1024, 512, 64, 448, 64, {1, 3, 8, 64}},  // V4
+      {1536, 512, 64, 448, 64, {1, 5}},
+      {5120, 1024, 64, 1024, 32, {2}},  // several float4 per thread in both halves
+      {64, 1024, 64, 960, 64, {3}},     // kv wider than q: the block is kv's width
+      {100, 36, 8, 36, 32, {1, 4}},     // small widths, a partial quant group
+      {98, 34, 8, 34, 32, {1, 3}},      // widths % 4 != 0: the ops one after the other
+      {8196, 512, 64, 448, 64, {2}},    // q over 8,192: the ops one after the other
+  };
+  uint32_t seed = 27000;
+  for (const Case& c : cases)
+    for (int64_t T : c.Ts)
+      for (bool bf16_w : {true, false})
+        for (bool round : {true, false})
+          for (bool quant : {true, false}) {
+            if (!bf16_w && T > 8) continue;  // F32 weights: the small batches suffice
+            const int64_t block = quant ? c.block : 0;
+            const std::string name = "attn_input_norms q_lora " + std::to_string(c.q_lora) + " D " +
+                                     std::to_string(c.D) + " rope " + std::to_string(c.rd) + " T=" + std::to_string(T) +
+                                     (bf16_w ? " bf16" : " f32") + " weights round " + std::to_string(round) +
+                                     " quant [0, " + std::to_string(c.quant_end) + ") block " + std::to_string(block);
+            run_case(name, [&] {
+              const di::ops::RopeFreqs f = di::ops::rope_freqs(c.rd, 10000.0, 16.0, 65536, 32.0, 1.0);
+              std::vector<int64_t> pos(static_cast<size_t>(T));  // a progression on odd T, uploaded otherwise
+              for (int64_t t = 0; t < T; ++t) pos[t] = 5000 + t + (T % 2 == 0 && t % 3 == 1 ? 700 : 0);
+              const di::Tensor stacked = normal_tensor({T, c.q_lora + c.D}, 2.0f, seed++, true);
+              const di::Tensor qw = normal_tensor({c.q_lora}, 1.0f, seed++, true);
+              const di::Tensor kw = normal_tensor({c.D}, 1.0f, seed++, true);
+              auto weight = [&](const di::Tensor& w) {
+                if (!bf16_w) return dev(w);
+                di::Tensor b = di::Tensor::empty(w.shape(), di::DType::kBF16);
+                for (int64_t i = 0; i < w.numel(); ++i) b.data<uint16_t>()[i] = di::f32_to_bf16(w.data<float>()[i]);
+                return dev(b);
+              };
+              const di::Tensor dqw = weight(qw), dkw = weight(kw), ds = dev(stacked);
+              const bool sliced = c.q_lora != 1536;
+              const di::Tensor qa = sliced ? ds.slice(1, 0, c.q_lora) : dev(stacked.slice(1, 0, c.q_lora));
+              const di::Tensor kva =
+                  sliced ? ds.slice(1, c.q_lora, c.q_lora + c.D) : dev(stacked.slice(1, c.q_lora, c.q_lora + c.D));
+              const di::ops::AttnInputs got =
+                  di::ops::attn_input_norms(qa, dqw, kva, dkw, 1e-6f, round, c.rd, pos.data(), f, c.quant_end, block);
+              // The CUDA ops it replaces.
+              const di::Tensor qr = di::ops::rms_norm(qa, dqw, 1e-6f, round);
+              di::Tensor kv = di::ops::rms_norm(kva, dkw, 1e-6f, round);
+              di::ops::apply_rope(kv, c.D, c.rd, pos.data(), f, false, round);
+              if (block > 0) di::ops::fake_quant_fp8(kv, 0, c.quant_end, block);
+              std::string r = exact(qr, got.qr);
+              if (!r.empty()) return "qr vs the CUDA ops: " + r;
+              r = exact(kv, got.kv);
+              if (!r.empty()) return "kv vs the CUDA ops: " + r;
+              // The CPU op (host copies of the same inputs and weights).
+              const di::ops::AttnInputs want =
+                  di::ops::attn_input_norms(stacked.slice(1, 0, c.q_lora), di::cuda::copy_to_host(dqw),
+                                            stacked.slice(1, c.q_lora, c.q_lora + c.D), di::cuda::copy_to_host(dkw),
+                                            1e-6f, round, c.rd, pos.data(), f, c.quant_end, block);
+              r = exact(want.qr, got.qr);
+              if (!r.empty()) return "qr vs the CPU op: " + r;
+              r = exact(want.kv, got.kv);
+              return r.empty() ? r : "kv vs the CPU op: " + r;
+            });
+          }
+}
+
 // idx rows for attention: the first `valid` slots random kv rows (some repeated), then -1; a few rows
 // fully empty or starting with a fully empty tile.
 di::Tensor attention_idx(int64_t T, int64_t K, int64_t N, uint32_t seed, bool holes) {
@@ -1093,6 +1168,27 @@ void test_moe_dispatch() {
       });
     }
   }
+  // The device-only grouping (host_offsets = false, the grouped experts' path): moe_group_small_kernel up to 512
+  // pairs, the count / scan / compaction kernels above; the rows of the valid pairs must be the CPU's.
+  for (const Case& c : cases) {
+    if (c.T * c.k > 4000) continue;
+    char name[200];
+    std::snprintf(name, sizeof name, "moe_group device rows %s T=%lld E=%lld k=%lld", c.what,
+                  static_cast<long long>(c.T), static_cast<long long>(c.E), static_cast<long long>(c.k));
+    const di::Tensor ids = route_ids(c.T, c.E, c.k, c.distinct, seed++);
+    const di::Tensor w = normal_tensor({c.T, c.k}, 0.3f, seed++, false);
+    run_case(name, [&] {
+      const di::ops::MoeGroups want = di::ops::moe_group(ids, w, c.E);
+      const di::ops::MoeGroups got = di::ops::moe_group(dev(ids), dev(w), c.E, /*host_offsets=*/false);
+      if (!got.offsets.empty()) return std::string("host offsets returned");
+      const int64_t P = c.T * c.k;
+      if (got.rows.numel() != P || got.row_expert.numel() != P) return std::string("row count differs");
+      std::string p = compare_idx(want.rows, got.rows);
+      if (p.empty()) p = compare_idx(want.row_expert, got.row_expert);
+      if (p.empty()) p = compare_idx(want.slots, got.slots);
+      return p.empty() ? exact(want.weights, got.weights) : p;
+    });
+  }
   run_case("moe_combine empty slots (-1) and [17, 5] dim 1000", [&] {
     std::mt19937 rng(seed++);
     const int64_t T = 17, k = 5, R = 40, dim = 1000;
@@ -1336,6 +1432,7 @@ int main() {
     test_hadamard();
     test_rope();
     test_hc();
+    test_attn_inputs();
     test_sparse_attention();
     test_topk();
     test_index_lists();
