@@ -33,7 +33,8 @@ const std::vector<EnvVar>& env_vars() {
        true},
       {"DEEPINFER_OP_PROFILE", "0",
        "debugging: 1 times every op (synchronising the device around it) and every device copy, printed at exit; "
-       "gpu times each CUDA op's GPU work with events, without synchronising",
+       "gpu times each CUDA op's GPU work with events, without synchronising; host times each op's host side "
+       "(checks, allocations, launches), without synchronising",
        true},
       {"DEEPINFER_DUMP_DIR", "", "debugging: write named intermediate tensors of each forward there", true},
       {"DEEPINFER_FORCE_DIR", "", "debugging: replace named V4.1 stream tensors by the files there (teacher forcing)",

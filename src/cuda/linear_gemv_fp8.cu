@@ -4,11 +4,11 @@
 // threads fold the T tile sums in sequence while the rest wait, with one step in flight.
 //
 // Thread mapping. A warp owns a "row group" of R = 4 / MT weight rows (MT x rows, so 4 (row, x row) pairs:
-// the 4 "fold rows"; or R = 2 at one x row, 2 fold rows, when that gives every group a warp) and walks the whole of K in segments of 16 tiles; a warp's row groups are g = gw,
-// gw + stride, ... (gw its global warp index within its x-row group). Within a segment, lanes 2p and 2p+1
-// (h = 0, 1) own tile 16 seg + p and load, per row and per 32-column chunk of the tile, the 16 bytes
-// [16h, 16h + 16) (a warp's load instruction: 512 contiguous bytes for B = 32). Two shuffles per chunk
-// give lane h the codes of elements 8j + 4h + i (j, i = 0..3) (fp8_gemv's exchange), so the lane runs the
+// the 4 "fold rows"; or R = 2 at one x row, 2 fold rows, when that gives every group a warp) and walks the whole of K
+// in segments of 16 tiles; a warp's row groups are g = gw, gw + stride, ... (gw its global warp index within its x-row
+// group). Within a segment, lanes 2p and 2p+1 (h = 0, 1) own tile 16 seg + p and load, per row and per 32-column chunk
+// of the tile, the 16 bytes [16h, 16h + 16) (a warp's load instruction: 512 contiguous bytes for B = 32). Two shuffles
+// per chunk give lane h the codes of elements 8j + 4h + i (j, i = 0..3) (fp8_gemv's exchange), so the lane runs the
 // chains v[j][l], l = 4h + i, of its tile and forms s[l] = ((v0 + v1) + v2) + v3 itself. The 4 x 8 tile sums
 // of each fold row go to a per-warp shared buffer with the 16 tile factors; after a __syncwarp, lane
 // 8 f + l (fold row f, chain l) folds tot = fma(s, fac, tot) over the 16 tiles in order (4 + 4 float4
@@ -16,11 +16,11 @@
 // After the last segment of a row group, 8-lane shuffles form the CPU's hsum and lane l = 0 stores y.
 //
 // Pipeline. Each lane keeps a ring of D items (item = one segment of the row group: R x G 16-byte loads and
-// the tile's scale code), up to 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1; D <= 4,
-// as the unrolled pass's code must stay in the instruction cache). Slot d is refilled as soon as it is computed,
-// with the item D ahead in the warp's sequence, which runs on across row groups (no drain at the end of a row).
-// The loader walks a pointer per row by a segment per item (recomputed at a new row group only). Dense mode
-// issues the first D items before griddepcontrol.wait.
+// the tile's scale code), up to 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1 and for 4-row
+// groups at one x row; D <= 4, as the unrolled pass's code must stay in the instruction cache: WalkShape). Slot d is
+// refilled as soon as it is computed, with the item D ahead in the warp's sequence, which runs on across row groups (no
+// drain at the end of a row). The loader walks a pointer per row by a segment per item (recomputed at a new row group
+// only). Dense mode issues the first D items before griddepcontrol.wait.
 //
 // Arithmetic (per 16 weight bytes and x row: 8 cvt.rn.f16x2.e4m3x2, 16 f16 -> f32, 16 FMAs). The codes
 // are decoded through the hardware e4m3x2 -> f16x2 conversion, exact, NaN codes to NaN (which then
@@ -90,10 +90,15 @@ constexpr int kMaxWarps = 16;                          // one block per SM (128 
 template <int MT, int G, int R>
 struct WalkShape {
   static_assert(R * MT <= 4 && 4 % (R * MT) == 0, "at most 4 fold rows");
-  static constexpr int kSlots = MT == 1 ? 16 : 8;       // 16-byte loads in flight per lane, at most
-  static constexpr int kItem = R * G;                   // 16-byte loads per item
+  static constexpr int kSlots = MT == 1 ? 16 : 8;  // 16-byte loads in flight per lane, at most
+  static constexpr int kItem = R * G;              // 16-byte loads per item
   static constexpr int kFit = kSlots / kItem > 0 ? kSlots / kItem : 1;
-  static constexpr int kD = kFit < 4 ? kFit : 4;        // items in the ring (4 at most: the unrolled pass's code)
+  // Items in the ring: 4 at most, 2 for groups of 4 rows at one x row (8 loads per lane in flight): the unrolled
+  // pass's code must stay in the instruction cache (ncu: "no instruction" was the walk's largest stall reason). A
+  // ring of 2 measured wq_b 17.4 -> 16.5 us, wo_b 19.9 -> 19.3, the shared w2 8.9 -> 8.1, and the V4.1 batch-1 step
+  // 1.48 / 1.54 -> 1.41 / 1.42 ms; groups of 2 rows lost with it (wq_a [1280, 5120] 8.8 -> 9.8), so they keep 4.
+  static constexpr int kDmax = MT == 1 && R == 4 && G == 1 ? 2 : 4;
+  static constexpr int kD = kFit < kDmax ? kFit : kDmax;
 };
 
 // Float4 slot of float4 F of a staged x row: bits 1-2 (the chain j) XOR the tile's low 2 bits, so that the
@@ -174,8 +179,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   uint32_t ring_e[D];
   int lg = gw, lseg = 0;
   bool lv = lg < p.groups;
-  const int tlast = T - kSegTiles * (S - 1);               // tiles of the last segment, 1 .. 16
-  const int lastch = (K - (T - 1) * B) >> 5;               // chunks of the last tile, 1 .. G
+  const int tlast = T - kSegTiles * (S - 1);  // tiles of the last segment, 1 .. 16
+  const int lastch = (K - (T - 1) * B) >> 5;  // chunks of the last tile, 1 .. G
   const uint8_t* lp[R];
   const uint8_t* ls = nullptr;
   auto set_rows = [&]() {
@@ -190,7 +195,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int c = 0; c < G; ++c) ring[d][r][c] = tv && c < nch ? ldg_stream(lp[r] + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+      for (int c = 0; c < G; ++c)
+        ring[d][r][c] = tv && c < nch ? ldg_stream(lp[r] + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
     ring_e[d] = tv ? static_cast<uint32_t>(__ldg(ls)) : 0u;
 #pragma unroll
     for (int r = 0; r < R; ++r) lp[r] += kSegTiles * B;
@@ -292,8 +298,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 
   // The walk: item after item (segment seg of row group cg), D slots of the ring per pass.
   const int f = lane >> 3, l = lane & 7;  // this lane's fold row and chain
-  // x of (tile t, chunk c, j) for this lane: float4 x_slot<G>(8 (t G + c) + 2 j + h) = 8 (t G + c) + 2 (j ^ (t & 3)) + h
-  // of a staged row, where t & 3 = pp & 3 (t = 16 seg + pp): a lane offset per j, plus 512 G floats per segment.
+  // x of (tile t, chunk c, j) for this lane: float4 x_slot<G>(8 (t G + c) + 2 j + h) = 8 (t G + c) + 2 (j ^ (t & 3)) +
+  // h of a staged row, where t & 3 = pp & 3 (t = 16 seg + pp): a lane offset per j, plus 512 G floats per segment.
   int xoff[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) xoff[j] = 4 * (8 * pp * G + 2 * (j ^ (pp & 3)) + h);
@@ -433,7 +439,7 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
 
   void (*kernel)(WalkParams) = nullptr;
   if (G == 1)
-    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 1, 4> : fp8_walk_gemv<1, 1, 2>)
+    kernel = MT == 1   ? (R == 4 ? fp8_walk_gemv<1, 1, 4> : fp8_walk_gemv<1, 1, 2>)
              : MT == 2 ? fp8_walk_gemv<2, 1, 2>
                        : fp8_walk_gemv<4, 1, 1>;
   else if (G == 2)

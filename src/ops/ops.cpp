@@ -39,6 +39,8 @@ namespace {
 // DEEPINFER_OP_PROFILE=gpu: CUDA ops are bracketed by two events on the stream instead, without any
 // synchronisation, so the run keeps its pace and each row is the GPU time between the op's first and
 // last kernel (an op nested in another is counted in both). The times are read in batches.
+// DEEPINFER_OP_PROFILE=host: the host's own time in each op (its checks, allocations and launches), without any
+// synchronisation: where a decode step's host side goes when it bounds the step.
 struct OpProfile {
   struct Row {
     double seconds = 0;
@@ -48,8 +50,8 @@ struct OpProfile {
     std::string label;
     int e0, e1;
   };
-  explicit OpProfile(bool gpu) : gpu_events(gpu) {}
-  const bool gpu_events;
+  OpProfile(bool gpu, bool host) : gpu_events(gpu), host_only(host) {}
+  const bool gpu_events, host_only;
   std::mutex mu;
   std::map<std::string, Row> rows;
   std::vector<Pending> pending;  // gpu mode: event pairs not read yet
@@ -77,8 +79,14 @@ struct OpProfile {
     double total = 0;
     for (const auto& [name, r] : rows) total += r.seconds;
     std::fprintf(stderr, "op profile (DEEPINFER_OP_PROFILE=%s): %.3f s %s\n%-28s %10s %12s %10s %7s\n",
-                 gpu_events ? "gpu" : "1", total, gpu_events ? "of GPU time in ops" : "in ops", "op", "calls",
-                 "total ms", "us/call", "share");
+                 gpu_events  ? "gpu"
+                 : host_only ? "host"
+                             : "1",
+                 total,
+                 gpu_events  ? "of GPU time in ops"
+                 : host_only ? "of host time in ops"
+                             : "in ops",
+                 "op", "calls", "total ms", "us/call", "share");
     for (const auto& [name, r] : rows)
       std::fprintf(stderr, "%-28s %10lld %12.3f %10.2f %6.1f%%\n", name.c_str(), static_cast<long long>(r.calls),
                    r.seconds * 1e3, r.seconds * 1e6 / std::max<int64_t>(1, r.calls), 100.0 * r.seconds / total);
@@ -104,7 +112,10 @@ void drain_op_profile_at_exit() {
 OpProfile* op_profile() {
   static OpProfile* p = [] {
     const std::string v = env_value("DEEPINFER_OP_PROFILE");
-    return v == "1" ? new OpProfile(false) : v == "gpu" ? new OpProfile(true) : nullptr;
+    return v == "1"      ? new OpProfile(false, false)
+           : v == "gpu"  ? new OpProfile(true, false)
+           : v == "host" ? new OpProfile(false, true)
+                         : nullptr;
   }();
   static std::unique_ptr<OpProfile> owner(p);
   return p;
@@ -127,7 +138,7 @@ class OpScope {
       return;
     }
 #endif
-    synchronize(device_);
+    if (!prof_->host_only) synchronize(device_);
     t0_ = std::chrono::steady_clock::now();
   }
   ~OpScope() {
@@ -147,7 +158,7 @@ class OpScope {
       return;
     }
     try {
-      synchronize(device_);
+      if (!prof_->host_only) synchronize(device_);
     } catch (...) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
