@@ -136,12 +136,14 @@ void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t
     return;
   }
   if (rows == 1)
-    DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, row_bytes, cudaMemcpyDefault, nullptr));
+    DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, row_bytes, cudaMemcpyDefault, current_stream()));
   else
-    DI_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, row_bytes, rows, cudaMemcpyDefault, nullptr));
+    DI_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, row_bytes, rows, cudaMemcpyDefault, current_stream()));
 }
 
-void cuda_memset(void* dst, int value, size_t nbytes) { DI_CUDA_CHECK(cudaMemset(dst, value, nbytes)); }
+void cuda_memset(void* dst, int value, size_t nbytes) {
+  DI_CUDA_CHECK(cudaMemsetAsync(dst, value, nbytes, current_stream()));  // device memory: async as cudaMemset is
+}
 
 }  // namespace
 
@@ -166,6 +168,14 @@ void init() {
 
 void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+namespace {
+thread_local cudaStream_t t_stream = nullptr;  // StreamScope's, per thread
+}  // namespace
+
+cudaStream_t current_stream() { return t_stream; }
+StreamScope::StreamScope(cudaStream_t s) : prev_(t_stream) { t_stream = s; }
+StreamScope::~StreamScope() { t_stream = prev_; }
+
 cudaStream_t side_fork() {
   SideStream& s = side();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -174,7 +184,7 @@ cudaStream_t side_fork() {
     DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.forked, cudaEventDisableTiming));
     DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
   }
-  DI_CUDA_CHECK(cudaEventRecord(s.forked, nullptr));
+  DI_CUDA_CHECK(cudaEventRecord(s.forked, current_stream()));
   DI_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.forked, 0));
   return s.stream;
 }
@@ -198,7 +208,7 @@ void side_join() {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.pending.load(std::memory_order_relaxed)) return;
-    DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
+    DI_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
     s.buffer = nullptr;
     s.bytes = 0;
     release.swap(s.keep);
@@ -230,7 +240,7 @@ int op_event_record() {
     DI_CUDA_CHECK(cudaEventCreate(&e));
     p.events.push_back(e);
   }
-  DI_CUDA_CHECK(cudaEventRecord(p.events[p.used], nullptr));
+  DI_CUDA_CHECK(cudaEventRecord(p.events[p.used], current_stream()));
   return static_cast<int>(p.used++);
 }
 

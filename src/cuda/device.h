@@ -24,6 +24,23 @@ int device_count();
 // Blocks until all work queued on the current device has finished; throws on a pending error.
 void synchronize();
 
+// The stream the backend's work goes to: the legacy default stream (nullptr), unless a StreamScope on this thread
+// named another. Every launch (launch_pdl with a null stream), upload, memset, side-stream fork / join and the
+// sampler's round trip resolve it here, so that a decode step can later be issued into a capturable stream (CUDA
+// graphs: the legacy stream cannot be captured) without touching the ops. Copies to the host still run on the
+// legacy stream (a StreamScope user synchronises its stream first). Nothing sets it yet.
+::CUstream_st* current_stream();
+class StreamScope {
+ public:
+  explicit StreamScope(::CUstream_st* s);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  ::CUstream_st* prev_;
+};
+
 // A contiguous copy of `t` on the current CUDA device (a CPU tensor is made contiguous first).
 Tensor copy_to_device(const Tensor& t);
 // A contiguous CPU copy of `t` (synchronous). A CPU tensor is cloned.

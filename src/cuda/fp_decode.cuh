@@ -99,7 +99,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, 
   cfg.gridDim = grid;
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
+  cfg.stream = stream != nullptr ? stream : current_stream();  // null: the backend's stream (device.h)
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

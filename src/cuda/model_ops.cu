@@ -893,11 +893,11 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   }
   // Without the host offsets the row count is taken as P (every id in range, as moe_route returns
   // them); zeroed first so that a row left unwritten still names a valid expert.
-  if (!host_offsets && P > 0) DI_CUDA_CHECK(cudaMemsetAsync(rexp.raw(), 0, P * sizeof(int32_t)));
+  if (!host_offsets && P > 0) DI_CUDA_CHECK(cudaMemsetAsync(rexp.raw(), 0, P * sizeof(int32_t), current_stream()));
   Tensor counts = Tensor::empty({2 * E + 1}, DType::kI32, Device::kCUDA);  // counts [E], offsets [E + 1]
   int32_t* cp = counts.data<int32_t>();
   int32_t* op_ = cp + E;
-  if (E > kScanSharedMax) DI_CUDA_CHECK(cudaMemsetAsync(cp, 0, E * sizeof(int32_t)));
+  if (E > kScanSharedMax) DI_CUDA_CHECK(cudaMemsetAsync(cp, 0, E * sizeof(int32_t), current_stream()));
   launch_pdl(moe_offsets_kernel, 1, kScanThreads, 0, nullptr, ids.data<int32_t>(), P, static_cast<int>(E), cp, op_,
              g.slots.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());

@@ -967,7 +967,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   char* d_res = static_cast<char*>(ws.d_res.get(res_bytes));
   float* d_overlay =
       any_special ? static_cast<float*>(ws.d_overlay.get(static_cast<size_t>(R * V) * sizeof(float))) : nullptr;
-  DI_CUDA_CHECK(cudaMemcpyAsync(d_up, up, up_bytes, cudaMemcpyHostToDevice, nullptr));
+  DI_CUDA_CHECK(cudaMemcpyAsync(d_up, up, up_bytes, cudaMemcpyHostToDevice, current_stream()));
 
   KernelArgs ka{};
   ka.logits = dev_logits;
@@ -1005,8 +1005,8 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   }
   const size_t down_bytes = any_lp ? res_bytes : core_bytes;
   char* down = static_cast<char*>(ws.down.get(res_bytes));
-  DI_CUDA_CHECK(cudaMemcpyAsync(down, d_res, down_bytes, cudaMemcpyDeviceToHost, nullptr));
-  DI_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  DI_CUDA_CHECK(cudaMemcpyAsync(down, d_res, down_bytes, cudaMemcpyDeviceToHost, current_stream()));
+  DI_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
   const RowCore* core = reinterpret_cast<const RowCore*>(down);
   const RowLogprobs* lps = reinterpret_cast<const RowLogprobs*>(down + core_bytes);
 
