@@ -365,15 +365,6 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* wts, 
   h[n] = swiglu_value(g[n], u[n], wts ? wts + n / I : nullptr, limit, round);
 }
 
-// One row's columns [c0, c1) fake-quantised in place as ops::fake_quant_fp8 (group amax with the 1e-4 floor,
-// ue8m0 scale, e4m3_rne(v / s) * s), by the warp whose lanes wrote them (lane l: columns c0 + l, c0 + l + 32, ...,
-// `amax` the max of |value| over its own). The group's max is order-independent, so the bits are fake_quant_fp8's.
-__device__ __forceinline__ void warp_quant_group(float* p, int64_t c0, int64_t c1, float amax, int lane) {
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
-  for (int64_t c = c0 + lane; c < c1; c += 32) p[c] = e4m3_rne(p[c] / s) * s;
-}
-
 // swiglu_kernel's values with the output fake-quantised per `block` columns: one warp per (row, group).
 __global__ void swiglu_quant_kernel(const float* g, const float* u, const float* wts, float limit, bool round,
                                     int64_t T, int64_t I, int64_t block, float* h) {
@@ -391,7 +382,7 @@ __global__ void swiglu_quant_kernel(const float* g, const float* u, const float*
     out[c] = v;
     amax = fmaxf(amax, fabsf(v));
   }
-  warp_quant_group(out, c0, c1, amax, lane);
+  warp_fake_quant_fp8(out, c0, c1, lane, amax);
 }
 
 // gather_rows_kernel with each output row fake-quantised per `block` columns: one warp per (row, group).
@@ -412,7 +403,7 @@ __global__ void gather_rows_quant_kernel(const float* x, const int32_t* rows, in
     dst[c] = v;
     amax = fmaxf(amax, fabsf(v));
   }
-  warp_quant_group(dst, c0, c1, amax, lane);
+  warp_fake_quant_fp8(dst, c0, c1, lane, amax);
 }
 
 __global__ void embedding_kernel(const void* table, bool bf16, const int32_t* ids, int64_t T, int copies, int64_t dim,

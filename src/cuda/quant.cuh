@@ -71,13 +71,18 @@ __device__ __forceinline__ float fp8_group_scale(float amax) { return ue8m0_scal
 __device__ __forceinline__ float fp8_fake_quant(float v, float s) { return e4m3_rne(v / s) * s; }
 
 // Columns [c0, c1) of row p fake-quantised in place as one fake_quant_fp8 group by a whole warp (lane l: columns
-// c0 + l, c0 + l + 32, ...). The group's max is order-independent, so the bits are fake_quant_fp8's.
-__device__ __forceinline__ void warp_fake_quant_fp8(float* p, int64_t c0, int64_t c1, int lane) {
-  float amax = 0.0f;
-  for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(p[c]));
+// c0 + l, c0 + l + 32, ...), `amax` being the max of |value| over the lane's own columns (a kernel that just wrote
+// them has it). The group's max is order-independent, so the bits are fake_quant_fp8's.
+__device__ __forceinline__ void warp_fake_quant_fp8(float* p, int64_t c0, int64_t c1, int lane, float amax) {
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float s = fp8_group_scale(amax);
   for (int64_t c = c0 + lane; c < c1; c += 32) p[c] = fp8_fake_quant(p[c], s);
+}
+// The same, the lanes' maxima read from p first.
+__device__ __forceinline__ void warp_fake_quant_fp8(float* p, int64_t c0, int64_t c1, int lane) {
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(p[c]));
+  warp_fake_quant_fp8(p, c0, c1, lane, amax);
 }
 
 // RNE onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6} for |v| <= 6, sign kept: the CPU's
