@@ -3,7 +3,9 @@
 // the memory roofline: the bytes a step must move (the weights it touches plus the sequence state
 // it reads) divided by the device-to-device copy bandwidth measured in the same run.
 //
-//   ./bench_cuda_model CKPT_DIR [--batches 1,8,32,128,256] [--context 128] [--steps 8] [--prefill 4096]
+//   ./bench_cuda_model CKPT_DIR [--batches 1,8,32,128,256] [--context 128] [--steps 8] [--prefill 4096] [--eager]
+//
+// Decode steps replay CUDA graphs (captured at each batch size's second untimed step) unless --eager.
 //
 // Bytes per decode step (the roofline's numerator), from the checkpoint's own tensor sizes:
 //   every non-expert weight once (attention, compressors, indexers, norms, hc, gate, shared expert,
@@ -154,14 +156,26 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N] [--eager]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   std::vector<int64_t> batches = {1, 8, 32, 128, 256};
   int64_t context = 128, steps = 8, prefill = 4096;
-  for (int a = 2; a + 1 < argc; a += 2) {
-    const std::string k = argv[a], v = argv[a + 1];
+  bool eager = false;
+  for (int a = 2; a < argc; a += 2) {
+    const std::string k = argv[a];
+    if (k == "--eager") {  // a flag: no value
+      eager = true;
+      --a;
+      continue;
+    }
+    if (a + 1 >= argc) {
+      std::fprintf(stderr, "option %s needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[a + 1];
     if (k == "--batches")
       batches = parse_list(v);
     else if (k == "--context")
@@ -178,6 +192,7 @@ int main(int argc, char** argv) {
   try {
     const double t_load = now_s();
     auto model = di::Model::load(dir, di::Device::kCUDA);
+    if (eager) model->set_graphs(false);  // every kernel launched one by one (the A/B of the CUDA graphs)
     di::ops::synchronize(di::Device::kCUDA);
     const di::ModelConfig& cfg = model->config();
     std::printf("model %s: %lld layers, dim %lld, %lld experts top-%lld, vocab %lld; loaded to the GPU in %.1f s\n",
@@ -220,7 +235,10 @@ int main(int argc, char** argv) {
       std::vector<di::SampleInput> greedy_rows(static_cast<size_t>(B));
       for (di::SampleInput& in : greedy_rows) in.params = &greedy, in.vocab = cfg.vocab_size;
       double total = 0, host = 0, bytes = 0;
-      for (int64_t s = 0; s < steps + 2; ++s) {  // 2 warm-up steps
+      // 4 warm-up steps: 2 traced (the step's bytes), then the batch size's first untraced step (eager) and its second,
+      // which captures the CUDA graphs (later steps replay them).
+      constexpr int64_t kWarm = 4;
+      for (int64_t s = 0; s < steps + kWarm; ++s) {
         std::vector<di::SeqChunk> batch;
         for (int64_t b = 0; b < B; ++b) batch.push_back({seqs[b].get(), {next[b]}, true, false});
         di::Trace trace;
@@ -234,8 +252,8 @@ int main(int argc, char** argv) {
         const std::vector<di::SampleResult> picked = di::ops::sample_rows(logits, greedy_rows);
         const double dt = now_s() - t0;
         for (int64_t b = 0; b < B; ++b) next[b] = picked[static_cast<size_t>(b)].token;
-        if (s == 1) di::ops::reset_op_profile();  // DEEPINFER_OP_PROFILE: the timed steps only
-        if (s < 2) {                              // the step's bytes, from its trace (the timed steps route alike)
+        if (s == kWarm - 1) di::ops::reset_op_profile();  // DEEPINFER_OP_PROFILE: the timed steps only
+        if (s < kWarm) {  // the step's bytes, from its trace (the timed steps route alike)
           if (s == 1) {
             bytes = wb.dense + B * wb.embed_row;
             for (const auto& [layer, ex] : trace.experts)
@@ -256,6 +274,10 @@ int main(int argc, char** argv) {
                   roof_ms, 100.0 * roof_ms / ms, host / steps * 1e3, h_ms, 100.0 * layers_frac);
       std::fflush(stdout);
     }
+    const di::ops::SegmentGraphs::Stats gs = model->graph_stats();
+    std::printf("\ncuda graphs%s: %lld decode pieces captured, %lld replayed, %lld run eagerly, %lld failed captures\n",
+                eager ? " (off: --eager)" : "", static_cast<long long>(gs.captures), static_cast<long long>(gs.replays),
+                static_cast<long long>(gs.eager), static_cast<long long>(gs.failures));
     if (prefill > 0) {
       auto seq = model->new_sequence();
       const std::vector<int32_t> p = ids(prefill, cfg.vocab_size, 4242);

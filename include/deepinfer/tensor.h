@@ -58,6 +58,9 @@ class Tensor {
   // Wraps bytes owned elsewhere; `owner` keeps them alive as long as any view exists.
   static Tensor borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
                        Device device = Device::kCPU);
+  // The same view of the same bytes, kept alive by `owner` instead of its storage's owner (a CUDA graph's outputs
+  // are handed out again at every replay as views that do not own the graph's memory).
+  Tensor with_owner(std::shared_ptr<void> owner) const;
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -34,6 +34,7 @@ class LLM:
 
     Engine arguments use vLLM's names: max_num_batched_tokens, max_num_seqs, max_model_len,
     kv_cache_memory (bytes), seed, enable_chunked_prefill, async_scheduling (default True),
+    enforce_eager (default False: CUDA graphs for decode steps),
     device ("cuda" | "cpu" | "auto", default auto: cuda when a GPU is visible),
     dtype ("bfloat16" | "float32"), simulate_qat, tokenizer, skip_tokenizer_init.
     """

@@ -27,6 +27,8 @@ void EngineFlags::add(CLI::App* cmd) {
   cmd->add_option("--seed", seed, "engine seed (draws the seeds of unseeded requests)");
   cmd->add_flag("--no-async-scheduling", no_async_scheduling,
                 "process each step's outputs before the next step's model work instead of during it");
+  cmd->add_flag("--enforce-eager", enforce_eager,
+                "launch every decode kernel one by one instead of replaying CUDA graphs (same outputs)");
   num.add(cmd);
 }
 
@@ -39,6 +41,7 @@ EngineArgs EngineFlags::args(const std::string& model) const {
   a.kv_cache_memory = kv_cache_memory;
   a.seed = seed;
   a.async_scheduling = !no_async_scheduling;
+  a.enforce_eager = enforce_eager;
   a.device = num.device;
   a.dtype = num.dtype;
   a.simulate_qat = !num.no_qat;

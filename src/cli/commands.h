@@ -39,6 +39,7 @@ struct EngineFlags {
   int64_t kv_cache_memory = int64_t{4} << 30;
   uint64_t seed = 0;
   bool no_async_scheduling = false;
+  bool enforce_eager = false;
   NumericsFlags num;
   void add(CLI::App* cmd);
   EngineArgs args(const std::string& model) const;

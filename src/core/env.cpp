@@ -27,6 +27,12 @@ const std::vector<EnvVar>& env_vars() {
        "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "
        "calls of 2+ rows on the slab kernels); same bits either way",
        true},
+      {"DEEPINFER_CUDA_GRAPHS", "1",
+       "1 replays the decode step's dense pieces (between two attentions) as CUDA graphs, one set per batch size of "
+       "at most DEEPINFER_CUDA_GRAPH_MAX_BATCH rows (captured at its second step); 0 launches every kernel; same bits "
+       "either way",
+       true},
+      {"DEEPINFER_CUDA_GRAPH_MAX_BATCH", "128", "the largest decode batch whose step is replayed as CUDA graphs", true},
       {"DEEPINFER_CUDA_PDL", "1",
        "tuning: 1 launches the CUDA kernels with programmatic dependent launch (a kernel's launch overlaps the "
        "previous one's tail); 0 launches them plainly; same bits either way",

@@ -206,6 +206,14 @@ Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, std::shared_p
   return t;
 }
 
+Tensor Tensor::with_owner(std::shared_ptr<void> owner) const {
+  DI_CHECK(defined(), "with_owner: undefined tensor");
+  Tensor t = *this;
+  t.storage_ = std::make_shared<Storage>(*storage_);
+  t.storage_->owner = std::move(owner);
+  return t;
+}
+
 int64_t Tensor::size(int d) const {
   if (d < 0) d += dim();
   DI_CHECK(d >= 0 && d < dim(), "dimension {} out of range for {}", d, describe());

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,7 +105,74 @@ void* cached_malloc(size_t size) {
   return p;
 }
 
+}  // namespace
+
+// A graph pool: blocks taken from the shared cache (or cudaMalloc) and kept, with free lists of their own.
+class GraphPool : public std::enable_shared_from_this<GraphPool> {
+ public:
+  ~GraphPool() {  // every tensor in the pool is gone: its blocks go back to the shared cache
+    BlockCache& c = block_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (const auto& [p, size] : blocks_) c.free[size].push_back(p);
+  }
+  void* take(size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        return p;
+      }
+    }
+    void* p = cached_malloc(size);
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks_.emplace(p, size);
+    return p;
+  }
+  void give_back(void* p, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(p);
+  }
+  bool owns(const void* p) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.upper_bound(const_cast<void*>(p));
+    if (it == blocks_.begin()) return false;
+    --it;
+    return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<void*, size_t> blocks_;  // every block the pool holds, by address
+  std::unordered_map<size_t, std::vector<void*>> free_;
+};
+
+std::shared_ptr<GraphPool> make_graph_pool() { return std::make_shared<GraphPool>(); }
+bool graph_pool_owns(const GraphPool& pool, const void* p) { return pool.owns(p); }
+
+namespace {
+
+thread_local GraphPool* t_pool = nullptr;  // PoolScope's
+thread_local bool t_capturing = false;     // CaptureFlag's
+std::atomic<uint64_t> g_graph_epoch{0};
+
+std::shared_ptr<Storage> pool_alloc(GraphPool& pool, size_t nbytes) {
+  const size_t size = rounded_size(nbytes);
+  void* p = pool.take(size);
+  auto st = std::make_shared<Storage>();
+  st->data = p;
+  st->nbytes = nbytes;
+  st->device = Device::kCUDA;
+  st->owner = std::shared_ptr<void>(p, [size, keep = pool.shared_from_this()](void* q) {
+    if (reads_side_buffer(q, size)) side_join();
+    keep->give_back(q, size);
+  });
+  return st;
+}
+
 std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
+  if (t_pool != nullptr) return pool_alloc(*t_pool, nbytes);
   const size_t size = rounded_size(nbytes);
   void* p = cached_malloc(size);
   auto st = std::make_shared<Storage>();
@@ -125,8 +193,16 @@ std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
 // queued with the async call: the driver stages the pageable source before it returns (so the
 // caller may free it), without the stream synchronisation that cudaMemcpy performs first, which
 // would drain the GPU on every upload of a step (index lists, positions, token ids).
+void check_not_capturing(const char* what) {
+  DI_CHECK(!t_capturing,
+           "{} inside a CUDA graph capture: the graph would replay this moment's value (the captured "
+           "work must take its inputs from device buffers)",
+           what);
+}
+
 void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
                size_t row_bytes, size_t rows) {
+  if (src_dev == Device::kCPU || dst_dev == Device::kCPU) check_not_capturing("a copy between the host and the device");
   if (src_dev != Device::kCPU && reads_side_buffer(src, spitch * (rows - 1) + row_bytes)) side_join();
   if (dst_dev == Device::kCPU) {
     if (rows == 1)
@@ -166,7 +242,18 @@ void init() {
   });
 }
 
-void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() {
+  check_not_capturing("a device synchronisation");
+  DI_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+PoolScope::PoolScope(GraphPool* pool) : prev_(t_pool) { t_pool = pool; }
+PoolScope::~PoolScope() { t_pool = prev_; }
+bool capturing() { return t_capturing; }
+CaptureFlag::CaptureFlag() : prev_(t_capturing) { t_capturing = true; }
+CaptureFlag::~CaptureFlag() { t_capturing = prev_; }
+uint64_t graph_epoch() { return g_graph_epoch.load(std::memory_order_acquire); }
+void bump_graph_epoch() { g_graph_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 namespace {
 thread_local cudaStream_t t_stream = nullptr;  // StreamScope's, per thread
@@ -209,6 +296,18 @@ void side_join() {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.pending.load(std::memory_order_relaxed)) return;
     DI_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
+    s.buffer = nullptr;
+    s.bytes = 0;
+    release.swap(s.keep);
+    s.pending.store(false, std::memory_order_release);
+  }
+}
+
+void side_reset() {
+  SideStream& s = side();
+  std::vector<Tensor> release;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
     s.buffer = nullptr;
     s.bytes = 0;
     release.swap(s.keep);
@@ -263,6 +362,7 @@ void op_events_reset() {
 Tensor copy_to_device(const Tensor& t) {
   DI_CHECK(t.defined(), "copy_to_device: undefined tensor");
   init();
+  check_not_capturing("copy_to_device");
   if (t.device() == Device::kCUDA) {
     DI_CHECK(t.is_contiguous(), "copy_to_device: non-contiguous CUDA tensor {}", t.describe());
     Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::kCUDA);
@@ -279,6 +379,7 @@ Tensor copy_to_device(const Tensor& t) {
 Tensor copy_to_host(const Tensor& t) {
   DI_CHECK(t.defined(), "copy_to_host: undefined tensor");
   if (t.device() == Device::kCPU) return t.clone();
+  check_not_capturing("copy_to_host");
   DI_CHECK(t.is_contiguous(), "copy_to_host: non-contiguous CUDA tensor {}", t.describe());
   Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::kCPU);
   side_join();

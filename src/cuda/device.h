@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "deepinfer/tensor.h"
@@ -66,6 +68,46 @@ void op_events_reset();
 void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep = {});
 void side_join();
 void side_join_if_reads(const void* p, size_t n);
+
+// Drops the pending side work without waiting for it (a capture that failed: its events belong to the abandoned
+// graph).
+void side_reset();
+
+// ---- support for CUDA graphs (graph.cu) ----
+// GraphPool: the memory of captured graphs, a caching pool of its own. While a PoolScope names it on this thread,
+// every kCUDA allocation comes from it and a freed block goes back to it, never to the shared cache: a graph writes
+// the same addresses at every replay, so no work outside the graphs may be handed them. Its blocks return to the
+// shared cache when the pool and every tensor in it are gone.
+class GraphPool;
+std::shared_ptr<GraphPool> make_graph_pool();
+bool graph_pool_owns(const GraphPool& pool, const void* p);  // p inside one of the pool's blocks
+class PoolScope {
+ public:
+  explicit PoolScope(GraphPool* pool);
+  ~PoolScope();
+  PoolScope(const PoolScope&) = delete;
+  PoolScope& operator=(const PoolScope&) = delete;
+
+ private:
+  GraphPool* prev_;
+};
+// Whether this thread is capturing a graph (CaptureFlag's scope): a copy to or from the host then fails with a clear
+// error, since the graph would replay the value of that moment, and so does anything that waits for the device.
+bool capturing();
+class CaptureFlag {
+ public:
+  CaptureFlag();
+  ~CaptureFlag();
+  CaptureFlag(const CaptureFlag&) = delete;
+  CaptureFlag& operator=(const CaptureFlag&) = delete;
+
+ private:
+  bool prev_;
+};
+// Bumped whenever a device buffer that captured kernels may name is replaced (a RoPE table grown, an expert pointer
+// table rebuilt, the mixes' counters grown): graphs captured before a bump are dropped and captured again.
+uint64_t graph_epoch();
+void bump_graph_epoch();
 
 namespace detail {
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);

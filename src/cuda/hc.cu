@@ -285,6 +285,7 @@ int* arrival_counters(int64_t rows) {
     DI_CUDA_CHECK(cudaMalloc(&buf, static_cast<size_t>(n) * sizeof(int)));
     DI_CUDA_CHECK(cudaMemset(buf, 0, static_cast<size_t>(n) * sizeof(int)));
     cap = n;
+    bump_graph_epoch();  // captured launches name the old counters
   }
   return buf;
 }

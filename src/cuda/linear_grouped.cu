@@ -88,6 +88,7 @@ const uint8_t* const* expert_table(const std::vector<const std::vector<ops::QWei
     DI_CUDA_CHECK(cudaMalloc(&t.device, 2 * n * sizeof(void*)));
     DI_CUDA_CHECK(cudaMemcpy(t.device, want.data(), 2 * n * sizeof(void*), cudaMemcpyHostToDevice));
     t.host = std::move(want);
+    bump_graph_epoch();  // captured launches name the old table
   }
   return static_cast<const uint8_t* const*>(t.device);
 }

@@ -109,6 +109,7 @@ const PositionTable& position_table(const ops::RopeFreqs& f, int64_t need_rows) 
   t->cs = dcs;
   t->sn = dsn;
   t->rows = rows;
+  bump_graph_epoch();  // captured kernels name the old tables
   return *t;
 }
 
@@ -138,6 +139,22 @@ void apply_rope(Tensor& x, int64_t head_width, int64_t rope_dim, const int64_t* 
   });
 }
 
+namespace {
+thread_local BoundPositions t_bound;  // bind_positions'
+}  // namespace
+
+BoundPositions bind_positions(const BoundPositions& b) {
+  const BoundPositions prev = t_bound;
+  t_bound = b;
+  return prev;
+}
+
+void rope_reserve(const ops::RopeFreqs& f, int64_t rows) {
+  if (f.freq.empty() || rows <= 0) return;
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  position_table(f, rows);
+}
+
 void with_rope_rows(const ops::RopeFreqs& f, const int64_t* positions, int64_t rows, const char* op,
                     const std::function<void(const RopeRows&)>& launch) {
   // Positions in [0, 2^40) (the fp32 angle of larger ones is meaningless anyway); an arithmetic
@@ -158,7 +175,9 @@ void with_rope_rows(const ops::RopeFreqs& f, const int64_t* positions, int64_t r
   // out again only to work queued after it on the same stream.
   Tensor dev_positions;
   const int64_t* dpos = nullptr;
-  if (!arithmetic) {
+  if (positions != nullptr && positions == t_bound.host && rows == t_bound.rows) {
+    dpos = t_bound.device;  // already on the device (and what a replayed graph reads)
+  } else if (!arithmetic) {
     Tensor host = Tensor::empty({rows}, DType::kI64);
     std::copy_n(positions, rows, host.data<int64_t>());
     dev_positions = host.to(Device::kCUDA);

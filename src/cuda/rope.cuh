@@ -44,6 +44,18 @@ struct RopeRows {
 void with_rope_rows(const ops::RopeFreqs& f, const int64_t* positions, int64_t rows, const char* op,
                     const std::function<void(const RopeRows&)>& launch);
 
+// The forward's positions on the device (ops::DevicePositions): while bound on this thread, a call whose host
+// positions are `host` with `rows` rows reads them from `device` (int64 [rows] on the GPU) instead. Returns the
+// binding it replaces (to restore).
+struct BoundPositions {
+  const int64_t* host = nullptr;
+  int64_t rows = 0;
+  const int64_t* device = nullptr;
+};
+BoundPositions bind_positions(const BoundPositions& b);
+// Grows f's table to cover positions [0, rows) now (ops::rope_reserve).
+void rope_reserve(const ops::RopeFreqs& f, int64_t rows);
+
 // x: contiguous float32 on kCUDA, numel a multiple of n (a power of two, at most 8192).
 void hadamard(Tensor& x, int64_t n, bool round);
 

@@ -27,6 +27,7 @@ struct EngineArgs {
   std::string dtype = "bfloat16";  // "bfloat16": round activations where the reference does; "float32"
   bool simulate_qat = true;        // FP8/FP4 fake-quantisation sites
   bool async_scheduling = true;    // overlap output processing of step N-1 with the model of step N
+  bool enforce_eager = false;      // no CUDA graphs: every decode kernel launched one by one (same logits)
   // V4.1 SWA bounded replay (DeepInfer's DEEPINFER_YOCO_PREFILL_* switches): "compact" runs the
   // decoder layers of a prefill only over its last prefill_keep_tokens tokens; "off" is exact.
   std::string prefill_truncation = env_value("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE");

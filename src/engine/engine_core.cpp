@@ -36,6 +36,7 @@ EngineCore::EngineCore(const EngineArgs& args) {
   const ops::Numerics numerics = args.numerics();
   const int64_t replay_keep = args.replay_keep_tokens();
   std::unique_ptr<Model> model = Model::load(args.model, args.resolved_device());
+  if (args.enforce_eager) model->set_graphs(false);
   config_ = model->config();
   runner_ = std::make_unique<LocalModelRunner>(std::move(model), numerics, replay_keep, args.kv_cache_memory);
   tokenizer_ = load_tokenizer(args);

@@ -51,8 +51,8 @@ std::vector<T> read_ints(const SafetensorsFile& f, const std::string& name, DTyp
   DI_CHECK(f.has(name), "engram hash data {}: missing tensor {}", f.path(), name);
   const Tensor t = f.get(name);
   DI_CHECK(t.dtype() == dtype && static_cast<size_t>(t.numel()) == n,
-           "engram hash data {}: tensor {} must be {} with {} values, got {} with {}", f.path(), name, dtype_name(dtype),
-           n, dtype_name(t.dtype()), t.numel());
+           "engram hash data {}: tensor {} must be {} with {} values, got {} with {}", f.path(), name,
+           dtype_name(dtype), n, dtype_name(t.dtype()), t.numel());
   return std::vector<T>(t.data<T>(), t.data<T>() + n);
 }
 

@@ -124,7 +124,8 @@ Tensor ids_tensor(const std::vector<I>& ids, Device device = Device::kCPU) {
 Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos, const RowPages* compressed,
                 const Tensor& into = Tensor());
 
-// MoE of one layer (both families, §2.8). tokens are the chunk's ids (V4 hash routing). Returns [T, dim].
-Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c);
+// MoE of one layer (both families, §2.8). token_ids: the rows' token ids, int32 [T] on x's device, read by
+// hash-routed layers only (undefined otherwise). Returns [T, dim].
+Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const LayerCtx& c);
 
 }  // namespace deepinfer

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "core/debug_dump.h"
 #include "deepinfer/error.h"
@@ -97,6 +100,27 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
       .view({rows, H * D});
 }
 
+namespace {
+
+// wo_a's group of each of n rows (row i: group i mod G) as int32 on `device`, uploaded once per (n, G, device) and
+// kept: a decode step's output projection reads the same list every step (and a CUDA graph's replay reads this very
+// tensor, so it must not be uploaded inside the captured piece).
+const Tensor& group_rows(int64_t n, int64_t G, Device device) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, Device>, Tensor>* cache =
+      new std::map<std::tuple<int64_t, int64_t, Device>, Tensor>();  // never destroyed: freed blocks at exit
+  std::lock_guard<std::mutex> lock(mu);
+  Tensor& t = (*cache)[{n, G, device}];
+  if (!t.defined()) {
+    std::vector<int64_t> group_of(n);
+    for (int64_t i = 0; i < n; ++i) group_of[i] = i % G;
+    t = ids_tensor(group_of, device);
+  }
+  return t;
+}
+
+}  // namespace
+
 Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
                         const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
@@ -115,9 +139,7 @@ Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight&
   Tensor z;
   if (run_grouped(T * G, o.device())) {
     // o [T, H*D] is [T*G, gin] row by row: row (t, g) through group g gives z[t, g*R:(g+1)*R] in place.
-    std::vector<int64_t> group_of(T * G);
-    for (int64_t i = 0; i < T * G; ++i) group_of[i] = i % G;
-    z = ops::linear_grouped(o.view({T * G, gin}), ids_tensor(group_of, o.device()), parts, {0, bf}).view({T, G * R});
+    z = ops::linear_grouped(o.view({T * G, gin}), group_rows(T * G, G, o.device()), parts, {0, bf}).view({T, G * R});
   } else {
     z = Tensor::empty({T, G * R}, DType::kF32, o.device());
     for (int64_t g = 0; g < G; ++g)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/debug_dump.h"
 #include "cpu/threads.h"
 #include "deepinfer/error.h"
 #include "model/layers_v4.h"
@@ -26,6 +27,40 @@ void Model::open(const std::string& dir, const ModelConfig& cfg, Device device) 
            cfg.o_lora_rank, cfg.fp8_block);
   ckpt_ = Checkpoint::open(dir);
   init_rope();
+  if (device == Device::kCUDA) graphs_ = std::make_unique<ops::SegmentGraphs>(device);
+}
+
+void Model::set_graphs(bool on) {
+  if (device_ != Device::kCUDA) return;
+  if (!on) graphs_.reset();
+  if (on && !graphs_) graphs_ = std::make_unique<ops::SegmentGraphs>(device_);
+}
+
+bool Model::begin_graphs(const std::vector<SeqChunk>& batch, const ForwardOptions& opts, int64_t rows) const {
+  if (!graphs_ || opts.trace != nullptr || dump_enabled() || !ops::graphs_enabled(device_, rows)) return false;
+  for (const SeqChunk& c : batch)
+    if (c.tokens.size() != 1) return false;  // prefill chunks: shapes follow the chunk lengths
+  // A replayed piece's RoPE reads the tables without growing them: cover this step's positions first.
+  int64_t next = 0;
+  for (const SeqChunk& c : batch) next = std::max(next, c.state->num_tokens + 1);
+  for (const ops::RopeFreqs& f : rope_) ops::rope_reserve(f, next, device_);
+  return graphs_->begin_step(rows);
+}
+
+std::vector<Tensor> Model::run_piece(bool graphs, int64_t key, const std::vector<Tensor>& inputs,
+                                     const ops::SegmentFn& fn) const {
+  return graphs ? graphs_->run(key, inputs, fn) : fn(inputs);
+}
+
+void Model::end_graphs(bool graphs) const {
+  if (graphs) graphs_->end_step();
+}
+
+Tensor Model::device_positions(const std::vector<int64_t>& positions) const {
+  if (device_ == Device::kCPU) return Tensor();
+  Tensor t = Tensor::empty({static_cast<int64_t>(positions.size())}, DType::kI64);
+  std::copy(positions.begin(), positions.end(), t.data<int64_t>());
+  return t.to(device_);
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SequenceState& state, const ForwardOptions& opts) const {

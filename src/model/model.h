@@ -76,10 +76,25 @@ class Model {
   // Stacks the linears that share an input (stack_linears in model/weights.h; the same logits to the bit).
   // A CUDA load does it; on the CPU it is there for the tests. Returns how many pairs were stacked.
   virtual int stack_linears() = 0;
+  // Turns the CUDA graphs of the decode step on (the default on CUDA, DEEPINFER_CUDA_GRAPHS permitting) or off
+  // (--enforce-eager; dropping the captured graphs). Same logits either way. No effect on the CPU.
+  void set_graphs(bool on);
+  // How the decode steps' dense pieces ran so far (captured into CUDA graphs, replayed, eager); zeros on the CPU.
+  ops::SegmentGraphs::Stats graph_stats() const { return graphs_ ? graphs_->stats() : ops::SegmentGraphs::Stats{}; }
 
  protected:
   // Checks the batch and stacks its tokens: offsets[b]..offsets[b+1] are sequence b's rows.
   std::vector<int32_t> stack_batch(const std::vector<SeqChunk>& batch, std::vector<int64_t>& offsets) const;
+  // A decode step's dense pieces (the layer's input mixing and attention projections; its output projection, FFN
+  // mixing and MoE) as CUDA graphs (ops::SegmentGraphs): begin_graphs says whether this forward replays them (a
+  // decode-only batch on CUDA of a size that graphs_enabled takes, no trace, no dump), run_piece runs one of them
+  // (key: its place in the step) through graphs_ then, else directly, and end_graphs closes the step.
+  bool begin_graphs(const std::vector<SeqChunk>& batch, const ForwardOptions& opts, int64_t rows) const;
+  std::vector<Tensor> run_piece(bool graphs, int64_t key, const std::vector<Tensor>& inputs,
+                                const ops::SegmentFn& fn) const;
+  void end_graphs(bool graphs) const;
+  // Each stacked row's position on the device (int64 [T]; undefined on the CPU): ops::DevicePositions binds it.
+  Tensor device_positions(const std::vector<int64_t>& positions) const;
   // Each stacked row's position: sequence b's rows offsets[b]..offsets[b+1] run from starts[b] on.
   static std::vector<int64_t> stacked_positions(const std::vector<int64_t>& starts,
                                                 const std::vector<int64_t>& offsets);
@@ -90,8 +105,9 @@ class Model {
 
   ModelConfig cfg_;
   Device device_ = Device::kCPU;
-  Checkpoint ckpt_;                   // owns the mappings the weights borrow
-  std::vector<ops::RopeFreqs> rope_;  // per layer
+  Checkpoint ckpt_;                                     // owns the mappings the weights borrow
+  std::vector<ops::RopeFreqs> rope_;                    // per layer
+  mutable std::unique_ptr<ops::SegmentGraphs> graphs_;  // a CUDA model's (one forward at a time)
   // What every family's load does first: threads, the config checks the forward relies on, the
   // checkpoint mapping and the RoPE tables (the weights are bound by the family).
   void open(const std::string& dir, const ModelConfig& cfg, Device device);

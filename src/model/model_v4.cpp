@@ -29,33 +29,61 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   for (const SeqChunk& c : batch) starts.push_back(c.state->num_tokens);
   const std::vector<int64_t> positions = stacked_positions(starts, offset);
   Tensor stream = embed_stream(w_.embed, tokens);  // expanded to hc identical copies
+  const int64_t T = offset.back();
+  // The rows' positions and (for hash-routed layers) tokens on the device, uploaded once for every layer.
+  Tensor pos_dev = device_positions(positions);
+  Tensor token_ids = cfg.n_hash_layers > 0 ? ids_tensor(tokens, device_) : Tensor();
+  const bool graphs = begin_graphs(batch, opts, T);  // a decode step replays its dense pieces as CUDA graphs
 
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
     const LayerCtx ctx{cfg, num, l, opts.trace};
-    ops::HcMix mix = ops::hc_mixes(stream, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
-                                   cfg.hc_eps, cfg.norm_eps);
-    Tensor x = ops::hc_collapse_norm(stream, mix.pre, L.attn_norm, cfg.norm_eps, num.bf16);
-    dump("attn_in", l, x);
-    const AttnRows rows = attention_rows_v4(L.attn, x, positions.data(), rope_[l], ctx);
+    // The attention's input: the mixes, the stream collapsed and normed, every row's projections. Inputs {stream,
+    // positions}; outputs {stream, positions, post, comb, the AttnRows}.
+    std::vector<Tensor> io = run_piece(graphs, 2 * l, {stream, pos_dev}, [&](const std::vector<Tensor>& in) {
+      const ops::DevicePositions on_device(positions.data(), T, in[1]);
+      const ops::HcMix mix = ops::hc_mixes(in[0], L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc,
+                                           cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps);
+      Tensor x = ops::hc_collapse_norm(in[0], mix.pre, L.attn_norm, cfg.norm_eps, num.bf16);
+      dump("attn_in", l, x);
+      const AttnRows r = attention_rows_v4(L.attn, x, positions.data(), rope_[l], ctx);
+      return std::vector<Tensor>{in[0], in[1],    mix.post, mix.comb, r.qr, r.q, r.kv,
+                                 r.ckv, r.cscore, r.ikv,    r.iscore, r.iq, r.iw};
+    });
+    stream = io[0];
+    pos_dev = io[1];
+    AttnRows rows;
+    rows.qr = io[4], rows.q = io[5], rows.kv = io[6], rows.ckv = io[7], rows.cscore = io[8];
+    rows.ikv = io[9], rows.iscore = io[10], rows.iq = io[11], rows.iw = io[12];
     std::vector<AttnChunk> chunks;
     for (size_t b = 0; b < batch.size(); ++b)  // the middle reads and writes each sequence's own state
       chunks.push_back(attention_seq_v4(L.attn, rows.rows(offset[b], offset[b + 1]), batch[b].state->num_tokens,
                                         batch[b].state->layers[l], rope_[l], ctx));
-    Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
-    Tensor y = attention_output(o, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
-    dump("attn_out", l, y);
-    stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
+    const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
 
-    mix = ops::hc_mixes(stream, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters, cfg.hc_eps,
-                        cfg.norm_eps);
-    x = ops::hc_collapse_norm(stream, mix.pre, L.ffn_norm, cfg.norm_eps, num.bf16);
-    dump("ffn_in", l, x);
-    y = moe(L.ffn, x, tokens, ctx);
-    dump("ffn_out", l, y);
-    stream = ops::hc_expand(y, stream, mix.post, mix.comb, num.bf16);
+    // The attention's output back into the stream, then the FFN sublayer. Inputs {o, stream, positions, post, comb,
+    // token ids}; outputs {stream, token ids}.
+    io =
+        run_piece(graphs, 2 * l + 1, {o, stream, pos_dev, io[2], io[3], token_ids}, [&](const std::vector<Tensor>& in) {
+          const ops::DevicePositions on_device(positions.data(), T, in[2]);
+          Tensor o_rows = in[0];  // de-rotated in place
+          Tensor y = attention_output(o_rows, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
+          dump("attn_out", l, y);
+          Tensor s = ops::hc_expand(y, in[1], in[3], in[4], num.bf16);
+          const ops::HcMix mix = ops::hc_mixes(s, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters,
+                                               cfg.hc_eps, cfg.norm_eps);
+          Tensor x = ops::hc_collapse_norm(s, mix.pre, L.ffn_norm, cfg.norm_eps, num.bf16);
+          dump("ffn_in", l, x);
+          y = moe(L.ffn, x, in[5], ctx);
+          dump("ffn_out", l, y);
+          s = ops::hc_expand(y, s, mix.post, mix.comb, num.bf16);
+          return std::vector<Tensor>{s, in[5]};
+        });
+    stream = io[0];
+    token_ids = io[1];
     dump("stream", l, stream);
   }
+  end_graphs(graphs);
   for (const SeqChunk& c : batch) c.state->num_tokens += static_cast<int64_t>(c.tokens.size());
 
   // Only the wanted rows go through the head.

@@ -113,6 +113,12 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
 
   std::vector<int32_t> layer_tokens = tokens;
   std::vector<int64_t> positions = stacked_positions(start, offset);  // of the rows still in the batch
+  // The rows' positions and (for hash-routed layers) tokens on the device, uploaded once for every layer.
+  Tensor pos_dev = device_positions(positions);
+  const bool hashed = cfg.n_hash_layers > 0;
+  Tensor token_ids = hashed ? ids_tensor(layer_tokens, device_) : Tensor();
+  // A decode step replays its dense pieces as CUDA graphs (Model::begin_graphs); bounded replay is prefill only.
+  const bool graphs = !replay && begin_graphs(batch, opts, T);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeightsV41& L = w_.layers[l];
     const LayerCtx ctx{cfg, num, l, opts.trace};
@@ -125,6 +131,8 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
         batch[b].state->replay_floor = batch[b].replay_from;
       }
       positions = stacked_positions(start, offset);
+      pos_dev = device_positions(positions);
+      if (hashed) token_ids = ids_tensor(layer_tokens, device_);
     }
     const int64_t T = offset.back();
     if (T == 0) break;  // bounded replay skipped every row of this forward in the decoder layers
@@ -133,14 +141,29 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
       dump("engram_stream", l, stream);
       force("engram_stream", l, stream);
     }
-    ops::HcMix attn_mix = ops::hc_mixes(stream, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc,
-                                        cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps);
-    dump("attn_post", l, attn_mix.post);
-    dump("attn_comb", l, attn_mix.comb);
-    Tensor x = ops::hc_collapse_norm(stream, pre, L.attn_norm, cfg.norm_eps, num.bf16);
-    dump("attn_in", l, x);
-    force("attn_in", l, x);
-    const AttnRows rows = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
+    // The attention's input: this layer's mixes (on the side stream: only the sublayer's end reads them), the stream
+    // collapsed with the incoming pre-mix and normed, and every row's projections.
+    // Inputs {stream, pre, positions}; outputs {stream, positions, attn pre / post / comb, the AttnRows}.
+    std::vector<Tensor> io = run_piece(graphs, 2 * l, {stream, pre, pos_dev}, [&](const std::vector<Tensor>& in) {
+      const ops::DevicePositions on_device(positions.data(), T, in[2]);
+      ops::HcMix mix = ops::hc_mixes(in[0], L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
+                                     cfg.hc_eps, cfg.norm_eps);
+      dump("attn_post", l, mix.post);
+      dump("attn_comb", l, mix.comb);
+      Tensor x = ops::hc_collapse_norm(in[0], in[1], L.attn_norm, cfg.norm_eps, num.bf16);
+      dump("attn_in", l, x);
+      force("attn_in", l, x);
+      const AttnRows r = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
+      return std::vector<Tensor>{in[0], in[2], mix.pre,  mix.post, mix.comb, r.qr, r.q,
+                                 r.kv,  r.ckv, r.cscore, r.ikv,    r.iscore, r.iq, r.iw};
+    });
+    stream = io[0];
+    pos_dev = io[1];
+    const ops::HcMix attn_mix{io[2], io[3], io[4]};
+    AttnRows rows;
+    rows.qr = io[5], rows.q = io[6], rows.kv = io[7], rows.ckv = io[8], rows.cscore = io[9];
+    rows.ikv = io[10], rows.iscore = io[11], rows.iq = io[12], rows.iw = io[13];
+
     std::vector<AttnChunk> chunks;
     for (size_t b = 0; b < B; ++b) {             // the middle reads and writes each sequence's own state
       if (offset[b + 1] == offset[b]) continue;  // every row of this chunk skipped (bounded replay)
@@ -148,27 +171,38 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
       chunks.push_back(attention_seq_v41(L.attn, rows.rows(offset[b], offset[b + 1]), start[b], floor, *batch[b].state,
                                          shared[b], rope_[l], ctx));
     }
-    Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
-    Tensor y = attention_output(o, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
-    dump("attn_out", l, y);
-    stream = ops::hc_expand(y, stream, attn_mix.post, attn_mix.comb, num.bf16);
+    const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
 
-    ops::HcMix ffn_mix = ops::hc_mixes(stream, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters,
-                                       cfg.hc_eps, cfg.norm_eps);
-    dump("attn_stream", l, stream);
-    force("attn_stream", l, stream);
-    dump("ffn_post", l, ffn_mix.post);
-    dump("ffn_comb", l, ffn_mix.comb);
-    x = ops::hc_collapse_norm(stream, attn_mix.pre, L.ffn_norm, cfg.norm_eps, num.bf16);
-    dump("ffn_in", l, x);
-    force("ffn_in", l, x);
-    y = moe(L.ffn, x, layer_tokens, ctx);
-    dump("ffn_out", l, y);
-    stream = ops::hc_expand(y, stream, ffn_mix.post, ffn_mix.comb, num.bf16);
-    pre = ffn_mix.pre;
+    // The attention's output back into the stream, then the FFN sublayer. Inputs {o, stream, positions, attn pre /
+    // post / comb, token ids}; outputs {stream, the FFN's pre-mix, token ids}.
+    io = run_piece(graphs, 2 * l + 1, {o, stream, pos_dev, attn_mix.pre, attn_mix.post, attn_mix.comb, token_ids},
+                   [&](const std::vector<Tensor>& in) {
+                     const ops::DevicePositions on_device(positions.data(), T, in[2]);
+                     Tensor o_rows = in[0];  // de-rotated in place
+                     Tensor y = attention_output(o_rows, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
+                     dump("attn_out", l, y);
+                     Tensor s = ops::hc_expand(y, in[1], in[4], in[5], num.bf16);
+                     ops::HcMix ffn_mix = ops::hc_mixes(s, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc,
+                                                        cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps);
+                     dump("attn_stream", l, s);
+                     force("attn_stream", l, s);
+                     dump("ffn_post", l, ffn_mix.post);
+                     dump("ffn_comb", l, ffn_mix.comb);
+                     Tensor x = ops::hc_collapse_norm(s, in[3], L.ffn_norm, cfg.norm_eps, num.bf16);
+                     dump("ffn_in", l, x);
+                     force("ffn_in", l, x);
+                     y = moe(L.ffn, x, in[6], ctx);
+                     dump("ffn_out", l, y);
+                     s = ops::hc_expand(y, s, ffn_mix.post, ffn_mix.comb, num.bf16);
+                     return std::vector<Tensor>{s, ffn_mix.pre, in[6]};
+                   });
+    stream = io[0];
+    pre = io[1];
+    token_ids = io[2];
     dump("stream", l, stream);
     force("stream", l, stream);
   }
+  end_graphs(graphs);
   for (const SeqChunk& c : batch) c.state->num_tokens += static_cast<int64_t>(c.tokens.size());
 
   // Only the wanted rows go through the final collapse, the norm and the head.

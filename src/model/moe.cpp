@@ -66,7 +66,7 @@ Tensor shared_expert_forward(const MoeWeights& w, const Tensor& x, const LayerCt
 
 }  // namespace
 
-Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tokens, const LayerCtx& c) {
+Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = x.size(0), E = cfg.n_routed_experts, K = cfg.n_activated_experts, dim = cfg.dim;
   DI_CHECK(cfg.score_func == "sqrtsoftplus", "score_func '{}' is not supported (V4 uses sqrtsoftplus)", cfg.score_func);
@@ -80,7 +80,9 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const std::vector<int32_t>& tok
   ro.norm_eps = fam.moe_norm_eps;
   ro.route_scale = cfg.route_scale;
   const bool hash = w.tid2eid.defined();
-  const ops::Routing routing = hash ? ops::moe_route(logits, Tensor(), w.tid2eid, ids_tensor(tokens, x.device()), K, ro)
+  DI_CHECK(!hash || (token_ids.defined() && token_ids.numel() == T),
+           "layer {}: a hash-routed MoE needs the {} rows' token ids", c.layer, T);
+  const ops::Routing routing = hash ? ops::moe_route(logits, Tensor(), w.tid2eid, token_ids, K, ro)
                                     : ops::moe_route(logits, w.gate_bias, Tensor(), Tensor(), K, ro);
   if (c.trace) {
     const Tensor ids = routing.ids.to(Device::kCPU);

@@ -19,6 +19,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/attn_inputs.cuh"
 #include "cuda/device.h"
+#include "cuda/graph.h"
 #include "cuda/hc.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/model_ops.cuh"
@@ -225,6 +226,98 @@ void synchronize(Device d) {
   if (d == Device::kCPU) return;
 #if DEEPINFER_HAS_CUDA
   cuda::synchronize();
+#endif
+}
+
+bool graphs_enabled(Device d, int64_t rows) {
+  if (d != Device::kCUDA || op_profile() != nullptr) return false;
+  static const bool on = [] {
+    const std::string v = env_value("DEEPINFER_CUDA_GRAPHS");
+    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_GRAPHS must be '0' or '1' (got '{}')", v);
+    return v == "1";
+  }();
+  static const int64_t max_rows = [] {
+    const std::string s = env_value("DEEPINFER_CUDA_GRAPH_MAX_BATCH");
+    char* end = nullptr;
+    const long long n = std::strtoll(s.c_str(), &end, 10);
+    DI_CHECK(end != s.c_str() && *end == '\0' && n >= 0,
+             "DEEPINFER_CUDA_GRAPH_MAX_BATCH must be a row count >= 0 (got '{}')", s);
+    return static_cast<int64_t>(n);
+  }();
+  return on && rows >= 1 && rows <= max_rows;
+}
+
+struct SegmentGraphs::Impl {
+#if DEEPINFER_HAS_CUDA
+  std::unique_ptr<cuda::SegmentGraphs> cuda;
+#endif
+};
+
+SegmentGraphs::SegmentGraphs(Device d) : impl_(std::make_unique<Impl>()) {
+#if DEEPINFER_HAS_CUDA
+  if (d == Device::kCUDA) impl_->cuda = std::make_unique<cuda::SegmentGraphs>();
+#else
+  (void)d;
+#endif
+}
+SegmentGraphs::~SegmentGraphs() = default;
+
+bool SegmentGraphs::begin_step(int64_t bucket) {
+#if DEEPINFER_HAS_CUDA
+  if (impl_->cuda) return impl_->cuda->begin_step(bucket);
+#endif
+  (void)bucket;
+  return false;
+}
+
+std::vector<Tensor> SegmentGraphs::run(int64_t key, const std::vector<Tensor>& inputs, const SegmentFn& fn) {
+#if DEEPINFER_HAS_CUDA
+  if (impl_->cuda) return impl_->cuda->run(key, inputs, fn);
+#endif
+  (void)key;
+  return fn(inputs);
+}
+
+void SegmentGraphs::end_step() {
+#if DEEPINFER_HAS_CUDA
+  if (impl_->cuda) impl_->cuda->end_step();
+#endif
+}
+
+SegmentGraphs::Stats SegmentGraphs::stats() const {
+  Stats s;
+#if DEEPINFER_HAS_CUDA
+  if (impl_->cuda) {
+    const cuda::GraphStats& c = impl_->cuda->stats();
+    s.captures = c.captures, s.replays = c.replays, s.eager = c.eager, s.failures = c.failures;
+  }
+#endif
+  return s;
+}
+
+DevicePositions::DevicePositions(const int64_t* host, int64_t rows, const Tensor& device) {
+  if (!on_cuda(device)) return;
+  DI_CHECK(device.dtype() == DType::kI64 && device.dim() == 1 && device.size(0) == rows && device.is_contiguous(),
+           "DevicePositions: expected int64 [{}] on the device, got {}", rows, device.describe());
+#if DEEPINFER_HAS_CUDA
+  const cuda::BoundPositions prev = cuda::bind_positions({host, rows, device.data<int64_t>()});
+  prev_host_ = prev.host, prev_rows_ = prev.rows, prev_device_ = prev.device;
+  bound_ = true;
+#endif
+}
+DevicePositions::~DevicePositions() {
+#if DEEPINFER_HAS_CUDA
+  if (bound_) cuda::bind_positions({prev_host_, prev_rows_, prev_device_});
+#endif
+}
+
+void rope_reserve(const RopeFreqs& f, int64_t rows, Device d) {
+  if (d != Device::kCUDA) return;
+#if DEEPINFER_HAS_CUDA
+  cuda::rope_reserve(f, rows);
+#else
+  (void)f;
+  (void)rows;
 #endif
 }
 

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "deepinfer/tensor.h"
@@ -28,6 +30,56 @@ void init_device(Device d);
 void synchronize(Device d);
 // DEEPINFER_OP_PROFILE=1: forgets the op times gathered so far (a benchmark's warm-up).
 void reset_op_profile();
+
+struct RopeFreqs;
+
+// ---- CUDA graphs of the decode step ---------------------------------------------------------------
+// Whether a decode step of `rows` rows on `d` replays its pieces as CUDA graphs: CUDA with DEEPINFER_CUDA_GRAPHS=1
+// (the default), rows <= DEEPINFER_CUDA_GRAPH_MAX_BATCH and no DEEPINFER_OP_PROFILE (a replay runs no op's host side,
+// so the profile would miss them).
+bool graphs_enabled(Device d, int64_t rows);
+// The pieces of a decode step between two attentions, run as graphs (src/cuda/graph.h says how): begin_step(bucket)
+// for a step of `bucket` rows (false: this step runs eagerly: a batch size's first step, or one that cannot be
+// captured), then run(key, inputs, fn) per piece in the same order every step, then end_step(). fn must only queue
+// device work on its inputs and the weights (no host round trip, no upload: a capture that tries one fails and that
+// batch size stays eager); its outputs are valid until the same piece runs again. On the CPU fn just runs.
+using SegmentFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+class SegmentGraphs {
+ public:
+  explicit SegmentGraphs(Device d);
+  ~SegmentGraphs();
+  bool begin_step(int64_t bucket);
+  std::vector<Tensor> run(int64_t key, const std::vector<Tensor>& inputs, const SegmentFn& fn);
+  void end_step();
+  // Captures, replays and eager runs of pieces so far (tests and benchmarks).
+  struct Stats {
+    int64_t captures = 0, replays = 0, eager = 0, failures = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+// The forward's positions on the device: while it lives (on this thread), RoPE calls (apply_rope,
+// attn_input_norms) whose host positions are `host` with `rows` rows read them from `device` (int64 [rows] on the
+// device): one upload per forward instead of one per call, and what a replayed graph reads. Nothing on the CPU.
+class DevicePositions {
+ public:
+  DevicePositions(const int64_t* host, int64_t rows, const Tensor& device);
+  ~DevicePositions();
+  DevicePositions(const DevicePositions&) = delete;
+  DevicePositions& operator=(const DevicePositions&) = delete;
+
+ private:
+  bool bound_ = false;
+  const int64_t* prev_host_ = nullptr;  // the binding this one replaced
+  int64_t prev_rows_ = 0;
+  const int64_t* prev_device_ = nullptr;
+};
+// Makes f's device table cover positions [0, rows) now (a replayed graph's RoPE reads it without growing it; a
+// growth makes the graphs that named the old table capture again). Nothing on the CPU.
+void rope_reserve(const RopeFreqs& f, int64_t rows, Device d);
 
 struct Numerics {
   bool bf16 = true;          // round activations to bf16 where the reference does

@@ -56,6 +56,8 @@ EngineArgs make_args(const std::string& model, const py::kwargs& kw) {
       a.simulate_qat = py::cast<bool>(v);
     else if (k == "async_scheduling")
       a.async_scheduling = py::cast<bool>(v);
+    else if (k == "enforce_eager")
+      a.enforce_eager = py::cast<bool>(v);
     else
       throw py::type_error("unknown engine argument '" + k + "'");
   }

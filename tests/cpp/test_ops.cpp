@@ -636,3 +636,38 @@ TEST(Ops, SparseIndexReplaysTheHostLists) {
   narrow.width = 4;
   EXPECT_THROW(ops::sparse_index(narrow, 1, Tensor(), Device::kCPU), Error);
 }
+
+// On the CPU the decode step's pieces run as they are: SegmentGraphs never captures, and the device-positions binding
+// and the table reservation do nothing (the CUDA side is tested by make test-cuda: graphs against eager, bit for bit).
+TEST(Ops, SegmentGraphsRunThePiecesOnTheCpu) {
+  ops::SegmentGraphs graphs(Device::kCPU);
+  EXPECT_FALSE(ops::graphs_enabled(Device::kCPU, 1));
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_FALSE(graphs.begin_step(4));
+    Tensor x = Tensor::full({2, 3}, 1.5f);
+    int calls = 0;
+    const std::vector<Tensor> out = graphs.run(0, {x, Tensor()}, [&](const std::vector<Tensor>& in) {
+      ++calls;
+      EXPECT_FALSE(in[1].defined());
+      Tensor y = in[0].clone();
+      ops::scale(y, 2.0f, false);
+      return std::vector<Tensor>{y, in[0]};
+    });
+    graphs.end_step();
+    EXPECT_EQ(calls, 1);
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].data<float>()[5], 3.0f);
+    EXPECT_EQ(out[1].raw(), x.raw());
+  }
+  const ops::SegmentGraphs::Stats st = graphs.stats();
+  EXPECT_EQ(st.captures + st.replays + st.eager + st.failures, 0);
+
+  const std::vector<int64_t> pos = {7, 3};
+  const ops::DevicePositions none(pos.data(), 2, Tensor());  // no device tensor on the CPU: nothing bound
+  const ops::RopeFreqs f = ops::rope_freqs(4, 10000.0, 1.0, 0, 32.0, 1.0);
+  Tensor a = Tensor::full({2, 4}, 0.5f), b = a.clone();
+  ops::rope_reserve(f, 1 << 20, Device::kCPU);
+  ops::apply_rope(a, 4, 4, pos.data(), f, false, false);
+  ops::apply_rope(b, 4, 4, std::vector<int64_t>{7, 3}.data(), f, false, false);
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+}

@@ -14,9 +14,14 @@
 // CUDA model with host logits and the CPU sampler (every token and logprob bit for bit: same logits,
 // same sampling), and against the engine on the CPU (the same tokens; the logprobs differ by the two
 // devices' logit differences, reported).
+// (5) CUDA graphs: the decode step replayed as graphs against the same checkpoint launching every kernel
+// (Model::set_graphs(false)), every logit bit for bit: one sequence, a batch whose size changes (each size captured
+// at its second step), and positions across the RoPE table's 4,096-row growth (the graphs are captured again); the
+// graphs must have been captured and replayed, and no capture may have failed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -211,6 +216,60 @@ bool engine_case(const std::string& dir) {
   return ok;
 }
 
+// Logits of one forward of `batch` (decode tokens) on each model, compared bit for bit; counts rows and mismatches.
+struct Exact {
+  int rows = 0, differ = 0;
+  void add(const di::Tensor& a, const di::Tensor& b) {
+    rows += static_cast<int>(a.size(0));
+    differ += a.shape() != b.shape() || std::memcmp(a.raw(), b.raw(), a.nbytes()) != 0;
+  }
+};
+
+bool graphs_case(const std::string& dir) {
+  const di::ModelConfig& cfg = di::load_model_config(dir);
+  auto graphs = di::Model::load(dir, di::Device::kCUDA);
+  auto eager = di::Model::load(dir, di::Device::kCUDA);
+  eager->set_graphs(false);
+  di::ForwardOptions fo;
+  fo.all_logits = false;
+  Exact ex;
+  // Sequences: prompts of 100, 37, 5 and 4,090 tokens (the last crosses position 4,096 while decoding).
+  const std::vector<int64_t> lens = {100, 37, 5, 4090};
+  std::vector<std::unique_ptr<di::SequenceState>> sg, se;
+  std::vector<int32_t> next;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    sg.push_back(graphs->new_sequence());
+    se.push_back(eager->new_sequence());
+    const std::vector<int32_t> p = prompt_ids(lens[b], cfg.vocab_size, static_cast<uint32_t>(70 + b));
+    const di::Tensor a = graphs->forward(p, *sg[b], fo), e = eager->forward(p, *se[b], fo);
+    ex.add(a, e);
+    next.push_back(argmax(e.data<float>(), cfg.vocab_size));
+  }
+  // Steps over changing subsets: {0}, {0,1,2}, {0,1}, {0,1,2}, {3}, {0,3} ... each subset several steps in a row.
+  const std::vector<std::vector<size_t>> plan = {{0}, {0, 1, 2}, {0, 1}, {0, 1, 2}, {3}, {0, 3}, {1, 2, 3}, {0}};
+  for (const std::vector<size_t>& subset : plan) {
+    for (int s = 0; s < 5; ++s) {
+      std::vector<di::SeqChunk> bg, be;
+      for (size_t b : subset) {
+        bg.push_back(di::SeqChunk{sg[b].get(), {next[b]}, true, false});
+        be.push_back(di::SeqChunk{se[b].get(), {next[b]}, true, false});
+      }
+      const di::Tensor a = graphs->forward_batch(bg, fo), e = eager->forward_batch(be, fo);
+      ex.add(a, e);
+      for (size_t i = 0; i < subset.size(); ++i)
+        next[subset[i]] = argmax(e.data<float>() + static_cast<int64_t>(i) * cfg.vocab_size, cfg.vocab_size);
+    }
+  }
+  const di::ops::SegmentGraphs::Stats st = graphs->graph_stats(), se_st = eager->graph_stats();
+  const bool ok = ex.differ == 0 && st.captures > 0 && st.replays > 0 && st.failures == 0 && se_st.replays == 0;
+  std::printf(
+      "%s %s CUDA graphs: %d logits rows, %d forwards differ from eager; %lld pieces captured, %lld replayed, "
+      "%lld eager, %lld failed captures\n",
+      ok ? "PASS" : "FAIL", dir.c_str(), ex.rows, ex.differ, static_cast<long long>(st.captures),
+      static_cast<long long>(st.replays), static_cast<long long>(st.eager), static_cast<long long>(st.failures));
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -232,6 +291,7 @@ int main(int argc, char** argv) {
       failed += !single(*cpu, *gpu, dir + " chunked prefill (7)+16 decode", 7, 16);
       failed += !batched(*cpu, *gpu, dir + " batch of 3 +32 decode", 32);
       failed += !engine_case(dir);
+      failed += !graphs_case(dir);
     } catch (const std::exception& e) {
       std::printf("FAIL %s: threw: %s\n", dir.c_str(), e.what());
       ++failed;
