@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,15 +28,17 @@ void throw_cuda_error(int code, const char* expr, const char* file, int line) {
 namespace {
 
 // The side stream's state (side_fork / side_pending / side_join). `pending` is read by every free (the
-// allocator joins before a pending buffer can be handed out again), hence the atomic fast path.
+// allocator joins before a pending buffer can be handed out again), hence the atomic fast path. Pieces of side work
+// queue one after the other on the one stream, so `done` (recorded after the latest) covers them all.
 struct SideStream {
   std::mutex mu;
   cudaStream_t stream = nullptr;
   cudaEvent_t forked = nullptr, done = nullptr;
   std::atomic<bool> pending{false};
-  const char* buffer = nullptr;  // what the pending work writes: [buffer, buffer + bytes)
-  size_t bytes = 0;
-  std::vector<Tensor> keep;  // what it reads, held until the join
+  std::vector<std::pair<const char*, size_t>> buffers;  // what the pending work writes
+  std::vector<Tensor> keep;                             // what it reads, held until the join
+  uint64_t joins = 0;                                   // joins so far (a SideScope block's generation)
+  std::vector<std::function<void()>> deferred;          // frees of side-scope blocks, run at the join
 };
 
 SideStream& side() {
@@ -43,13 +46,32 @@ SideStream& side() {
   return *s;
 }
 
-// Whether [p, p + n) overlaps the pending side work's buffer (then a reader must join first).
+// Whether [p, p + n) overlaps a pending side work's buffer (then a reader must join first).
 bool reads_side_buffer(const void* p, size_t n) {
   SideStream& s = side();
   if (!s.pending.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lock(s.mu);
   const char* a = static_cast<const char*>(p);
-  return s.pending.load(std::memory_order_relaxed) && a < s.buffer + s.bytes && s.buffer < a + n;
+  for (const auto& [b, bytes] : s.buffers)
+    if (a < b + bytes && b < a + n) return true;
+  return false;
+}
+
+thread_local int t_side_scope = 0;  // SideScope's depth on this thread
+
+// A block allocated inside a SideScope (generation: the joins so far) may still be used by side work after its
+// tensor is freed: until the next join its free is deferred (give_back runs then). False: joined already.
+bool defer_side_free(uint64_t generation, std::function<void()> give_back) {
+  SideStream& s = side();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.joins != generation) return false;
+  s.deferred.push_back(std::move(give_back));
+  return true;
+}
+uint64_t side_generation() {
+  SideStream& s = side();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.joins;
 }
 
 // The kCUDA allocator: a caching pool over cudaMalloc. A freed block goes back to a free list keyed
@@ -157,35 +179,44 @@ thread_local GraphPool* t_pool = nullptr;  // PoolScope's
 thread_local bool t_capturing = false;     // CaptureFlag's
 std::atomic<uint64_t> g_graph_epoch{0};
 
-std::shared_ptr<Storage> pool_alloc(GraphPool& pool, size_t nbytes) {
-  const size_t size = rounded_size(nbytes);
-  void* p = pool.take(size);
+void cache_give_back(void* q, size_t size) {
+  BlockCache& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.free[size].push_back(q);
+}
+
+// A block's storage; `give_back` returns it to its free list (the shared cache or a graph pool). Side work may still
+// write it (a pending buffer: join first) or, for a block allocated inside a SideScope, still use it (deferred).
+std::shared_ptr<Storage> block_storage(void* p, size_t nbytes, size_t size, std::function<void(void*)> give_back) {
   auto st = std::make_shared<Storage>();
   st->data = p;
   st->nbytes = nbytes;
   st->device = Device::kCUDA;
-  st->owner = std::shared_ptr<void>(p, [size, keep = pool.shared_from_this()](void* q) {
-    if (reads_side_buffer(q, size)) side_join();
-    keep->give_back(q, size);
+  const bool in_side = t_side_scope > 0;
+  const uint64_t generation = in_side ? side_generation() : 0;
+  st->owner = std::shared_ptr<void>(p, [size, in_side, generation, give_back = std::move(give_back)](void* q) {
+    if (reads_side_buffer(q, size)) {  // side work may still write it
+      if (t_side_scope == 0)
+        side_join();
+      else if (defer_side_free(side_generation(), [q, give_back] { give_back(q); }))
+        return;  // inside a scope the join waits: free it then
+    }
+    if (in_side && defer_side_free(generation, [q, give_back] { give_back(q); })) return;
+    give_back(q);
   });
   return st;
+}
+
+std::shared_ptr<Storage> pool_alloc(GraphPool& pool, size_t nbytes) {
+  const size_t size = rounded_size(nbytes);
+  return block_storage(pool.take(size), nbytes, size,
+                       [size, keep = pool.shared_from_this()](void* q) { keep->give_back(q, size); });
 }
 
 std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
   if (t_pool != nullptr) return pool_alloc(*t_pool, nbytes);
   const size_t size = rounded_size(nbytes);
-  void* p = cached_malloc(size);
-  auto st = std::make_shared<Storage>();
-  st->data = p;
-  st->nbytes = nbytes;
-  st->device = Device::kCUDA;
-  st->owner = std::shared_ptr<void>(p, [size](void* q) {
-    if (reads_side_buffer(q, size)) side_join();  // side work may still write this block
-    BlockCache& c = block_cache();
-    std::lock_guard<std::mutex> lock(c.mu);
-    c.free[size].push_back(q);
-  });
-  return st;
+  return block_storage(cached_malloc(size), nbytes, size, [size](void* q) { cache_give_back(q, size); });
 }
 
 // Copies on the legacy default stream, where every kernel of the backend runs, so they are ordered
@@ -203,6 +234,8 @@ void check_not_capturing(const char* what) {
 void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
                size_t row_bytes, size_t rows) {
   if (src_dev == Device::kCPU || dst_dev == Device::kCPU) check_not_capturing("a copy between the host and the device");
+  DI_CHECK(dst_dev != Device::kCPU || t_side_scope == 0,
+           "a copy to the host inside side work (it would not wait for the side stream)");
   if (src_dev != Device::kCPU && reads_side_buffer(src, spitch * (rows - 1) + row_bytes)) side_join();
   if (dst_dev == Device::kCPU) {
     if (rows == 1)
@@ -260,6 +293,7 @@ thread_local cudaStream_t t_stream = nullptr;  // StreamScope's, per thread
 }  // namespace
 
 cudaStream_t current_stream() { return t_stream; }
+void t_stream_set(cudaStream_t s) { t_stream = s; }
 StreamScope::StreamScope(cudaStream_t s) : prev_(t_stream) { t_stream = s; }
 StreamScope::~StreamScope() { t_stream = prev_; }
 
@@ -277,41 +311,72 @@ cudaStream_t side_fork() {
 }
 
 void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep) {
-  side_join();  // one pending piece at a time
   SideStream& s = side();
   std::lock_guard<std::mutex> lock(s.mu);
   DI_CHECK(s.stream != nullptr, "side_pending: no side stream (side_fork first)");
-  DI_CUDA_CHECK(cudaEventRecord(s.done, s.stream));
-  s.buffer = static_cast<const char*>(buffer);
-  s.bytes = bytes;
-  s.keep = std::move(keep);
+  DI_CUDA_CHECK(cudaEventRecord(s.done, s.stream));  // after every piece queued so far
+  if (buffer != nullptr && bytes > 0) s.buffers.emplace_back(static_cast<const char*>(buffer), bytes);
+  for (Tensor& t : keep) s.keep.push_back(std::move(t));
   s.pending.store(true, std::memory_order_release);
 }
 
 void side_join() {
   SideStream& s = side();
-  if (!s.pending.load(std::memory_order_acquire)) return;
+  // Inside a SideScope the work queued so far is on the side stream already (in order): joining would release
+  // deferred blocks to the default stream's work too early.
+  if (t_side_scope > 0 || !s.pending.load(std::memory_order_acquire)) return;
   std::vector<Tensor> release;  // freed after the lock: a free asks reads_side_buffer, which takes it
+  std::vector<std::function<void()>> frees;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.pending.load(std::memory_order_relaxed)) return;
     DI_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
-    s.buffer = nullptr;
-    s.bytes = 0;
+    s.buffers.clear();
     release.swap(s.keep);
+    frees.swap(s.deferred);
+    ++s.joins;
     s.pending.store(false, std::memory_order_release);
   }
+  for (auto& f : frees) f();
 }
 
 void side_reset() {
   SideStream& s = side();
   std::vector<Tensor> release;
+  std::vector<std::function<void()>> frees;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    s.buffer = nullptr;
-    s.bytes = 0;
+    s.buffers.clear();
     release.swap(s.keep);
+    frees.swap(s.deferred);
+    ++s.joins;
     s.pending.store(false, std::memory_order_release);
+  }
+  for (auto& f : frees) f();
+}
+
+SideScope::SideScope(std::vector<Tensor> reads) : reads_(std::move(reads)) {
+  DI_CHECK(t_side_scope == 0, "SideScope: side work does not nest");
+  cudaStream_t s = side_fork();
+  prev_ = current_stream();
+  t_stream_set(s);
+  ++t_side_scope;
+}
+
+void SideScope::done(const std::vector<Tensor>& writes) {
+  if (ended_) return;
+  ended_ = true;
+  --t_side_scope;
+  t_stream_set(prev_);
+  side_pending(nullptr, 0, std::move(reads_));
+  for (const Tensor& w : writes)
+    if (w.defined()) side_pending(w.raw(), w.nbytes());
+}
+
+SideScope::~SideScope() {
+  try {
+    done({});
+  } catch (...) {  // a destructor does not throw (done's event record failing means the device is lost anyway)
   }
 }
 

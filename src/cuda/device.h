@@ -63,11 +63,30 @@ void op_events_reset();
 // side_join() makes the default stream wait for that end (no host wait; a no-op when nothing is pending); it runs
 // before any copy to the host, before a device copy or a free that touches the pending bytes, and where the
 // consumer starts; side_join_if_reads(p, n) joins when [p, p + n) overlaps the pending bytes (an op's input).
-// One piece of side work is pending at a time: side_pending joins an earlier one first.
+// Several pieces may be pending: they run in order on the one side stream, and a join waits for all of them.
 ::CUstream_st* side_fork();
 void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep = {});
 void side_join();
 void side_join_if_reads(const void* p, size_t n);
+
+// Side work in a scope: while a SideScope lives on this thread, everything it queues (launches, uploads, memsets) goes
+// to the side stream, after all the work queued before it (side_fork); done(writes) ends the scope: `reads` (given at
+// construction) are held and `writes` are pending until the join (side_join, or an op that reads them). Blocks
+// allocated inside the scope go back to their free list only after the join, however early their tensors are freed
+// (side kernels may still use them). No nesting. The destructor ends an open scope with no writes.
+class SideScope {
+ public:
+  explicit SideScope(std::vector<Tensor> reads = {});
+  ~SideScope();
+  void done(const std::vector<Tensor>& writes);
+  SideScope(const SideScope&) = delete;
+  SideScope& operator=(const SideScope&) = delete;
+
+ private:
+  std::vector<Tensor> reads_;
+  ::CUstream_st* prev_ = nullptr;
+  bool ended_ = false;
+};
 
 // Drops the pending side work without waiting for it (a capture that failed: its events belong to the abandoned
 // graph).

@@ -924,6 +924,7 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
            "{}: expert_out {}, slots {}, shared {} do not match", op, expert_out.describe(), slots.describe(),
            shared.describe());
   const int64_t T = shared.size(0), dim = shared.size(1), k = slots.size(1);
+  side_join_if_reads(shared.raw(), shared.nbytes());  // the shared expert may run beside the routed ones
   DI_CHECK(k <= kCombineMaxK && T < (int64_t{1} << 31), "{}: k = {} (at most {}), T = {}", op, k, kCombineMaxK, T);
   Tensor out = Tensor::empty({T, dim}, DType::kF32, Device::kCUDA);
   if (T * dim == 0) return out;
@@ -939,7 +940,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape() && dst.dtype() == src.dtype(),
            "cuda::copy_into: dst {} and src {} must be contiguous CUDA tensors of one shape and dtype", desc(dst),
            desc(src));
-  if (src.nbytes() > 0) DI_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice));
+  if (src.nbytes() > 0)
+    DI_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, current_stream()));
 }
 
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,

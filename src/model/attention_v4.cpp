@@ -115,6 +115,21 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
   const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
   AttnRows r;
+  // The compressors' FP32 projections and the indexer's head weights read only x: side work beside wq_a / wkv and
+  // wq_b (ops::SideWork; the same ops, joined before returning).
+  if (w.has_compressor || w.has_indexer) {
+    ops::SideWork side(x.device(), {x}, run_beside(x.size(0)));
+    if (w.has_compressor) {
+      r.ckv = linear_f32(x, w.compressor.wkv);  // [T, c*d]
+      r.cscore = linear_f32(x, w.compressor.wgate);
+    }
+    if (w.has_indexer) {
+      r.ikv = linear_f32(x, w.indexer.compressor.wkv);
+      r.iscore = linear_f32(x, w.indexer.compressor.wgate);
+      r.iw = indexer_head_weights(x, w.indexer.weights_proj, c);  // [T, nh]
+    }
+    side.done({r.ckv, r.cscore, r.ikv, r.iscore, r.iw});
+  }
   // wq_a and wkv read the same x: one launch when stacked.
   const std::pair<Tensor, Tensor> qa_kv = linear_q_pair(x, w.wq_a, w.wkv, w.wq_a_kv, c);
   // The two low-rank norms together (one launch on CUDA): q's input, and the window KV [T, D] (one shared latent
@@ -123,30 +138,24 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
                                              positions, rope, D - rd, c.num.simulate_qat ? 64 : 0);
   r.qr = std::move(in.qr);
   r.kv = std::move(in.kv);
+  if (w.has_indexer) {  // the indexer's queries beside wq_b
+    ops::SideWork side(x.device(), {r.qr}, run_beside(x.size(0)));
+    const int64_t hd = cfg.index_head_dim;
+    r.iq = linear_q(r.qr, w.indexer.wq_b, c);  // [T, nh*hd]
+    ops::apply_rope(r.iq, hd, rd, positions, rope, false, bf);
+    ops::hadamard(r.iq, hd, bf);
+    if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
+    side.done({r.iq});
+  }
   // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
   dump("q_proj", c.layer, r.q);
   ops::renorm_heads(r.q, D, cfg.norm_eps, bf);
   ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
+  ops::side_join(x.device());
   dump("q", c.layer, r.q);
   dump("qr", c.layer, r.qr);
   dump("kv", c.layer, r.kv);
-
-  // The compressors' FP32 projections and the indexer's queries and head weights.
-  if (w.has_compressor) {
-    r.ckv = linear_f32(x, w.compressor.wkv);  // [T, c*d]
-    r.cscore = linear_f32(x, w.compressor.wgate);
-  }
-  if (w.has_indexer) {
-    const int64_t hd = cfg.index_head_dim;
-    r.ikv = linear_f32(x, w.indexer.compressor.wkv);
-    r.iscore = linear_f32(x, w.indexer.compressor.wgate);
-    r.iq = linear_q(r.qr, w.indexer.wq_b, c);  // [T, nh*hd]
-    ops::apply_rope(r.iq, hd, rd, positions, rope, false, bf);
-    ops::hadamard(r.iq, hd, bf);
-    if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
-    r.iw = indexer_head_weights(x, w.indexer.weights_proj, c);  // [T, nh]
-  }
   return r;
 }
 

@@ -97,6 +97,23 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
   const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
   AttnRows r;
+  const bool compressed = cfg.compress_ratio(c.layer) > 0;
+  const bool kv_source = compressed && w.kv_source, index_source = compressed && w.index_source;
+  // The compressor's projections and the indexer's head weights read only x: side work beside wq_a / wkv and
+  // wq_b (ops::SideWork; the same ops, joined before returning).
+  if (kv_source || index_source) {
+    ops::SideWork side(x.device(), {x}, run_beside(x.size(0)));
+    if (kv_source) {
+      if (w.compressor.ratio == 1) {  // every token its own entry: the normed BF16 projection
+        r.ckv = ops::rms_norm(linear_bf16(x, w.compressor.wkv, c), w.compressor.norm, cfg.norm_eps, bf);
+      } else {  // ratio 2: the FP32 projections the pooling gates
+        r.ckv = linear_f32(x, w.compressor.wkv);
+        r.cscore = linear_f32(x, w.compressor.wgate);
+      }
+    }
+    if (index_source) r.iw = indexer_head_weights(x, w.indexer.weights_proj, c);  // [T, nh]
+    side.done({r.ckv, r.cscore, r.iw});
+  }
   // wq_a and wkv read the same x: one launch when stacked.
   const std::pair<Tensor, Tensor> qa_kv = linear_q_pair(x, w.wq_a, w.wkv, w.wq_a_kv, c);
   // The two low-rank norms together (one launch on CUDA): q's input, and the window KV [T, D] with RoPE, then
@@ -106,28 +123,20 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
                                              positions, rope, fam.window_quant_rope_dims ? D : D - rd, kv_quant_block);
   r.qr = std::move(in.qr);
   r.kv = std::move(in.kv);
-  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
-  r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
-  ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
-  dump("q", c.layer, r.q);
-  dump("kv", c.layer, r.kv);
-
-  const bool compressed = cfg.compress_ratio(c.layer) > 0;
-  if (compressed && w.kv_source) {
-    if (w.compressor.ratio == 1) {  // every token its own entry: the normed BF16 projection
-      r.ckv = ops::rms_norm(linear_bf16(x, w.compressor.wkv, c), w.compressor.norm, cfg.norm_eps, bf);
-    } else {  // ratio 2: the FP32 projections the pooling gates
-      r.ckv = linear_f32(x, w.compressor.wkv);
-      r.cscore = linear_f32(x, w.compressor.wgate);
-    }
-  }
-  if (compressed && w.index_source) {
+  if (index_source) {  // the indexer's queries beside wq_b
+    ops::SideWork side(x.device(), {r.qr}, run_beside(x.size(0)));
     const int64_t hd = cfg.index_head_dim;
     r.iq = linear_q(r.qr, w.indexer.wq_b, c);  // [T, nh*hd]
     ops::apply_rope(r.iq, hd, rd, positions, rope, false, bf);
     if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
-    r.iw = indexer_head_weights(x, w.indexer.weights_proj, c);  // [T, nh]
+    side.done({r.iq});
   }
+  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
+  r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
+  ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
+  ops::side_join(x.device());
+  dump("q", c.layer, r.q);
+  dump("kv", c.layer, r.kv);
   return r;
 }
 

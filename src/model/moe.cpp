@@ -70,6 +70,14 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const 
   const ModelConfig& cfg = c.cfg;
   const int64_t T = x.size(0), E = cfg.n_routed_experts, K = cfg.n_activated_experts, dim = cfg.dim;
   DI_CHECK(cfg.score_func == "sqrtsoftplus", "score_func '{}' is not supported (V4 uses sqrtsoftplus)", cfg.score_func);
+  // The shared expert first, beside the routed ones (on CUDA on the side stream: both are GEMV chains that leave HBM
+  // bandwidth unused, and the gate -> route -> group chain before the routed GEMVs is latency; moe_combine joins).
+  Tensor ys;
+  {
+    ops::SideWork side(x.device(), {x}, run_beside(T));
+    ys = shared_expert_forward(w, x, c);
+    side.done({ys});
+  }
   ops::QWeight gate{w.gate_weight, {}, 0};
   Tensor logits = linear_f32(x, gate);  // [T, E]
   const FamilyNumerics fam = family_numerics(cfg.family);
@@ -111,7 +119,6 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const 
       ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
     }
   }
-  Tensor ys = shared_expert_forward(w, x, c);
   dump("shared_out", c.layer, ys);
   Tensor out = ops::moe_combine(yg, groups.slots, ys, c.num.bf16);
   return out;

@@ -311,6 +311,38 @@ DevicePositions::~DevicePositions() {
 #endif
 }
 
+struct SideWork::Impl {
+#if DEEPINFER_HAS_CUDA
+  std::unique_ptr<cuda::SideScope> scope;
+#endif
+};
+
+SideWork::SideWork(Device d, std::vector<Tensor> reads, bool on) : impl_(std::make_unique<Impl>()) {
+#if DEEPINFER_HAS_CUDA
+  if (on && d == Device::kCUDA) impl_->scope = std::make_unique<cuda::SideScope>(std::move(reads));
+#else
+  (void)d;
+  (void)reads;
+  (void)on;
+#endif
+}
+SideWork::~SideWork() = default;
+void SideWork::done(const std::vector<Tensor>& writes) {
+#if DEEPINFER_HAS_CUDA
+  if (impl_->scope) impl_->scope->done(writes);
+#else
+  (void)writes;
+#endif
+}
+
+void side_join(Device d) {
+#if DEEPINFER_HAS_CUDA
+  if (d == Device::kCUDA) cuda::side_join();
+#else
+  (void)d;
+#endif
+}
+
 void rope_reserve(const RopeFreqs& f, int64_t rows, Device d) {
   if (d != Device::kCUDA) return;
 #if DEEPINFER_HAS_CUDA

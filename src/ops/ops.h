@@ -77,6 +77,27 @@ class DevicePositions {
   int64_t prev_rows_ = 0;
   const int64_t* prev_device_ = nullptr;
 };
+// Work beside the main stream: while a SideWork lives on this thread, the ops it runs on a CUDA device go to the side
+// stream, after everything queued before it, concurrently with what the main stream queues after it; `reads` are held
+// until the join. done(writes) ends it (the destructor does, with no writes); side_join(d) makes the main stream
+// wait for it (so do the ops that read a pending write: hc_collapse_norm, hc_collapse, gather_rows, moe_combine).
+// Inside, no copy to the host and no nesting. On the CPU the ops just run. Used where independent work of a step
+// (the shared expert beside the routed ones, the indexer's and compressor's projections beside wq_b) would
+// otherwise wait in line on one stream: under CUDA graphs the fork and join are edges of the graph.
+class SideWork {
+ public:
+  // on = false: the ops run on the main stream as usual (the caller's size rule).
+  SideWork(Device d, std::vector<Tensor> reads, bool on = true);
+  ~SideWork();
+  void done(const std::vector<Tensor>& writes);
+  SideWork(const SideWork&) = delete;
+  SideWork& operator=(const SideWork&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+void side_join(Device d);
 // Makes f's device table cover positions [0, rows) now (a replayed graph's RoPE reads it without growing it; a
 // growth makes the graphs that named the old table capture again). Nothing on the CPU.
 void rope_reserve(const RopeFreqs& f, int64_t rows, Device d);

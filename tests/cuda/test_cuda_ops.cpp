@@ -1292,6 +1292,48 @@ void test_scale_and_copies() {
   });
 }
 
+// ---- side work (ops::SideWork): ops beside the main stream, bit for bit; a block freed inside it is not handed to
+// the main stream before the join ----
+void test_side_work() {
+  uint32_t seed = 39000;
+  run_case("side work: a linear beside a main-stream linear, joined", [&] {
+    const di::Tensor x = normal_tensor({3, 1024}, 1.0f, seed++, true);
+    const di::Tensor wf = normal_tensor({4096, 1024}, 0.05f, seed++, true);
+    di::Tensor w = di::Tensor::empty(wf.shape(), di::DType::kBF16);
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<uint16_t>()[i] = di::f32_to_bf16(wf.data<float>()[i]);
+    const di::ops::QWeight qw{w, {}, 0};
+    const di::Tensor want_side = di::ops::linear(x, qw, {0, true}), want_main = di::ops::linear(x, qw, {0, false});
+    const di::Tensor dx = dev(x), dw = dev(w);
+    const di::ops::QWeight dq{dw, {}, 0};
+    di::Tensor side_out;
+    {
+      di::ops::SideWork side(di::Device::kCUDA, {dx});
+      side_out = di::ops::linear(dx, dq, {0, true});
+      side.done({side_out});
+    }
+    const di::Tensor main_out = di::ops::linear(dx, dq, {0, false});  // concurrently with the side linear
+    di::ops::side_join(di::Device::kCUDA);
+    const std::string e = exact(want_side, side_out.to(di::Device::kCPU));
+    return e.empty() ? exact(want_main, main_out.to(di::Device::kCPU)) : e;
+  });
+  run_case("side work: a block freed inside is reused only after the join", [&] {
+    const size_t bytes = size_t{3} << 20;  // a size no other test leaves cached
+    const void* freed = nullptr;
+    {
+      di::ops::SideWork side(di::Device::kCUDA, {});
+      di::Tensor t = di::Tensor::empty({static_cast<int64_t>(bytes / 4)}, di::DType::kF32, di::Device::kCUDA);
+      freed = t.raw();
+      side.done({});
+    }  // t freed inside the scope: deferred
+    di::Tensor before = di::Tensor::empty({static_cast<int64_t>(bytes / 4)}, di::DType::kF32, di::Device::kCUDA);
+    if (before.raw() == freed) return std::string("the main stream got the side block before the join");
+    di::ops::side_join(di::Device::kCUDA);
+    di::Tensor after = di::Tensor::empty({static_cast<int64_t>(bytes / 4)}, di::DType::kF32, di::Device::kCUDA);
+    if (after.raw() != freed) return std::string("the side block did not come back after the join");
+    return std::string();
+  });
+}
+
 // ---- sparse-attention index lists: candidate_blocks, mask_to_blocks, topk_rows by index, sparse_index ----
 // All bit for bit (integer work). Shapes of the real V4.1-Flash indexer (candidate blocks of 8, top 2048
 // blocks, index_topk 512), the shipped mini-v41 (8 / 32 / 256) and the small test presets (4 / 6 / 16).
@@ -1444,5 +1486,6 @@ int main() {
     test_compress_pool();
     test_renorm_heads();
     test_scale_and_copies();
+    test_side_work();
   });
 }
