@@ -34,6 +34,8 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block = 0)
 ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);
+// ops::gather_pages: dst float32 [rows, width] contiguous on kCUDA, the pages on the device.
+void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst);
 void scale(Tensor& x, float s, bool round);
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,

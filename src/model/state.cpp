@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "deepinfer/error.h"
+#include "ops/ops.h"
 
 namespace deepinfer {
 
@@ -109,6 +110,11 @@ void RowPages::copy_to(const Tensor& dst) const {
   DI_CHECK(dst.dim() == 2 && dst.size(0) == rows_ && dst.size(1) == width_ && dst.dtype() == DType::kF32 &&
                dst.is_contiguous(),
            "row pages [{}, {}]: cannot copy into {}", rows_, width_, dst.describe());
+  if (dst.device() == device_ && rows_ > kRowsPerPage) {  // one gather for every page (one launch on CUDA)
+    const std::vector<const float*> pages(pages_.begin(), pages_.end());
+    ops::gather_pages(pages, kRowsPerPage, dst);
+    return;
+  }
   for (int64_t r = 0; r < rows_; r += kRowsPerPage)
     copy_bytes(dst.data<float>() + r * width_, dst.device(), row(r), device_,
                std::min(kRowsPerPage, rows_ - r) * width_ * sizeof(float));

@@ -361,6 +361,11 @@ void scale(Tensor& x, float s, bool round);
 // Copies src into dst (same shape and dtype, both contiguous, one device; dst may be a row slice of a
 // larger tensor, e.g. Tensor::slice(0, a, b)). Exact.
 void copy_into(const Tensor& dst, const Tensor& src);
+// The rows of a paged store into dst (float32 [rows, width], contiguous, on the pages' device): row r is at
+// pages[r / rows_per_page] + (r % rows_per_page) * width. One kernel on CUDA for all the pages (the pointer list
+// uploaded), where a copy per page cost a launch each (64 rows per page: 64 copies per layer at 8k context); a copy
+// per page on the CPU. Exact.
+void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst);
 
 // ---- sampling ------------------------------------------------------------------------------------
 // sample() of sampling/sampler.h for every row of logits (float32 [R, V], last dimension dense) with
