@@ -320,32 +320,20 @@ void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep) {
   s.pending.store(true, std::memory_order_release);
 }
 
-void side_join() {
-  SideStream& s = side();
-  // Inside a SideScope the work queued so far is on the side stream already (in order): joining would release
-  // deferred blocks to the default stream's work too early.
-  if (t_side_scope > 0 || !s.pending.load(std::memory_order_acquire)) return;
-  std::vector<Tensor> release;  // freed after the lock: a free asks reads_side_buffer, which takes it
-  std::vector<std::function<void()>> frees;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (!s.pending.load(std::memory_order_relaxed)) return;
-    DI_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
-    s.buffers.clear();
-    release.swap(s.keep);
-    frees.swap(s.deferred);
-    ++s.joins;
-    s.pending.store(false, std::memory_order_release);
-  }
-  for (auto& f : frees) f();
-}
-
-void side_reset() {
+namespace {
+// Ends every pending piece of side work: the default stream first waits for them when `wait` (a join; a reset
+// abandons them), then their buffers stop being pending and what they read and the blocks freed meanwhile are
+// released (after the lock: a free asks reads_side_buffer, which takes it).
+void end_side_work(bool wait) {
   SideStream& s = side();
   std::vector<Tensor> release;
   std::vector<std::function<void()>> frees;
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    if (wait) {
+      if (!s.pending.load(std::memory_order_relaxed)) return;
+      DI_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
+    }
     s.buffers.clear();
     release.swap(s.keep);
     frees.swap(s.deferred);
@@ -354,6 +342,16 @@ void side_reset() {
   }
   for (auto& f : frees) f();
 }
+}  // namespace
+
+void side_join() {
+  // Inside a SideScope the work queued so far is on the side stream already (in order): joining would release
+  // deferred blocks to the default stream's work too early.
+  if (t_side_scope > 0 || !side().pending.load(std::memory_order_acquire)) return;
+  end_side_work(true);
+}
+
+void side_reset() { end_side_work(false); }
 
 SideScope::SideScope(std::vector<Tensor> reads) : reads_(std::move(reads)) {
   DI_CHECK(t_side_scope == 0, "SideScope: side work does not nest");
