@@ -973,6 +973,69 @@ void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page,
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
+// One thread per float4 of dst (grid-stride): the row's segment found by binary search over the segments' first rows
+// (first[s] = dst row where segment s starts, first[n] = rows; src[s] its rows).
+__global__ void gather_segments_kernel(const int64_t* first, const float* const* src, int n, int64_t n4, int width4,
+                                       float4* dst) {
+  pdl_wait();
+  pdl_launch_dependents();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width4, c = i - r * width4;
+    int lo = 0, hi = n - 1;  // the last segment whose first row is <= r
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (first[mid] <= r)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    dst[i] = reinterpret_cast<const float4*>(src[lo])[(r - first[lo]) * width4 + c];
+  }
+}
+
+void gather_segments(const std::vector<ops::RowSegment>& segments, const Tensor& dst) {
+  const int64_t rows = dst.size(0), width = dst.size(1);
+  if (rows == 0 || width == 0) return;
+  std::vector<ops::RowSegment> segs;  // the non-empty ones
+  bool aligned = width % 4 == 0 && reinterpret_cast<uintptr_t>(dst.raw()) % 16 == 0;
+  for (const ops::RowSegment& s : segments)
+    if (s.rows > 0) {
+      segs.push_back(s);
+      aligned = aligned && reinterpret_cast<uintptr_t>(s.src) % 16 == 0;
+    }
+  const int n = static_cast<int>(segs.size());
+  if (!aligned || n <= 1) {  // a plain copy per segment
+    int64_t r = 0;
+    for (const ops::RowSegment& s : segs) {
+      DI_CUDA_CHECK(cudaMemcpyAsync(dst.data<float>() + r * width, s.src,
+                                    static_cast<size_t>(s.rows * width) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    current_stream()));
+      r += s.rows;
+    }
+    return;
+  }
+  // One upload: the first rows [n + 1], then the source pointers [n].
+  Tensor table = Tensor::empty({2 * static_cast<int64_t>(n) + 1}, DType::kI64);
+  int64_t* t = table.data<int64_t>();
+  int64_t r = 0;
+  for (int i = 0; i < n; ++i) {
+    t[i] = r;
+    t[n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(segs[i].src));
+    r += segs[i].rows;
+  }
+  t[n] = r;
+  const Tensor dev_table = table.to(Device::kCUDA);  // queued without a synchronisation; lives until the launch
+  const int64_t* first = dev_table.data<int64_t>();
+  const int64_t n4 = rows * (width / 4);
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((n4 + kThreads - 1) / kThreads, int64_t{1} << 16);
+  launch_pdl(gather_segments_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, first,
+             reinterpret_cast<const float* const*>(first + n + 1), n, n4, static_cast<int>(width / 4),
+             reinterpret_cast<float4*>(dst.raw()));
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
 void copy_into(const Tensor& dst, const Tensor& src) {
   DI_CHECK(dst.defined() && src.defined() && dst.device() == Device::kCUDA && src.device() == Device::kCUDA &&
                dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape() && dst.dtype() == src.dtype(),

@@ -75,19 +75,35 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   if (rows == 0) return Tensor::empty({0, H * D}, DType::kF32, dev);
   Tensor table = Tensor::empty({n, D}, DType::kF32, dev);
   Tensor idx = Tensor::empty({rows, width}, DType::kI32, dev);
+  // Every chunk's table part (kv_table's rows: its window from the ring, its own rows, its compressed entries) as
+  // runs of rows, gathered by one ops::gather_segments: a decode batch's table took 3-4 copies per chunk and layer.
+  bool one_gather = true;
+  for (const AttnChunk& k : chunks)
+    one_gather = one_gather && k.kv.is_contiguous() && k.ring->device() == dev &&
+                 (!k.compressed || k.compressed->device() == dev);
+  std::vector<ops::RowSegment> segs;
   int64_t base = 0, r0 = 0;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), tn = table_rows(k);
-    kv_table(*k.ring, k.kv, k.wstart, k.start_pos, k.compressed, table.slice(0, base, base + tn));
+    if (one_gather) {
+      k.ring->segments(k.wstart, k.start_pos, segs);
+      segs.push_back({k.kv.data<float>(), T});
+      if (k.compressed) k.compressed->segments(segs);
+    } else {
+      kv_table(*k.ring, k.kv, k.wstart, k.start_pos, k.compressed, table.slice(0, base, base + tn));
+    }
     ops::IndexLayout lay = k.lay;
     lay.base = base;
     lay.width = width;
     ops::sparse_index(lay, T, k.picks, dev, idx.slice(0, r0, r0 + T));  // written in place: no copy
-    // Slide the window ring forward over this chunk (after its rows were copied into the table).
-    const int64_t p0 = std::max(k.start_pos, k.start_pos + T - W);
-    k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
     base += tn;
     r0 += T;
+  }
+  if (one_gather) ops::gather_segments(segs, table);
+  // Slide each window ring forward over its chunk (after its rows were copied into the table).
+  for (AttnChunk& k : chunks) {
+    const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
+    k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
   }
   if (dump_enabled()) {
     dump("table", c.layer, table);

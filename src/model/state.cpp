@@ -120,6 +120,10 @@ void RowPages::copy_to(const Tensor& dst) const {
                std::min(kRowsPerPage, rows_ - r) * width_ * sizeof(float));
 }
 
+void RowPages::segments(std::vector<ops::RowSegment>& out) const {
+  for (int64_t r = 0; r < rows_; r += kRowsPerPage) out.push_back({row(r), std::min(kRowsPerPage, rows_ - r)});
+}
+
 WindowRing::WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> pool, Device device)
     : window_(window), width_(width), pool_(std::move(pool)), device_(pool_ ? pool_->device() : device) {
   DI_CHECK(device_ == device, "window ring on {} from a pool on {}", device_name(device), device_name(device_));
@@ -141,6 +145,15 @@ void WindowRing::read(int64_t p0, int64_t p1, const Tensor& dst) const {
   for (int64_t p = p0; p < p1;) {
     const int64_t run = std::min(p1 - p, window_ - p % window_);  // up to the ring's end
     copy_bytes(dst.data<float>() + (p - p0) * width_, dst.device(), slot(p), device_, run * width_ * sizeof(float));
+    p += run;
+  }
+}
+
+void WindowRing::segments(int64_t p0, int64_t p1, std::vector<ops::RowSegment>& out) const {
+  DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_, "window ring: cannot read positions [{}, {})", p0, p1);
+  for (int64_t p = p0; p < p1;) {
+    const int64_t run = std::min(p1 - p, window_ - p % window_);  // up to the ring's end
+    out.push_back({slot(p), run});
     p += run;
   }
 }

@@ -12,6 +12,7 @@
 
 #include "deepinfer/model_config.h"
 #include "deepinfer/tensor.h"
+#include "ops/ops.h"
 
 namespace deepinfer {
 
@@ -66,6 +67,8 @@ class RowPages {
   void append_rows(const Tensor& src);
   // Copies rows [0, rows()) into dst (float32 [rows(), width] contiguous, any device); page by page.
   void copy_to(const Tensor& dst) const;
+  // Rows [0, rows()) as runs of contiguous rows, page by page, appended to `out` (ops::gather_segments).
+  void segments(std::vector<ops::RowSegment>& out) const;
 
  private:
   void clear();
@@ -95,6 +98,8 @@ class WindowRing {
   // Copies the rows of positions [p0, p1) (all within the last `window` positions) into dst rows
   // [0, p1 - p0) (float32 contiguous, any device): at most two copies (the ring wraps once).
   void read(int64_t p0, int64_t p1, const Tensor& dst) const;
+  // Positions [p0, p1) as runs of contiguous rows (up to the ring's end, then from its start), appended to `out`.
+  void segments(int64_t p0, int64_t p1, std::vector<ops::RowSegment>& out) const;
   // Writes src rows (float32 [p1 - p0, width], any device) as positions [p0, p1), p1 - p0 <= window.
   void write(int64_t p0, int64_t p1, const Tensor& src);
 

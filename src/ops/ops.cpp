@@ -716,6 +716,30 @@ void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page,
                 static_cast<size_t>(std::min(rows_per_page, rows - r) * width) * sizeof(float));
 }
 
+void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst) {
+  const OpScope scope("gather_segments", dst);
+  int64_t rows = 0;
+  for (const RowSegment& s : segments) {
+    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "gather_segments: a segment of {} rows at {}", s.rows,
+             static_cast<const void*>(s.src));
+    rows += s.rows;
+  }
+  DI_CHECK(dst.defined() && dst.dim() == 2 && dst.dtype() == DType::kF32 && dst.is_contiguous() && dst.size(0) == rows,
+           "gather_segments: {} rows of segments for {}", rows,
+           dst.defined() ? dst.describe() : std::string("undefined"));
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(dst)) return cuda::gather_segments(segments, dst);
+#endif
+  if (on_cuda(dst)) no_kernel("gather_segments", dst);
+  const int64_t width = dst.size(1);
+  int64_t r = 0;
+  for (const RowSegment& s : segments) {
+    if (s.rows > 0)
+      std::memcpy(dst.data<float>() + r * width, s.src, static_cast<size_t>(s.rows * width) * sizeof(float));
+    r += s.rows;
+  }
+}
+
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,
                      bool has_prev) {
   const OpScope scope("compress_pool", kv);

@@ -366,6 +366,15 @@ void copy_into(const Tensor& dst, const Tensor& src);
 // uploaded), where a copy per page cost a launch each (64 rows per page: 64 copies per layer at 8k context); a copy
 // per page on the CPU. Exact.
 void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst);
+// Runs of contiguous rows (of dst's width) into dst one after the other: segment i's `rows` rows from `src` fill the
+// next rows of dst (float32 [sum of rows, width], contiguous, on the segments' device). One CUDA kernel for all of
+// them (the attention's stacked KV table of a decode batch: every chunk's window runs, its new rows and its
+// compressed pages), where a copy per run cost a launch each; a copy per segment on the CPU. Exact.
+struct RowSegment {
+  const float* src;
+  int64_t rows;
+};
+void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst);
 
 // ---- sampling ------------------------------------------------------------------------------------
 // sample() of sampling/sampler.h for every row of logits (float32 [R, V], last dimension dense) with

@@ -655,6 +655,20 @@ TEST(Ops, GatherPagesCopiesEveryRowFromItsPage) {
   EXPECT_THROW(ops::gather_pages(pages, rpp, too_big), Error);
 }
 
+// gather_segments: runs of rows one after the other, empty runs skipped; the row count must match.
+TEST(Ops, GatherSegmentsConcatenatesTheRuns) {
+  const int64_t width = 4;
+  std::vector<float> a(3 * width), b(2 * width);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(100 + i);
+  Tensor dst = Tensor::zeros({5, width}, DType::kF32);
+  ops::gather_segments({{b.data(), 2}, {a.data(), 0}, {a.data(), 3}}, dst);
+  for (int64_t i = 0; i < 2 * width; ++i) EXPECT_EQ(dst.data<float>()[i], b[i]);
+  for (int64_t i = 0; i < 3 * width; ++i) EXPECT_EQ(dst.data<float>()[2 * width + i], a[i]);
+  Tensor wrong = Tensor::zeros({6, width}, DType::kF32);
+  EXPECT_THROW(ops::gather_segments({{a.data(), 3}}, wrong), Error);
+}
+
 // On the CPU the decode step's pieces run as they are: SegmentGraphs never captures, and the device-positions binding
 // and the table reservation do nothing (the CUDA side is tested by make test-cuda: graphs against eager, bit for bit).
 TEST(Ops, SegmentGraphsRunThePiecesOnTheCpu) {

@@ -1320,6 +1320,36 @@ void test_gather_pages() {
   }
 }
 
+// gather_segments on the device against the CPU op, bit for bit: runs of 1 to 130 rows (a window's two runs, a chunk's
+// rows, 64-row pages) from scattered places of a store, some empty, widths 512 and 128.
+void test_gather_segments() {
+  uint32_t seed = 39700;
+  for (const int64_t width : {512, 128}) {
+    for (const int nseg : {1, 3, 40}) {
+      run_case("gather_segments width " + std::to_string(width) + " segments " + std::to_string(nseg), [&] {
+        std::mt19937 rng(seed++);
+        const int64_t store_rows = 8192;
+        const di::Tensor host = normal_tensor({store_rows, width}, 1.0f, seed++, false);
+        const di::Tensor store = dev(host);
+        std::vector<di::ops::RowSegment> hs, ds;
+        int64_t rows = 0;
+        for (int i = 0; i < nseg; ++i) {
+          const int64_t n = i % 7 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 130);
+          const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(store_rows - n));
+          hs.push_back({host.data<float>() + at * width, n});
+          ds.push_back({store.data<float>() + at * width, n});
+          rows += n;
+        }
+        di::Tensor want = di::Tensor::zeros({rows, width}, di::DType::kF32);
+        di::Tensor got = di::Tensor::zeros({rows, width}, di::DType::kF32, di::Device::kCUDA);
+        di::ops::gather_segments(hs, want);
+        di::ops::gather_segments(ds, got);
+        return exact(want, got);
+      });
+    }
+  }
+}
+
 void test_side_work() {
   uint32_t seed = 39000;
   run_case("side work: a linear beside a main-stream linear, joined", [&] {
@@ -1514,5 +1544,6 @@ int main() {
     test_scale_and_copies();
     test_side_work();
     test_gather_pages();
+    test_gather_segments();
   });
 }
