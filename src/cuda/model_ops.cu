@@ -973,16 +973,16 @@ void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page,
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
-// One thread per float4 of dst (grid-stride): the row's segment found by binary search over the segments' first rows
-// (first[s] = dst row where segment s starts, first[n] = rows; src[s] its rows).
-__global__ void gather_segments_kernel(const int64_t* first, const float* const* src, int n, int64_t n4, int width4,
-                                       float4* dst) {
+// One thread per float4 of the copies' rows taken in order (grid-stride): the row's copy found by binary search over
+// the copies' first rows (first[c] = the rows before copy c, first[n] = all), then its source and destination.
+__global__ void copy_rows_kernel(const int64_t* first, const float* const* src, float* const* dst, int n, int64_t n4,
+                                 int width4) {
   pdl_wait();
   pdl_launch_dependents();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / width4, c = i - r * width4;
-    int lo = 0, hi = n - 1;  // the last segment whose first row is <= r
+    int lo = 0, hi = n - 1;  // the last copy whose first row is <= r
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
       if (first[mid] <= r)
@@ -990,39 +990,38 @@ __global__ void gather_segments_kernel(const int64_t* first, const float* const*
       else
         hi = mid - 1;
     }
-    dst[i] = reinterpret_cast<const float4*>(src[lo])[(r - first[lo]) * width4 + c];
+    const int64_t at = (r - first[lo]) * width4 + c;
+    reinterpret_cast<float4*>(dst[lo])[at] = reinterpret_cast<const float4*>(src[lo])[at];
   }
 }
 
-void gather_segments(const std::vector<ops::RowSegment>& segments, const Tensor& dst) {
-  const int64_t rows = dst.size(0), width = dst.size(1);
-  if (rows == 0 || width == 0) return;
-  std::vector<ops::RowSegment> segs;  // the non-empty ones
-  bool aligned = width % 4 == 0 && reinterpret_cast<uintptr_t>(dst.raw()) % 16 == 0;
-  for (const ops::RowSegment& s : segments)
-    if (s.rows > 0) {
-      segs.push_back(s);
-      aligned = aligned && reinterpret_cast<uintptr_t>(s.src) % 16 == 0;
+void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width) {
+  std::vector<ops::RowCopy> cs;  // the non-empty ones
+  bool aligned = width % 4 == 0;
+  int64_t rows = 0;
+  for (const ops::RowCopy& c : copies)
+    if (c.rows > 0) {
+      cs.push_back(c);
+      aligned = aligned && reinterpret_cast<uintptr_t>(c.src) % 16 == 0 && reinterpret_cast<uintptr_t>(c.dst) % 16 == 0;
+      rows += c.rows;
     }
-  const int n = static_cast<int>(segs.size());
-  if (!aligned || n <= 1) {  // a plain copy per segment
-    int64_t r = 0;
-    for (const ops::RowSegment& s : segs) {
-      DI_CUDA_CHECK(cudaMemcpyAsync(dst.data<float>() + r * width, s.src,
-                                    static_cast<size_t>(s.rows * width) * sizeof(float), cudaMemcpyDeviceToDevice,
-                                    current_stream()));
-      r += s.rows;
-    }
+  const int n = static_cast<int>(cs.size());
+  if (n == 0 || width == 0) return;
+  if (!aligned || n == 1) {  // a plain copy each
+    for (const ops::RowCopy& c : cs)
+      DI_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, static_cast<size_t>(c.rows * width) * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, current_stream()));
     return;
   }
-  // One upload: the first rows [n + 1], then the source pointers [n].
-  Tensor table = Tensor::empty({2 * static_cast<int64_t>(n) + 1}, DType::kI64);
+  // One upload: the first rows [n + 1], the source pointers [n], the destination pointers [n].
+  Tensor table = Tensor::empty({3 * static_cast<int64_t>(n) + 1}, DType::kI64);
   int64_t* t = table.data<int64_t>();
   int64_t r = 0;
   for (int i = 0; i < n; ++i) {
     t[i] = r;
-    t[n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(segs[i].src));
-    r += segs[i].rows;
+    t[n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(cs[i].src));
+    t[2 * n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(cs[i].dst));
+    r += cs[i].rows;
   }
   t[n] = r;
   const Tensor dev_table = table.to(Device::kCUDA);  // queued without a synchronisation; lives until the launch
@@ -1030,9 +1029,9 @@ void gather_segments(const std::vector<ops::RowSegment>& segments, const Tensor&
   const int64_t n4 = rows * (width / 4);
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n4 + kThreads - 1) / kThreads, int64_t{1} << 16);
-  launch_pdl(gather_segments_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, first,
-             reinterpret_cast<const float* const*>(first + n + 1), n, n4, static_cast<int>(width / 4),
-             reinterpret_cast<float4*>(dst.raw()));
+  launch_pdl(copy_rows_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, first,
+             reinterpret_cast<const float* const*>(first + n + 1), reinterpret_cast<float* const*>(first + 2 * n + 1),
+             n, n4, static_cast<int>(width / 4));
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

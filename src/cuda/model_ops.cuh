@@ -36,8 +36,8 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
 void copy_into(const Tensor& dst, const Tensor& src);
 // ops::gather_pages: dst float32 [rows, width] contiguous on kCUDA, the pages on the device.
 void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst);
-// ops::gather_segments: dst float32 [rows, width] contiguous on kCUDA, the segments on the device.
-void gather_segments(const std::vector<ops::RowSegment>& segments, const Tensor& dst);
+// ops::copy_rows (and so ops::gather_segments): every run on the device.
+void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width);
 void scale(Tensor& x, float s, bool round);
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,

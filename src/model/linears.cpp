@@ -100,11 +100,17 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     r0 += T;
   }
   if (one_gather) ops::gather_segments(segs, table);
-  // Slide each window ring forward over its chunk (after its rows were copied into the table).
+  // Slide each window ring forward over its chunk (after its rows were copied into the table): one copy_rows for the
+  // batch when the table was one gather (the rings and rows on its device).
+  std::vector<ops::RowCopy> writes;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
-    k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
+    if (one_gather)
+      k.ring->write_copies(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T), writes);
+    else
+      k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
   }
+  if (one_gather) ops::copy_rows(writes, D, dev);
   if (dump_enabled()) {
     dump("table", c.layer, table);
     const Tensor host = idx.to(Device::kCPU);

@@ -158,6 +158,17 @@ void WindowRing::segments(int64_t p0, int64_t p1, std::vector<ops::RowSegment>& 
   }
 }
 
+void WindowRing::write_copies(int64_t p0, int64_t p1, const Tensor& src, std::vector<ops::RowCopy>& out) {
+  DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && src.dtype() == DType::kF32 && src.is_contiguous() &&
+               src.numel() >= (p1 - p0) * width_ && src.device() == device_,
+           "window ring: cannot write positions [{}, {}) from {}", p0, p1, src.describe());
+  for (int64_t p = p0; p < p1;) {
+    const int64_t run = std::min(p1 - p, window_ - p % window_);
+    out.push_back({slot(p), src.data<float>() + (p - p0) * width_, run});
+    p += run;
+  }
+}
+
 void WindowRing::write(int64_t p0, int64_t p1, const Tensor& src) {
   DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && src.dtype() == DType::kF32 && src.is_contiguous() &&
                src.numel() >= (p1 - p0) * width_,

@@ -100,6 +100,8 @@ class WindowRing {
   void read(int64_t p0, int64_t p1, const Tensor& dst) const;
   // Positions [p0, p1) as runs of contiguous rows (up to the ring's end, then from its start), appended to `out`.
   void segments(int64_t p0, int64_t p1, std::vector<ops::RowSegment>& out) const;
+  // write(p0, p1, src) as row copies appended to `out` (ops::copy_rows; src contiguous on the ring's device).
+  void write_copies(int64_t p0, int64_t p1, const Tensor& src, std::vector<ops::RowCopy>& out);
   // Writes src rows (float32 [p1 - p0, width], any device) as positions [p0, p1), p1 - p0 <= window.
   void write(int64_t p0, int64_t p1, const Tensor& src);
 

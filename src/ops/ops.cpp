@@ -727,17 +727,28 @@ void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst)
   DI_CHECK(dst.defined() && dst.dim() == 2 && dst.dtype() == DType::kF32 && dst.is_contiguous() && dst.size(0) == rows,
            "gather_segments: {} rows of segments for {}", rows,
            dst.defined() ? dst.describe() : std::string("undefined"));
-#if DEEPINFER_HAS_CUDA
-  if (on_cuda(dst)) return cuda::gather_segments(segments, dst);
-#endif
-  if (on_cuda(dst)) no_kernel("gather_segments", dst);
   const int64_t width = dst.size(1);
+  std::vector<RowCopy> copies;
   int64_t r = 0;
   for (const RowSegment& s : segments) {
-    if (s.rows > 0)
-      std::memcpy(dst.data<float>() + r * width, s.src, static_cast<size_t>(s.rows * width) * sizeof(float));
+    copies.push_back({dst.data<float>() + r * width, s.src, s.rows});
     r += s.rows;
   }
+  copy_rows(copies, width, dst.device());
+}
+
+void copy_rows(const std::vector<RowCopy>& copies, int64_t width, Device device) {
+  DI_CHECK(width >= 0, "copy_rows: width {}", width);
+  for (const RowCopy& c : copies)
+    DI_CHECK(c.rows >= 0 && (c.rows == 0 || (c.src != nullptr && c.dst != nullptr)),
+             "copy_rows: a copy of {} rows from {} to {}", c.rows, static_cast<const void*>(c.src),
+             static_cast<const void*>(c.dst));
+#if DEEPINFER_HAS_CUDA
+  if (device == Device::kCUDA) return cuda::copy_rows(copies, width);
+#endif
+  if (device == Device::kCUDA) fail("ops::copy_rows: no cuda kernel in this build");
+  for (const RowCopy& c : copies)
+    if (c.rows > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.rows * width) * sizeof(float));
 }
 
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,

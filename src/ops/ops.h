@@ -375,6 +375,15 @@ struct RowSegment {
   int64_t rows;
 };
 void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst);
+// Row copies of one width on one device: copy i moves `rows` rows (`width` floats each, contiguous runs) from src to
+// dst. One CUDA kernel for all of them (a decode batch's window-ring writes; gather_segments is one use), a copy each
+// on the CPU. Exact; the runs must not overlap.
+struct RowCopy {
+  float* dst;
+  const float* src;
+  int64_t rows;
+};
+void copy_rows(const std::vector<RowCopy>& copies, int64_t width, Device device);
 
 // ---- sampling ------------------------------------------------------------------------------------
 // sample() of sampling/sampler.h for every row of logits (float32 [R, V], last dimension dense) with

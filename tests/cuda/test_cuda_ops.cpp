@@ -1350,6 +1350,33 @@ void test_gather_segments() {
   }
 }
 
+// copy_rows on the device: runs scattered into a ring-like buffer (1 or 2 rows each, a decode batch's ring writes)
+// from one stacked source, against the same copies on the host, bit for bit; untouched rows stay.
+void test_copy_rows() {
+  uint32_t seed = 39800;
+  for (const int n : {1, 2, 33}) {
+    run_case("copy_rows " + std::to_string(n) + " runs into scattered rows, width 512", [&] {
+      const int64_t width = 512, ring_rows = 128 * n;
+      const di::Tensor src_h = normal_tensor({2 * n, width}, 1.0f, seed++, false);
+      const di::Tensor ring_h = normal_tensor({ring_rows, width}, 1.0f, seed++, false);
+      di::Tensor want = ring_h.clone();
+      di::Tensor got = dev(ring_h);
+      const di::Tensor src_d = dev(src_h);
+      std::vector<di::ops::RowCopy> hc, dc;
+      int64_t s = 0;
+      for (int i = 0; i < n; ++i) {
+        const int64_t rows = 1 + i % 2, at = 128 * i + (37 * i) % 120;
+        hc.push_back({want.data<float>() + at * width, src_h.data<float>() + s * width, rows});
+        dc.push_back({got.data<float>() + at * width, src_d.data<float>() + s * width, rows});
+        s += rows;
+      }
+      di::ops::copy_rows(hc, width, di::Device::kCPU);
+      di::ops::copy_rows(dc, width, di::Device::kCUDA);
+      return exact(want, got);
+    });
+  }
+}
+
 void test_side_work() {
   uint32_t seed = 39000;
   run_case("side work: a linear beside a main-stream linear, joined", [&] {
@@ -1545,5 +1572,6 @@ int main() {
     test_side_work();
     test_gather_pages();
     test_gather_segments();
+    test_copy_rows();
   });
 }
