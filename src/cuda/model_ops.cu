@@ -935,44 +935,6 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
   return out;
 }
 
-// One thread per float4 of dst (grid-stride): row r from its page.
-__global__ void gather_pages_kernel(const float* const* pages, int64_t rows_per_page, int64_t n4, int width4,
-                                    float4* dst) {
-  pdl_wait();
-  pdl_launch_dependents();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / width4, c = i - r * width4;
-    dst[i] = reinterpret_cast<const float4*>(pages[r / rows_per_page])[(r % rows_per_page) * width4 + c];
-  }
-}
-
-void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst) {
-  const int64_t rows = dst.size(0), width = dst.size(1);
-  if (rows == 0 || width == 0) return;
-  const int64_t np = (rows + rows_per_page - 1) / rows_per_page;
-  bool aligned = width % 4 == 0 && reinterpret_cast<uintptr_t>(dst.raw()) % 16 == 0;
-  for (int64_t i = 0; i < np && aligned; ++i) aligned = reinterpret_cast<uintptr_t>(pages[i]) % 16 == 0;
-  if (!aligned || np == 1) {  // a plain copy per page
-    for (int64_t r = 0; r < rows; r += rows_per_page)
-      DI_CUDA_CHECK(cudaMemcpyAsync(dst.data<float>() + r * width, pages[r / rows_per_page],
-                                    static_cast<size_t>(std::min(rows_per_page, rows - r) * width) * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, current_stream()));
-    return;
-  }
-  Tensor list = Tensor::empty({np}, DType::kI64);
-  for (int64_t i = 0; i < np; ++i)
-    list.data<int64_t>()[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(pages[i]));
-  const Tensor dev_list = list.to(Device::kCUDA);  // queued without a synchronisation; lives until the launch
-  const int64_t n4 = rows * (width / 4);
-  constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((n4 + kThreads - 1) / kThreads, int64_t{1} << 16);
-  launch_pdl(gather_pages_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr,
-             reinterpret_cast<const float* const*>(dev_list.raw()), rows_per_page, n4, static_cast<int>(width / 4),
-             reinterpret_cast<float4*>(dst.raw()));
-  DI_CUDA_CHECK(cudaGetLastError());
-}
-
 // One thread per float4 of the copies' rows taken in order (grid-stride): the row's copy found by binary search over
 // the copies' first rows (first[c] = the rows before copy c, first[n] = all), then its source and destination.
 __global__ void copy_rows_kernel(const int64_t* first, const float* const* src, float* const* dst, int n, int64_t n4,

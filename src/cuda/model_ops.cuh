@@ -34,8 +34,6 @@ Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block = 0)
 ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);
-// ops::gather_pages: dst float32 [rows, width] contiguous on kCUDA, the pages on the device.
-void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst);
 // ops::copy_rows (and so ops::gather_segments): every run on the device.
 void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width);
 void scale(Tensor& x, float s, bool round);

@@ -111,8 +111,9 @@ void RowPages::copy_to(const Tensor& dst) const {
                dst.is_contiguous(),
            "row pages [{}, {}]: cannot copy into {}", rows_, width_, dst.describe());
   if (dst.device() == device_ && rows_ > kRowsPerPage) {  // one gather for every page (one launch on CUDA)
-    const std::vector<const float*> pages(pages_.begin(), pages_.end());
-    ops::gather_pages(pages, kRowsPerPage, dst);
+    std::vector<ops::RowSegment> segs;
+    segments(segs);
+    ops::gather_segments(segs, dst);
     return;
   }
   for (int64_t r = 0; r < rows_; r += kRowsPerPage)

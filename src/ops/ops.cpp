@@ -700,22 +700,6 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   cpu::copy_into(dst, src);
 }
 
-void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst) {
-  const OpScope scope("gather_pages", dst);
-  DI_CHECK(dst.defined() && dst.dim() == 2 && dst.dtype() == DType::kF32 && dst.is_contiguous() && rows_per_page > 0 &&
-               static_cast<int64_t>(pages.size()) * rows_per_page >= dst.size(0),
-           "gather_pages: {} pages of {} rows cannot fill {}", pages.size(), rows_per_page,
-           dst.defined() ? dst.describe() : std::string("undefined"));
-#if DEEPINFER_HAS_CUDA
-  if (on_cuda(dst)) return cuda::gather_pages(pages, rows_per_page, dst);
-#endif
-  if (on_cuda(dst)) no_kernel("gather_pages", dst);
-  const int64_t rows = dst.size(0), width = dst.size(1);
-  for (int64_t r = 0; r < rows; r += rows_per_page)
-    std::memcpy(dst.data<float>() + r * width, pages[r / rows_per_page],
-                static_cast<size_t>(std::min(rows_per_page, rows - r) * width) * sizeof(float));
-}
-
 void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst) {
   const OpScope scope("gather_segments", dst);
   int64_t rows = 0;

@@ -361,15 +361,11 @@ void scale(Tensor& x, float s, bool round);
 // Copies src into dst (same shape and dtype, both contiguous, one device; dst may be a row slice of a
 // larger tensor, e.g. Tensor::slice(0, a, b)). Exact.
 void copy_into(const Tensor& dst, const Tensor& src);
-// The rows of a paged store into dst (float32 [rows, width], contiguous, on the pages' device): row r is at
-// pages[r / rows_per_page] + (r % rows_per_page) * width. One kernel on CUDA for all the pages (the pointer list
-// uploaded), where a copy per page cost a launch each (64 rows per page: 64 copies per layer at 8k context); a copy
-// per page on the CPU. Exact.
-void gather_pages(const std::vector<const float*>& pages, int64_t rows_per_page, const Tensor& dst);
 // Runs of contiguous rows (of dst's width) into dst one after the other: segment i's `rows` rows from `src` fill the
 // next rows of dst (float32 [sum of rows, width], contiguous, on the segments' device). One CUDA kernel for all of
-// them (the attention's stacked KV table of a decode batch: every chunk's window runs, its new rows and its
-// compressed pages), where a copy per run cost a launch each; a copy per segment on the CPU. Exact.
+// them (copy_rows): the attention's stacked KV table of a decode batch (every chunk's window runs, its new rows and
+// its compressed pages) and a paged store's rows (RowPages::copy_to: the indexer's keys), where a copy per run or
+// 64-row page cost a launch each; a copy per segment on the CPU. Exact.
 struct RowSegment {
   const float* src;
   int64_t rows;

@@ -637,24 +637,6 @@ TEST(Ops, SparseIndexReplaysTheHostLists) {
   EXPECT_THROW(ops::sparse_index(narrow, 1, Tensor(), Device::kCPU), Error);
 }
 
-// gather_pages: row r from page r / rows_per_page, the last page partly used; a page list longer than needed is fine.
-TEST(Ops, GatherPagesCopiesEveryRowFromItsPage) {
-  const int64_t rpp = 4, width = 6, rows = 10;
-  std::vector<std::vector<float>> store(4, std::vector<float>(rpp * width));
-  std::vector<const float*> pages;
-  for (size_t p = 0; p < store.size(); ++p) {
-    for (int64_t i = 0; i < rpp * width; ++i) store[p][i] = static_cast<float>(1000 * p + i);
-    pages.push_back(store[p].data());
-  }
-  Tensor dst = Tensor::zeros({rows, width}, DType::kF32);
-  ops::gather_pages(pages, rpp, dst);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < width; ++c)
-      EXPECT_EQ(dst.data<float>()[r * width + c], store[r / rpp][(r % rpp) * width + c]) << r << "," << c;
-  Tensor too_big = Tensor::zeros({17, width}, DType::kF32);
-  EXPECT_THROW(ops::gather_pages(pages, rpp, too_big), Error);
-}
-
 // gather_segments: runs of rows one after the other, empty runs skipped; the row count must match.
 TEST(Ops, GatherSegmentsConcatenatesTheRuns) {
   const int64_t width = 4;

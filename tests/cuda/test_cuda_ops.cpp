@@ -1294,32 +1294,6 @@ void test_scale_and_copies() {
 
 // ---- side work (ops::SideWork): ops beside the main stream, bit for bit; a block freed inside it is not handed to
 // the main stream before the join ----
-// gather_pages on the device (one kernel over a page-pointer list) against the CPU op, bit for bit: the model's
-// widths (512 compressed KV, 128 index keys), full and partial last pages, a single page (plain copies).
-void test_gather_pages() {
-  uint32_t seed = 39500;
-  for (const int64_t width : {512, 128, 36}) {
-    for (const int64_t rows : {1, 64, 65, 4096 + 7}) {
-      run_case("gather_pages width " + std::to_string(width) + " rows " + std::to_string(rows), [&] {
-        const int64_t rpp = 64, np = (rows + rpp - 1) / rpp;
-        const di::Tensor host = normal_tensor({np * rpp, width}, 1.0f, seed++, false);
-        const di::Tensor store = dev(host);
-        // Pages in reverse order in the store, so a row's page is not simply the next block.
-        std::vector<const float*> hp, dp;
-        for (int64_t p = 0; p < np; ++p) {
-          hp.push_back(host.data<float>() + (np - 1 - p) * rpp * width);
-          dp.push_back(store.data<float>() + (np - 1 - p) * rpp * width);
-        }
-        di::Tensor want = di::Tensor::zeros({rows, width}, di::DType::kF32);
-        di::Tensor got = di::Tensor::zeros({rows, width}, di::DType::kF32, di::Device::kCUDA);
-        di::ops::gather_pages(hp, rpp, want);
-        di::ops::gather_pages(dp, rpp, got);
-        return exact(want, got);
-      });
-    }
-  }
-}
-
 // gather_segments on the device against the CPU op, bit for bit: runs of 1 to 130 rows (a window's two runs, a chunk's
 // rows, 64-row pages) from scattered places of a store, some empty, widths 512 and 128.
 void test_gather_segments() {
@@ -1570,7 +1544,6 @@ int main() {
     test_renorm_heads();
     test_scale_and_copies();
     test_side_work();
-    test_gather_pages();
     test_gather_segments();
     test_copy_rows();
   });
