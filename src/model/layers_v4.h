@@ -125,13 +125,6 @@ Tensor ids_tensor(const std::vector<I>& ids, Device device = Device::kCPU) {
   return t.to(device);
 }
 
-// The KV table of one layer's attention (both families): the window rows of positions
-// [wstart, start_pos) from the ring, the chunk's own rows kv [T, D], then the compressed entries;
-// float32 [start_pos + T - wstart + compressed.rows(), D] on kv's device (written into `into`, a contiguous
-// tensor of that shape, when it is defined).
-Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos, const RowPages* compressed,
-                const Tensor& into = Tensor());
-
 // MoE of one layer (both families, §2.8). token_ids: the rows' token ids, int32 [T] on x's device, read by
 // hash-routed layers only (undefined otherwise). Returns [T, dim].
 Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const LayerCtx& c);

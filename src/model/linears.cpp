@@ -43,20 +43,6 @@ Tensor pages_tensor(const RowPages& pages) {
   return t;
 }
 
-Tensor kv_table(const WindowRing& ring, const Tensor& kv, int64_t wstart, int64_t start_pos, const RowPages* compressed,
-                const Tensor& into) {
-  const int64_t T = kv.size(0), D = kv.size(1), nwin = start_pos + T - wstart;
-  const int64_t ncomp = compressed ? compressed->rows() : 0;
-  Tensor table = into.defined() ? into : Tensor::empty({nwin + ncomp, D}, DType::kF32, kv.device());
-  DI_CHECK(table.dim() == 2 && table.size(0) == nwin + ncomp && table.size(1) == D && table.is_contiguous() &&
-               table.device() == kv.device(),
-           "kv_table: {} cannot hold [{}, {}]", table.describe(), nwin + ncomp, D);
-  ring.read(wstart, start_pos, table);
-  copy_tensor(table.slice(0, start_pos - wstart, nwin), kv);
-  if (ncomp > 0) compressed->copy_to(table.slice(0, nwin, nwin + ncomp));
-  return table;
-}
-
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
@@ -75,23 +61,19 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   if (rows == 0) return Tensor::empty({0, H * D}, DType::kF32, dev);
   Tensor table = Tensor::empty({n, D}, DType::kF32, dev);
   Tensor idx = Tensor::empty({rows, width}, DType::kI32, dev);
-  // Every chunk's table part (kv_table's rows: its window from the ring, its own rows, its compressed entries) as
-  // runs of rows, gathered by one ops::gather_segments: a decode batch's table took 3-4 copies per chunk and layer.
-  bool one_gather = true;
-  for (const AttnChunk& k : chunks)
-    one_gather = one_gather && k.kv.is_contiguous() && k.ring->device() == dev &&
-                 (!k.compressed || k.compressed->device() == dev);
+  // Every chunk's table part (its window rows [wstart, start_pos) from the ring, its own rows, its compressed entries)
+  // as runs of rows, gathered by one ops::gather_segments: a decode batch's table took 3-4 copies per chunk and layer.
+  // The state lives on the model's device, as the rows do (SequenceState is made there).
   std::vector<ops::RowSegment> segs;
   int64_t base = 0, r0 = 0;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), tn = table_rows(k);
-    if (one_gather) {
-      k.ring->segments(k.wstart, k.start_pos, segs);
-      segs.push_back({k.kv.data<float>(), T});
-      if (k.compressed) k.compressed->segments(segs);
-    } else {
-      kv_table(*k.ring, k.kv, k.wstart, k.start_pos, k.compressed, table.slice(0, base, base + tn));
-    }
+    DI_CHECK(k.kv.is_contiguous() && k.ring->device() == dev && (!k.compressed || k.compressed->device() == dev),
+             "attention: the window KV {} and the sequence's state must be contiguous rows on {}", k.kv.describe(),
+             device_name(dev));
+    k.ring->segments(k.wstart, k.start_pos, segs);
+    segs.push_back({k.kv.data<float>(), T});
+    if (k.compressed) k.compressed->segments(segs);
     ops::IndexLayout lay = k.lay;
     lay.base = base;
     lay.width = width;
@@ -99,18 +81,15 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     base += tn;
     r0 += T;
   }
-  if (one_gather) ops::gather_segments(segs, table);
+  ops::gather_segments(segs, table);
   // Slide each window ring forward over its chunk (after its rows were copied into the table): one copy_rows for the
-  // batch when the table was one gather (the rings and rows on its device).
+  // batch.
   std::vector<ops::RowCopy> writes;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
-    if (one_gather)
-      k.ring->write_copies(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T), writes);
-    else
-      k.ring->write(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T));
+    k.ring->write_copies(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T), writes);
   }
-  if (one_gather) ops::copy_rows(writes, D, dev);
+  ops::copy_rows(writes, D, dev);
   if (dump_enabled()) {
     dump("table", c.layer, table);
     const Tensor host = idx.to(Device::kCPU);

@@ -110,7 +110,7 @@ void RowPages::copy_to(const Tensor& dst) const {
   DI_CHECK(dst.dim() == 2 && dst.size(0) == rows_ && dst.size(1) == width_ && dst.dtype() == DType::kF32 &&
                dst.is_contiguous(),
            "row pages [{}, {}]: cannot copy into {}", rows_, width_, dst.describe());
-  if (dst.device() == device_ && rows_ > kRowsPerPage) {  // one gather for every page (one launch on CUDA)
+  if (dst.device() == device_) {  // one gather for every page (one launch on CUDA)
     std::vector<ops::RowSegment> segs;
     segments(segs);
     ops::gather_segments(segs, dst);
@@ -139,17 +139,6 @@ WindowRing::WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> 
   zero_bytes(data_, device_, window * width * sizeof(float));
 }
 
-void WindowRing::read(int64_t p0, int64_t p1, const Tensor& dst) const {
-  DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && dst.dtype() == DType::kF32 && dst.is_contiguous() &&
-               dst.numel() >= (p1 - p0) * width_,
-           "window ring: cannot read positions [{}, {}) into {}", p0, p1, dst.describe());
-  for (int64_t p = p0; p < p1;) {
-    const int64_t run = std::min(p1 - p, window_ - p % window_);  // up to the ring's end
-    copy_bytes(dst.data<float>() + (p - p0) * width_, dst.device(), slot(p), device_, run * width_ * sizeof(float));
-    p += run;
-  }
-}
-
 void WindowRing::segments(int64_t p0, int64_t p1, std::vector<ops::RowSegment>& out) const {
   DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_, "window ring: cannot read positions [{}, {})", p0, p1);
   for (int64_t p = p0; p < p1;) {
@@ -163,23 +152,15 @@ void WindowRing::write_copies(int64_t p0, int64_t p1, const Tensor& src, std::ve
   DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && src.dtype() == DType::kF32 && src.is_contiguous() &&
                src.numel() >= (p1 - p0) * width_ && src.device() == device_,
            "window ring: cannot write positions [{}, {}) from {}", p0, p1, src.describe());
-  for (int64_t p = p0; p < p1;) {
-    const int64_t run = std::min(p1 - p, window_ - p % window_);
-    out.push_back({slot(p), src.data<float>() + (p - p0) * width_, run});
-    p += run;
+  std::vector<ops::RowSegment> runs;  // the slots of [p0, p1), each run then takes the next rows of src
+  segments(p0, p1, runs);
+  int64_t r = 0;
+  for (const ops::RowSegment& run : runs) {
+    out.push_back({slot(p0 + r), src.data<float>() + r * width_, run.rows});
+    r += run.rows;
   }
 }
 
-void WindowRing::write(int64_t p0, int64_t p1, const Tensor& src) {
-  DI_CHECK(p0 >= 0 && p0 <= p1 && p1 - p0 <= window_ && src.dtype() == DType::kF32 && src.is_contiguous() &&
-               src.numel() >= (p1 - p0) * width_,
-           "window ring: cannot write positions [{}, {}) from {}", p0, p1, src.describe());
-  for (int64_t p = p0; p < p1;) {
-    const int64_t run = std::min(p1 - p, window_ - p % window_);
-    copy_bytes(slot(p), device_, src.data<float>() + (p - p0) * width_, src.device(), run * width_ * sizeof(float));
-    p += run;
-  }
-}
 WindowRing::~WindowRing() { clear(); }
 WindowRing::WindowRing(WindowRing&& o) noexcept
     : window_(o.window_),

@@ -95,15 +95,12 @@ class WindowRing {
   const float* slot(int64_t pos) const { return data_ + (pos % window_) * width_; }
   int64_t window() const { return window_; }
   Device device() const { return device_; }
-  // Copies the rows of positions [p0, p1) (all within the last `window` positions) into dst rows
-  // [0, p1 - p0) (float32 contiguous, any device): at most two copies (the ring wraps once).
-  void read(int64_t p0, int64_t p1, const Tensor& dst) const;
-  // Positions [p0, p1) as runs of contiguous rows (up to the ring's end, then from its start), appended to `out`.
+  // The rows of positions [p0, p1) (all within the last `window` positions) as runs of contiguous rows (up to the
+  // ring's end, then from its start: at most two), appended to `out` (ops::gather_segments).
   void segments(int64_t p0, int64_t p1, std::vector<ops::RowSegment>& out) const;
-  // write(p0, p1, src) as row copies appended to `out` (ops::copy_rows; src contiguous on the ring's device).
+  // The copies that write src rows (float32 [p1 - p0, width], contiguous on the ring's device) as positions
+  // [p0, p1), p1 - p0 <= window, appended to `out` (ops::copy_rows).
   void write_copies(int64_t p0, int64_t p1, const Tensor& src, std::vector<ops::RowCopy>& out);
-  // Writes src rows (float32 [p1 - p0, width], any device) as positions [p0, p1), p1 - p0 <= window.
-  void write(int64_t p0, int64_t p1, const Tensor& src);
 
  private:
   void clear();
