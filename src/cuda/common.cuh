@@ -30,6 +30,13 @@ inline int smem_optin() {
   return n;
 }
 
+// A call's own device scratch of at least `bytes` (float32 storage) from the caching allocator: stream-ordered reuse,
+// unlike one shared workspace, which two linears on two streams (side work) would race on and a grown buffer would
+// leave dangling in a captured graph. Held until the call's launches are queued.
+inline Tensor call_scratch(size_t bytes) {
+  return Tensor::empty({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32, Device::kCUDA);
+}
+
 // A device scratch buffer that grows on demand and never shrinks (kernels' private workspaces).
 // Growing waits for the device first: work queued earlier may still read the old buffer.
 class GrowingBuffer {

@@ -219,11 +219,6 @@ std::shared_ptr<Storage> cuda_alloc(size_t nbytes) {
   return block_storage(cached_malloc(size), nbytes, size, [size](void* q) { cache_give_back(q, size); });
 }
 
-// Copies on the legacy default stream, where every kernel of the backend runs, so they are ordered
-// after the work already queued. A copy to the host returns once done. A copy from the host is
-// queued with the async call: the driver stages the pageable source before it returns (so the
-// caller may free it), without the stream synchronisation that cudaMemcpy performs first, which
-// would drain the GPU on every upload of a step (index lists, positions, token ids).
 void check_not_capturing(const char* what) {
   DI_CHECK(!t_capturing,
            "{} inside a CUDA graph capture: the graph would replay this moment's value (the captured "
@@ -231,6 +226,11 @@ void check_not_capturing(const char* what) {
            what);
 }
 
+// Copies to the device go to the backend's stream (current_stream()), ordered after the work already queued
+// there; a copy to the host is synchronous on the legacy stream and returns once done. A copy from the host is
+// queued with the async call: the driver stages the pageable source before it returns (so the caller may free it),
+// without the stream synchronisation that cudaMemcpy performs first, which would drain the GPU on every upload of a
+// step (index lists, positions, token ids).
 void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
                size_t row_bytes, size_t rows) {
   if (src_dev == Device::kCPU || dst_dev == Device::kCPU) check_not_capturing("a copy between the host and the device");
@@ -282,7 +282,6 @@ void synchronize() {
 
 PoolScope::PoolScope(GraphPool* pool) : prev_(t_pool) { t_pool = pool; }
 PoolScope::~PoolScope() { t_pool = prev_; }
-bool capturing() { return t_capturing; }
 CaptureFlag::CaptureFlag() : prev_(t_capturing) { t_capturing = true; }
 CaptureFlag::~CaptureFlag() { t_capturing = prev_; }
 uint64_t graph_epoch() { return g_graph_epoch.load(std::memory_order_acquire); }
@@ -293,7 +292,6 @@ thread_local cudaStream_t t_stream = nullptr;  // StreamScope's, per thread
 }  // namespace
 
 cudaStream_t current_stream() { return t_stream; }
-void t_stream_set(cudaStream_t s) { t_stream = s; }
 StreamScope::StreamScope(cudaStream_t s) : prev_(t_stream) { t_stream = s; }
 StreamScope::~StreamScope() { t_stream = prev_; }
 
@@ -310,14 +308,22 @@ cudaStream_t side_fork() {
   return s.stream;
 }
 
-void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep) {
+namespace {
+// side_pending for a piece that writes several buffers: one event record after it.
+void pend(const std::vector<std::pair<const char*, size_t>>& writes, std::vector<Tensor> keep) {
   SideStream& s = side();
   std::lock_guard<std::mutex> lock(s.mu);
   DI_CHECK(s.stream != nullptr, "side_pending: no side stream (side_fork first)");
   DI_CUDA_CHECK(cudaEventRecord(s.done, s.stream));  // after every piece queued so far
-  if (buffer != nullptr && bytes > 0) s.buffers.emplace_back(static_cast<const char*>(buffer), bytes);
+  for (const auto& w : writes)
+    if (w.first != nullptr && w.second > 0) s.buffers.push_back(w);
   for (Tensor& t : keep) s.keep.push_back(std::move(t));
   s.pending.store(true, std::memory_order_release);
+}
+}  // namespace
+
+void side_pending(const void* buffer, size_t bytes, std::vector<Tensor> keep) {
+  pend({{static_cast<const char*>(buffer), bytes}}, std::move(keep));
 }
 
 namespace {
@@ -355,20 +361,18 @@ void side_reset() { end_side_work(false); }
 
 SideScope::SideScope(std::vector<Tensor> reads) : reads_(std::move(reads)) {
   DI_CHECK(t_side_scope == 0, "SideScope: side work does not nest");
-  cudaStream_t s = side_fork();
-  prev_ = current_stream();
-  t_stream_set(s);
+  on_side_.emplace(side_fork());
   ++t_side_scope;
 }
 
 void SideScope::done(const std::vector<Tensor>& writes) {
-  if (ended_) return;
-  ended_ = true;
+  if (!on_side_) return;
+  on_side_.reset();
   --t_side_scope;
-  t_stream_set(prev_);
-  side_pending(nullptr, 0, std::move(reads_));
+  std::vector<std::pair<const char*, size_t>> bufs;
   for (const Tensor& w : writes)
-    if (w.defined()) side_pending(w.raw(), w.nbytes());
+    if (w.defined()) bufs.emplace_back(static_cast<const char*>(w.raw()), w.nbytes());
+  pend(bufs, std::move(reads_));
 }
 
 SideScope::~SideScope() {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "deepinfer/tensor.h"
@@ -28,9 +29,10 @@ void synchronize();
 
 // The stream the backend's work goes to: the legacy default stream (nullptr), unless a StreamScope on this thread
 // named another. Every launch (launch_pdl with a null stream), upload, memset, side-stream fork / join and the
-// sampler's round trip resolve it here, so that a decode step can later be issued into a capturable stream (CUDA
-// graphs: the legacy stream cannot be captured) without touching the ops. Copies to the host still run on the
-// legacy stream (a StreamScope user synchronises its stream first). Nothing sets it yet.
+// sampler's round trip resolve it here, so that a decode step's pieces can be issued into a capturable stream (CUDA
+// graphs, graph.cu: the legacy stream cannot be captured) and side work into the side stream (SideScope) without
+// touching the ops. Copies to the host still run on the legacy stream (a StreamScope user synchronises its stream
+// first; inside a capture or side work they are refused).
 ::CUstream_st* current_stream();
 class StreamScope {
  public:
@@ -84,8 +86,7 @@ class SideScope {
 
  private:
   std::vector<Tensor> reads_;
-  ::CUstream_st* prev_ = nullptr;
-  bool ended_ = false;
+  std::optional<StreamScope> on_side_;  // engaged while the scope is open
 };
 
 // Drops the pending side work without waiting for it (a capture that failed: its events belong to the abandoned
@@ -110,9 +111,8 @@ class PoolScope {
  private:
   GraphPool* prev_;
 };
-// Whether this thread is capturing a graph (CaptureFlag's scope): a copy to or from the host then fails with a clear
+// While a CaptureFlag lives, this thread is capturing a graph: a copy to or from the host then fails with a clear
 // error, since the graph would replay the value of that moment, and so does anything that waits for the device.
-bool capturing();
 class CaptureFlag {
  public:
   CaptureFlag();

@@ -27,7 +27,6 @@ void SegmentGraphs::drop(Bucket& b) {
     if (s.exec != nullptr) (void)cudaGraphExecDestroy(s.exec);
   b.segs.clear();
   b.ready = false;
-  ++stats_.drops;
 }
 
 bool SegmentGraphs::begin_step(int64_t bucket) {

@@ -30,7 +30,7 @@ namespace deepinfer::cuda {
 using SegmentFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 struct GraphStats {
-  int64_t captures = 0, replays = 0, eager = 0, failures = 0, drops = 0;
+  int64_t captures = 0, replays = 0, eager = 0, failures = 0;
 };
 
 class SegmentGraphs {

@@ -413,13 +413,6 @@ __global__ void __launch_bounds__(128)
 }
 
 // ---- host side --------------------------------------------------------------------------------------------
-// The x pre-pass's output: a buffer of the call's own from the caching allocator (stream-ordered reuse), not one
-// shared workspace, which two linears on two streams (ops::SideWork) would race on and a grown buffer would leave
-// dangling in a captured graph.
-Tensor workspace_for(size_t bytes) {
-  return Tensor::empty({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32, Device::kCUDA);
-}
-
 template <typename F>
 void allow_smem(F* kernel, int64_t smem, int K) {
   const int optin = smem_optin();
@@ -549,7 +542,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const int gk = fmt == kFp8 ? B : 32;  // x group: one E4M3 tile, else one 32-chunk
   const int xg = gk * MT + 4;
   const int64_t tile_floats = (K + gk - 1) / gk * xg;
-  const Tensor xt_buf = workspace_for(static_cast<size_t>(tiles * tile_floats) * sizeof(float));
+  const Tensor xt_buf = call_scratch(static_cast<size_t>(tiles * tile_floats) * sizeof(float));
   float* xt = xt_buf.data<float>();
 
   // x pre-pass: one block per (row, group).

@@ -257,11 +257,6 @@ __global__ void __launch_bounds__(WR* WT * 32)
 }
 
 // ---- host side --------------------------------------------------------------------------------------------
-// The call's packed-x buffer, from the caching allocator (see linear.cu's workspace_for).
-Tensor workspace_for(size_t bytes) {
-  return Tensor::empty({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32, Device::kCUDA);
-}
-
 struct Args {
   const uint8_t* w;
   int64_t ldw;
@@ -389,7 +384,7 @@ void linear_tc_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOp
   const int act = static_cast<int>(opts.act_quant_block);
   const int64_t M4 = (M + 3) / 4 * 4;
   const int64_t code_bytes = (M * K + 255) / 256 * 256;
-  const Tensor ws_buf = workspace_for(static_cast<size_t>(code_bytes + (K / 32) * M4 * 4));
+  const Tensor ws_buf = call_scratch(static_cast<size_t>(code_bytes + (K / 32) * M4 * 4));
   uint8_t* ws = static_cast<uint8_t*>(ws_buf.raw());
   Args a{};
   a.xq = ws;
