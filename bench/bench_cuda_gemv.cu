@@ -7,7 +7,8 @@
 // experts with E8M0 per 32, the BF16 head [129280, 5120]) and the grouped mode as the model calls it (6 FP4
 // experts out of 384 per token; w1 and w3 [2304, 5120] as 2 expert lists in one launch (GemvArgs::x_rows), M =
 // 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are timed with both FP4 kernels
-// (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant), E4M3 rows with both E4M3
+// (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant; the grouped rows also with
+// fp4_mma_gemv, variant 3, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
 // kernels (old: fp8_gemv, walk: fp8_walk_gemv; gemv_set_fp8_variant), the last column giving the new kernel's
 // speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
 // counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
@@ -37,6 +38,7 @@
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
+#include "ops/ops.h"
 
 namespace di = deepinfer;
 
@@ -324,12 +326,13 @@ void run() {
   constexpr int64_t kDim = 5120, kInter = 2304;
   std::printf(
       "\n## Grouped FP4 experts (top-%d of %d, uniform routing, fixed seed; one gemv launch per call; w1 + w3: 2 "
-      "expert lists over the same x rows)\n\n",
+      "expert lists over the same x rows; x fake-quantised per 128 columns beforehand and act_quant_block 0, as "
+      "gather_rows / swiglu hand it to the model's calls)\n\n",
       kTopK, kExperts);
   std::printf(
       "| call | tokens | rows | distinct experts / list | weight MB / call | old us | GB/s | %% of read | new us | "
-      "GB/s | %% of read | speedup |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "GB/s | %% of read | mma us | GB/s | %% of read | mma / new |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   std::vector<di::ops::QWeight> w1(kExperts), w3(kExperts), w2(kExperts);
   for (int e = 0; e < kExperts; ++e) {
@@ -384,10 +387,12 @@ void run() {
     for (const bool second : {false, true}) {
       const int lists = second ? 1 : 2;
       const int64_t N = second ? kDim : kInter, K = second ? kInter : kDim;
-      const di::Tensor x = dev_act({rows, K});
+      di::Tensor xh = di::cuda::copy_to_host(dev_act({rows, K}));
+      di::ops::fake_quant_fp8(xh, 0, K, 128);
+      const di::Tensor x = di::cuda::copy_to_device(xh);
       di::Tensor y = di::Tensor::empty({lists * rows, N}, di::DType::kF32, di::Device::kCUDA);
       di::ops::LinearOpts o;
-      o.act_quant_block = 32;
+      o.act_quant_block = 0;
       o.round_out_bf16 = true;
       di::cuda::GemvArgs a = args_of(kFp4, second ? w2[0] : w1[0], x, y, o);
       a.w = nullptr;
@@ -399,8 +404,8 @@ void run() {
       a.x_rows = rows;
       a.n_experts = kExperts;
       DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
-      double ms[3] = {0.0, 0.0, 0.0};
-      for (const int variant : {1, 2}) {
+      double ms[4] = {0.0, 0.0, 0.0, 0.0};
+      for (const int variant : {1, 2, 3}) {
         di::cuda::gemv_set_fp4_variant(variant);
         ms[variant] = time_calls(st, kRoutings, [&](int i) {
           di::cuda::GemvArgs ai = a;
@@ -410,11 +415,13 @@ void run() {
       }
       di::cuda::gemv_set_fp4_variant(0);
       const double bytes = lists * distinct * qbytes(second ? w2[0] : w1[0]);
-      const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6;
-      std::printf("| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n",
-                  second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
-                  distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
-                  100.0 * gbs_new / read_gbs, ms[1] / ms[2]);
+      const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[3] / 1e6;
+      std::printf(
+          "| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2f | %.0f | "
+          "%.0f%% | %.2fx |\n",
+          second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
+          distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
+          100.0 * gbs_new / read_gbs, ms[3] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[2] / ms[3]);
       std::fflush(stdout);
     }
     CK(cudaFree(ids_d));

@@ -4,8 +4,11 @@
 // it reads) divided by the device-to-device copy bandwidth measured in the same run.
 //
 //   ./bench_cuda_model CKPT_DIR [--batches 1,8,32,128,256] [--context 128] [--steps 8] [--prefill 4096] [--eager]
+//                     [--gemv-fp4 1|2|3]
 //
-// Decode steps replay CUDA graphs (captured at each batch size's second untimed step) unless --eager.
+// Decode steps replay CUDA graphs (captured at each batch size's second untimed step) unless --eager. --gemv-fp4
+// picks the FP4 decode GEMV kernel (cuda::gemv_set_fp4_variant: 1 chain_gemv, 2 fp4_pair_gemv, 3 fp4_mma_gemv where
+// it takes the call; the default 3): the same logits either way, so an A/B of the kernels end to end.
 //
 // Bytes per decode step (the roofline's numerator), from the checkpoint's own tensor sizes:
 //   every non-expert weight once (attention, compressors, indexers, norms, hc, gate, shared expert,
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/linear_gemv.cuh"
 #include "deepinfer/error.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -156,7 +160,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N] [--eager]\n",
+    std::fprintf(stderr,
+                 "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N] [--eager] "
+                 "[--gemv-fp4 1|2|3]\n",
                  argv[0]);
     return 2;
   }
@@ -184,6 +190,8 @@ int main(int argc, char** argv) {
       steps = std::stoll(v);
     else if (k == "--prefill")
       prefill = std::stoll(v);
+    else if (k == "--gemv-fp4")
+      di::cuda::gemv_set_fp4_variant(std::stoi(v));
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

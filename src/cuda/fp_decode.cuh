@@ -59,6 +59,24 @@ __device__ __forceinline__ float e2m1_top(uint32_t t) {
   return __uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(t) >> 6) & 0x81c00000u);
 }
 
+// The fp16 patterns of one weight word W (bytes b0..b3): lo[0] = {low nibble of b0, of b1} (halves 0, 1),
+// lo[1] = {b2, b3}, hi[0] / hi[1] the high nibbles likewise; each half is e2m1 * 2^-14 exactly. Per byte the
+// nibble is first moved to the top of its byte with the byte's low half cleared; then S (bit 7) stays and
+// E E M (bits 6..4) is copied to bits 3..1 by one shift (bits 3..1 of the unshifted byte are zero, and the
+// shifted copy puts nothing into bit 7); the PRMTs place two such bytes in the high bytes of two halves whose
+// low bytes are zero.
+__device__ __forceinline__ void fp4_half_patterns(uint32_t W, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+  const uint32_t H = W & 0xF0F0F0F0u;         // the high nibbles
+  const uint32_t L = (W << 4) & 0xF0F0F0F0u;  // the low nibbles
+  uint32_t gh, gl;                            // (X | X >> 3) & 0x8E8E8E8E as one LOP3 each (immLut 0xA8 = (a | b) & c)
+  asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gh) : "r"(H), "r"(H >> 3), "r"(0x8E8E8E8Eu));
+  asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gl) : "r"(L), "r"(L >> 3), "r"(0x8E8E8E8Eu));
+  lo[0] = prmt(gl, 0u, 0x1404u);  // bytes [0, gl.b0, 0, gl.b1]
+  lo[1] = prmt(gl, 0u, 0x3424u);  // bytes [0, gl.b2, 0, gl.b3]
+  hi[0] = prmt(gh, 0u, 0x1404u);
+  hi[1] = prmt(gh, 0u, 0x3424u);
+}
+
 // An FP4 weight value e2m1 * 2^(e-127) from lo = e2m1 * 2^-126 (e2m1_top): one rounding of the exact
 // product, as the CPU's f16(e2m1) * e8m0 (the product is exact whenever it is representable). For
 // e <= 128 one multiply by 2^(e-1); above, 2^(e-1) leaves fp32, so e2m1 is rebuilt first (exact) and

@@ -32,6 +32,7 @@
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_bf16.cuh"
+#include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/quant.cuh"
 
@@ -678,24 +679,6 @@ __global__ void __launch_bounds__(256) chain_gemv(Params p) {
 // kEven (the model's shapes): K % 128 == 0 and 4-byte aligned scale rows, so that a slot's chunks all exist and
 // its 4 codes are one aligned word; the pointers then simply advance. Otherwise chunk and code loads are checked.
 
-// The fp16 patterns of one weight word W (bytes b0..b3): lo[0] = {low nibble of b0, of b1} (halves 0, 1),
-// lo[1] = {b2, b3}, hi[0] / hi[1] the high nibbles likewise; each half is e2m1 * 2^-14 exactly. Per byte the
-// nibble is first moved to the top of its byte with the byte's low half cleared; then S (bit 7) stays and
-// E E M (bits 6..4) is copied to bits 3..1 by one shift (bits 3..1 of the unshifted byte are zero, and the
-// shifted copy puts nothing into bit 7); the PRMTs place two such bytes in the high bytes of two halves whose
-// low bytes are zero.
-__device__ __forceinline__ void fp4_half_patterns(uint32_t W, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
-  const uint32_t H = W & 0xF0F0F0F0u;         // the high nibbles
-  const uint32_t L = (W << 4) & 0xF0F0F0F0u;  // the low nibbles
-  uint32_t gh, gl;                            // (X | X >> 3) & 0x8E8E8E8E as one LOP3 each (immLut 0xA8 = (a | b) & c)
-  asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gh) : "r"(H), "r"(H >> 3), "r"(0x8E8E8E8Eu));
-  asm("lop3.b32 %0, %1, %2, %3, 0xA8;" : "=r"(gl) : "r"(L), "r"(L >> 3), "r"(0x8E8E8E8Eu));
-  lo[0] = prmt(gl, 0u, 0x1404u);  // bytes [0, gl.b0, 0, gl.b1]
-  lo[1] = prmt(gl, 0u, 0x3424u);  // bytes [0, gl.b2, 0, gl.b3]
-  hi[0] = prmt(gh, 0u, 0x1404u);
-  hi[1] = prmt(gh, 0u, 0x3424u);
-}
-
 // Two fp16 products (exact here) and their fp32 values.
 __device__ __forceinline__ void fp16x2_scaled(uint32_t pat, uint32_t sc, float& w0, float& w1) {
   uint32_t d;
@@ -1080,8 +1063,10 @@ void launch_fp4_pair(Params p, int tile_rows, cudaStream_t stream) {
   launch(kernel, p, 32 * best_w, smem, stream);
 }
 
-// The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv (the default; gemv_set_fp4_variant).
-std::atomic<int> g_fp4_variant{2};
+// The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv, 3 = fp4_mma_gemv where it takes the call
+// (linear_gemv_fp4_mma.cu) and fp4_pair_gemv otherwise (the default; gemv_set_fp4_variant).
+constexpr int kFp4DefaultVariant = 3;
+std::atomic<int> g_fp4_variant{kFp4DefaultVariant};
 
 int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
 
@@ -1098,8 +1083,8 @@ std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 }  // namespace
 
 int gemv_set_fp4_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 2, "gemv_set_fp4_variant: {} is not 0, 1 or 2", v);
-  return g_fp4_variant.exchange(v == 0 ? 2 : v, std::memory_order_relaxed);
+  DI_CHECK(v >= 0 && v <= 3, "gemv_set_fp4_variant: {} is not 0 .. 3", v);
+  return g_fp4_variant.exchange(v == 0 ? kFp4DefaultVariant : v, std::memory_order_relaxed);
 }
 
 int gemv_set_fp8_variant(int v) {
@@ -1186,7 +1171,9 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
     gemv_fp8_walk_into(a, stream);
   else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
-  else if (a.fmt == kFp4 && fp4_variant() == 2)
+  else if (a.fmt == kFp4 && fp4_variant() == 3 && gemv_fp4_mma_supported(a))
+    gemv_fp4_mma_into(a, stream);
+  else if (a.fmt == kFp4 && fp4_variant() >= 2)
     launch_fp4_pair(p, a.tile_rows, stream);
   else if (a.fmt == kBf16 && bf16_uses_lane(a))
     gemv_bf16_lane_into(a, stream);

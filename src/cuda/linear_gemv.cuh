@@ -29,7 +29,10 @@
 //    shared-memory transpose) and walk the whole row in 64-byte steps with 8 steps in flight; x lives in
 //    shared memory (quantised once per block) and is read as warp-wide broadcasts; a block of 4 or 8 warps
 //    owns 32 or 64 rows at a time.
-//  * FP4 (default kernel, fp4_pair_gemv): 2 lanes per row, lane h owning the 16 chains of bytes 8h..8h+7 of
+//  * FP4, default for the calls it takes (no act quant, K % 128 == 0, one x row or grouped: the model's routed experts
+//    at decode): fp4_mma_gemv (linear_gemv_fp4_mma.cuh), each product formed exactly by an mma against a diagonal B
+//    built from x, the chains' FMAs then scaled by powers of two; fp4_pair_gemv for the other calls.
+//  * FP4 (fp4_pair_gemv): 2 lanes per row, lane h owning the 16 chains of bytes 8h..8h+7 of
 //    every chunk (one shuffle pair per 32 bytes, no shared-memory transpose); weights decoded through exact
 //    fp16 arithmetic for scale codes 104..127 (the exact fp32 decode otherwise); 128 bytes per lane in
 //    flight; blocks of 1, 2 or 4 warps (16 rows each) sized to spread the rows evenly over the SMs.
@@ -100,7 +103,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream);
 
 // Tests and benchmarks: the FP4 kernel of the following gemv_into calls, 1 = chain_gemv (the first
 // design: 4 lanes per row and a shared-memory transpose), 2 = fp4_pair_gemv (2 lanes per row, fp16x2
-// decode; the default), 0 = the default again. Returns the variant in force before the call.
+// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes and
+// fp4_pair_gemv for the others (the default), 0 = the default again. Returns the variant in force before the call.
 int gemv_set_fp4_variant(int v);
 
 // Tests, benchmarks and the dispatch in linear.cu: the E4M3 kernel of the following gemv_into calls,

@@ -11,7 +11,8 @@
 // to 33, the V4 / V4.1 decode shapes, ragged N, short and ragged K, strided x rows, NaN codes and NaN / large / small
 // FP4 scales, and the grouped-rows mode (each row against its own expert, FP4 / FP8 / BF16; FP4 also with
 // several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on each FP4 kernel
-// ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, chosen through gemv_set_fp4_variant), every E4M3 case
+// ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, "[fp4 mma]": fp4_mma_gemv where it takes the call, chosen
+// through gemv_set_fp4_variant; test_fp4_mma adds the calls that reach its fast path), every E4M3 case
 // on both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv, gemv_set_fp8_variant), including
 // x that sends fp8_walk_gemv to its slow path (huge or tiny x, raw fp32 x), and every BF16 case on both BF16 kernels
 // ("[bf16 chain]": chain_gemv, "[bf16 lane/tile]": bf16_lane_gemv / bf16_tile_gemv where they take the call,
@@ -28,6 +29,7 @@
 
 #include "cuda/device.h"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -46,19 +48,21 @@ constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never c
 // (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
-  const char* tags[2] = {"", ""};
+  const char* tags[3] = {"", "", ""};
+  int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
     set_variant = di::cuda::gemv_set_fp4_variant, tags[0] = " [fp4 old]", tags[1] = " [fp4 new]";
+    tags[2] = " [fp4 mma]", variants = 3;
   }
   if (set_variant == nullptr) {
     run_case(name, body);
     return;
   }
-  for (const int v : {1, 2}) {
+  for (int v = 1; v <= variants; ++v) {
     set_variant(v);
     run_case(name + tags[v - 1], body);
   }
@@ -573,6 +577,99 @@ void test_grouped() {
   }
 }
 
+// fp4_mma_gemv's fast path: x fake-quantised beforehand and act_quant_block 0, as the model's grouped expert calls
+// pass it (the FP4 cases above mostly send it to its slow path: in-kernel act quant is not its call, raw x is not
+// exact in fp16). Each case states how many warps must take the slow path (gemv_fp4_mma_slow_warps), so a fast
+// path that silently stopped running fails too.
+void test_fp4_mma() {
+  uint32_t seed = 9900;
+  struct Case {
+    const char* what;
+    int64_t N, K, qblock;      // x fake_quant_fp8'd per qblock columns (0: x as make_x gives it)
+    int slo, shi;              // weight scale codes
+    int lists, experts, rows;  // lists 0: dense, one row of x
+    bool round;
+    int slow;  // warps expected on the slow path: 0 none, 1 some but not all, 2 all
+  };
+  const Case cases[] = {
+      {"dense w1 x q128", 2304, 5120, 128, 104, 127, 0, 0, 1, true, 0},
+      {"dense w2 x q128", 5120, 2304, 128, 118, 128, 0, 0, 1, false, 0},
+      {"dense x q32, scales 40..200", 1000, 1024, 32, 40, 200, 0, 0, 1, true, 0},
+      {"dense ragged N x q128", 333, 640, 128, 110, 130, 0, 0, 1, false, 0},
+      {"dense bf16 x (exact in fp16 per chunk)", 1000, 4096, 0, 110, 127, 0, 0, 1, true, 0},
+      {"grouped w1+w3 top-6 x q128", 2304, 5120, 128, 104, 127, 2, 16, 6, true, 0},
+      {"grouped w2 top-6 x q128", 5120, 2304, 128, 104, 127, 1, 8, 6, true, 0},
+      {"grouped 4 tokens x q128", 2304, 5120, 128, 104, 127, 2, 16, 24, false, 0},
+      {"dense scale codes 255 / 253 / 0 in three rows", 600, 1024, 128, 110, 127, 0, 0, 1, false, 1},
+  };
+  for (const Case& c : cases) {
+    char name[300];
+    std::snprintf(name, sizeof name, "gemv fp4 mma %s N=%lld K=%lld lists=%d rows=%d", c.what,
+                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.lists, c.rows);
+    run_case(name, [&]() -> std::string {
+      const int L = std::max(c.lists, 1), E = c.lists > 0 ? c.experts : 1, R = c.rows, M = c.lists > 0 ? L * R : R;
+      std::vector<di::ops::QWeight> wh, wd;
+      for (int e = 0; e < L * E; ++e) {
+        wh.push_back(make_weight(di::DType::kE2M1x2, c.N, c.K, 0, seed++, c.slo, c.shi));
+        if (c.slow == 1) {  // a NaN scale, one whose weights overflow, and 2^-127
+          uint8_t* sc = wh.back().scale.data<uint8_t>();
+          sc[5 * (c.K / 32) + 3] = 255;
+          sc[40 * (c.K / 32) + 0] = 253;
+          sc[100 * (c.K / 32) + 7] = 0;
+        }
+        wd.push_back(to_device(wh.back()));
+      }
+      di::Tensor x = make_x(R, c.K, seed++);
+      if (c.qblock > 0) di::ops::fake_quant_fp8(x, 0, c.K, c.qblock);
+      if (c.qblock > 0 && c.lists == 0) {  // a chunk spanning 2^-9 .. 448 of its group's scale: subnormal codes
+        for (int64_t k = 0; k < 32; ++k) x.data<float>()[k] = std::ldexp(static_cast<float>(k - 16), -12 + (k % 20));
+        di::ops::fake_quant_fp8(x, 0, c.K, c.qblock);
+      }
+      std::mt19937 rng(seed++);
+      std::uniform_int_distribution<int> pick(0, E - 1);
+      di::Tensor ids = di::Tensor::empty({R}, di::DType::kI32);
+      for (int m = 0; m < R; ++m) ids.data<int32_t>()[m] = c.lists > 0 ? pick(rng) : 0;
+      di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
+      di::ops::LinearOpts o;
+      o.round_out_bf16 = c.round;
+      for (int m = 0; m < M; ++m) {
+        const int r = m % R, l = m / R;
+        const di::Tensor ym = di::ops::linear(x.slice(0, r, r + 1).contiguous(), wh[l * E + ids.data<int32_t>()[r]], o);
+        std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+      }
+      const di::Tensor xd = di::cuda::copy_to_device(x), ids_d = di::cuda::copy_to_device(ids);
+      di::Tensor wt = di::Tensor::empty({L * E}, di::DType::kI64), st = di::Tensor::empty({L * E}, di::DType::kI64);
+      for (int e = 0; e < L * E; ++e) {
+        wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
+        st.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw()));
+      }
+      const di::Tensor wt_d = di::cuda::copy_to_device(wt), st_d = di::cuda::copy_to_device(st);
+      di::Tensor yd = sentinel_output(M, c.N);
+      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, M, yd.data<float>(), o);
+      if (c.lists > 0) {
+        a.w = nullptr;
+        a.scale = nullptr;
+        a.row_expert = ids_d.data<int32_t>();
+        a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
+        a.s_table = static_cast<const uint8_t* const*>(st_d.raw());
+        a.x_rows = R;
+        a.n_experts = E;
+      }
+      if (!di::cuda::gemv_fp4_mma_supported(a)) return "gemv_fp4_mma_supported is false";
+      di::cuda::gemv_fp4_mma_slow_warps(true);
+      di::cuda::gemv_fp4_mma_into(a, nullptr);
+      const int64_t slow = di::cuda::gemv_fp4_mma_slow_warps(true);
+      const int64_t warps = M * ((c.N + 15) / 16);
+      std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
+      const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
+      if (!bits.empty()) return bits;
+      if (c.slow == 0 && slow != 0) return "the fast path did not run everywhere";
+      if (c.slow == 1 && (slow == 0 || slow == warps)) return "expected some warps on each path";
+      return std::string();
+    });
+  }
+}
+
 // gemv_supported's limits (host only).
 void test_supported() {
   run_case("gemv_supported limits", [] {
@@ -617,5 +714,6 @@ int main() {
     test_dense();
     test_special();
     test_grouped();
+    test_fp4_mma();
   });
 }
