@@ -8,8 +8,9 @@
 // experts out of 384 per token; w1 and w3 [2304, 5120] as 2 expert lists in one launch (GemvArgs::x_rows), M =
 // 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are timed with both FP4 kernels
 // (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant; the grouped rows also with
-// fp4_mma_gemv, variant 3, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
-// kernels (old: fp8_gemv, walk: fp8_walk_gemv; gemv_set_fp8_variant), the last column giving the new kernel's
+// fp4_mma_gemv, variant 4, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
+// kernels (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call; gemv_set_fp8_variant 1, 2,
+// 4), the last column giving each later kernel's
 // speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
 // counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
 // is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
@@ -244,15 +245,21 @@ void run() {
       // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
       const bool two = s.fmt == kFp4 || s.fmt == kFp8;
       double ms_first = 0.0;
-      for (const int variant : two ? std::vector<int>{1, 2} : std::vector<int>{0}) {
+      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4}
+                               : two         ? std::vector<int>{1, 2}
+                                             : std::vector<int>{0}) {
         if (s.fmt == kFp4) di::cuda::gemv_set_fp4_variant(variant);
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
         if (variant == 1) ms_first = ms;
         const double gbs = su.wbytes / ms / 1e6;
-        const char* tag = variant == 0 ? "" : variant == 1 ? " old" : s.fmt == kFp8 ? " walk" : " new";
+        const char* tag = variant == 0    ? ""
+                          : variant == 1  ? " old"
+                          : variant == 4  ? " mma"
+                          : s.fmt == kFp8 ? " walk"
+                                          : " new";
         char vs[32] = "-";
-        if (variant == 2) std::snprintf(vs, sizeof vs, "%.2fx", ms_first / ms);
+        if (variant >= 2) std::snprintf(vs, sizeof vs, "%.2fx", ms_first / ms);
         std::printf("| %s [%lld, %lld] | %s%s | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx | %s |\n",
                     s.name, static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), tag,
                     static_cast<long long>(M), ms * 1e3, gbs, 100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old,
@@ -296,8 +303,8 @@ void run() {
     a.row_expert = static_cast<const int32_t*>(ids_d);
     a.x_rows = kGroups;
     a.n_experts = kGroups;
-    double ms[3] = {0.0, 0.0, 0.0};
-    for (const int variant : {1, 2}) {
+    double ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+    for (const int variant : {1, 2, 4}) {
       di::cuda::gemv_set_fp8_variant(variant);
       ms[variant] = time_calls(st, copies, [&](int i) {
         di::cuda::GemvArgs ai = a;
@@ -308,13 +315,17 @@ void run() {
       });
     }
     di::cuda::gemv_set_fp8_variant(0);
-    const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6;
+    const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[4] / 1e6;
     std::printf("\n## Grouped E4M3 (wo_a: %d groups [%lld, %lld], act_quant_block 32)\n\n", kGroups,
                 static_cast<long long>(kN), static_cast<long long>(kK));
-    std::printf("| MB / call | old us | GB/s | %% of read | walk us | GB/s | %% of read | speedup |\n");
-    std::printf("|---|---|---|---|---|---|---|---|\n");
-    std::printf("| %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx |\n", bytes / 1e6, ms[1] * 1e3, gbs_old,
-                100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new, 100.0 * gbs_new / read_gbs, ms[1] / ms[2]);
+    std::printf(
+        "| MB / call | old us | GB/s | %% of read | walk us | GB/s | %% of read | mma us | GB/s | %% of read | walk / "
+        "old | mma / walk |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx | %.2fx |\n",
+                bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
+                100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[1] / ms[2],
+                ms[2] / ms[4]);
     std::fflush(stdout);
     CK(cudaFree(tw));
     CK(cudaFree(ts));
@@ -404,8 +415,8 @@ void run() {
       a.x_rows = rows;
       a.n_experts = kExperts;
       DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
-      double ms[4] = {0.0, 0.0, 0.0, 0.0};
-      for (const int variant : {1, 2, 3}) {
+      double ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+      for (const int variant : {1, 2, 4}) {
         di::cuda::gemv_set_fp4_variant(variant);
         ms[variant] = time_calls(st, kRoutings, [&](int i) {
           di::cuda::GemvArgs ai = a;
@@ -415,13 +426,13 @@ void run() {
       }
       di::cuda::gemv_set_fp4_variant(0);
       const double bytes = lists * distinct * qbytes(second ? w2[0] : w1[0]);
-      const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[3] / 1e6;
+      const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[4] / 1e6;
       std::printf(
           "| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2f | %.0f | "
           "%.0f%% | %.2fx |\n",
           second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
           distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
-          100.0 * gbs_new / read_gbs, ms[3] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[2] / ms[3]);
+          100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[2] / ms[4]);
       std::fflush(stdout);
     }
     CK(cudaFree(ids_d));

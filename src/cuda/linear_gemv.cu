@@ -34,6 +34,7 @@
 #include "cuda/linear_gemv_bf16.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
+#include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -1063,8 +1064,9 @@ void launch_fp4_pair(Params p, int tile_rows, cudaStream_t stream) {
   launch(kernel, p, 32 * best_w, smem, stream);
 }
 
-// The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv, 3 = fp4_mma_gemv where it takes the call
-// (linear_gemv_fp4_mma.cu) and fp4_pair_gemv otherwise (the default; gemv_set_fp4_variant).
+// The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv, 3 = fp4_mma_gemv (linear_gemv_fp4_mma.cu) for the calls
+// it takes of up to 12 x rows per list, fp4_pair_gemv otherwise (the default; fp4_uses_mma), 4 = fp4_mma_gemv wherever
+// it takes the call (tests, benchmarks). gemv_set_fp4_variant.
 constexpr int kFp4DefaultVariant = 3;
 std::atomic<int> g_fp4_variant{kFp4DefaultVariant};
 
@@ -1075,20 +1077,21 @@ int fp4_variant() { return g_fp4_variant.load(std::memory_order_relaxed); }
 constexpr int kBf16DefaultVariant = 3;
 std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 
-// The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (the
-// default; fp8_uses_walk). gemv_set_fp8_variant.
-constexpr int kFp8DefaultVariant = 3;
+// The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (fp8_uses_walk),
+// 4 = fp8_mma_gemv wherever it takes the call, 5 = by shape with fp8_mma_gemv for the wide single-row calls (the
+// default; fp8_uses_mma). gemv_set_fp8_variant.
+constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
 }  // namespace
 
 int gemv_set_fp4_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 3, "gemv_set_fp4_variant: {} is not 0 .. 3", v);
+  DI_CHECK(v >= 0 && v <= 4, "gemv_set_fp4_variant: {} is not 0 .. 4", v);
   return g_fp4_variant.exchange(v == 0 ? kFp4DefaultVariant : v, std::memory_order_relaxed);
 }
 
 int gemv_set_fp8_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 3, "gemv_set_fp8_variant: {} is not 0 .. 3", v);
+  DI_CHECK(v >= 0 && v <= 5, "gemv_set_fp8_variant: {} is not 0 .. 5", v);
   return g_fp8_variant.exchange(v == 0 ? kFp8DefaultVariant : v, std::memory_order_relaxed);
 }
 
@@ -1109,7 +1112,7 @@ bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
   // from M = 2 to 64 (bench_cuda_gemv's batched table), 1.1x to 2.3x.
   constexpr int64_t kWalkMinRows = 1280;
   const int v = gemv_fp8_variant();
-  return v == 2 || (v == 3 && (grouped || N >= kWalkMinRows || M >= 2));
+  return v == 2 || (v >= 3 && (grouped || N >= kWalkMinRows || M >= 2));
 }
 
 namespace {
@@ -1118,6 +1121,27 @@ namespace {
 // 5120] took 20.7 us on chain_gemv and 8.0 on the slab kernel).
 bool bf16_uses_lane(const GemvArgs& a) {
   return g_bf16_variant.load(std::memory_order_relaxed) != 1 && gemv_bf16_lane_supported(a);
+}
+
+bool fp4_uses_mma(const GemvArgs& a) {
+  // bench_cuda_model (4-layer flash-shape checkpoints): fp4_mma_gemv took the step at batch 1 from 1.38 to 1.31 ms
+  // (V4.1) and 1.53-1.57 to 1.50 (V4); at batch 8 V4.1 measured the same either way and V4 2-4% slower (4.66 / 4.71
+  // against 4.57 / 4.53 ms), so the default keeps it to calls of up to 12 x rows per list (two tokens at top-6).
+  constexpr int kMmaMaxRows = 12;
+  const int v = fp4_variant();
+  const int rows = a.x_rows > 0 ? a.x_rows : a.M;
+  if (v != 4 && !(v == 3 && rows <= kMmaMaxRows)) return false;
+  return gemv_fp4_mma_supported(a);
+}
+
+bool fp8_uses_mma(const GemvArgs& a) {
+  // bench_cuda_gemv on the H200, V4.1 shapes at M = 1: fp8_mma_gemv walks 16 rows per warp over all of K, so it needs
+  // many rows to fill the GPU: wq_b [32768, 1280] 15.4 us against fp8_walk_gemv's 16.3, but wo_b [5120, 8192] 62.8
+  // against 19.3 and wq_a [1280, 5120] 21.8 against 8.8 (20 blocks of 4 warps for the whole GPU).
+  constexpr int64_t kMmaMinRows = 16384;
+  const int v = gemv_fp8_variant();
+  if (v != 4 && !(v == 5 && a.row_expert == nullptr && a.M == 1 && a.N >= kMmaMinRows)) return false;
+  return gemv_fp8_mma_supported(a);
 }
 
 bool bf16_uses_tile(const GemvArgs& a) {
@@ -1167,11 +1191,13 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   if (a.M == 0 || a.N == 0) return;
   Params p = {};
   copy_gemv_args(a, p);
-  if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N, a.M))
+  if (a.fmt == kFp8 && fp8_uses_mma(a))
+    gemv_fp8_mma_into(a, stream);
+  else if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N, a.M))
     gemv_fp8_walk_into(a, stream);
   else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
-  else if (a.fmt == kFp4 && fp4_variant() == 3 && gemv_fp4_mma_supported(a))
+  else if (a.fmt == kFp4 && fp4_uses_mma(a))
     gemv_fp4_mma_into(a, stream);
   else if (a.fmt == kFp4 && fp4_variant() >= 2)
     launch_fp4_pair(p, a.tile_rows, stream);

@@ -103,15 +103,19 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream);
 
 // Tests and benchmarks: the FP4 kernel of the following gemv_into calls, 1 = chain_gemv (the first
 // design: 4 lanes per row and a shared-memory transpose), 2 = fp4_pair_gemv (2 lanes per row, fp16x2
-// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes and
-// fp4_pair_gemv for the others (the default), 0 = the default again. Returns the variant in force before the call.
+// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes of up to 12
+// x rows per list (decode at one or two tokens, where it measured faster) and fp4_pair_gemv for the others (the
+// default), 4 = fp4_mma_gemv wherever it takes the call, 0 = the default again. Returns the variant in force before
+// the call.
 int gemv_set_fp4_variant(int v);
 
 // Tests, benchmarks and the dispatch in linear.cu: the E4M3 kernel of the following gemv_into calls,
 // 1 = fp8_gemv (K split across a block, tile sums folded after a block barrier), 2 = fp8_walk_gemv
 // (linear_gemv_fp8.cu: each warp walks whole rows and folds its own tile sums, a deeper load pipeline),
 // 3 = by shape (the default: fp8_walk_gemv for grouped calls, N >= 1280 and M >= 2, where it measured faster;
-// fp8_gemv otherwise), 0 = the default again. gemv_set_fp8_variant returns the variant in force before the
+// fp8_gemv otherwise), 4 = fp8_mma_gemv (products on the tensor cores, linear_gemv_fp8_mma.cuh) for the calls it takes
+// and 3's choice for the others, 5 = 3's choice but fp8_mma_gemv for single-row dense calls of N >= 16,384 where it
+// measured faster (the default), 0 = the default again. gemv_set_fp8_variant returns the variant in force before the
 // call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of this shape (grouped or
 // dense with N weight rows and M rows of x) runs fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);

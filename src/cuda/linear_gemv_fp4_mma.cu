@@ -45,31 +45,13 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/gemv_mma.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 
 namespace deepinfer::cuda {
 
 namespace {
-
-struct MmaParams {
-  const uint8_t* w;  // dense weight (grouped: from the tables)
-  int64_t ldw;
-  const uint8_t* sc;
-  int64_t lds;
-  const float* x;
-  int64_t ldx;
-  float* y;
-  const int32_t* row_expert;
-  const uint8_t* const* w_table;
-  const uint8_t* const* s_table;
-  int x_rows, n_experts;
-  int N, K, M;
-  int A, ng;   // unused here (no act quant), filled by copy_gemv_args
-  int mtiles;  // x rows served: M (grouped) or 1
-  int steps;   // ceil(N / kRowsPerStep)
-  bool round;
-};
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerStep = 16 * kWarps;
@@ -96,20 +78,6 @@ __host__ __device__ inline MmaSmem mma_smem(int K) {
   m.tbuf = m.codes + kWarps * ((16 * nch + 15) / 16 * 16);
   m.total = m.tbuf + kWarps * 2 * 16 * kTStride * 4;
   return m;
-}
-
-// D = A diag-B: d0 / d1 = rows g columns 2t / 2t + 1, d2 / d3 rows g + 8.
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a0), "r"(a1), "r"(b0), "f"(0.0f));
-}
-
-// 16 bytes of shared memory at a shared-space address.
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
 }
 
 // Warps that took the slow path (gemv_fp4_mma_slow_warps: tests check which path ran).

@@ -30,6 +30,7 @@
 #include "cuda/device.h"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
+#include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -52,6 +53,7 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
   int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
+    tags[2] = " [fp8 mma]", variants = 3;
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
@@ -63,7 +65,7 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
     return;
   }
   for (int v = 1; v <= variants; ++v) {
-    set_variant(v);
+    set_variant(v == 3 ? 4 : v);  // variant 4: the mma kernel wherever it takes the call (3 is a by-size rule)
     run_case(name + tags[v - 1], body);
   }
   set_variant(0);
@@ -670,6 +672,90 @@ void test_fp4_mma() {
   }
 }
 
+// fp8_mma_gemv on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, one row of x; grouped as wo_a), each case
+// stating how many warps must take the slow path (gemv_fp8_mma_slow_warps): 0 on the model's shapes and with an e4m3
+// NaN code; some where a row block carries tile scale code 0 (its factor times x's scale leaves the normal floats); all
+// with x = 3e38 in one tile (its kx leaves the range). (Codes above 246 are the contract's known gap: not tested.)
+void test_fp8_mma() {
+  uint32_t seed = 9950;
+  struct Case {
+    const char* what;
+    int64_t N, K;
+    int groups;   // 0: dense
+    int special;  // 0 none, 1 a code above 246 in one row block, 2 a NaN weight code, 3 an infinite x
+    int slow;     // 0 none, 1 some, 2 all
+  };
+  const Case cases[] = {
+      {"wq_b", 32768, 1280, 0, 0, 0},
+      {"wo_b", 5120, 8192, 0, 0, 0},
+      {"wq_a + wkv", 1536, 5120, 0, 0, 0},
+      {"shared w2", 5120, 2304, 0, 0, 0},
+      {"ragged N", 1000, 1024, 0, 0, 0},
+      {"wo_a 8 groups", 1024, 4096, 8, 0, 0},
+      {"code 0 (2^-127) in a row block", 640, 1024, 0, 1, 1},
+      {"a NaN weight code", 640, 1024, 0, 2, 0},
+      {"x = 3e38 in one tile", 640, 1024, 0, 3, 2},
+  };
+  for (const Case& c : cases) {
+    char name[300];
+    std::snprintf(name, sizeof name, "gemv fp8 mma %s N=%lld K=%lld groups=%d", c.what, static_cast<long long>(c.N),
+                  static_cast<long long>(c.K), c.groups);
+    run_case(name, [&]() -> std::string {
+      const int G = std::max(c.groups, 1), M = c.groups > 0 ? G : 1;
+      std::vector<di::ops::QWeight> wh, wd;
+      for (int e = 0; e < G; ++e) {
+        wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
+        if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
+        if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
+        wd.push_back(to_device(wh.back()));
+      }
+      di::Tensor x = make_x(M, c.K, seed++);
+      if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      o.round_out_bf16 = true;
+      di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
+      for (int m = 0; m < M; ++m) {
+        const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[m], o);
+        std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+      }
+      const di::Tensor xd = di::cuda::copy_to_device(x);
+      di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32), wt = di::Tensor::empty({G}, di::DType::kI64),
+                 st = di::Tensor::empty({G}, di::DType::kI64);
+      for (int m = 0; m < M; ++m) ids.data<int32_t>()[m] = m;
+      for (int e = 0; e < G; ++e) {
+        wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
+        st.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw()));
+      }
+      const di::Tensor ids_d = di::cuda::copy_to_device(ids), wt_d = di::cuda::copy_to_device(wt),
+                       st_d = di::cuda::copy_to_device(st);
+      di::Tensor yd = sentinel_output(M, c.N);
+      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, M, yd.data<float>(), o);
+      if (c.groups > 0) {
+        a.w = nullptr;
+        a.scale = nullptr;
+        a.row_expert = ids_d.data<int32_t>();
+        a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
+        a.s_table = static_cast<const uint8_t* const*>(st_d.raw());
+        a.x_rows = M;
+        a.n_experts = G;
+      }
+      if (!di::cuda::gemv_fp8_mma_supported(a)) return "gemv_fp8_mma_supported is false";
+      di::cuda::gemv_fp8_mma_slow_warps(true);
+      di::cuda::gemv_fp8_mma_into(a, nullptr);
+      const int64_t slow = di::cuda::gemv_fp8_mma_slow_warps(true);
+      const int64_t warps = M * ((c.N + 15) / 16);
+      std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
+      const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
+      if (!bits.empty()) return bits;
+      if (c.slow == 0 && slow != 0) return "the fast path did not run everywhere";
+      if (c.slow == 1 && (slow == 0 || slow == warps)) return "expected some warps on each path";
+      if (c.slow == 2 && slow != warps) return "expected every warp on the slow path";
+      return std::string();
+    });
+  }
+}
+
 // gemv_supported's limits (host only).
 void test_supported() {
   run_case("gemv_supported limits", [] {
@@ -715,5 +801,6 @@ int main() {
     test_special();
     test_grouped();
     test_fp4_mma();
+    test_fp8_mma();
   });
 }

@@ -1,0 +1,332 @@
+// fp8_mma_gemv: the E4M3 decode GEMV (32 x 32 tiles, act_quant_block 32: the V4.1 linears) with its products formed
+// by the tensor cores, bit-identical to fp8_gemv / fp8_walk_gemv and the CPU op. Why: fp8_walk_gemv spends ~6 issue
+// slots per weight byte (two hardware decodes per weight pair, fp16 -> fp32 converts, the FMAs, exchanges and folds)
+// and reaches ~2 TB/s on the V4.1 shapes at decode; here an mma forms the products, which leaves ~3 slots per byte.
+//
+// The contract (linear_gemv.cuh) for a 32-column tile: the chains restart, so chain (j, l) holds one product
+// p = w x of element 8j + l (w = e4m3 * 2^-8, x fake-quantised per 32 columns as X * s, X = e4m3_rne(x / s), s a power
+// of two), s[l] = ((p0 + p1) + p2) + p3 over j, and tot[l] = fma(s[l], 2^(e-119), tot[l]) tile after tile. With the
+// weight code decoded to fp16 (exact) and X in fp16 (exact), mma.m16n8k8 against B = diag(X) gives D = code * X
+// exactly, p = D * 2^(kx-8) (kx = log2 s), so s[l] = 2^(kx-8) * (((D0 + D1) + D2) + D3) and tot = fma(sum of D, 2^(e +
+// kx - 127), tot): the same reals rounded the same way, whenever every power of two involved is a normal float
+// (checked).
+//
+// Thread mapping (lane = 4 g + r): a warp owns 16 weight rows; lane (g, r) owns rows g and g + 8 and, of each 32-byte
+// tile, the byte pairs 8j + 2r, 8j + 2r + 1 (j = 0..3): the chains (j, l) for l = 2r, 2r + 1, all four j, so s[l] is
+// the lane's own. Rows are walked in segments of 64 bytes (2 tiles): lane t loads bytes [16t, 16t + 16) of the segment
+// of both rows (16-byte streaming loads, a ring of kDepth segments in flight; a warp load reads 8 rows x 64 contiguous
+// bytes), regroups them with 4 byte permutes so that word r holds the pairs 2r and 8 + 2r of its 16 bytes, and a
+// per-warp transpose buffer in shared memory hands lane r word r of each half tile: pairs j = 0, 1 (first half) and
+// 2, 3 (second half). Each pair, decoded to fp16x2, is the lane's a0 (row g) / a1 (row g + 8) of the mma of A-tile j.
+//
+// B images: column k = 2r + e of A-tile j is element 8j + k, held (B = diag) by lane (g' = k, r' = k / 2), half k % 2:
+// the 8 lanes with r' = g' / 2. The block fake-quantises its x row once (a warp per tile, the CPU's arithmetic) and
+// writes those lanes' words to shared memory (8 per tile each); in the main loop they read their 32 bytes per segment
+// and every other lane a shared zero block. A warp takes the fast path for its rows when every x tile's kx is in
+// [-100, 100] and every scale code e of its row block has e <= 246 and 1 <= e + kx <= 254; otherwise it forms every
+// product with scalar loads (e4m3 * 2^-8 times the quantised x, fp8_tile_factor), the CPU's order.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
+#include "cuda/gemv_mma.cuh"
+#include "cuda/linear_gemv_fp8.cuh"
+#include "cuda/linear_gemv_fp8_mma.cuh"
+#include "cuda/quant.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerStep = 16 * kWarps;
+constexpr int kDepth = 4;     // segments in flight per lane (2 x 16 bytes each)
+constexpr int kMaxK = 8192;   // shared memory per block grows with K
+constexpr int kTStride = 20;  // words per row of a warp's transpose buffer (conflict-free 4-byte reads)
+
+// Shared memory, dynamic only (as fp4_mma_gemv), byte offsets: the B images [K / 64 segments][8 lanes][8 words],
+// per tile kx << 23, 32 zero bytes, the block's flags (x_ok, kx min, kx max), per warp the scale codes of its row
+// block [K / 32] and 2 transpose buffers [16][kTStride words].
+struct Smem {
+  int64_t img, kxs, zeros, flags, codes, tbuf, total;
+};
+__host__ __device__ inline Smem fp8_mma_smem(int K) {
+  Smem m;
+  const int64_t nch = K / 32;
+  m.img = 0;
+  m.kxs = m.img + nch * 128;
+  m.zeros = m.kxs + (nch * 4 + 15) / 16 * 16;
+  m.flags = m.zeros + 32;
+  m.codes = m.flags + 16;
+  m.tbuf = m.codes + kWarps * ((nch + 15) / 16 * 16);
+  m.total = m.tbuf + kWarps * 2 * 16 * kTStride * 4;
+  return m;
+}
+
+// Warps that took the slow path (gemv_fp8_mma_slow_warps).
+__device__ unsigned long long g_slow_warps;
+
+// Two e4m3 codes (the low 16 bits of v) as fp16x2, exactly (NaN codes to NaN).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// The CPU's fake_quant_fp8 group scale of a tile whose lanes hold v (amax over |v| skipping NaN, as fmaxf from 0).
+__device__ __forceinline__ float tile_scale(float v) {
+  const uint32_t a = v == v ? __float_as_uint(v) & 0x7fffffffu : 0u;
+  return fp8_group_scale(__uint_as_float(__reduce_max_sync(0xffffffffu, a)));
+}
+
+__global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
+  extern __shared__ __align__(16) uint8_t smem_b[];
+  pdl_launch_dependents();
+  const int K = p.K, N = p.N, nseg = K / 64, nch = K / 32;
+  const Smem sm = fp8_mma_smem(K);
+  uint32_t* img = reinterpret_cast<uint32_t*>(smem_b + sm.img);  // [nseg][8][8]
+  int* kxs = reinterpret_cast<int*>(smem_b + sm.kxs);            // [nch]
+  uint32_t* zeros = reinterpret_cast<uint32_t*>(smem_b + sm.zeros);
+  int* flags = reinterpret_cast<int*>(smem_b + sm.flags);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, r = lane & 3;
+  uint8_t* codes = smem_b + sm.codes + warp * ((nch + 15) / 16 * 16);                         // [nch]
+  uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kTStride;  // [2][16][kTStride]
+  const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
+  const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
+  if (threadIdx.x == 0) flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
+  if (threadIdx.x < 8) zeros[threadIdx.x] = 0u;
+  __syncthreads();
+  pdl_wait();
+
+  const int64_t xrow = p.x_rows > 0 ? mt % p.x_rows : mt;
+  const float* xr = p.x + xrow * p.ldx;
+  const uint8_t* W = p.w;
+  const uint8_t* SC = p.sc;
+  if (p.row_expert != nullptr) {  // as linear_gemv.cu's expert_of
+    const int e = __ldcg(p.row_expert + xrow) + (p.x_rows > 0 ? mt / p.x_rows * p.n_experts : 0);
+    W = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
+    SC = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
+  }
+
+  // A step's rows, its first ring segments and its row block's scale codes (cp.async into the warp's buffer): issued
+  // for the block's first step before x is quantised, for a later step at its start.
+  int base = 0;
+  const uint8_t *wr0 = W, *wr1 = W;
+  uint4 q0[kDepth], q1[kDepth];
+  auto begin = [&](int step) {
+    base = step * kRowsPerStep + warp * 16;
+    if (base >= N) return;  // warp-uniform
+    const int64_t n0 = min(base + g, N - 1), n1 = min(base + g + 8, N - 1);
+    wr0 = W + n0 * p.ldw + 16 * r;
+    wr1 = W + n1 * p.ldw + 16 * r;
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+      if (d < nseg) q0[d] = ldg_stream(wr0 + 64 * d), q1[d] = ldg_stream(wr1 + 64 * d);
+    const uint8_t* srow = SC + static_cast<int64_t>(base / 32) * p.lds;
+    for (int i = lane; i < nch / 4; i += 32) cp_async4(codes + 4 * i, srow + 4 * i);
+    cp_async_commit();
+  };
+  if (first < p.steps) begin(first);
+
+  // x quantised per tile (a warp per tile, a lane per column; 16 tiles' loads in flight per warp) into the B images.
+  {
+    bool ok = true;
+    int kmin = INT_MAX, kmax = INT_MIN;
+    constexpr int kBatch = 16;
+    for (int cb = warp; cb < nch; cb += kBatch * kWarps) {
+      float xv[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = cb + u * kWarps;
+        xv[u] = c < nch ? __ldcg(xr + 32 * c + lane) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = cb + u * kWarps;
+        if (c >= nch) break;  // warp-uniform
+        const float s = tile_scale(xv[u]);
+        const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;  // s = 2^kx (inf for an infinite amax)
+        ok = ok && kx >= -100 && kx <= 100;
+        const float X = e4m3_rne(__fmul_rn(xv[u], __fdiv_rn(1.0f, s)));  // act_quant's code value, exact in fp16
+        const uint32_t bits = __half_as_ushort(__float2half_rn(X));
+        // Element l = lane of tile c: A-tile l / 8, data lane g' = l % 8, half g' % 2; segment c / 2, slot 4 (c % 2) +
+        // j.
+        const int gp = lane & 7;
+        img[((c >> 1) * 8 + gp) * 8 + 4 * (c & 1) + (lane >> 3)] = bits << (16 * (gp & 1));
+        if (lane == 0) kxs[c] = kx * (1 << 23);
+        kmin = min(kmin, kx);
+        kmax = max(kmax, kx);
+      }
+    }
+    if (lane == 0) {
+      if (!ok) atomicAnd(&flags[0], 0);
+      atomicMin(&flags[1], kmin);
+      atomicMax(&flags[2], kmax);
+    }
+  }
+  __syncthreads();  // images, kx, flags complete
+  const bool x_ok = flags[0] != 0;
+  const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
+
+  const bool data_lane = r == (g >> 1);
+  const uint32_t bsrc = static_cast<uint32_t>(__cvta_generic_to_shared(data_lane ? img + 8 * g : zeros));
+  const uint32_t bstep = data_lane ? 256u : 0u;  // bytes per segment
+  const int2* kx2s = reinterpret_cast<const int2*>(kxs);
+
+  for (int step = first; step < p.steps; step += stride) {
+    if (step != first) begin(step);
+    if (base >= N) continue;  // warp-uniform; no block barrier below
+    cp_async_wait_all();
+    __syncwarp();                                    // the row block's codes are in
+    float tot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [row][e]: chains l = 2r + e
+    bool fast = x_ok && lo <= hi;
+    for (int i = lane; i < nch / 4; i += 32) {
+      const uint32_t e4 = reinterpret_cast<const uint32_t*>(codes)[i];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int v = static_cast<int>((e4 >> (8 * b)) & 0xffu);
+        fast = fast && v >= lo && v <= hi;
+      }
+    }
+    fast = __all_sync(0xffffffffu, fast);
+
+    if (fast) {
+      for (int s0 = 0; s0 < nseg; s0 += kDepth) {
+#pragma unroll
+        for (int d = 0; d < kDepth; ++d) {
+          const int seg = s0 + d;
+          if (seg >= nseg) break;  // uniform
+          // Lane t's 16 bytes regrouped (word r' = pairs r' and 4 + r') and through the transpose buffer.
+          uint32_t* tb = tbuf + (seg & 1) * 16 * kTStride;
+          const uint4 v0 = q0[d], v1 = q1[d];
+          const uint4 u0 = make_uint4(prmt(v0.x, v0.z, 0x5410u), prmt(v0.x, v0.z, 0x7632u), prmt(v0.y, v0.w, 0x5410u),
+                                      prmt(v0.y, v0.w, 0x7632u));
+          const uint4 u1 = make_uint4(prmt(v1.x, v1.z, 0x5410u), prmt(v1.x, v1.z, 0x7632u), prmt(v1.y, v1.w, 0x5410u),
+                                      prmt(v1.y, v1.w, 0x7632u));
+          *reinterpret_cast<uint4*>(tb + g * kTStride + 4 * r) = u0;
+          *reinterpret_cast<uint4*>(tb + (g + 8) * kTStride + 4 * r) = u1;
+          if (seg + kDepth < nseg)
+            q0[d] = ldg_stream(wr0 + 64 * (seg + kDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kDepth));
+          __syncwarp();    // also orders the reads of this buffer two segments ago before its writes above
+          uint32_t bw[8];  // B of tile cs, A-tile j: bw[4 cs + j]
+          {
+            const uint32_t bp = bsrc + static_cast<uint32_t>(seg) * bstep;
+            const uint4 a = lds128(bp), b = lds128(bp + 16u);
+            bw[0] = a.x, bw[1] = a.y, bw[2] = a.z, bw[3] = a.w, bw[4] = b.x, bw[5] = b.y, bw[6] = b.z, bw[7] = b.w;
+          }
+          const int2 kx = kx2s[seg];
+          const uint32_t e2 = reinterpret_cast<const uint16_t*>(codes)[seg];
+#pragma unroll
+          for (int cs = 0; cs < 2; ++cs) {
+            // Words r of the tile's two halves: pairs j = 0, 1 and 2, 3 of rows g, g + 8.
+            const uint32_t h00 = tb[g * kTStride + 8 * cs + r], h01 = tb[g * kTStride + 8 * cs + 4 + r];
+            const uint32_t h10 = tb[(g + 8) * kTStride + 8 * cs + r], h11 = tb[(g + 8) * kTStride + 8 * cs + 4 + r];
+            const uint32_t pr0[4] = {h00, h00 >> 16, h01, h01 >> 16}, pr1[4] = {h10, h10 >> 16, h11, h11 >> 16};
+            float dd[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              mma_f16(dd[j], e4m3x2_to_f16x2(pr0[j]), e4m3x2_to_f16x2(pr1[j]), bw[4 * cs + j]);
+            // 2^(e + kx - 127) of the tile.
+            const float F = __int_as_float(static_cast<int>((e2 >> (8 * cs)) & 0xffu) * (1 << 23) + (cs ? kx.y : kx.x));
+#pragma unroll
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int q = 2 * a + e;
+                const float sl = __fadd_rn(__fadd_rn(__fadd_rn(dd[0][q], dd[1][q]), dd[2][q]), dd[3][q]);
+                tot[a][e] = __fmaf_rn(sl, F, tot[a][e]);
+              }
+          }
+        }
+      }
+    } else {
+      // Slow path: each product as the CPU forms it (fp8_walk_gemv's arithmetic), x quantised per tile by the warp.
+      if (lane == 0) atomicAdd(&g_slow_warps, 1ull);
+      const uint8_t* b0p = wr0 - 16 * r;
+      const uint8_t* b1p = wr1 - 16 * r;
+#pragma unroll 1
+      for (int c = 0; c < nch; ++c) {
+        const float v = __ldcg(xr + 32 * c + lane);
+        const float s = tile_scale(v);
+        const float xq = __fmul_rn(e4m3_rne(__fmul_rn(v, __fdiv_rn(1.0f, s))), s);
+        const float fac = fp8_tile_factor(codes[c]);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float pv[2][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int el = 8 * j + 2 * r + e;
+            const float xe = __shfl_sync(0xffffffffu, xq, el);
+            pv[0][j] = __fmaf_rn(__fmul_rn(e4m3_decode(b0p[32 * c + el]), 0x1p-8f), xe, 0.0f);
+            pv[1][j] = __fmaf_rn(__fmul_rn(e4m3_decode(b1p[32 * c + el]), 0x1p-8f), xe, 0.0f);
+          }
+#pragma unroll
+          for (int a = 0; a < 2; ++a) {
+            const float sl = __fadd_rn(__fadd_rn(__fadd_rn(pv[a][0], pv[a][1]), pv[a][2]), pv[a][3]);
+            tot[a][e] = __fmaf_rn(sl, fac, tot[a][e]);
+          }
+        }
+      }
+    }
+    __syncwarp();  // the codes buffer is free for the next step's cp.async
+
+    // y = ((tot0 + tot4) + (tot2 + tot6)) + ((tot1 + tot5) + (tot3 + tot7)) + 0; lane r holds tot[2r], tot[2r + 1].
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      const float u0 = __fadd_rn(tot[a][0], __shfl_xor_sync(0xffffffffu, tot[a][0], 2));  // r < 2: u_{2r}
+      const float u1 = __fadd_rn(tot[a][1], __shfl_xor_sync(0xffffffffu, tot[a][1], 2));  // u_{2r + 1}
+      // Lane r = 0 holds u0, u1; lane 1 holds u2, u3.
+      const float x0 = __fadd_rn(u0, __shfl_xor_sync(0xffffffffu, u0, 1));  // u0 + u2
+      const float x1 = __fadd_rn(u1, __shfl_xor_sync(0xffffffffu, u1, 1));  // u1 + u3
+      const float out = __fadd_rn(__fadd_rn(x0, x1), 0.0f);
+      const int n = base + g + 8 * a;
+      if (r == 0 && n < N) p.y[static_cast<int64_t>(mt) * N + n] = p.round ? round_to_bf16(out) : out;
+    }
+  }
+}
+
+}  // namespace
+
+bool gemv_fp8_mma_supported(const GemvArgs& a) {
+  if (a.fmt != 0 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
+  if (a.B != 32 || a.act_quant_block != 32 || a.K % 128 != 0 || a.K > kMaxK || a.lds % 4 != 0) return false;
+  if (a.row_expert == nullptr && (a.M != 1 || reinterpret_cast<uintptr_t>(a.scale) % 4 != 0)) return false;
+  return true;
+}
+
+int64_t gemv_fp8_mma_slow_warps(bool reset) {
+  unsigned long long n = 0;
+  DI_CUDA_CHECK(cudaDeviceSynchronize());
+  DI_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_slow_warps, sizeof n));
+  if (reset) {
+    const unsigned long long zero = 0;
+    DI_CUDA_CHECK(cudaMemcpyToSymbol(g_slow_warps, &zero, sizeof zero));
+  }
+  return static_cast<int64_t>(n);
+}
+
+void gemv_fp8_mma_into(const GemvArgs& a, cudaStream_t stream) {
+  DI_CHECK(gemv_fp8_mma_supported(a), "cuda::gemv: fp8_mma_gemv does not take this call (N {}, K {}, M {}, B {})", a.N,
+           a.K, a.M, a.B);
+  MmaParams p = {};
+  copy_gemv_args(a, p);
+  p.mtiles = a.row_expert != nullptr ? a.M : 1;
+  p.steps = (a.N + kRowsPerStep - 1) / kRowsPerStep;
+  const int64_t smem = fp8_mma_smem(a.K).total;
+  const int threads = 32 * kWarps;
+  const int64_t resident =
+      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(fp8_mma_gemv), threads, smem)) * sm_count();
+  int64_t grid = std::min(static_cast<int64_t>(p.steps) * p.mtiles, resident);
+  grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
+  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
+  launch_pdl(fp8_mma_gemv, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
+}
+
+}  // namespace deepinfer::cuda

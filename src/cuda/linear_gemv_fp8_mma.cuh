@@ -1,0 +1,26 @@
+// The third E4M3 decode GEMV kernel (fp8_mma_gemv, linear_gemv_fp8_mma.cu): the bits of fp8_gemv / fp8_walk_gemv and of
+// the CPU op (the order of linear_gemv.cuh), with every weight x activation product formed by the tensor cores.
+// Internal to the CUDA backend: callers go through gemv_into, which picks the kernel (gemv_set_fp8_variant).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/linear_gemv.cuh"
+
+namespace deepinfer::cuda {
+
+// True when fp8_mma_gemv takes this call: E4M3 with 32 x 32 tiles and act_quant_block 32 (the V4.1 linears),
+// gemv_supported(a), K % 128 == 0 and K <= 8192, 4-byte aligned scale rows, one row of x in dense mode (grouped mode:
+// any number of rows).
+bool gemv_fp8_mma_supported(const GemvArgs& a);
+
+// Launches fp8_mma_gemv. Preconditions: gemv_fp8_mma_supported(a).
+void gemv_fp8_mma_into(const GemvArgs& a, cudaStream_t stream);
+
+// Tests: how many warps (16 weight rows each) took the scalar slow path since the last reset (synchronises the
+// device); reset: set the count back to 0.
+int64_t gemv_fp8_mma_slow_warps(bool reset = false);
+
+}  // namespace deepinfer::cuda
