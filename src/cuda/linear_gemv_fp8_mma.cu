@@ -105,15 +105,8 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
   __syncthreads();
   pdl_wait();
 
-  const int64_t xrow = p.x_rows > 0 ? mt % p.x_rows : mt;
-  const float* xr = p.x + xrow * p.ldx;
-  const uint8_t* W = p.w;
-  const uint8_t* SC = p.sc;
-  if (p.row_expert != nullptr) {  // as linear_gemv.cu's expert_of
-    const int e = __ldcg(p.row_expert + xrow) + (p.x_rows > 0 ? mt / p.x_rows * p.n_experts : 0);
-    W = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
-    SC = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
-  }
+  const uint8_t *W = nullptr, *SC = nullptr;
+  const float* xr = mma_block_rows(p, mt, W, SC);
 
   // A step's rows, its first ring segments and its row block's scale codes (cp.async into the warp's buffer): issued
   // for the block's first step before x is quantised, for a later step at its start.
@@ -301,32 +294,12 @@ bool gemv_fp8_mma_supported(const GemvArgs& a) {
   return true;
 }
 
-int64_t gemv_fp8_mma_slow_warps(bool reset) {
-  unsigned long long n = 0;
-  DI_CUDA_CHECK(cudaDeviceSynchronize());
-  DI_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_slow_warps, sizeof n));
-  if (reset) {
-    const unsigned long long zero = 0;
-    DI_CUDA_CHECK(cudaMemcpyToSymbol(g_slow_warps, &zero, sizeof zero));
-  }
-  return static_cast<int64_t>(n);
-}
+int64_t gemv_fp8_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_warps, reset); }
 
 void gemv_fp8_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp8_mma_supported(a), "cuda::gemv: fp8_mma_gemv does not take this call (N {}, K {}, M {}, B {})", a.N,
            a.K, a.M, a.B);
-  MmaParams p = {};
-  copy_gemv_args(a, p);
-  p.mtiles = a.row_expert != nullptr ? a.M : 1;
-  p.steps = (a.N + kRowsPerStep - 1) / kRowsPerStep;
-  const int64_t smem = fp8_mma_smem(a.K).total;
-  const int threads = 32 * kWarps;
-  const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(fp8_mma_gemv), threads, smem)) * sm_count();
-  int64_t grid = std::min(static_cast<int64_t>(p.steps) * p.mtiles, resident);
-  grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
-  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  launch_pdl(fp8_mma_gemv, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
+  mma_launch(fp8_mma_gemv, a, 32 * kWarps, kRowsPerStep, fp8_mma_smem(a.K).total, stream);
 }
 
 }  // namespace deepinfer::cuda

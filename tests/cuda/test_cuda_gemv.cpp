@@ -579,6 +579,50 @@ void test_grouped() {
   }
 }
 
+// One call of an mma GEMV (fp4_mma_gemv or fp8_mma_gemv, through their own entry points) against `want`: dense on
+// wd[0] with one x row, or grouped (x_rows > 0: x row m % x_rows against table entry (m / x_rows) * n_experts +
+// ids[m % x_rows]); then the slow-path warp count against `slow` (0 none, 1 some but not all, 2 all).
+struct MmaKernel {
+  bool (*supported)(const di::cuda::GemvArgs&);
+  void (*into)(const di::cuda::GemvArgs&, cudaStream_t);
+  int64_t (*slow_warps)(bool);
+};
+std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& wd, const di::Tensor& x,
+                      const di::Tensor& ids, int x_rows, int n_experts, const di::Tensor& want,
+                      const di::ops::LinearOpts& o, int slow_expected) {
+  const int64_t M = want.size(0), N = want.size(1), K = x.size(1);
+  const di::Tensor xd = di::cuda::copy_to_device(x), ids_d = di::cuda::copy_to_device(ids);
+  const int64_t T = static_cast<int64_t>(wd.size());
+  di::Tensor wt = di::Tensor::empty({T}, di::DType::kI64), st = di::Tensor::empty({T}, di::DType::kI64);
+  for (int64_t e = 0; e < T; ++e) {
+    wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
+    st.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw()));
+  }
+  const di::Tensor wt_d = di::cuda::copy_to_device(wt), st_d = di::cuda::copy_to_device(st);
+  di::Tensor yd = sentinel_output(M, N);
+  di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), K, M, yd.data<float>(), o);
+  if (x_rows > 0) {
+    a.w = nullptr;
+    a.scale = nullptr;
+    a.row_expert = ids_d.data<int32_t>();
+    a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
+    a.s_table = static_cast<const uint8_t* const*>(st_d.raw());
+    a.x_rows = x_rows;
+    a.n_experts = n_experts;
+  }
+  if (!k.supported(a)) return "the mma kernel does not take the call";
+  k.slow_warps(true);
+  k.into(a, nullptr);
+  const int64_t slow = k.slow_warps(true), warps = M * ((N + 15) / 16);
+  std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
+  const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
+  if (!bits.empty()) return bits;
+  if (slow_expected == 0 && slow != 0) return "the fast path did not run everywhere";
+  if (slow_expected == 1 && (slow == 0 || slow == warps)) return "expected some warps on each path";
+  if (slow_expected == 2 && slow != warps) return "expected every warp on the slow path";
+  return std::string();
+}
+
 // fp4_mma_gemv's fast path: x fake-quantised beforehand and act_quant_block 0, as the model's grouped expert calls
 // pass it (the FP4 cases above mostly send it to its slow path: in-kernel act quant is not its call, raw x is not
 // exact in fp16). Each case states how many warps must take the slow path (gemv_fp4_mma_slow_warps), so a fast
@@ -639,35 +683,9 @@ void test_fp4_mma() {
         const di::Tensor ym = di::ops::linear(x.slice(0, r, r + 1).contiguous(), wh[l * E + ids.data<int32_t>()[r]], o);
         std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
       }
-      const di::Tensor xd = di::cuda::copy_to_device(x), ids_d = di::cuda::copy_to_device(ids);
-      di::Tensor wt = di::Tensor::empty({L * E}, di::DType::kI64), st = di::Tensor::empty({L * E}, di::DType::kI64);
-      for (int e = 0; e < L * E; ++e) {
-        wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
-        st.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw()));
-      }
-      const di::Tensor wt_d = di::cuda::copy_to_device(wt), st_d = di::cuda::copy_to_device(st);
-      di::Tensor yd = sentinel_output(M, c.N);
-      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, M, yd.data<float>(), o);
-      if (c.lists > 0) {
-        a.w = nullptr;
-        a.scale = nullptr;
-        a.row_expert = ids_d.data<int32_t>();
-        a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
-        a.s_table = static_cast<const uint8_t* const*>(st_d.raw());
-        a.x_rows = R;
-        a.n_experts = E;
-      }
-      if (!di::cuda::gemv_fp4_mma_supported(a)) return "gemv_fp4_mma_supported is false";
-      di::cuda::gemv_fp4_mma_slow_warps(true);
-      di::cuda::gemv_fp4_mma_into(a, nullptr);
-      const int64_t slow = di::cuda::gemv_fp4_mma_slow_warps(true);
-      const int64_t warps = M * ((c.N + 15) / 16);
-      std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
-      const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
-      if (!bits.empty()) return bits;
-      if (c.slow == 0 && slow != 0) return "the fast path did not run everywhere";
-      if (c.slow == 1 && (slow == 0 || slow == warps)) return "expected some warps on each path";
-      return std::string();
+      const MmaKernel k{di::cuda::gemv_fp4_mma_supported, di::cuda::gemv_fp4_mma_into,
+                        di::cuda::gemv_fp4_mma_slow_warps};
+      return check_mma(k, wd, x, ids, c.lists > 0 ? R : 0, E, want, o, c.slow);
     });
   }
 }
@@ -719,39 +737,11 @@ void test_fp8_mma() {
         const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[m], o);
         std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
       }
-      const di::Tensor xd = di::cuda::copy_to_device(x);
-      di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32), wt = di::Tensor::empty({G}, di::DType::kI64),
-                 st = di::Tensor::empty({G}, di::DType::kI64);
+      di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32);
       for (int m = 0; m < M; ++m) ids.data<int32_t>()[m] = m;
-      for (int e = 0; e < G; ++e) {
-        wt.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].w.raw()));
-        st.data<int64_t>()[e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(wd[e].scale.raw()));
-      }
-      const di::Tensor ids_d = di::cuda::copy_to_device(ids), wt_d = di::cuda::copy_to_device(wt),
-                       st_d = di::cuda::copy_to_device(st);
-      di::Tensor yd = sentinel_output(M, c.N);
-      di::cuda::GemvArgs a = dense_args(wd[0], xd.data<float>(), c.K, M, yd.data<float>(), o);
-      if (c.groups > 0) {
-        a.w = nullptr;
-        a.scale = nullptr;
-        a.row_expert = ids_d.data<int32_t>();
-        a.w_table = static_cast<const uint8_t* const*>(wt_d.raw());
-        a.s_table = static_cast<const uint8_t* const*>(st_d.raw());
-        a.x_rows = M;
-        a.n_experts = G;
-      }
-      if (!di::cuda::gemv_fp8_mma_supported(a)) return "gemv_fp8_mma_supported is false";
-      di::cuda::gemv_fp8_mma_slow_warps(true);
-      di::cuda::gemv_fp8_mma_into(a, nullptr);
-      const int64_t slow = di::cuda::gemv_fp8_mma_slow_warps(true);
-      const int64_t warps = M * ((c.N + 15) / 16);
-      std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
-      const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
-      if (!bits.empty()) return bits;
-      if (c.slow == 0 && slow != 0) return "the fast path did not run everywhere";
-      if (c.slow == 1 && (slow == 0 || slow == warps)) return "expected some warps on each path";
-      if (c.slow == 2 && slow != warps) return "expected every warp on the slow path";
-      return std::string();
+      const MmaKernel k{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into,
+                        di::cuda::gemv_fp8_mma_slow_warps};
+      return check_mma(k, wd, x, ids, c.groups > 0 ? M : 0, G, want, o, c.slow);
     });
   }
 }
