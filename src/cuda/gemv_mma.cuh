@@ -3,13 +3,10 @@
 // slow-path counter read and the launch.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #ifdef __CUDACC__
-#include "cuda/common.cuh"
 #include "cuda/device.h"
-#include "cuda/fp_decode.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 #endif
 
@@ -79,19 +76,14 @@ inline int64_t mma_read_counter(const void* symbol, bool reset) {
 }
 
 // Host: launches an mma GEMV kernel for the call a (threads per block, rows per step, dynamic shared memory smem):
-// one block per (weight step, x row) up to what fits the GPU at once, a multiple of the x rows.
+// one x row per block-row (grouped: each call row; dense: the one row), launch_persistent's grid.
 inline void mma_launch(void (*kernel)(MmaParams), const GemvArgs& a, int threads, int rows_per_step, int64_t smem,
                        cudaStream_t stream) {
   MmaParams p = {};
   copy_gemv_args(a, p);
   p.mtiles = a.row_expert != nullptr ? a.M : 1;
   p.steps = (a.N + rows_per_step - 1) / rows_per_step;
-  const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem)) * sm_count();
-  int64_t grid = std::min(static_cast<int64_t>(p.steps) * p.mtiles, resident);
-  grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
-  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
+  launch_persistent(kernel, p, threads, smem, stream);
 }
 #endif
 

@@ -957,18 +957,6 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
 // ---- host side -----------------------------------------------------------------------------------------------
 constexpr int64_t kSmemBudget = 96 << 10;  // per block: keeps 2+ blocks per SM
 
-// Launches kernel(p) with programmatic stream serialisation: as many persistent blocks as fit the GPU
-// at once, at most one per (weight step, x-row group), and a multiple of p.mtiles.
-void launch(void (*kernel)(Params), Params p, int threads, int64_t smem, cudaStream_t stream) {
-  const int64_t work = static_cast<int64_t>(p.steps) * p.mtiles;
-  const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem)) * sm_count();
-  int64_t grid = std::min(work, resident);
-  grid = std::max<int64_t>(p.mtiles, grid / p.mtiles * p.mtiles);
-  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
-}
-
 int fp8_warps_max(int G) {
   return G == 1 ? Fp8Shape<1>::kWarpsMax : G == 2 ? Fp8Shape<2>::kWarpsMax : Fp8Shape<4>::kWarpsMax;
 }
@@ -995,7 +983,7 @@ void launch_fp8(Params p, int B, cudaStream_t stream) {
     kernel = MT == 1 ? fp8_gemv<1, 2> : fp8_gemv<2, 2>;
   else
     kernel = fp8_gemv<1, 4>;
-  launch(kernel, p, 32 * warps, smem, stream);
+  launch_persistent(kernel, p, 32 * warps, smem, stream);
 }
 
 void launch_chain(Params p, int fmt, cudaStream_t stream) {
@@ -1019,7 +1007,7 @@ void launch_chain(Params p, int fmt, cudaStream_t stream) {
              : MT == 2 ? chain_gemv<kBf16, 2>
              : MT == 3 ? chain_gemv<kBf16, 3>
                        : chain_gemv<kBf16, 4>;
-  launch(kernel, p, 32 * warps, smem, stream);
+  launch_persistent(kernel, p, 32 * warps, smem, stream);
 }
 
 // FP4 pair kernel. Warps per block W in {4, 2, 1} (16 W rows per step): the one that puts the fewest rows on the
@@ -1061,7 +1049,7 @@ void launch_fp4_pair(Params p, int tile_rows, cudaStream_t stream) {
   }
   p.rows = 16 * best_w;
   p.steps = (p.N + p.rows - 1) / p.rows;
-  launch(kernel, p, 32 * best_w, smem, stream);
+  launch_persistent(kernel, p, 32 * best_w, smem, stream);
 }
 
 // The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv, 3 = fp4_mma_gemv (linear_gemv_fp4_mma.cu) for the calls

@@ -201,15 +201,8 @@ void gemv_bf16_tile_into(const GemvArgs& a, cudaStream_t stream) {
   p.mtiles = (a.M + kTileMT - 1) / kTileMT;
   p.steps = (a.N + kBlockRows - 1) / kBlockRows;
   const int64_t smem = int64_t{4} * kTileMT * a.K;
-  const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(bf16_tile_gemv), 32 * kTileWarps, smem)) *
-      sm_count();
-  DI_CHECK(resident > 0, "cuda::gemv: bf16_tile_gemv does not fit an SM ({} bytes of shared memory)", smem);
-  // Persistent blocks: as many as fit at once, a multiple of mtiles, at most one per (step, x-row group).
-  const int64_t work = static_cast<int64_t>(p.steps) * p.mtiles;
-  const int64_t grid = std::max<int64_t>(p.mtiles, std::min(work, resident) / p.mtiles * p.mtiles);
-  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  launch_pdl(bf16_tile_gemv, dim3(static_cast<unsigned>(grid)), 32 * kTileWarps, smem, stream, p);
+  // Persistent blocks (gemv_blocks_per_sm fails clearly when a block does not fit an SM).
+  launch_persistent(bf16_tile_gemv, p, 32 * kTileWarps, smem, stream);
 }
 
 }  // namespace deepinfer::cuda

@@ -6,6 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/fp_decode.cuh"
 #include "cuda/linear_gemv.cuh"
 
 namespace deepinfer::cuda {
@@ -37,6 +42,18 @@ inline void copy_gemv_args(const GemvArgs& a, P& p) {
 // Blocks of `kernel` that fit one SM with this launch shape, for the GEMV kernels' persistent grids (cached;
 // sets the kernel's dynamic shared memory limit to the opt-in maximum on first use). linear_gemv.cu.
 int gemv_blocks_per_sm(const void* kernel, int threads, int64_t smem);
+
+// Launches a persistent GEMV kernel with programmatic stream serialisation: as many blocks as fit the GPU at once, at
+// most one per (weight step, x-row group) (p.steps x p.mtiles), and a multiple of p.mtiles.
+template <typename P>
+void launch_persistent(void (*kernel)(P), const P& p, int threads, int64_t smem, cudaStream_t stream) {
+  const int64_t work = static_cast<int64_t>(p.steps) * p.mtiles;
+  const int64_t resident =
+      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem)) * sm_count();
+  const int64_t grid = std::max<int64_t>(p.mtiles, std::min(work, resident) / p.mtiles * p.mtiles);
+  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
+}
 
 // Launches fp8_walk_gemv for an E4M3 call. Preconditions: gemv_supported(a), a.fmt == 0, a.M > 0, a.N > 0.
 void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream);
