@@ -36,6 +36,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -178,8 +179,11 @@ void run() {
       {"head", kBf16, 129280, 5120},
   };
   const char* only = std::getenv("BENCH_BATCHED_SHAPE");  // a shape name: that shape alone
+  const bool skip_batched = std::getenv("BENCH_SKIP_BATCHED") != nullptr;
+  // BENCH_FP8_SPLITS=1: the single-row E4M3 calls (and wo_a's groups) also on fp8_mma_gemv at each forced K split.
+  const bool fp8_splits = std::getenv("BENCH_FP8_SPLITS") != nullptr;
   for (const Shape& s : batched) {
-    if (only != nullptr && std::string(only) != s.name) continue;
+    if (skip_batched || (only != nullptr && std::string(only) != s.name)) continue;
     ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 64);
     const std::vector<di::ops::QWeight>& ws = su.ws;  // (lambdas capture these: no structured bindings in C++17)
     const di::ops::LinearOpts& o = su.o;
@@ -227,7 +231,9 @@ void run() {
       {"shared w2", kFp8, 5120, 2304}, {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120},
       {"expert w2", kFp4, 5120, 2304}, {"gate", kBf16, 384, 5120},         {"head", kBf16, 129280, 5120},
   };
+  const char* dense_only = std::getenv("BENCH_DENSE_SHAPE");  // a shape name: that row alone, then stop
   for (const Shape& s : shapes) {
+    if (dense_only != nullptr && std::string(dense_only) != s.name) continue;
     ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 4);
     const std::vector<di::ops::QWeight>& ws = su.ws;  // (lambdas capture these: no structured bindings in C++17)
     const di::ops::LinearOpts& o = su.o;
@@ -245,17 +251,25 @@ void run() {
       // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
       const bool two = s.fmt == kFp4 || s.fmt == kFp8;
       double ms_first = 0.0;
-      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4}
-                               : two         ? std::vector<int>{1, 2}
-                                             : std::vector<int>{0}) {
+      std::vector<int> variants = s.fmt == kFp8 ? std::vector<int>{1, 2, 4}
+                                  : two         ? std::vector<int>{1, 2}
+                                                : std::vector<int>{0};
+      if (s.fmt == kFp8 && M == 1 && fp8_splits)  // 100 + S: fp8_mma_gemv at K split S
+        for (const int split : {1, 4, 8, 16}) variants.push_back(100 + split);
+      for (const int variant : variants) {
         if (s.fmt == kFp4) di::cuda::gemv_set_fp4_variant(variant);
-        if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
+        if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant > 100 ? 4 : variant);
+        di::cuda::gemv_fp8_mma_set_split(variant > 100 ? variant - 100 : 0);
         const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
+        di::cuda::gemv_fp8_mma_set_split(0);
         if (variant == 1) ms_first = ms;
         const double gbs = su.wbytes / ms / 1e6;
+        char split_tag[24];
+        std::snprintf(split_tag, sizeof split_tag, " mma s%d", variant - 100);
         const char* tag = variant == 0    ? ""
                           : variant == 1  ? " old"
                           : variant == 4  ? " mma"
+                          : variant > 100 ? split_tag
                           : s.fmt == kFp8 ? " walk"
                                           : " new";
         char vs[32] = "-";
@@ -269,6 +283,11 @@ void run() {
       di::cuda::gemv_set_fp4_variant(0);
       di::cuda::gemv_set_fp8_variant(0);
     }
+  }
+
+  if (dense_only != nullptr) {
+    CK(cudaStreamDestroy(st));
+    return;
   }
 
   // ---- grouped E4M3, as wo_a: 8 groups [1024, 4096], x row g against group g's weight (x_rows 8) ---------
@@ -315,6 +334,23 @@ void run() {
       });
     }
     di::cuda::gemv_set_fp8_variant(0);
+    std::string split_rows;  // BENCH_FP8_SPLITS: fp8_mma_gemv at each K split
+    for (const int split : {1, 4, 8, 16}) {
+      if (!fp8_splits) break;
+      di::cuda::gemv_set_fp8_variant(4);
+      di::cuda::gemv_fp8_mma_set_split(split);
+      const double msx = time_calls(st, copies, [&](int i) {
+        di::cuda::GemvArgs ai = a;
+        ai.w_table = static_cast<const uint8_t* const*>(tw) + static_cast<int64_t>(i) * kGroups;
+        ai.s_table = static_cast<const uint8_t* const*>(ts) + static_cast<int64_t>(i) * kGroups;
+        di::cuda::gemv_into(ai, st);
+      });
+      di::cuda::gemv_fp8_mma_set_split(0);
+      di::cuda::gemv_set_fp8_variant(0);
+      char row[96];
+      std::snprintf(row, sizeof row, "mma at K split %d: %.2f us\n", split, msx * 1e3);
+      split_rows += row;
+    }
     const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[4] / 1e6;
     std::printf("\n## Grouped E4M3 (wo_a: %d groups [%lld, %lld], act_quant_block 32)\n\n", kGroups,
                 static_cast<long long>(kN), static_cast<long long>(kK));
@@ -326,6 +362,7 @@ void run() {
                 bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
                 100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[1] / ms[2],
                 ms[2] / ms[4]);
+    if (!split_rows.empty()) std::printf("\n%s", split_rows.c_str());
     std::fflush(stdout);
     CK(cudaFree(tw));
     CK(cudaFree(ts));
