@@ -16,7 +16,8 @@
 // is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
 // First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv and
 // fp8_walk_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table
-// alone; BENCH_BATCHED_SHAPE=<name>: one shape of it).
+// alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that
+// shape's rows of the single-row table alone (for ncu).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -36,7 +37,6 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
-#include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -180,15 +180,13 @@ void run() {
   };
   const char* only = std::getenv("BENCH_BATCHED_SHAPE");  // a shape name: that shape alone
   const bool skip_batched = std::getenv("BENCH_SKIP_BATCHED") != nullptr;
-  // BENCH_FP8_SPLITS=1: the single-row E4M3 calls (and wo_a's groups) also on fp8_mma_gemv at each forced K split.
-  const bool fp8_splits = std::getenv("BENCH_FP8_SPLITS") != nullptr;
   for (const Shape& s : batched) {
     if (skip_batched || (only != nullptr && std::string(only) != s.name)) continue;
     ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 64);
     const std::vector<di::ops::QWeight>& ws = su.ws;  // (lambdas capture these: no structured bindings in C++17)
     const di::ops::LinearOpts& o = su.o;
     const int copies = static_cast<int>(ws.size());
-    for (const int64_t M : {2, 4, 8, 16, 32, 64}) {
+    for (const int64_t M : {2, 3, 4, 5, 6, 8, 16, 32, 64}) {
       const di::Tensor xs = su.x.slice(0, 0, M);
       di::Tensor ys = su.y.slice(0, 0, M);
       std::vector<di::cuda::GemvArgs> args;
@@ -251,25 +249,17 @@ void run() {
       // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
       const bool two = s.fmt == kFp4 || s.fmt == kFp8;
       double ms_first = 0.0;
-      std::vector<int> variants = s.fmt == kFp8 ? std::vector<int>{1, 2, 4}
-                                  : two         ? std::vector<int>{1, 2}
-                                                : std::vector<int>{0};
-      if (s.fmt == kFp8 && M == 1 && fp8_splits)  // 100 + S: fp8_mma_gemv at K split S
-        for (const int split : {1, 4, 8, 16}) variants.push_back(100 + split);
-      for (const int variant : variants) {
+      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4}
+                               : two         ? std::vector<int>{1, 2}
+                                             : std::vector<int>{0}) {
         if (s.fmt == kFp4) di::cuda::gemv_set_fp4_variant(variant);
-        if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant > 100 ? 4 : variant);
-        di::cuda::gemv_fp8_mma_set_split(variant > 100 ? variant - 100 : 0);
+        if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
-        di::cuda::gemv_fp8_mma_set_split(0);
         if (variant == 1) ms_first = ms;
         const double gbs = su.wbytes / ms / 1e6;
-        char split_tag[24];
-        std::snprintf(split_tag, sizeof split_tag, " mma s%d", variant - 100);
         const char* tag = variant == 0    ? ""
                           : variant == 1  ? " old"
                           : variant == 4  ? " mma"
-                          : variant > 100 ? split_tag
                           : s.fmt == kFp8 ? " walk"
                                           : " new";
         char vs[32] = "-";
@@ -334,23 +324,6 @@ void run() {
       });
     }
     di::cuda::gemv_set_fp8_variant(0);
-    std::string split_rows;  // BENCH_FP8_SPLITS: fp8_mma_gemv at each K split
-    for (const int split : {1, 4, 8, 16}) {
-      if (!fp8_splits) break;
-      di::cuda::gemv_set_fp8_variant(4);
-      di::cuda::gemv_fp8_mma_set_split(split);
-      const double msx = time_calls(st, copies, [&](int i) {
-        di::cuda::GemvArgs ai = a;
-        ai.w_table = static_cast<const uint8_t* const*>(tw) + static_cast<int64_t>(i) * kGroups;
-        ai.s_table = static_cast<const uint8_t* const*>(ts) + static_cast<int64_t>(i) * kGroups;
-        di::cuda::gemv_into(ai, st);
-      });
-      di::cuda::gemv_fp8_mma_set_split(0);
-      di::cuda::gemv_set_fp8_variant(0);
-      char row[96];
-      std::snprintf(row, sizeof row, "mma at K split %d: %.2f us\n", split, msx * 1e3);
-      split_rows += row;
-    }
     const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[4] / 1e6;
     std::printf("\n## Grouped E4M3 (wo_a: %d groups [%lld, %lld], act_quant_block 32)\n\n", kGroups,
                 static_cast<long long>(kN), static_cast<long long>(kK));
@@ -362,7 +335,6 @@ void run() {
                 bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
                 100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[1] / ms[2],
                 ms[2] / ms[4]);
-    if (!split_rows.empty()) std::printf("\n%s", split_rows.c_str());
     std::fflush(stdout);
     CK(cudaFree(tw));
     CK(cudaFree(ts));

@@ -19,13 +19,6 @@
 // per-warp transpose buffer in shared memory hands lane r word r of each half tile: pairs j = 0, 1 (first half) and
 // 2, 3 (second half). Each pair, decoded to fp16x2, is the lane's a0 (row g) / a1 (row g + 8) of the mma of A-tile j.
 //
-// The K split (template S): a warp walking 16 rows over all of K leaves the GPU nearly empty on narrow weights (wq_a +
-// wkv [1536, 5120]: 96 warps), so for S = 4, 8, 16 a block of S warps shares one 16-row group, warp w taking segments
-// w, w + S, ... ("round" i: segment i S + w). The chains' order does not change: after each round the warps' tile sums
-// s' (16 rows x 8 chains x 2 tiles each) are in a shared round buffer [tile][chain], and thread c < 128 (row c / 8, chain c % 8)
-// folds the round's 2 S tiles in K order, tot = fma(s', 2^(e + kx - 127), tot), with the tile factors precomputed per
-// block; double-buffered rounds need one block barrier each. The host picks S by shape (split_by_shape).
-//
 // B images: column k = 2r + e of A-tile j is element 8j + k, held (B = diag) by lane (g' = k, r' = k / 2), half k % 2:
 // the 8 lanes with r' = g' / 2. The block fake-quantises its x row once (a warp per tile, the CPU's arithmetic) and
 // writes those lanes' words to shared memory (8 per tile each); in the main loop they read their 32 bytes per segment
@@ -37,7 +30,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -53,24 +45,19 @@ namespace deepinfer::cuda {
 
 namespace {
 
+constexpr int kWarps = 4;
+constexpr int kRowsPerStep = 16 * kWarps;
 constexpr int kDepth = 4;     // segments in flight per lane (2 x 16 bytes each)
 constexpr int kMaxK = 8192;   // shared memory per block grows with K
 constexpr int kTStride = 20;  // words per row of a warp's transpose buffer (conflict-free 4-byte reads)
 
-// The block shapes: S = 1, kGroupWarps warps each on its own 16-row group over all of K; S = 4, 8, 16, S warps on one
-// 16-row group, each on every S-th segment, the 128 chain sums of each tile folded in order by the first 128 threads.
-constexpr int kGroupWarps = 4;
-__host__ __device__ constexpr int block_warps(int S) { return S == 1 ? kGroupWarps : S; }
-__host__ __device__ constexpr int block_rows(int S) { return S == 1 ? 16 * kGroupWarps : 16; }
-
 // Shared memory, dynamic only (as fp4_mma_gemv), byte offsets: the B images [K / 64 segments][8 lanes][8 words],
-// per tile kx << 23, 32 zero bytes, the block's flags (x_ok, kx min, kx max), the scale codes of a row group [K / 32]
-// (S = 1: one per warp; S > 1: one), per warp 2 transpose buffers [16][kTStride words]; S > 1 also the tile factors
-// 2^(e + kx - 127) [K / 32] and 2 round buffers [2 S tiles][128 chains].
+// per tile kx << 23, 32 zero bytes, the block's flags (x_ok, kx min, kx max), per warp the scale codes of its row
+// block [K / 32] and 2 transpose buffers [16][kTStride words].
 struct Smem {
-  int64_t img, kxs, zeros, flags, codes, tbuf, farr, sbuf, total;
+  int64_t img, kxs, zeros, flags, codes, tbuf, total;
 };
-__host__ __device__ inline Smem fp8_mma_smem(int K, int S) {
+__host__ __device__ inline Smem fp8_mma_smem(int K) {
   Smem m;
   const int64_t nch = K / 32, pad = (nch + 15) / 16 * 16;
   m.img = 0;
@@ -78,14 +65,12 @@ __host__ __device__ inline Smem fp8_mma_smem(int K, int S) {
   m.zeros = m.kxs + pad * 4;
   m.flags = m.zeros + 32;
   m.codes = m.flags + 16;
-  m.tbuf = m.codes + (S == 1 ? kGroupWarps : 1) * pad;
-  m.farr = m.tbuf + block_warps(S) * 2 * 16 * kTStride * 4;
-  m.sbuf = m.farr + (S == 1 ? 0 : pad * 4);
-  m.total = m.sbuf + (S == 1 ? 0 : 2 * 2 * S * 128 * 4);
+  m.tbuf = m.codes + kWarps * pad;
+  m.total = m.tbuf + kWarps * 2 * 16 * kTStride * 4;
   return m;
 }
 
-// Warps (S = 1) or blocks (S > 1) that took the slow path (gemv_fp8_mma_slow_warps).
+// Warps that took the slow path (gemv_fp8_mma_slow_warps).
 __device__ unsigned long long g_slow_warps;
 
 // Two e4m3 codes (the low 16 bits of v) as fp16x2, exactly (NaN codes to NaN).
@@ -178,13 +163,11 @@ __device__ __forceinline__ void store_lane_rows(const MmaParams& p, int mt, int 
   }
 }
 
-template <int S>
-__global__ void __launch_bounds__(32 * block_warps(S), 16 / block_warps(S)) fp8_mma_gemv(MmaParams p) {
-  constexpr int kW = block_warps(S), kRows = block_rows(S);
+__global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
   extern __shared__ __align__(16) uint8_t smem_b[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, nseg = K / 64, nch = K / 32;
-  const Smem sm = fp8_mma_smem(K, S);
+  const Smem sm = fp8_mma_smem(K);
   uint32_t* img = reinterpret_cast<uint32_t*>(smem_b + sm.img);  // [nseg][8][8]
   int* kxs = reinterpret_cast<int*>(smem_b + sm.kxs);            // [nch]
   uint32_t* zeros = reinterpret_cast<uint32_t*>(smem_b + sm.zeros);
@@ -192,11 +175,8 @@ __global__ void __launch_bounds__(32 * block_warps(S), 16 / block_warps(S)) fp8_
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, r = lane & 3;
-  const int cw = S == 1 ? warp : 0;                                                           // the warp's codes buffer
-  uint8_t* codes = smem_b + sm.codes + cw * ((nch + 15) / 16 * 16);                           // [nch]
+  uint8_t* codes = smem_b + sm.codes + warp * ((nch + 15) / 16 * 16);                         // [nch]
   uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kTStride;  // [2][16][kTStride]
-  float* farr = reinterpret_cast<float*>(smem_b + sm.farr);                                   // S > 1: [nch]
-  float* sbuf = reinterpret_cast<float*>(smem_b + sm.sbuf);  // S > 1: [2][2 S][128]
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
   if (tid == 0) flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
@@ -207,29 +187,23 @@ __global__ void __launch_bounds__(32 * block_warps(S), 16 / block_warps(S)) fp8_
   const uint8_t *W = nullptr, *SC = nullptr;
   const float* xr = mma_block_rows(p, mt, W, SC);
 
-  // A step's rows, its first ring segments (the warp's own: segment w + i S for its i-th) and its row group's scale
-  // codes (cp.async into the codes buffer; S > 1: warp 0's): issued for the block's first step before x is quantised,
-  // for a later step at its start.
+  // A step's rows, its first ring segments and its row block's scale codes (cp.async into the warp's buffer): issued
+  // for the block's first step before x is quantised, for a later step at its start.
   int base = 0;
   const uint8_t *wr0 = W, *wr1 = W;
   uint4 q0[kDepth], q1[kDepth];
-  const int sw = S == 1 ? 0 : warp;  // the warp's first segment
   auto begin = [&](int step) {
-    base = step * kRows + (S == 1 ? warp * 16 : 0);
-    if (base >= N) return;  // warp-uniform (S > 1: block-uniform)
+    base = step * kRowsPerStep + warp * 16;
+    if (base >= N) return;  // warp-uniform
     const int64_t n0 = min(base + g, N - 1), n1 = min(base + g + 8, N - 1);
     wr0 = W + n0 * p.ldw + 16 * r;
     wr1 = W + n1 * p.ldw + 16 * r;
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int seg = sw + d * S;
-      if (seg < nseg) q0[d] = ldg_stream(wr0 + 64 * seg), q1[d] = ldg_stream(wr1 + 64 * seg);
-    }
-    if (S == 1 || warp == 0) {
-      const uint8_t* srow = SC + static_cast<int64_t>(base / 32) * p.lds;
-      for (int i = lane; i < nch / 4; i += 32) cp_async4(codes + 4 * i, srow + 4 * i);
-      cp_async_commit();
-    }
+    for (int d = 0; d < kDepth; ++d)
+      if (d < nseg) q0[d] = ldg_stream(wr0 + 64 * d), q1[d] = ldg_stream(wr1 + 64 * d);
+    const uint8_t* srow = SC + static_cast<int64_t>(base / 32) * p.lds;
+    for (int i = lane; i < nch / 4; i += 32) cp_async4(codes + 4 * i, srow + 4 * i);
+    cp_async_commit();
   };
   if (first < p.steps) begin(first);
 
@@ -238,16 +212,16 @@ __global__ void __launch_bounds__(32 * block_warps(S), 16 / block_warps(S)) fp8_
     bool ok = true;
     int kmin = INT_MAX, kmax = INT_MIN;
     constexpr int kBatch = 16;
-    for (int cb = warp; cb < nch; cb += kBatch * kW) {
+    for (int cb = warp; cb < nch; cb += kBatch * kWarps) {
       float xv[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int c = cb + u * kW;
+        const int c = cb + u * kWarps;
         xv[u] = c < nch ? __ldcg(xr + 32 * c + lane) : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int c = cb + u * kW;
+        const int c = cb + u * kWarps;
         if (c >= nch) break;  // warp-uniform
         const float s = tile_scale(xv[u]);
         const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;  // s = 2^kx (inf for an infinite amax)
@@ -283,122 +257,52 @@ __global__ void __launch_bounds__(32 * block_warps(S), 16 / block_warps(S)) fp8_
 
   for (int step = first; step < p.steps; step += stride) {
     if (step != first) begin(step);
-    if (base >= N) continue;  // warp-uniform (S > 1: block-uniform); no block barrier below for S = 1
+    if (base >= N) continue;  // warp-uniform; no block barrier below
+    cp_async_wait_all();
+    __syncwarp();                                    // the row block's codes are in
     float tot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [row][e]: chains l = 2r + e
     bool fast = x_ok && lo <= hi;
-    if constexpr (S == 1) {
-      cp_async_wait_all();
-      __syncwarp();  // the row group's codes are in
-      for (int i = lane; i < nch / 4; i += 32) {
-        const uint32_t e4 = reinterpret_cast<const uint32_t*>(codes)[i];
+    for (int i = lane; i < nch / 4; i += 32) {
+      const uint32_t e4 = reinterpret_cast<const uint32_t*>(codes)[i];
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const int v = static_cast<int>((e4 >> (8 * b)) & 0xffu);
-          fast = fast && v >= lo && v <= hi;
-        }
-      }
-      fast = __all_sync(0xffffffffu, fast);
-      if (fast) {
-        for (int s0 = 0; s0 < nseg; s0 += kDepth) {
-#pragma unroll
-          for (int d = 0; d < kDepth; ++d) {
-            const int seg = s0 + d;
-            if (seg >= nseg) break;  // uniform
-            uint32_t* tb = tbuf + (seg & 1) * 16 * kTStride;
-            stage_segment(q0[d], q1[d], tb, g, r);
-            if (seg + kDepth < nseg)
-              q0[d] = ldg_stream(wr0 + 64 * (seg + kDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kDepth));
-            __syncwarp();  // also orders the reads of this buffer two segments ago before its writes above
-            float sl[2][4];
-            segment_sums(tb, g, r, bsrc + static_cast<uint32_t>(seg) * bstep, sl);
-            const int2 kx = kx2s[seg];
-            const uint32_t e2 = reinterpret_cast<const uint16_t*>(codes)[seg];
-#pragma unroll
-            for (int cs = 0; cs < 2; ++cs) {
-              // 2^(e + kx - 127) of the tile.
-              const float F =
-                  __int_as_float(static_cast<int>((e2 >> (8 * cs)) & 0xffu) * (1 << 23) + (cs ? kx.y : kx.x));
-#pragma unroll
-              for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) tot[a][e] = __fmaf_rn(sl[cs][2 * a + e], F, tot[a][e]);
-            }
-          }
-        }
-      } else {
-        if (lane == 0) atomicAdd(&g_slow_warps, 1ull);
-        slow_rows(xr, wr0 - 16 * r, wr1 - 16 * r, codes, nch, lane, r, tot);
-      }
-      __syncwarp();  // the codes buffer is free for the next step's cp.async
-      store_lane_rows(p, mt, base + g, r, tot);
-    } else {
-      if (warp == 0) cp_async_wait_all();
-      __syncthreads();  // the row group's codes are in
-      // The tile factors 2^(e + kx - 127), and whether every code keeps them normal.
-      for (int c = tid; c < nch; c += 32 * kW) {
-        const int v = codes[c];
+      for (int b = 0; b < 4; ++b) {
+        const int v = static_cast<int>((e4 >> (8 * b)) & 0xffu);
         fast = fast && v >= lo && v <= hi;
-        farr[c] = __int_as_float(v * (1 << 23) + kxs[c]);
       }
-      fast = __syncthreads_and(fast) != 0;  // also: farr complete
-      if (fast) {
-        // Round i: warp w's i-th segment i S + w; its tile sums to round buffer i % 2, then (after the barrier) thread
-        // c < 128 (row c / 8, chain c % 8) folds the round's 2 S tiles in order. A round buffer is written again two
-        // rounds later, after the next barrier, which every folding thread reaches only after its fold.
-        const int rounds = (nseg + S - 1) / S;
-        float ftot = 0.0f;
-        for (int i0 = 0; i0 < rounds; i0 += kDepth) {
+    }
+    fast = __all_sync(0xffffffffu, fast);
+    if (fast) {
+      for (int s0 = 0; s0 < nseg; s0 += kDepth) {
 #pragma unroll
-          for (int d = 0; d < kDepth; ++d) {
-            const int i = i0 + d;
-            if (i >= rounds) break;  // block-uniform
-            float* rb = sbuf + (i & 1) * 2 * S * 128;
-            const int seg = i * S + warp;
-            if (seg < nseg) {  // warp-uniform
-              uint32_t* tb = tbuf + (i & 1) * 16 * kTStride;
-              stage_segment(q0[d], q1[d], tb, g, r);
-              const int nxt = seg + kDepth * S;
-              if (nxt < nseg) q0[d] = ldg_stream(wr0 + 64 * nxt), q1[d] = ldg_stream(wr1 + 64 * nxt);
-              __syncwarp();
-              float sl[2][4];
-              segment_sums(tb, g, r, bsrc + static_cast<uint32_t>(seg) * bstep, sl);
-              // Tile 2 w + cs of the round, chains (g + 8 a) * 8 + 2 r + e, e = 0, 1: a warp's store is 256 contiguous
-              // bytes.
+        for (int d = 0; d < kDepth; ++d) {
+          const int seg = s0 + d;
+          if (seg >= nseg) break;  // uniform
+          uint32_t* tb = tbuf + (seg & 1) * 16 * kTStride;
+          stage_segment(q0[d], q1[d], tb, g, r);
+          if (seg + kDepth < nseg)
+            q0[d] = ldg_stream(wr0 + 64 * (seg + kDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kDepth));
+          __syncwarp();  // also orders the reads of this buffer two segments ago before its writes above
+          float sl[2][4];
+          segment_sums(tb, g, r, bsrc + static_cast<uint32_t>(seg) * bstep, sl);
+          const int2 kx = kx2s[seg];
+          const uint32_t e2 = reinterpret_cast<const uint16_t*>(codes)[seg];
 #pragma unroll
-              for (int cs = 0; cs < 2; ++cs)
+          for (int cs = 0; cs < 2; ++cs) {
+            // 2^(e + kx - 127) of the tile.
+            const float F = __int_as_float(static_cast<int>((e2 >> (8 * cs)) & 0xffu) * (1 << 23) + (cs ? kx.y : kx.x));
 #pragma unroll
-                for (int a = 0; a < 2; ++a)
-                  *reinterpret_cast<float2*>(rb + (2 * warp + cs) * 128 + (g + 8 * a) * 8 + 2 * r) =
-                      make_float2(sl[cs][2 * a], sl[cs][2 * a + 1]);
-            }
-            __syncthreads();  // the round's tile sums are in
-            if (tid < 128) {
-              const int t0 = 2 * S * i, nt = min(2 * S, nch - t0);  // both multiples of 4
-              for (int t = 0; t < nt; t += 4) {
-                const float4 fv = *reinterpret_cast<const float4*>(farr + t0 + t);
-                ftot = __fmaf_rn(rb[t * 128 + tid], fv.x, ftot);
-                ftot = __fmaf_rn(rb[(t + 1) * 128 + tid], fv.y, ftot);
-                ftot = __fmaf_rn(rb[(t + 2) * 128 + tid], fv.z, ftot);
-                ftot = __fmaf_rn(rb[(t + 3) * 128 + tid], fv.w, ftot);
-              }
-            }
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) tot[a][e] = __fmaf_rn(sl[cs][2 * a + e], F, tot[a][e]);
           }
         }
-        // y = ((tot0 + tot4) + (tot2 + tot6)) + ((tot1 + tot5) + (tot3 + tot7)) + 0 over the 8 chains of a row.
-        if (tid < 128) {
-          const float u = __fadd_rn(ftot, __shfl_xor_sync(0xffffffffu, ftot, 4));  // l < 4: t_l + t_{l + 4}
-          const float v = __fadd_rn(u, __shfl_xor_sync(0xffffffffu, u, 2));        // l < 2: u_l + u_{l + 2}
-          const float out = __fadd_rn(__fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1)), 0.0f);
-          const int n = base + tid / 8;
-          if ((tid & 7) == 0 && n < N) p.y[static_cast<int64_t>(mt) * N + n] = p.round ? round_to_bf16(out) : out;
-        }
-      } else if (warp == 0) {
-        if (lane == 0) atomicAdd(&g_slow_warps, 1ull);
-        slow_rows(xr, wr0 - 16 * r, wr1 - 16 * r, codes, nch, lane, r, tot);
-        store_lane_rows(p, mt, base + g, r, tot);
       }
-      __syncthreads();  // the codes, tile factors and round buffers are free for the next step
+    } else {
+      if (lane == 0) atomicAdd(&g_slow_warps, 1ull);
+      slow_rows(xr, wr0 - 16 * r, wr1 - 16 * r, codes, nch, lane, r, tot);
     }
+    __syncwarp();  // the codes buffer is free for the next step's cp.async
+    store_lane_rows(p, mt, base + g, r, tot);
   }
 }
 
@@ -413,59 +317,10 @@ bool gemv_fp8_mma_supported(const GemvArgs& a) {
 
 int64_t gemv_fp8_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_warps, reset); }
 
-namespace {
-
-std::atomic<int> g_split{0};  // gemv_fp8_mma_set_split: 0 = by shape
-
-template <int S>
-void launch_split(const GemvArgs& a, cudaStream_t stream) {
-  mma_launch(fp8_mma_gemv<S>, a, 32 * block_warps(S), block_rows(S), fp8_mma_smem(a.K, S).total, stream);
-}
-
-template <int S>
-int64_t resident_blocks(int K) {
-  return static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(fp8_mma_gemv<S>), 32 * block_warps(S),
-                                                 fp8_mma_smem(K, S).total)) *
-         sm_count();
-}
-
-// The K split by shape: the largest S of 16, 8, 4 that leaves every warp 2 segments or more and runs all row groups
-// in one wave of resident blocks (narrow weights: wq_a + wkv's 96 groups take 16 warps each, wo_b's 320 take 4); else 1
-// (wq_b's 2,048 groups fill the GPU with a warp each).
-int split_by_shape(const GemvArgs& a) {
-  const int64_t groups = static_cast<int64_t>((a.N + 15) / 16) * (a.row_expert != nullptr ? a.M : 1);
-  const int nseg = a.K / 64;
-  if (nseg >= 32 && groups <= resident_blocks<16>(a.K)) return 16;
-  if (nseg >= 16 && groups <= resident_blocks<8>(a.K)) return 8;
-  if (nseg >= 8 && groups <= resident_blocks<4>(a.K)) return 4;
-  return 1;
-}
-
-}  // namespace
-
-int gemv_fp8_mma_set_split(int S) {
-  DI_CHECK(S == 0 || S == 1 || S == 4 || S == 8 || S == 16, "gemv_fp8_mma_set_split: {} is not 0, 1, 4, 8 or 16", S);
-  return g_split.exchange(S, std::memory_order_relaxed);
-}
-
 void gemv_fp8_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp8_mma_supported(a), "cuda::gemv: fp8_mma_gemv does not take this call (N {}, K {}, M {}, B {})", a.N,
            a.K, a.M, a.B);
-  const int forced = g_split.load(std::memory_order_relaxed);
-  switch (forced != 0 ? forced : split_by_shape(a)) {
-    case 16:
-      launch_split<16>(a, stream);
-      break;
-    case 8:
-      launch_split<8>(a, stream);
-      break;
-    case 4:
-      launch_split<4>(a, stream);
-      break;
-    default:
-      launch_split<1>(a, stream);
-      break;
-  }
+  mma_launch(fp8_mma_gemv, a, 32 * kWarps, kRowsPerStep, fp8_mma_smem(a.K).total, stream);
 }
 
 }  // namespace deepinfer::cuda

@@ -19,12 +19,8 @@ bool gemv_fp8_mma_supported(const GemvArgs& a);
 // Launches fp8_mma_gemv. Preconditions: gemv_fp8_mma_supported(a).
 void gemv_fp8_mma_into(const GemvArgs& a, cudaStream_t stream);
 
-// Tests: how many row groups (16 weight rows each) took the scalar slow path since the last reset (synchronises the
+// Tests: how many warps (16 weight rows each) took the scalar slow path since the last reset (synchronises the
 // device); reset: set the count back to 0.
 int64_t gemv_fp8_mma_slow_warps(bool reset = false);
-
-// Tests and benchmarks: the K split of later calls (S warps share a 16-row group, each on every S-th 64-column
-// segment): 1, 4, 8 or 16; 0 (the default) picks it by shape. Returns the previous setting.
-int gemv_fp8_mma_set_split(int S);
 
 }  // namespace deepinfer::cuda

@@ -690,12 +690,10 @@ void test_fp4_mma() {
   }
 }
 
-// fp8_mma_gemv on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, one row of x; grouped as wo_a) at every K
-// split (1, 4, 8, 16 warps on a 16-row group, and the rule by shape), each case
-// stating how many 16-row groups must take the slow path (gemv_fp8_mma_slow_warps): 0 on the model's shapes and with an
-// e4m3 NaN code; some where a row block carries tile scale code 0 (its factor times x's scale leaves the normal
-// floats); all with x = 3e38 in one tile (its kx leaves the range). (Codes above 246 are the contract's known gap: not
-// tested.)
+// fp8_mma_gemv on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, one row of x; grouped as wo_a), each case
+// stating how many warps must take the slow path (gemv_fp8_mma_slow_warps): 0 on the model's shapes and with an e4m3
+// NaN code; some where a row block carries tile scale code 0 (its factor times x's scale leaves the normal floats); all
+// with x = 3e38 in one tile (its kx leaves the range). (Codes above 246 are the contract's known gap: not tested.)
 void test_fp8_mma() {
   uint32_t seed = 9950;
   struct Case {
@@ -716,41 +714,36 @@ void test_fp8_mma() {
       {"a NaN weight code", 640, 1024, 0, 2, 0},
       {"x = 3e38 in one tile", 640, 1024, 0, 3, 2},
   };
-  for (const Case& c : cases)
-    for (const int split : {0, 1, 4, 8, 16}) {  // 0: by shape (gemv_fp8_mma_set_split)
-      char name[300];
-      std::snprintf(name, sizeof name, "gemv fp8 mma %s N=%lld K=%lld groups=%d split=%d", c.what,
-                    static_cast<long long>(c.N), static_cast<long long>(c.K), c.groups, split);
-      run_case(name, [&]() -> std::string {
-        const int G = std::max(c.groups, 1), M = c.groups > 0 ? G : 1;
-        std::vector<di::ops::QWeight> wh, wd;
-        for (int e = 0; e < G; ++e) {
-          wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
-          if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
-          if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
-          wd.push_back(to_device(wh.back()));
-        }
-        di::Tensor x = make_x(M, c.K, seed++);
-        if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
-        di::ops::LinearOpts o;
-        o.act_quant_block = 32;
-        o.round_out_bf16 = true;
-        di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
-        for (int m = 0; m < M; ++m) {
-          const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[m], o);
-          std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(),
-                      static_cast<size_t>(c.N) * 4);
-        }
-        di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32);
-        for (int m = 0; m < M; ++m) ids.data<int32_t>()[m] = m;
-        const MmaKernel k{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into,
-                          di::cuda::gemv_fp8_mma_slow_warps};
-        di::cuda::gemv_fp8_mma_set_split(split);
-        const std::string err = check_mma(k, wd, x, ids, c.groups > 0 ? M : 0, G, want, o, c.slow);
-        di::cuda::gemv_fp8_mma_set_split(0);
-        return err;
-      });
-    }
+  for (const Case& c : cases) {
+    char name[300];
+    std::snprintf(name, sizeof name, "gemv fp8 mma %s N=%lld K=%lld groups=%d", c.what, static_cast<long long>(c.N),
+                  static_cast<long long>(c.K), c.groups);
+    run_case(name, [&]() -> std::string {
+      const int G = std::max(c.groups, 1), M = c.groups > 0 ? G : 1;
+      std::vector<di::ops::QWeight> wh, wd;
+      for (int e = 0; e < G; ++e) {
+        wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
+        if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
+        if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
+        wd.push_back(to_device(wh.back()));
+      }
+      di::Tensor x = make_x(M, c.K, seed++);
+      if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      o.round_out_bf16 = true;
+      di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
+      for (int m = 0; m < M; ++m) {
+        const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[m], o);
+        std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+      }
+      di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32);
+      for (int m = 0; m < M; ++m) ids.data<int32_t>()[m] = m;
+      const MmaKernel k{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into,
+                        di::cuda::gemv_fp8_mma_slow_warps};
+      return check_mma(k, wd, x, ids, c.groups > 0 ? M : 0, G, want, o, c.slow);
+    });
+  }
 }
 
 // gemv_supported's limits (host only).
