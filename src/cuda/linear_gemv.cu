@@ -1053,7 +1053,7 @@ void launch_fp4_pair(Params p, int tile_rows, cudaStream_t stream) {
 }
 
 // The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv, 3 = fp4_mma_gemv (linear_gemv_fp4_mma.cu) for the calls
-// it takes of up to 12 x rows per list, fp4_pair_gemv otherwise (the default; fp4_uses_mma), 4 = fp4_mma_gemv wherever
+// it takes of up to 36 x rows per list, fp4_pair_gemv otherwise (the default; fp4_uses_mma), 4 = fp4_mma_gemv wherever
 // it takes the call (tests, benchmarks). gemv_set_fp4_variant.
 constexpr int kFp4DefaultVariant = 3;
 std::atomic<int> g_fp4_variant{kFp4DefaultVariant};
@@ -1112,10 +1112,11 @@ bool bf16_uses_lane(const GemvArgs& a) {
 }
 
 bool fp4_uses_mma(const GemvArgs& a) {
-  // bench_cuda_model (4-layer flash-shape checkpoints): fp4_mma_gemv took the step at batch 1 from 1.38 to 1.31 ms
-  // (V4.1) and 1.53-1.57 to 1.50 (V4); at batch 8 V4.1 measured the same either way and V4 2-4% slower (4.66 / 4.71
-  // against 4.57 / 4.53 ms), so the default keeps it to calls of up to 12 x rows per list (two tokens at top-6).
-  constexpr int kMmaMaxRows = 12;
+  // bench_cuda_model (4-layer flash-shape checkpoints, ms per step, fp4_mma_gemv against fp4_pair_gemv): V4.1 batch 1
+  // 1.31 / 1.38, batch 3 2.44 / 2.85, batch 4 2.93 / 3.52, batch 6 4.44 / 5.21, batch 8 4.79 / 4.80; V4 batch 3
+  // 2.56 / 2.72, batch 6 4.19 / 4.55, batch 8 4.74 / 4.53 (V4 slower from there). So the default gives it the calls
+  // of up to 36 x rows per list (six tokens at top-6).
+  constexpr int kMmaMaxRows = 36;
   const int v = fp4_variant();
   const int rows = a.x_rows > 0 ? a.x_rows : a.M;
   if (v != 4 && !(v == 3 && rows <= kMmaMaxRows)) return false;
@@ -1134,9 +1135,11 @@ bool fp8_uses_mma(const GemvArgs& a) {
 
 bool bf16_uses_tile(const GemvArgs& a) {
   // By rows of x (bench_cuda_gemv's batched table, the head [129280, 5120] on the H200): bf16_tile_gemv against
-  // chain_gemv 691 / 844 us at M = 8, 2,488 / 3,282 at M = 32, 4,827 / 6,779 at M = 64; even at M = 4 (432 / 433)
-  // and slower at M = 2 (435 / 325): its 4 x rows per lane only pay off with several rows.
-  constexpr int64_t kTileMinRows = 8;
+  // chain_gemv 689 / 844 us at M = 5 and 6 (chain_gemv's passes of 4 rows read the head twice from 5 rows on), 691 /
+  // 845 at M = 8, 2,488 / 3,284 at M = 32; even at M = 4 (431 / 433) and slower at M = 3 (434 / 397) and 2 (435 /
+  // 325). End to end (bench_cuda_model, V4.1 flash shape) tile from 5 rows took batch 5 from 4.08 to 3.97 ms, 6 from
+  // 4.42 to 4.31, 7 from 4.55 to 4.44.
+  constexpr int64_t kTileMinRows = 5;
   const int v = g_bf16_variant.load(std::memory_order_relaxed);
   return (v == 2 || (v == 3 && a.M >= kTileMinRows)) && gemv_bf16_tile_supported(a);
 }

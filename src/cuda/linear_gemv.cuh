@@ -42,7 +42,7 @@
 //    row in segments of 16 tiles (two lanes per tile as above), with 16 loads per lane in flight; it folds its
 //    own tile sums through a per-warp shared buffer (lane = (row, x row, l)), so no block barrier after the
 //    x prologue. Details in linear_gemv_fp8.cu.
-//  * BF16, second kernel (bf16_tile_gemv, gemv_set_bf16_variant; by default from 8 rows of x): dense calls
+//  * BF16, second kernel (bf16_tile_gemv, gemv_set_bf16_variant; by default from 5 rows of x): dense calls
 //    without act quant (the head at decode batches), a lane owning 4 chains of 4 weight rows for 4 x rows, so
 //    each x value read from shared memory feeds 4 rows. Details in linear_gemv_bf16.cu.
 // Blocks are persistent (each loops over row groups), so x is staged once per block.
@@ -103,8 +103,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream);
 
 // Tests and benchmarks: the FP4 kernel of the following gemv_into calls, 1 = chain_gemv (the first
 // design: 4 lanes per row and a shared-memory transpose), 2 = fp4_pair_gemv (2 lanes per row, fp16x2
-// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes of up to 12
-// x rows per list (decode at one or two tokens, where it measured faster) and fp4_pair_gemv for the others (the
+// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes of up to 36
+// x rows per list (decode at one to six tokens, where it measured faster) and fp4_pair_gemv for the others (the
 // default), 4 = fp4_mma_gemv wherever it takes the call, 0 = the default again. Returns the variant in force before
 // the call.
 int gemv_set_fp4_variant(int v);
@@ -122,7 +122,7 @@ int gemv_set_fp8_variant(int v);
 // Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_lane_gemv (a lane
 // per chain: one x row on narrow weights) or bf16_tile_gemv (4 weight rows x 4 x rows per lane) for the dense calls
 // without act quant they take (linear_gemv_bf16.cuh; chain_gemv for the others), 3 = bf16_lane_gemv where it takes
-// the call, bf16_tile_gemv from 8 rows of x (the default), 0 = the default again. Returns the variant in force
+// the call, bf16_tile_gemv from 5 rows of x (the default), 0 = the default again. Returns the variant in force
 // before the call.
 int gemv_set_bf16_variant(int v);
 int gemv_fp8_variant();

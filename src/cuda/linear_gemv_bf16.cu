@@ -11,14 +11,15 @@
 //
 // Thread mapping. Lane = 8 g + 4 h + t (row group g = 0..3, half h = 0..1, t = 0..3) owns chains (j = t, l = 4h + i),
 // i = 0..3 -- columns 32c + 8t + 4h + i of every chunk -- of rows 4g .. 4g + 3 of its warp's 16 rows, for the
-// block's 4 x rows: acc[r][m][i]. Per chunk it loads 8 bytes of each of its 4 rows (the 8 lanes of a row group read
-// the row's 64-byte chunk) and one float4 of each x row (the 8 lanes of a quarter warp read 128 contiguous bytes).
-// Weights stream through a register ring kTileDepth chunks deep that runs on across the rows of the block; the
-// weight loads start before griddepcontrol.wait (dense weights are not written by the previous kernel).
-// Row end: lanes t = 1..3 hand v to lane t = 0 of their (g, h) (shuffles of width 4): s, tot; lane h = 1 hands its
-// 4 tots to lane h = 0 (a shuffle of width 8), which forms the hsum and stores.
-// Blocks of 8 warps own 128 rows per step and are persistent; the x-row group is the fastest index of the block
-// number, so the blocks that read the same weight rows for different x rows run side by side (L2 reuse).
+// block's MT x rows (4, or 8 from 5 rows of x where K allows: one read of the weights for up to 8 rows): acc[r][m][i].
+// Per chunk it loads 8 bytes of each of its 4 rows (the 8 lanes of a row group read the row's 64-byte chunk) and one
+// float4 of each x row (the 8 lanes of a quarter warp read 128 contiguous bytes). Weights stream through a register
+// ring kTileDepth chunks deep that runs on across the rows of the block; the weight loads start before
+// griddepcontrol.wait (dense weights are not written by the previous kernel). Row end: lanes t = 1..3 hand v to lane t
+// = 0 of their (g, h) (shuffles of width 4): s, tot; lane h = 1 hands its 4 tots to lane h = 0 (a shuffle of width 8),
+// which forms the hsum and stores. Blocks of 8 warps own 128 rows per step and are persistent; the x-row group is the
+// fastest index of the block number, so the blocks that read the same weight rows for different x rows run side by side
+// (L2 reuse).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,9 +38,8 @@ namespace {
 constexpr int kTileWarps = 8;                       // warps per block
 constexpr int kWarpRows = 16;                       // weight rows per warp: 4 row groups of 4
 constexpr int kBlockRows = kTileWarps * kWarpRows;  // weight rows per block step
-constexpr int kTileMT = 4;                          // x rows per block
 constexpr int kTileDepth = 4;                       // chunks of weights in flight per lane
-constexpr int kTileMaxK = 12288;                    // x rows in shared memory: 4 * K floats
+constexpr int kTileMaxK = 12288;                    // x rows in shared memory: MT * K floats
 
 struct TileParams {
   const uint8_t* w;
@@ -48,7 +48,7 @@ struct TileParams {
   int64_t ldx;  // floats between x rows
   float* y;     // [M, N]
   int N, K, M;
-  int mtiles;  // x-row groups of kTileMT
+  int mtiles;  // x-row groups of MT
   int steps;   // ceil(N / kBlockRows)
   bool round;
 };
@@ -60,15 +60,16 @@ __device__ __forceinline__ uint2 ldg_w8(const void* p) {
   return v;
 }
 
+template <int MT>
 __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams p) {
-  extern __shared__ __align__(16) float xs_tile[];  // [kTileMT][K]
+  extern __shared__ __align__(16) float xs_tile[];  // [MT][K]
   pdl_launch_dependents();
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 3, h = (lane >> 2) & 1, t = lane & 3;
   const int K = p.K, N = p.N, nch = K / 32;
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
-  const int m0 = mt * kTileMT, mrows = min(kTileMT, p.M - m0);
+  const int m0 = mt * MT, mrows = min(MT, p.M - m0);
   const int row0 = warp * kWarpRows + 4 * g;  // this lane's first row within a block step
   const int koff = 8 * t + 4 * h;             // this lane's 4 columns within a chunk
 
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
 
   // x rows [m0, m0 + mrows) into shared memory, zeros for the rows beyond M.
   const int k4 = K / 4;
-  for (int i = tid; i < kTileMT * k4; i += static_cast<int>(blockDim.x)) {
+  for (int i = tid; i < MT * k4; i += static_cast<int>(blockDim.x)) {
     const int m = i / k4, c = i - m * k4;
     float4* dst = reinterpret_cast<float4*>(xs_tile) + i;
     if (m < mrows)
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
   cp_async_wait_all();
   __syncthreads();
 
-  float acc[4][kTileMT][4];
+  float acc[4][MT][4];
 
   // End of a block step: the outputs of this lane's 4 rows (lane (g, 0, 0) stores them).
   auto finish = [&](int step) {
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
     for (int r = 0; r < 4; ++r) {
       const int n = step * kBlockRows + row0 + r;
 #pragma unroll
-      for (int m = 0; m < kTileMT; ++m) {
+      for (int m = 0; m < MT; ++m) {
         float tot[4], hi[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // lanes t + 1, t + 2, t + 3 hold chains (1, l), (2, l), (3, l) for t = 0
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int m = 0; m < kTileMT; ++m)
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][m][i] = 0.0f;
 #pragma unroll 1
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
         }
         const float* xp = xs_tile + 32 * (c0 + d) + koff;
 #pragma unroll
-        for (int m = 0; m < kTileMT; ++m) {
+        for (int m = 0; m < MT; ++m) {
           const float4 xv4 = *reinterpret_cast<const float4*>(xp + m * K);
           const float xv[4] = {xv4.x, xv4.y, xv4.z, xv4.w};
 #pragma unroll
@@ -198,11 +199,18 @@ void gemv_bf16_tile_into(const GemvArgs& a, cudaStream_t stream) {
   p.K = a.K;
   p.M = a.M;
   p.round = a.round;
-  p.mtiles = (a.M + kTileMT - 1) / kTileMT;
   p.steps = (a.N + kBlockRows - 1) / kBlockRows;
-  const int64_t smem = int64_t{4} * kTileMT * a.K;
-  // Persistent blocks (gemv_blocks_per_sm fails clearly when a block does not fit an SM).
-  launch_persistent(bf16_tile_gemv, p, 32 * kTileWarps, smem, stream);
+  // 8 x rows per block from 5 rows of x where they fit shared memory (bench_cuda_gemv, the head [129280, 5120] at M =
+  // 8: groups of 4 rows read it twice), else 4. Persistent blocks (gemv_blocks_per_sm fails clearly when a block does
+  // not fit an SM).
+  const bool eight = a.M > 4 && int64_t{4} * 8 * a.K <= smem_optin();
+  const int mt = eight ? 8 : 4;
+  p.mtiles = (a.M + mt - 1) / mt;
+  const int64_t smem = int64_t{4} * mt * a.K;
+  if (eight)
+    launch_persistent(bf16_tile_gemv<8>, p, 32 * kTileWarps, smem, stream);
+  else
+    launch_persistent(bf16_tile_gemv<4>, p, 32 * kTileWarps, smem, stream);
 }
 
 }  // namespace deepinfer::cuda
