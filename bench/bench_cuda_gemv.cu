@@ -170,8 +170,8 @@ void run() {
       "weight read once)\n\n");
   std::printf(
       "| weight [N, K] | fmt | M | slab us | gemv us (fp8_gemv / chain_gemv) | walk / tile us (fp8_walk_gemv / "
-      "bf16_tile_gemv) | best GB/s | %% of read | best / slab |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      "bf16_tile_gemv) | mma us (fp8_mma_gemv) | best GB/s | %% of read | best / slab |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const Shape batched[] = {
       {"attn.wq_a", kFp8, 1024, 5120}, {"attn.wq_b", kFp8, 32768, 1280},   {"attn.wkv", kFp8, 512, 5120},
@@ -195,18 +195,23 @@ void run() {
       const double ms_slab =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
       // E4M3: both GEMV kernels (fp8_gemv, fp8_walk_gemv); BF16: both (chain_gemv, bf16_tile_gemv).
-      double ms[3] = {0.0, 0.0, 0.0};  // [variant]
-      for (const int variant : {1, 2}) {
+      double ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // [variant]
+      for (const int variant : {1, 2, 4}) {
+        if (variant == 4 && s.fmt != kFp8) continue;
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         if (s.fmt == kBf16) di::cuda::gemv_set_bf16_variant(variant);
         ms[variant] = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
       }
       di::cuda::gemv_set_fp8_variant(0);
       di::cuda::gemv_set_bf16_variant(0);
-      const double best = std::min(ms[1], ms[2]), gbs = su.wbytes / best / 1e6;
-      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.2fx |\n", s.name,
+      double best = std::min(ms[1], ms[2]);
+      if (ms[4] > 0.0) best = std::min(best, ms[4]);
+      const double gbs = su.wbytes / best / 1e6;
+      char mma[32] = "-";
+      if (ms[4] > 0.0) std::snprintf(mma, sizeof mma, "%.2f", ms[4] * 1e3);
+      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %.2f | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
                   static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
-                  ms_slab * 1e3, ms[1] * 1e3, ms[2] * 1e3, gbs, 100.0 * gbs / read_gbs, ms_slab / best);
+                  ms_slab * 1e3, ms[1] * 1e3, ms[2] * 1e3, mma, gbs, 100.0 * gbs / read_gbs, ms_slab / best);
       std::fflush(stdout);
     }
   }

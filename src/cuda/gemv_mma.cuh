@@ -27,7 +27,7 @@ struct MmaParams {
   int x_rows, n_experts;
   int N, K, M;
   int A, ng;   // act_quant_block and its groups per x row
-  int mtiles;  // x rows served: M (grouped) or 1
+  int mtiles;  // x rows served: M (dense: each against the one weight)
   int steps;   // ceil(N / rows per step)
   bool round;
 };
@@ -76,12 +76,14 @@ inline int64_t mma_read_counter(const void* symbol, bool reset) {
 }
 
 // Host: launches an mma GEMV kernel for the call a (threads per block, rows per step, dynamic shared memory smem):
-// one x row per block-row (grouped: each call row; dense: the one row), launch_persistent's grid.
+// one x row per block (grouped: against its expert's weight; dense: all against the one weight; the x row is the
+// fastest index of the block number, so the blocks that read the same weight rows run side by side and L2 serves all
+// but the first), launch_persistent's grid.
 inline void mma_launch(void (*kernel)(MmaParams), const GemvArgs& a, int threads, int rows_per_step, int64_t smem,
                        cudaStream_t stream) {
   MmaParams p = {};
   copy_gemv_args(a, p);
-  p.mtiles = a.row_expert != nullptr ? a.M : 1;
+  p.mtiles = a.M;
   p.steps = (a.N + rows_per_step - 1) / rows_per_step;
   launch_persistent(kernel, p, threads, smem, stream);
 }

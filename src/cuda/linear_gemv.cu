@@ -1066,8 +1066,8 @@ constexpr int kBf16DefaultVariant = 3;
 std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 
 // The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (fp8_uses_walk),
-// 4 = fp8_mma_gemv wherever it takes the call, 5 = by shape with fp8_mma_gemv for the wide single-row calls (the
-// default; fp8_uses_mma). gemv_set_fp8_variant.
+// 4 = fp8_mma_gemv wherever it takes the call, 5 = by shape with fp8_mma_gemv for the dense calls where it measured
+// faster (the default; fp8_uses_mma). gemv_set_fp8_variant.
 constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
@@ -1126,11 +1126,18 @@ bool fp4_uses_mma(const GemvArgs& a) {
 bool fp8_uses_mma(const GemvArgs& a) {
   // bench_cuda_gemv on the H200, V4.1 shapes at M = 1: fp8_mma_gemv walks 16 rows per warp over all of K, so it needs
   // many rows to fill the GPU: wq_b [32768, 1280] 15.4 us against fp8_walk_gemv's 16.3, but wo_b [5120, 8192] 62.8
-  // against 19.3 and wq_a [1280, 5120] 21.8 against 8.8 (20 blocks of 4 warps for the whole GPU).
+  // against 19.3 and wq_a [1280, 5120] 21.8 against 8.8 (20 blocks of 4 warps for the whole GPU). Dense calls of M
+  // rows run M blocks per weight step side by side (L2 serves the repeats); the batched table: wq_b at M = 3 / 5 / 8
+  // 35.4 / 55.4 / 86.2 us against the walk kernel's 50.0 / 95.7 / 95.9 (equal at M = 2), and at M = 5-6, where the
+  // walk kernel's second pass of 4 x rows is nearly empty, wo_b [5120, 8192] 76.4 against 90.8 and the shared w2
+  // [5120, 2304] 23.2 against 29.9; slower elsewhere (wq_a, the shared w1 / w3, M >= 16 on N = 5,120).
   constexpr int64_t kMmaMinRows = 16384;
   const int v = gemv_fp8_variant();
-  if (v != 4 && !(v == 5 && a.row_expert == nullptr && a.M == 1 && a.N >= kMmaMinRows)) return false;
-  return gemv_fp8_mma_supported(a);
+  if (v == 4) return gemv_fp8_mma_supported(a);
+  if (v != 5 || a.row_expert != nullptr) return false;
+  const bool wide = a.N >= kMmaMinRows && (a.M == 1 || (a.M >= 3 && a.M <= 64));
+  const bool second_pass = a.N >= 4096 && (a.M == 5 || a.M == 6);
+  return (wide || second_pass) && gemv_fp8_mma_supported(a);
 }
 
 bool bf16_uses_tile(const GemvArgs& a) {

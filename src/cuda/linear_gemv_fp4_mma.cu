@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp4_mma_gemv(MmaParams p) {
 bool gemv_fp4_mma_supported(const GemvArgs& a) {
   if (a.fmt != 1 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
   if (a.act_quant_block != 0 || a.K % 128 != 0 || a.K > kMaxK || a.lds % 4 != 0) return false;
-  if (a.row_expert == nullptr && (a.M != 1 || reinterpret_cast<uintptr_t>(a.scale) % 4 != 0)) return false;
+  if (a.row_expert == nullptr && reinterpret_cast<uintptr_t>(a.scale) % 4 != 0) return false;
   return true;
 }
 

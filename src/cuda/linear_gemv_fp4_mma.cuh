@@ -13,8 +13,8 @@
 namespace deepinfer::cuda {
 
 // True when fp4_mma_gemv takes this call: FP4, gemv_supported(a), no act quant (the model's grouped expert calls
-// take x already quantised), K % 128 == 0 and K <= 8192, 4-byte aligned scale rows, one row of x in dense mode
-// (grouped mode: any number of rows).
+// take x already quantised), K % 128 == 0 and K <= 8192, 4-byte aligned scale rows; any number of x rows (a block
+// per row).
 bool gemv_fp4_mma_supported(const GemvArgs& a);
 
 // Launches fp4_mma_gemv. Preconditions: gemv_fp4_mma_supported(a), a.M > 0, a.N > 0.

@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
 bool gemv_fp8_mma_supported(const GemvArgs& a) {
   if (a.fmt != 0 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
   if (a.B != 32 || a.act_quant_block != 32 || a.K % 128 != 0 || a.K > kMaxK || a.lds % 4 != 0) return false;
-  if (a.row_expert == nullptr && (a.M != 1 || reinterpret_cast<uintptr_t>(a.scale) % 4 != 0)) return false;
+  if (a.row_expert == nullptr && reinterpret_cast<uintptr_t>(a.scale) % 4 != 0) return false;
   return true;
 }
 

@@ -12,8 +12,7 @@
 namespace deepinfer::cuda {
 
 // True when fp8_mma_gemv takes this call: E4M3 with 32 x 32 tiles and act_quant_block 32 (the V4.1 linears),
-// gemv_supported(a), K % 128 == 0 and K <= 8192, 4-byte aligned scale rows, one row of x in dense mode (grouped mode:
-// any number of rows).
+// gemv_supported(a), K % 128 == 0 and K <= 8192, 4-byte aligned scale rows; any number of x rows (a block per row).
 bool gemv_fp8_mma_supported(const GemvArgs& a);
 
 // Launches fp8_mma_gemv. Preconditions: gemv_fp8_mma_supported(a).
