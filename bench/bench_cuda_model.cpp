@@ -8,7 +8,7 @@
 //
 // Decode steps replay CUDA graphs (captured at each batch size's second untimed step) unless --eager. --gemv-fp4
 // picks the FP4 decode GEMV kernel (cuda::gemv_set_fp4_variant: 1 chain_gemv, 2 fp4_pair_gemv, 3 fp4_mma_gemv up to
-// 36 x rows per list (the default), 4 fp4_mma_gemv wherever it takes the call) and --gemv-fp8 the E4M3 one
+// 42 x rows per list (the default), 4 fp4_mma_gemv wherever it takes the call) and --gemv-fp8 the E4M3 one
 // (cuda::gemv_set_fp8_variant: 1 fp8_gemv, 2 fp8_walk_gemv, 3 by shape, 4 fp8_mma_gemv wherever it takes the call, 5
 // by shape with fp8_mma_gemv for the dense calls where it measured faster (the default)) and --gemv-bf16 the BF16 one
 // (cuda::gemv_set_bf16_variant: 1 chain_gemv, 2 bf16_lane_gemv / bf16_tile_gemv wherever they take the call, 3 by rows

@@ -1053,7 +1053,7 @@ void launch_fp4_pair(Params p, int tile_rows, cudaStream_t stream) {
 }
 
 // The FP4 kernel in force: 1 = chain_gemv, 2 = fp4_pair_gemv, 3 = fp4_mma_gemv (linear_gemv_fp4_mma.cu) for the calls
-// it takes of up to 36 x rows per list, fp4_pair_gemv otherwise (the default; fp4_uses_mma), 4 = fp4_mma_gemv wherever
+// it takes of up to 42 x rows per list, fp4_pair_gemv otherwise (the default; fp4_uses_mma), 4 = fp4_mma_gemv wherever
 // it takes the call (tests, benchmarks). gemv_set_fp4_variant.
 constexpr int kFp4DefaultVariant = 3;
 std::atomic<int> g_fp4_variant{kFp4DefaultVariant};
@@ -1113,10 +1113,10 @@ bool bf16_uses_lane(const GemvArgs& a) {
 
 bool fp4_uses_mma(const GemvArgs& a) {
   // bench_cuda_model (4-layer flash-shape checkpoints, ms per step, fp4_mma_gemv against fp4_pair_gemv): V4.1 batch 1
-  // 1.31 / 1.38, batch 3 2.44 / 2.85, batch 4 2.93 / 3.52, batch 6 4.44 / 5.21, batch 8 4.79 / 4.80; V4 batch 3
-  // 2.56 / 2.72, batch 6 4.19 / 4.55, batch 8 4.74 / 4.53 (V4 slower from there). So the default gives it the calls
-  // of up to 36 x rows per list (six tokens at top-6).
-  constexpr int kMmaMaxRows = 36;
+  // 1.31 / 1.38, batch 3 2.44 / 2.85, batch 4 2.93 / 3.52, batch 6 4.44 / 5.21, batch 7 4.23-4.26 / 4.24-4.25, batch
+  // 8 4.79 / 4.80; V4 batch 3 2.56 / 2.72, batch 6 4.19 / 4.55, batch 7 4.39 / 4.88-4.91, batch 8 4.74 / 4.53 (V4
+  // slower from there). So the default gives it the calls of up to 42 x rows per list (seven tokens at top-6).
+  constexpr int kMmaMaxRows = 42;
   const int v = fp4_variant();
   const int rows = a.x_rows > 0 ? a.x_rows : a.M;
   if (v != 4 && !(v == 3 && rows <= kMmaMaxRows)) return false;

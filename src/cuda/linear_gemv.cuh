@@ -103,8 +103,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream);
 
 // Tests and benchmarks: the FP4 kernel of the following gemv_into calls, 1 = chain_gemv (the first
 // design: 4 lanes per row and a shared-memory transpose), 2 = fp4_pair_gemv (2 lanes per row, fp16x2
-// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes of up to 36
-// x rows per list (decode at one to six tokens, where it measured faster) and fp4_pair_gemv for the others (the
+// decode), 3 = fp4_mma_gemv (products on the tensor cores, linear_gemv_fp4_mma.cuh) for the calls it takes of up to 42
+// x rows per list (decode at one to seven tokens, where it measured faster) and fp4_pair_gemv for the others (the
 // default), 4 = fp4_mma_gemv wherever it takes the call, 0 = the default again. Returns the variant in force before
 // the call.
 int gemv_set_fp4_variant(int v);
