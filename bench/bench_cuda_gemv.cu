@@ -14,10 +14,10 @@
 // speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
 // counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
 // is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
-// First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv and
-// fp8_walk_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table
-// alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that
-// shape's rows of the single-row table alone (for ncu).
+// First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv,
+// fp8_walk_gemv and fp8_mma_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels
+// (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it).
+// BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
