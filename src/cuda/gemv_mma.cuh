@@ -1,8 +1,10 @@
-// Pieces shared by the tensor-core decode GEMVs (fp4_mma_gemv, fp8_mma_gemv): the parameter block, a block's rows,
-// the exact one-product-per-output mma, a 16-byte shared-memory load at a shared-space address, and on the host the
-// slow-path counter read and the launch.
+// Pieces shared by the tensor-core decode GEMVs (fp4_mma_gemv, fp8_mma_gemv): the launch shape and shared-memory
+// layout, the parameter block, a block's rows,
+// the prologue's flags and walk over x, the exact one-product-per-output mma, a 16-byte shared-memory load at a
+// shared-space address, and on the host the slow-path counter read and the launch.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -11,6 +13,36 @@
 #endif
 
 namespace deepinfer::cuda {
+
+// The launch shape both kernels use: blocks of kMmaWarps warps, each on its own 16 weight rows per step; a ring of
+// kMmaDepth segments in flight per lane; K up to kMmaMaxK (shared memory grows with K); kMmaTStride words per row of a
+// warp's transpose buffer (conflict-free 4-byte reads).
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRowsPerStep = 16 * kMmaWarps;
+constexpr int kMmaDepth = 4;
+constexpr int kMmaMaxK = 8192;
+constexpr int kMmaTStride = 20;
+
+// A block's shared memory, dynamic only (gemv_blocks_per_sm opts the kernels in to the largest dynamic size, which
+// leaves no room for static shared memory), byte offsets: the B images (K * 4 bytes), a kx word per 32-column chunk,
+// zero_bytes zeros (the B image of the lanes that hold no x), the block's flags (x_ok, kx min, kx max), per warp its
+// scale codes (codes_warp bytes: codes_per_warp, 16-byte aligned) and 2 transpose buffers [16][kMmaTStride words].
+struct MmaSmem {
+  int64_t img, kxs, zeros, flags, codes, codes_warp, tbuf, total;
+};
+__host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes_per_warp) {
+  MmaSmem m;
+  const int64_t nch = K / 32;
+  m.img = 0;
+  m.kxs = m.img + int64_t{K} * 4;
+  m.zeros = m.kxs + (nch * 4 + 15) / 16 * 16;
+  m.flags = m.zeros + zero_bytes;
+  m.codes = m.flags + 16;
+  m.codes_warp = (codes_per_warp + 15) / 16 * 16;
+  m.tbuf = m.codes + kMmaWarps * m.codes_warp;
+  m.total = m.tbuf + kMmaWarps * 2 * 16 * kMmaTStride * 4;
+  return m;
+}
 
 // Kernel parameters, by value (copy_gemv_args fills the call's fields).
 struct MmaParams {
@@ -46,6 +78,56 @@ __device__ __forceinline__ const float* mma_block_rows(const MmaParams& p, int m
     sc = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
   }
   return p.x + xrow * p.ldx;
+}
+
+// The block's flags (x_ok = 1, kx min, kx max: mma_x_chunks fills them) and the zero block of B images (nzero words),
+// then the wait for the previous kernel.
+__device__ __forceinline__ void mma_block_init(int* flags, uint32_t* zeros, int nzero) {
+  if (threadIdx.x == 0) flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
+  if (threadIdx.x < nzero) zeros[threadIdx.x] = 0u;
+  __syncthreads();
+  pdl_wait();
+}
+
+// What an mma GEMV's prologue learns of one 32-column chunk of x: its exponent kx and whether it is exact in the
+// kernel's form (warp-uniform).
+struct MmaChunk {
+  int kx;
+  bool ok;
+};
+
+// The x walk of an mma GEMV's prologue: warp w takes chunks w, w + kMmaWarps, ... of x row xr (nch chunks of 32
+// columns), a lane per column, 16 chunks' loads in flight; chunk(c, v) (v: column 32 c + lane) builds the chunk's B
+// images and returns its MmaChunk. The warps then fold x_ok, kx min and kx max into flags (mma_block_init's); the
+// caller's barrier completes them.
+template <typename ChunkFn>
+__device__ __forceinline__ void mma_x_chunks(const float* xr, int nch, int warp, int lane, int* flags,
+                                             ChunkFn&& chunk) {
+  bool ok = true;
+  int kmin = INT_MAX, kmax = INT_MIN;
+  constexpr int kBatch = 16;
+  for (int cb = warp; cb < nch; cb += kBatch * kMmaWarps) {
+    float xv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = cb + u * kMmaWarps;
+      xv[u] = c < nch ? __ldcg(xr + 32 * c + lane) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = cb + u * kMmaWarps;
+      if (c >= nch) break;  // warp-uniform
+      const MmaChunk m = chunk(c, xv[u]);
+      ok = ok && m.ok;
+      kmin = min(kmin, m.kx);
+      kmax = max(kmax, m.kx);
+    }
+  }
+  if (lane == 0) {
+    if (!ok) atomicAnd(&flags[0], 0);
+    atomicMin(&flags[1], kmin);
+    atomicMax(&flags[2], kmax);
+  }
 }
 
 // D = A diag(B): with B's only nonzeros on its diagonal, d0 / d1 are rows g, columns 2t / 2t + 1 (the lane's own a0

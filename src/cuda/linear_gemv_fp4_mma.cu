@@ -16,7 +16,7 @@
 // fragment rows) and of each 16-byte chunk of them the word t (bytes 4t .. 4t+3, 8 nibbles): the chains of byte
 // q = 4t + 2p + e (p, e = 0, 1), nibble h, i.e. chains (2h + t/2, 4(t%2) + 2p + e), 8 per row. A row is walked in
 // segments of 128 columns (4 chunks): lane t loads chunk t of the segment of both rows (16-byte streaming loads, a
-// ring of kDepth segments in flight; a warp load reads 8 rows x 64 contiguous bytes) and a per-warp transpose buffer
+// ring of kMmaDepth segments in flight; a warp load reads 8 rows x 64 contiguous bytes) and a per-warp transpose buffer
 // in shared memory hands it word t of each chunk instead (4-byte loads straight from global memory measured slower:
 // 4x the L1 requests per byte). fp4_half_patterns turns a word into 4 fp16x2 A fragments (pair p, nibble h), each
 // one mma with the same word of row g + 8. Chunks run in order, so every chain sees its products in K order. The
@@ -53,32 +53,9 @@ namespace deepinfer::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kRowsPerStep = 16 * kWarps;
-constexpr int kDepth = 4;     // segments in flight per lane (2 x 16 bytes each)
-constexpr int kMaxK = 8192;   // shared memory per block grows with K
-constexpr int kTStride = 20;  // words per row of a warp's transpose buffer (conflict-free 4-byte reads)
-
-// Shared memory, dynamic only (gemv_blocks_per_sm opts the kernel in to the largest dynamic size, which leaves no room
-// for static shared memory), in 16-byte units:
-//   the B images [K / 128 segments][8 lanes][16 words];
-//   per chunk (kx + 14) << 23; 64 zero bytes; the block's flags (x_ok, kx min, kx max);
-//   per warp: the scale codes of its 16 rows [16][K / 32] and 2 transpose buffers [16][kTStride words].
-struct MmaSmem {
-  int64_t img, kxs, zeros, flags, codes, tbuf, total;
-};
-__host__ __device__ inline MmaSmem mma_smem(int K) {
-  MmaSmem m;
-  const int64_t nch = K / 32;
-  m.img = 0;
-  m.kxs = m.img + int64_t{K} * 4;
-  m.zeros = m.kxs + (nch * 4 + 15) / 16 * 16;
-  m.flags = m.zeros + 64;
-  m.codes = m.flags + 16;
-  m.tbuf = m.codes + kWarps * ((16 * nch + 15) / 16 * 16);
-  m.total = m.tbuf + kWarps * 2 * 16 * kTStride * 4;
-  return m;
-}
+// This kernel's shared memory (mma_smem): the B images [K / 128 segments][8 lanes][16 words], per chunk (kx + 14) <<
+// 23, 64 zero bytes, and per warp the scale codes of its 16 rows [16][K / 32].
+__host__ __device__ inline MmaSmem fp4_mma_smem(int K) { return mma_smem(K, 64, int64_t{16} * (K / 32)); }
 
 // Warps that took the slow path (gemv_fp4_mma_slow_warps: tests check which path ran).
 __device__ unsigned long long g_slow_warps;
@@ -94,25 +71,22 @@ __device__ __forceinline__ bool codes_in(uint32_t e, int lo, int hi) {
   return ok;
 }
 
-__global__ void __launch_bounds__(32 * kWarps, 4) fp4_mma_gemv(MmaParams p) {
+__global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   extern __shared__ __align__(16) uint8_t smem_b[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, nseg = K / 128, nch = K / 32;
-  const MmaSmem sm = mma_smem(K);
+  const MmaSmem sm = fp4_mma_smem(K);
   uint32_t* img = reinterpret_cast<uint32_t*>(smem_b + sm.img);  // [nseg][8][16]
   int* kxs = reinterpret_cast<int*>(smem_b + sm.kxs);            // [nch]
   uint32_t* zeros = reinterpret_cast<uint32_t*>(smem_b + sm.zeros);
   int* flags = reinterpret_cast<int*>(smem_b + sm.flags);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
-  uint8_t* codes = smem_b + sm.codes + warp * ((16 * nch + 15) / 16 * 16);                    // [16][nch]
-  uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kTStride;  // [2][16][kTStride]
+  uint8_t* codes = smem_b + sm.codes + warp * sm.codes_warp;                                     // [16][nch]
+  uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kMmaTStride;  // [2][16][kMmaTStride]
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
-  if (threadIdx.x == 0) flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
-  if (threadIdx.x < 16) zeros[threadIdx.x] = 0u;
-  __syncthreads();
-  pdl_wait();
+  mma_block_init(flags, zeros, 16);
 
   const uint8_t *W = nullptr, *SC = nullptr;
   const float* xr = mma_block_rows(p, mt, W, SC);
@@ -122,17 +96,17 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp4_mma_gemv(MmaParams p) {
   // images are built, so that the weight stream's latency overlaps that prologue; for a later step at its start.
   int base = 0;
   const uint8_t *wr0 = W, *wr1 = W;
-  uint4 q0[kDepth], q1[kDepth];
+  uint4 q0[kMmaDepth], q1[kMmaDepth];
   const bool codes8 =
       (reinterpret_cast<uintptr_t>(SC) | static_cast<uintptr_t>(p.lds) | static_cast<uintptr_t>(nch)) % 8 == 0;
   auto begin = [&](int step) {
-    base = step * kRowsPerStep + warp * 16;
+    base = step * kMmaRowsPerStep + warp * 16;
     if (base >= N) return;  // warp-uniform: this warp has no rows in the step
     const int64_t n0 = min(base + g, N - 1), n1 = min(base + g + 8, N - 1);
     wr0 = W + n0 * p.ldw + 16 * t;
     wr1 = W + n1 * p.ldw + 16 * t;
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d)
+    for (int d = 0; d < kMmaDepth; ++d)
       if (d < nseg) q0[d] = ldg_stream(wr0 + 64 * d), q1[d] = ldg_stream(wr1 + 64 * d);
     const int piece = codes8 ? 8 : 4, per_row = nch / piece;
     for (int i = lane; i < 16 * per_row; i += 32) {
@@ -147,50 +121,24 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp4_mma_gemv(MmaParams p) {
   };
   if (first < p.steps) begin(first);
 
-  // The B images of x (a warp per chunk, a lane per column; 16 chunks' loads in flight per warp), kx per chunk, and
-  // whether x qualifies.
-  {
-    bool ok = true;
-    int kmin = INT_MAX, kmax = INT_MIN;
-    constexpr int kBatch = 16;
-    for (int cb = warp; cb < nch; cb += kBatch * kWarps) {
-      float xv[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = cb + u * kWarps;
-        xv[u] = c < nch ? __ldcg(xr + 32 * c + lane) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = cb + u * kWarps;
-        if (c >= nch) break;  // warp-uniform
-        const float v = xv[u];
-        const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
-        const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;  // the largest X in [2^15, 2^16)
-        bool cok = amax < 0x7f800000u && kx >= -127 && kx <= 112;                 // finite; 2^-kx a normal float
-        uint32_t bits = 0u;
-        if (cok) {  // warp-uniform
-          const float q = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
-          const __half hq = __float2half_rn(q);
-          bits = __half_as_ushort(hq);
-          cok = __half2float(hq) == q && ((q == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
-        }
-        ok = __all_sync(0xffffffffu, cok) && ok;
-        // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half
-        // e.
-        const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
-        img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = bits << (16 * e);
-        if (lane == 0) kxs[c] = (kx + 14) * (1 << 23);
-        kmin = min(kmin, kx);
-        kmax = max(kmax, kx);
-      }
+  // The B images of x (a warp per chunk, a lane per column), kx per chunk, and whether x qualifies.
+  mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) {
+    const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
+    const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;  // the largest X in [2^15, 2^16)
+    bool cok = amax < 0x7f800000u && kx >= -127 && kx <= 112;                 // finite; 2^-kx a normal float
+    uint32_t bits = 0u;
+    if (cok) {  // warp-uniform
+      const float q = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
+      const __half hq = __float2half_rn(q);
+      bits = __half_as_ushort(hq);
+      cok = __half2float(hq) == q && ((q == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
     }
-    if (lane == 0) {
-      if (!ok) atomicAnd(&flags[0], 0);
-      atomicMin(&flags[1], kmin);
-      atomicMax(&flags[2], kmax);
-    }
-  }
+    // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half e.
+    const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
+    img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = bits << (16 * e);
+    if (lane == 0) kxs[c] = (kx + 14) * (1 << 23);
+    return MmaChunk{kx, __all_sync(0xffffffffu, cok) != 0};
+  });
   __syncthreads();  // images, kx, flags complete
   const bool x_ok = flags[0] != 0;
   const int lo = max(0, -13 - flags[1]), hi = min(252, 240 - flags[2]);  // e + kx + 14 in [1, 254], e <= 252
@@ -216,21 +164,22 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp4_mma_gemv(MmaParams p) {
     fast = __all_sync(0xffffffffu, fast);
 
     if (fast) {
-      for (int s0 = 0; s0 < nseg; s0 += kDepth) {
+      for (int s0 = 0; s0 < nseg; s0 += kMmaDepth) {
 #pragma unroll
-        for (int d = 0; d < kDepth; ++d) {
+        for (int d = 0; d < kMmaDepth; ++d) {
           const int seg = s0 + d;
           if (seg >= nseg) break;  // uniform
           // Chunk t of rows g, g + 8 through the warp's transpose buffer: lane t then reads word t of each chunk.
-          uint32_t* tb = tbuf + (seg & 1) * 16 * kTStride;
-          *reinterpret_cast<uint4*>(tb + g * kTStride + 4 * t) = q0[d];
-          *reinterpret_cast<uint4*>(tb + (g + 8) * kTStride + 4 * t) = q1[d];
-          if (seg + kDepth < nseg)
-            q0[d] = ldg_stream(wr0 + 64 * (seg + kDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kDepth));
+          uint32_t* tb = tbuf + (seg & 1) * 16 * kMmaTStride;
+          *reinterpret_cast<uint4*>(tb + g * kMmaTStride + 4 * t) = q0[d];
+          *reinterpret_cast<uint4*>(tb + (g + 8) * kMmaTStride + 4 * t) = q1[d];
+          if (seg + kMmaDepth < nseg)
+            q0[d] = ldg_stream(wr0 + 64 * (seg + kMmaDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kMmaDepth));
           __syncwarp();  // also orders the reads of this buffer two segments ago before its writes above
           uint32_t w0[4], w1[4];
 #pragma unroll
-          for (int c = 0; c < 4; ++c) w0[c] = tb[g * kTStride + 4 * c + t], w1[c] = tb[(g + 8) * kTStride + 4 * c + t];
+          for (int c = 0; c < 4; ++c)
+            w0[c] = tb[g * kMmaTStride + 4 * c + t], w1[c] = tb[(g + 8) * kMmaTStride + 4 * c + t];
           const uint32_t e0 = crow0[seg], e1 = crow1[seg];
           uint32_t bw[16];  // B of A-tile 4c + 2p + h
           const uint32_t bp = bsrc + static_cast<uint32_t>(seg) * bstep;
@@ -318,7 +267,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp4_mma_gemv(MmaParams p) {
 
 bool gemv_fp4_mma_supported(const GemvArgs& a) {
   if (a.fmt != 1 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
-  if (a.act_quant_block != 0 || a.K % 128 != 0 || a.K > kMaxK || a.lds % 4 != 0) return false;
+  if (a.act_quant_block != 0 || a.K % 128 != 0 || a.K > kMmaMaxK || a.lds % 4 != 0) return false;
   if (a.row_expert == nullptr && reinterpret_cast<uintptr_t>(a.scale) % 4 != 0) return false;
   return true;
 }
@@ -328,7 +277,7 @@ int64_t gemv_fp4_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_wa
 void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp4_mma_supported(a), "cuda::gemv: fp4_mma_gemv does not take this call (N {}, K {}, M {})", a.N, a.K,
            a.M);
-  mma_launch(fp4_mma_gemv, a, 32 * kWarps, kRowsPerStep, mma_smem(a.K).total, stream);
+  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
 }
 
 }  // namespace deepinfer::cuda

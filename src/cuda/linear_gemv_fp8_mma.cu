@@ -14,10 +14,11 @@
 // Thread mapping (lane = 4 g + r): a warp owns 16 weight rows; lane (g, r) owns rows g and g + 8 and, of each 32-byte
 // tile, the byte pairs 8j + 2r, 8j + 2r + 1 (j = 0..3): the chains (j, l) for l = 2r, 2r + 1, all four j, so s[l] is
 // the lane's own. Rows are walked in segments of 64 bytes (2 tiles): lane t loads bytes [16t, 16t + 16) of the segment
-// of both rows (16-byte streaming loads, a ring of kDepth segments in flight; a warp load reads 8 rows x 64 contiguous
-// bytes), regroups them with 4 byte permutes so that word r holds the pairs 2r and 8 + 2r of its 16 bytes, and a
-// per-warp transpose buffer in shared memory hands lane r word r of each half tile: pairs j = 0, 1 (first half) and
-// 2, 3 (second half). Each pair, decoded to fp16x2, is the lane's a0 (row g) / a1 (row g + 8) of the mma of A-tile j.
+// of both rows (16-byte streaming loads, a ring of kMmaDepth segments in flight; a warp load reads 8 rows x 64
+// contiguous bytes), regroups them with 4 byte permutes so that word r holds the pairs 2r and 8 + 2r of its 16 bytes,
+// and a per-warp transpose buffer in shared memory hands lane r word r of each half tile: pairs j = 0, 1 (first half)
+// and 2, 3 (second half). Each pair, decoded to fp16x2, is the lane's a0 (row g) / a1 (row g + 8) of the mma of A-tile
+// j.
 //
 // B images: column k = 2r + e of A-tile j is element 8j + k, held (B = diag) by lane (g' = k, r' = k / 2), half k % 2:
 // the 8 lanes with r' = g' / 2. The block fake-quantises its x row once (a warp per tile, the CPU's arithmetic) and
@@ -45,30 +46,9 @@ namespace deepinfer::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kRowsPerStep = 16 * kWarps;
-constexpr int kDepth = 4;     // segments in flight per lane (2 x 16 bytes each)
-constexpr int kMaxK = 8192;   // shared memory per block grows with K
-constexpr int kTStride = 20;  // words per row of a warp's transpose buffer (conflict-free 4-byte reads)
-
-// Shared memory, dynamic only (as fp4_mma_gemv), byte offsets: the B images [K / 64 segments][8 lanes][8 words],
-// per tile kx << 23, 32 zero bytes, the block's flags (x_ok, kx min, kx max), per warp the scale codes of its row
-// block [K / 32] and 2 transpose buffers [16][kTStride words].
-struct Smem {
-  int64_t img, kxs, zeros, flags, codes, tbuf, total;
-};
-__host__ __device__ inline Smem fp8_mma_smem(int K) {
-  Smem m;
-  const int64_t nch = K / 32, pad = (nch + 15) / 16 * 16;
-  m.img = 0;
-  m.kxs = m.img + nch * 128;
-  m.zeros = m.kxs + pad * 4;
-  m.flags = m.zeros + 32;
-  m.codes = m.flags + 16;
-  m.tbuf = m.codes + kWarps * pad;
-  m.total = m.tbuf + kWarps * 2 * 16 * kTStride * 4;
-  return m;
-}
+// This kernel's shared memory (mma_smem): the B images [K / 64 segments][8 lanes][8 words], per tile kx << 23, 32 zero
+// bytes, and per warp the scale codes of its row block [K / 32].
+__host__ __device__ inline MmaSmem fp8_mma_smem(int K) { return mma_smem(K, 32, K / 32); }
 
 // Warps that took the slow path (gemv_fp8_mma_slow_warps).
 __device__ unsigned long long g_slow_warps;
@@ -92,8 +72,8 @@ __device__ __forceinline__ void stage_segment(uint4 v0, uint4 v1, uint32_t* tb, 
                               prmt(v0.y, v0.w, 0x7632u));
   const uint4 u1 = make_uint4(prmt(v1.x, v1.z, 0x5410u), prmt(v1.x, v1.z, 0x7632u), prmt(v1.y, v1.w, 0x5410u),
                               prmt(v1.y, v1.w, 0x7632u));
-  *reinterpret_cast<uint4*>(tb + g * kTStride + 4 * r) = u0;
-  *reinterpret_cast<uint4*>(tb + (g + 8) * kTStride + 4 * r) = u1;
+  *reinterpret_cast<uint4*>(tb + g * kMmaTStride + 4 * r) = u0;
+  *reinterpret_cast<uint4*>(tb + (g + 8) * kMmaTStride + 4 * r) = u1;
 }
 
 // The chain sums of a staged segment's two tiles: sl[cs][2 a + e] = ((D0 + D1) + D2) + D3 of row g + 8 a, chain l =
@@ -107,8 +87,8 @@ __device__ __forceinline__ void segment_sums(const uint32_t* tb, int g, int r, u
 #pragma unroll
   for (int cs = 0; cs < 2; ++cs) {
     // Words r of the tile's two halves: pairs j = 0, 1 and 2, 3 of rows g, g + 8.
-    const uint32_t h00 = tb[g * kTStride + 8 * cs + r], h01 = tb[g * kTStride + 8 * cs + 4 + r];
-    const uint32_t h10 = tb[(g + 8) * kTStride + 8 * cs + r], h11 = tb[(g + 8) * kTStride + 8 * cs + 4 + r];
+    const uint32_t h00 = tb[g * kMmaTStride + 8 * cs + r], h01 = tb[g * kMmaTStride + 8 * cs + 4 + r];
+    const uint32_t h10 = tb[(g + 8) * kMmaTStride + 8 * cs + r], h11 = tb[(g + 8) * kMmaTStride + 8 * cs + 4 + r];
     const uint32_t pr0[4] = {h00, h00 >> 16, h01, h01 >> 16}, pr1[4] = {h10, h10 >> 16, h11, h11 >> 16};
     float dd[4][4];
 #pragma unroll
@@ -163,11 +143,11 @@ __device__ __forceinline__ void store_lane_rows(const MmaParams& p, int mt, int 
   }
 }
 
-__global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
+__global__ void __launch_bounds__(32 * kMmaWarps, 4) fp8_mma_gemv(MmaParams p) {
   extern __shared__ __align__(16) uint8_t smem_b[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, nseg = K / 64, nch = K / 32;
-  const Smem sm = fp8_mma_smem(K);
+  const MmaSmem sm = fp8_mma_smem(K);
   uint32_t* img = reinterpret_cast<uint32_t*>(smem_b + sm.img);  // [nseg][8][8]
   int* kxs = reinterpret_cast<int*>(smem_b + sm.kxs);            // [nch]
   uint32_t* zeros = reinterpret_cast<uint32_t*>(smem_b + sm.zeros);
@@ -175,14 +155,11 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, r = lane & 3;
-  uint8_t* codes = smem_b + sm.codes + warp * ((nch + 15) / 16 * 16);                         // [nch]
-  uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kTStride;  // [2][16][kTStride]
+  uint8_t* codes = smem_b + sm.codes + warp * sm.codes_warp;                                     // [nch]
+  uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kMmaTStride;  // [2][16][kMmaTStride]
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
-  if (tid == 0) flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
-  if (tid < 8) zeros[tid] = 0u;
-  __syncthreads();
-  pdl_wait();
+  mma_block_init(flags, zeros, 8);
 
   const uint8_t *W = nullptr, *SC = nullptr;
   const float* xr = mma_block_rows(p, mt, W, SC);
@@ -191,15 +168,15 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
   // for the block's first step before x is quantised, for a later step at its start.
   int base = 0;
   const uint8_t *wr0 = W, *wr1 = W;
-  uint4 q0[kDepth], q1[kDepth];
+  uint4 q0[kMmaDepth], q1[kMmaDepth];
   auto begin = [&](int step) {
-    base = step * kRowsPerStep + warp * 16;
+    base = step * kMmaRowsPerStep + warp * 16;
     if (base >= N) return;  // warp-uniform
     const int64_t n0 = min(base + g, N - 1), n1 = min(base + g + 8, N - 1);
     wr0 = W + n0 * p.ldw + 16 * r;
     wr1 = W + n1 * p.ldw + 16 * r;
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d)
+    for (int d = 0; d < kMmaDepth; ++d)
       if (d < nseg) q0[d] = ldg_stream(wr0 + 64 * d), q1[d] = ldg_stream(wr1 + 64 * d);
     const uint8_t* srow = SC + static_cast<int64_t>(base / 32) * p.lds;
     for (int i = lane; i < nch / 4; i += 32) cp_async4(codes + 4 * i, srow + 4 * i);
@@ -207,45 +184,21 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
   };
   if (first < p.steps) begin(first);
 
-  // x quantised per tile (a warp per tile, a lane per column; 16 tiles' loads in flight per warp) into the B images.
-  {
-    bool ok = true;
-    int kmin = INT_MAX, kmax = INT_MIN;
-    constexpr int kBatch = 16;
-    for (int cb = warp; cb < nch; cb += kBatch * kWarps) {
-      float xv[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = cb + u * kWarps;
-        xv[u] = c < nch ? __ldcg(xr + 32 * c + lane) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = cb + u * kWarps;
-        if (c >= nch) break;  // warp-uniform
-        const float s = tile_scale(xv[u]);
-        const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;  // s = 2^kx (inf for an infinite amax)
-        ok = ok && kx >= -100 && kx <= 100;
-        // 1 / s = 2^-kx exactly, read off the exponent (s is a power of two; outside kx's range the block is slow and
-        // the images unused).
-        const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));
-        const float X = e4m3_rne(__fmul_rn(xv[u], inv));  // act_quant's code value, exact in fp16
-        const uint32_t bits = __half_as_ushort(__float2half_rn(X));
-        // Element l = lane of tile c: A-tile l / 8, data lane g' = l % 8, half g' % 2; segment c / 2, slot 4 (c % 2) +
-        // j.
-        const int gp = lane & 7;
-        img[((c >> 1) * 8 + gp) * 8 + 4 * (c & 1) + (lane >> 3)] = bits << (16 * (gp & 1));
-        if (lane == 0) kxs[c] = kx * (1 << 23);
-        kmin = min(kmin, kx);
-        kmax = max(kmax, kx);
-      }
-    }
-    if (lane == 0) {
-      if (!ok) atomicAnd(&flags[0], 0);
-      atomicMin(&flags[1], kmin);
-      atomicMax(&flags[2], kmax);
-    }
-  }
+  // x quantised per tile (a warp per tile, a lane per column) into the B images.
+  mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) {
+    const float s = tile_scale(v);
+    const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;  // s = 2^kx (inf for an infinite amax)
+    // 1 / s = 2^-kx exactly, read off the exponent (s is a power of two; outside kx's range the block is slow and the
+    // images unused).
+    const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));
+    const float X = e4m3_rne(__fmul_rn(v, inv));  // act_quant's code value, exact in fp16
+    const uint32_t bits = __half_as_ushort(__float2half_rn(X));
+    // Element l = lane of tile c: A-tile l / 8, data lane g' = l % 8, half g' % 2; segment c / 2, slot 4 (c % 2) + j.
+    const int gp = lane & 7;
+    img[((c >> 1) * 8 + gp) * 8 + 4 * (c & 1) + (lane >> 3)] = bits << (16 * (gp & 1));
+    if (lane == 0) kxs[c] = kx * (1 << 23);
+    return MmaChunk{kx, kx >= -100 && kx <= 100};
+  });
   __syncthreads();  // images, kx, flags complete
   const bool x_ok = flags[0] != 0;
   const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
@@ -272,15 +225,15 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
     }
     fast = __all_sync(0xffffffffu, fast);
     if (fast) {
-      for (int s0 = 0; s0 < nseg; s0 += kDepth) {
+      for (int s0 = 0; s0 < nseg; s0 += kMmaDepth) {
 #pragma unroll
-        for (int d = 0; d < kDepth; ++d) {
+        for (int d = 0; d < kMmaDepth; ++d) {
           const int seg = s0 + d;
           if (seg >= nseg) break;  // uniform
-          uint32_t* tb = tbuf + (seg & 1) * 16 * kTStride;
+          uint32_t* tb = tbuf + (seg & 1) * 16 * kMmaTStride;
           stage_segment(q0[d], q1[d], tb, g, r);
-          if (seg + kDepth < nseg)
-            q0[d] = ldg_stream(wr0 + 64 * (seg + kDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kDepth));
+          if (seg + kMmaDepth < nseg)
+            q0[d] = ldg_stream(wr0 + 64 * (seg + kMmaDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kMmaDepth));
           __syncwarp();  // also orders the reads of this buffer two segments ago before its writes above
           float sl[2][4];
           segment_sums(tb, g, r, bsrc + static_cast<uint32_t>(seg) * bstep, sl);
@@ -310,7 +263,7 @@ __global__ void __launch_bounds__(32 * kWarps, 4) fp8_mma_gemv(MmaParams p) {
 
 bool gemv_fp8_mma_supported(const GemvArgs& a) {
   if (a.fmt != 0 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
-  if (a.B != 32 || a.act_quant_block != 32 || a.K % 128 != 0 || a.K > kMaxK || a.lds % 4 != 0) return false;
+  if (a.B != 32 || a.act_quant_block != 32 || a.K % 128 != 0 || a.K > kMmaMaxK || a.lds % 4 != 0) return false;
   if (a.row_expert == nullptr && reinterpret_cast<uintptr_t>(a.scale) % 4 != 0) return false;
   return true;
 }
@@ -320,7 +273,7 @@ int64_t gemv_fp8_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_wa
 void gemv_fp8_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp8_mma_supported(a), "cuda::gemv: fp8_mma_gemv does not take this call (N {}, K {}, M {}, B {})", a.N,
            a.K, a.M, a.B);
-  mma_launch(fp8_mma_gemv, a, 32 * kWarps, kRowsPerStep, fp8_mma_smem(a.K).total, stream);
+  mma_launch(fp8_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp8_mma_smem(a.K).total, stream);
 }
 
 }  // namespace deepinfer::cuda
