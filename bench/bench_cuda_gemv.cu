@@ -9,15 +9,17 @@
 // 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are timed with both FP4 kernels
 // (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant; the grouped rows also with
 // fp4_mma_gemv, variant 4, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
-// kernels (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call; gemv_set_fp8_variant 1, 2,
-// 4), the last column giving each later kernel's
+// kernels (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call, rows: fp8_rows_gemv where
+// it takes the call; gemv_set_fp8_variant 1, 2, 4, 6), the last column giving each later kernel's
 // speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
 // counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
 // is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
 // First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv,
-// fp8_walk_gemv and fp8_mma_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels
-// (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it).
-// BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu).
+// fp8_walk_gemv, fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab
+// kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1:
+// without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu).
+// BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches,
+// walk against rows).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -170,8 +172,8 @@ void run() {
       "weight read once)\n\n");
   std::printf(
       "| weight [N, K] | fmt | M | slab us | gemv us (fp8_gemv / chain_gemv) | walk / tile us (fp8_walk_gemv / "
-      "bf16_tile_gemv) | mma us (fp8_mma_gemv) | best GB/s | %% of read | best / slab |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      "bf16_tile_gemv) | mma us (fp8_mma_gemv) | rows us (fp8_rows_gemv) | best GB/s | %% of read | best / slab |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const Shape batched[] = {
       {"attn.wq_a", kFp8, 1024, 5120}, {"attn.wq_b", kFp8, 32768, 1280},   {"attn.wkv", kFp8, 512, 5120},
@@ -195,9 +197,9 @@ void run() {
       const double ms_slab =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
       // E4M3: both GEMV kernels (fp8_gemv, fp8_walk_gemv); BF16: both (chain_gemv, bf16_tile_gemv).
-      double ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // [variant]
-      for (const int variant : {1, 2, 4}) {
-        if (variant == 4 && s.fmt != kFp8) continue;
+      double ms[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // [variant]
+      for (const int variant : {1, 2, 4, 6}) {
+        if (variant >= 4 && s.fmt != kFp8) continue;
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         if (s.fmt == kBf16) di::cuda::gemv_set_bf16_variant(variant);
         ms[variant] = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
@@ -206,12 +208,14 @@ void run() {
       di::cuda::gemv_set_bf16_variant(0);
       double best = std::min(ms[1], ms[2]);
       if (ms[4] > 0.0) best = std::min(best, ms[4]);
+      if (ms[6] > 0.0) best = std::min(best, ms[6]);
       const double gbs = su.wbytes / best / 1e6;
-      char mma[32] = "-";
+      char mma[32] = "-", rows[32] = "-";
       if (ms[4] > 0.0) std::snprintf(mma, sizeof mma, "%.2f", ms[4] * 1e3);
-      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %.2f | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
+      if (ms[6] > 0.0) std::snprintf(rows, sizeof rows, "%.2f", ms[6] * 1e3);
+      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %.2f | %s | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
                   static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
-                  ms_slab * 1e3, ms[1] * 1e3, ms[2] * 1e3, mma, gbs, 100.0 * gbs / read_gbs, ms_slab / best);
+                  ms_slab * 1e3, ms[1] * 1e3, ms[2] * 1e3, mma, rows, gbs, 100.0 * gbs / read_gbs, ms_slab / best);
       std::fflush(stdout);
     }
   }
@@ -254,7 +258,7 @@ void run() {
       // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
       const bool two = s.fmt == kFp4 || s.fmt == kFp8;
       double ms_first = 0.0;
-      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4}
+      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4, 6}
                                : two         ? std::vector<int>{1, 2}
                                              : std::vector<int>{0}) {
         if (s.fmt == kFp4) di::cuda::gemv_set_fp4_variant(variant);
@@ -265,6 +269,7 @@ void run() {
         const char* tag = variant == 0    ? ""
                           : variant == 1  ? " old"
                           : variant == 4  ? " mma"
+                          : variant == 6  ? " rows"
                           : s.fmt == kFp8 ? " walk"
                                           : " new";
         char vs[32] = "-";
@@ -280,7 +285,7 @@ void run() {
     }
   }
 
-  if (dense_only != nullptr) {
+  if (dense_only != nullptr && std::getenv("BENCH_GROUPED_ROWS") == nullptr) {
     CK(cudaStreamDestroy(st));
     return;
   }
@@ -344,6 +349,80 @@ void run() {
     CK(cudaFree(tw));
     CK(cudaFree(ts));
     CK(cudaFree(ids_d));
+  }
+
+  // ---- grouped E4M3 at decode batches with a known row period (GemvArgs::row_period), as the model calls them:
+  // wo_a (row t * 8 + g against group g, period 8, no act quant) and the shared expert's w1 + w3 (2 lists of one
+  // matrix each, every row against it: period 1, act quant 32); fp8_walk_gemv against fp8_rows_gemv ------------
+  {
+    struct GShape {
+      const char* name;
+      int64_t N, K;
+      int lists, period, act;
+    };
+    const GShape gshapes[] = {{"wo_a 8 groups", 1024, 4096, 1, 8, 0}, {"shared w1 + w3", 2304, 5120, 2, 1, 32}};
+    std::printf("\n## Grouped E4M3 decode batches (row_period; fp8_walk_gemv against fp8_rows_gemv)\n\n");
+    std::printf("| call | tokens | rows | MB / call | walk us | GB/s | rows us | GB/s | walk / rows |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (const GShape& g : gshapes) {
+      const int mats = g.lists * g.period;  // distinct matrices of one call
+      const di::ops::QWeight w0 = make_weight(kFp8, g.N, g.K);
+      const double bytes = mats * qbytes(w0);
+      const int copies = static_cast<int>(std::max(2.0, (512.0 * (1 << 20)) / bytes));
+      std::vector<di::ops::QWeight> gw{w0};
+      for (int i = 1; i < copies * mats; ++i) gw.push_back(make_weight(kFp8, g.N, g.K));
+      // Copy c: tables of matrices [c * mats, c * mats + mats): list l's entries at l * period.
+      std::vector<const void*> hw, hs;
+      for (const auto& w : gw) hw.push_back(w.w.raw()), hs.push_back(w.scale.raw());
+      void *tw = nullptr, *ts = nullptr, *ids_d = nullptr;
+      CK(cudaMalloc(&tw, hw.size() * sizeof(void*)));
+      CK(cudaMalloc(&ts, hs.size() * sizeof(void*)));
+      CK(cudaMemcpy(tw, hw.data(), hw.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ts, hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      constexpr int kMaxTokens = 32;
+      std::vector<int32_t> ids(static_cast<size_t>(kMaxTokens * g.period));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % static_cast<size_t>(g.period));
+      CK(cudaMalloc(&ids_d, ids.size() * sizeof(int32_t)));
+      CK(cudaMemcpy(ids_d, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const di::Tensor x = dev_act({kMaxTokens * g.period, g.K});
+      di::Tensor y = di::Tensor::empty({g.lists * kMaxTokens * g.period, g.N}, di::DType::kF32, di::Device::kCUDA);
+      di::ops::LinearOpts o;
+      o.act_quant_block = g.act;
+      o.round_out_bf16 = true;
+      for (const int tokens : {1, 2, 4, 8, 16, 32}) {
+        const int xr = tokens * g.period;
+        di::cuda::GemvArgs a = args_of(kFp8, w0, x.slice(0, 0, xr), y, o);
+        a.w = nullptr;
+        a.scale = nullptr;
+        a.M = g.lists * xr;
+        a.row_expert = static_cast<const int32_t*>(ids_d);
+        a.x_rows = xr;
+        a.n_experts = g.period;
+        a.row_period = g.period;
+        double ms[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+        for (const int variant : {2, 6}) {
+          di::cuda::gemv_set_fp8_variant(variant);
+          ms[variant] = time_calls(st, copies, [&](int i) {
+            di::cuda::GemvArgs ai = a;
+            ai.w_table = static_cast<const uint8_t* const*>(tw) + static_cast<int64_t>(i) * mats;
+            ai.s_table = static_cast<const uint8_t* const*>(ts) + static_cast<int64_t>(i) * mats;
+            DI_CHECK(di::cuda::gemv_supported(ai), "gemv does not support the grouped {} call", g.name);
+            di::cuda::gemv_into(ai, st);
+          });
+        }
+        di::cuda::gemv_set_fp8_variant(0);
+        std::printf("| %s | %d | %d | %.1f | %.2f | %.0f | %.2f | %.0f | %.2fx |\n", g.name, tokens, a.M, bytes / 1e6,
+                    ms[2] * 1e3, bytes / ms[2] / 1e6, ms[6] * 1e3, bytes / ms[6] / 1e6, ms[2] / ms[6]);
+        std::fflush(stdout);
+      }
+      CK(cudaFree(tw));
+      CK(cudaFree(ts));
+      CK(cudaFree(ids_d));
+    }
+  }
+  if (std::getenv("BENCH_GROUPED_ROWS") != nullptr) {  // the tables up to here
+    CK(cudaStreamDestroy(st));
+    return;
   }
 
   // ---- grouped FP4 experts, as the model calls them: w1 + w3 as 2 lists in one launch, w2 as 1 list ---------

@@ -65,6 +65,6 @@ WeightLayout weight_layout(const ops::QWeight& w, const char* op);
 // read on the device from row_expert through a cached device table of the experts' pointers.
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
                       const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
-                      int64_t tile_rows = 0);
+                      int64_t tile_rows = 0, int64_t row_period = 0);
 
 }  // namespace deepinfer::cuda

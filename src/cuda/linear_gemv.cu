@@ -35,6 +35,7 @@
 #include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/linear_gemv_fp8_mma.cuh"
+#include "cuda/linear_gemv_fp8_rows.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -1067,7 +1068,9 @@ std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 
 // The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (fp8_uses_walk),
 // 4 = fp8_mma_gemv wherever it takes the call, 5 = by shape with fp8_mma_gemv for the dense calls where it measured
-// faster (the default; fp8_uses_mma). gemv_set_fp8_variant.
+// faster and fp8_rows_gemv (linear_gemv_fp8_rows.cu) for the dense decode batches where it measured faster (the
+// default; fp8_uses_mma, fp8_uses_rows), 6 = fp8_rows_gemv wherever it takes the call, the default elsewhere.
+// gemv_set_fp8_variant.
 constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
@@ -1079,7 +1082,7 @@ int gemv_set_fp4_variant(int v) {
 }
 
 int gemv_set_fp8_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 5, "gemv_set_fp8_variant: {} is not 0 .. 5", v);
+  DI_CHECK(v >= 0 && v <= 6, "gemv_set_fp8_variant: {} is not 0 .. 6", v);
   return g_fp8_variant.exchange(v == 0 ? kFp8DefaultVariant : v, std::memory_order_relaxed);
 }
 
@@ -1134,10 +1137,35 @@ bool fp8_uses_mma(const GemvArgs& a) {
   constexpr int64_t kMmaMinRows = 16384;
   const int v = gemv_fp8_variant();
   if (v == 4) return gemv_fp8_mma_supported(a);
-  if (v != 5 || a.row_expert != nullptr) return false;
+  if ((v != 5 && v != 6) || a.row_expert != nullptr) return false;
   const bool wide = a.N >= kMmaMinRows && (a.M == 1 || (a.M >= 3 && a.M <= 64));
   const bool second_pass = a.N >= 4096 && (a.M == 5 || a.M == 6);
   return (wide || second_pass) && gemv_fp8_mma_supported(a);
+}
+
+bool fp8_uses_rows(const GemvArgs& a) {
+  // bench_cuda_gemv's batched table on the H200 (V4.1 shapes, us; fp8_rows_gemv against the fastest other kernel):
+  // wq_b [32768, 1280] at M = 2 / 4 / 8 / 16 / 64: 20.0 / 27.6 / 40.1 / 72.8 / 273 against 24.8 / 45.2 / 86.6 / 164 /
+  // 663; wo_b [5120, 8192] at M = 5 / 8 / 16 / 64: 71.0 / 78.0 / 123 / 375 against 77.1 / 91.1 / 164 / 619, but
+  // slower at M = 1-4 (too few 16-row tasks: 46.2 against 19.4 at M = 1); the shared w2 [5120, 2304] at M = 5 / 8 /
+  // 16: 21.4 / 24.0 / 36.6 against 23.2 / 30.0 / 53.2. So the default takes dense calls of 2-64 rows of x on N >=
+  // 16,384 and of 5-64 rows on N >= 4,096.
+  const int v = gemv_fp8_variant();
+  if (v == 6) return gemv_fp8_rows_supported(a);
+  if (v != 5) return false;
+  if (a.row_expert != nullptr) {
+    // Grouped calls with a known row period (bench_cuda_gemv's grouped decode table, us, rows against walk): wo_a's 8
+    // groups [1024, 4096] at 8 / 16 / 32 tokens 51.5 / 85.4 / 135 against 61.7 / 117 / 232, but slower at 1-4 tokens
+    // (40.7 against 14.9 at one: 512 16-row tasks); the shared expert's w1 + w3 (2 lists of one [2304, 5120] matrix)
+    // at 16 / 32 tokens 82.6 / 141 against 84.8 / 162, slower up to 8 (50.2 against 47.6). So: from 8 x rows per
+    // matrix at 8+ matrices per list, from 16 otherwise, to 64.
+    const int xr = a.x_rows > 0 ? a.x_rows : a.M, per_matrix = a.row_period > 0 ? xr / a.row_period : 0;
+    const int from = a.row_period >= 8 ? 8 : 16;
+    return per_matrix >= from && per_matrix <= 64 && gemv_fp8_rows_supported(a);
+  }
+  if (a.M > 64) return false;
+  const bool wide = a.N >= 16384 && a.M >= 2, batch = a.N >= 4096 && a.M >= 5;
+  return (wide || batch) && gemv_fp8_rows_supported(a);
 }
 
 bool bf16_uses_tile(const GemvArgs& a) {
@@ -1164,9 +1192,11 @@ bool gemv_supported(const GemvArgs& a) {
   if (a.act_quant_block < 0 || (a.act_quant_block > 0 && (a.K + a.act_quant_block - 1) / a.act_quant_block > 512))
     return false;
   const bool grouped = a.row_expert != nullptr;
+  if (a.row_period < 0) return false;
   if (grouped) {
     if (a.w_table == nullptr || (a.fmt != kBf16 && a.s_table == nullptr)) return false;
     if (a.x_rows < 0 || (a.x_rows > 0 && (a.M % a.x_rows != 0 || a.n_experts <= 0))) return false;
+    if (a.row_period > 0 && (a.x_rows > 0 ? a.x_rows : a.M) % a.row_period != 0) return false;
   } else {
     if (a.w == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
     if (a.fmt != kBf16 && a.scale == nullptr) return false;
@@ -1189,7 +1219,9 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   if (a.M == 0 || a.N == 0) return;
   Params p = {};
   copy_gemv_args(a, p);
-  if (a.fmt == kFp8 && fp8_uses_mma(a))
+  if (a.fmt == kFp8 && fp8_uses_rows(a))
+    gemv_fp8_rows_into(a, stream);
+  else if (a.fmt == kFp8 && fp8_uses_mma(a))
     gemv_fp8_mma_into(a, stream);
   else if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N, a.M))
     gemv_fp8_walk_into(a, stream);

@@ -84,6 +84,11 @@ struct GemvArgs {
   // kernels ignore it): tile_rows > 1 lets one block serve up to tile_rows (at most 4) consecutive rows of one
   // expert, so that their pass over the expert's weight is shared. The same bits either way.
   int tile_rows = 0;
+  // Grouped rows whose experts repeat with this period (row_expert[r] == row_expert[r % row_period] for every x row r,
+  // x rows a multiple of it; 0: not known): wo_a's groups (row i against group i mod 8), the shared expert's w1 / w3
+  // (period 1: every row against matrix 0). The x rows that share a matrix are then known on the host, so
+  // fp8_rows_gemv can serve several of them per pass over it. The same bits either way.
+  int row_period = 0;
 };
 
 // True when gemv_into handles this call: dense mode or grouped mode (any M >= 1),

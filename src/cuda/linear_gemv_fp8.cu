@@ -52,6 +52,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/gemv_fp8_x.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/quant.cuh"
 
@@ -111,34 +112,6 @@ __device__ __forceinline__ int x_slot(int F) {
 }
 
 __device__ __forceinline__ int64_t walk_x_row(const WalkParams& p, int m) { return p.x_rows > 0 ? m % p.x_rows : m; }
-
-// Four e4m3 codes (byte i = element i) -> f[i] = e4m3 (kScaled: e4m3 * 2^-8), exact; NaN codes give NaN.
-template <bool kScaled>
-__device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
-  __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3));
-  __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
-  if constexpr (kScaled) {
-    // e4m3 * 2^-8 is an fp16 (normal, or subnormal on the 2^-24 grid), so the fp16 multiply is exact.
-    const __half2 k = __float2half2_rn(0x1p-8f);
-    lo = __hmul2(lo, k);
-    hi = __hmul2(hi, k);
-  }
-  f[0] = __low2float(lo);
-  f[1] = __high2float(lo);
-  f[2] = __low2float(hi);
-  f[3] = __high2float(hi);
-}
-
-// One x value quantised as the CPU's fake_quant_fp8 (linear_gemv.cu's act_quant): e4m3_rne(v * (1 / s)) * s.
-__device__ __forceinline__ float walk_act_quant(float v, float s, float inv) {
-  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
-}
-
-// True when x value v qualifies for the fast path without act quant (see the top of the file).
-__device__ __forceinline__ bool fast_raw_x(float v) {
-  const uint32_t u = __float_as_uint(v), e = (u >> 23) & 0xffu;
-  return (u & 0x7fffffffu) == 0u || e == 0xffu || (e >= 127u - 100u && e < 127u + 100u && (u & 0xfu) == 0u);
-}
 
 // Shared memory of fp8_walk_gemv, in floats (the host sizes the launch with the same function).
 __host__ __device__ inline int64_t walk_smem_floats(int MT, int xcols, int warps, int ng) {
@@ -218,15 +191,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   pdl_wait();
 
   // x rows [m0, m0 + mrows) into xs, raw (zeros beyond K and for rows >= mrows), all in flight at once.
-  const int k4 = K >> 2, xc4 = p.xcols >> 2;
-  for (int i = tid; i < MT * xc4; i += nthreads) {
-    const int m = i / xc4, c = i - m * xc4;
-    float* dst = xs + m * p.xcols + 4 * x_slot<G>(c);
-    if (m < mrows && c < k4)
-      cp_async16(dst, p.x + walk_x_row(p, m0 + m) * p.ldx + 4 * c);
-    else
-      *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
+  auto slot = [](int c) { return x_slot<G>(c); };
+  fp8_stage_x<MT>(
+      xs, p.xcols, p.x, p.ldx, mrows, K, [&](int m) { return walk_x_row(p, m0 + m); }, slot);
   if (grouped) {  // the expert of x row m0 (as linear_gemv.cu's expert_of), while x is in flight
     const int e = __ldcg(p.row_expert + walk_x_row(p, m0)) + (p.x_rows > 0 ? m0 / p.x_rows * p.n_experts : 0);
     W = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
@@ -235,66 +202,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   }
   cp_async_wait_all();
   __syncthreads();  // raw x complete, gmax zeroed
-
-  bool fast;
-  if (p.A > 0) {
-    const int A = p.A;
-    for (int i = tid; i < mrows * k4; i += nthreads) {  // group amax (linear_gemv.cu's group_max)
-      const int m = i / k4, c = i - m * k4, k = 4 * c;
-      const float4 v = *reinterpret_cast<const float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
-      const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
-      uint32_t* g = gmax + m * p.ng;
-      if (A % 4 == 0) {
-        atomicMax(g + k / A, __float_as_uint(fmaxf(fmaxf(fmaxf(fmaxf(0.0f, a[0]), a[1]), a[2]), a[3])));
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
-      }
-    }
-    __syncthreads();  // group amax complete
-    bool ok = true;
-    for (int i = tid; i < MT * p.ng; i += nthreads) {
-      const float s = ue8m0_scale(fmaxf(__uint_as_float(gmax[i]), 1e-4f), kE4M3Max);
-      gmax[i] = __float_as_uint(s);
-      ginv[i] = __fdiv_rn(1.0f, s);
-      ok = ok && s < 0x1p91f;
-    }
-    fast = __syncthreads_and(ok) != 0;  // and the group scales are complete
-    const float k = fast ? 0x1p-8f : 1.0f;
-    for (int i = tid; i < mrows * k4; i += nthreads) {
-      const int m = i / k4, c = i - m * k4, col = 4 * c;
-      float4* v = reinterpret_cast<float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
-      const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
-      const float* gi = ginv + m * p.ng;
-      float4 q = *v;
-      const int g0 = col / A, g1 = (col + 1) / A, g2 = (col + 2) / A, g3 = (col + 3) / A;
-      q.x = __fmul_rn(walk_act_quant(q.x, gs[g0], gi[g0]), k);
-      q.y = __fmul_rn(walk_act_quant(q.y, gs[g1], gi[g1]), k);
-      q.z = __fmul_rn(walk_act_quant(q.z, gs[g2], gi[g2]), k);
-      q.w = __fmul_rn(walk_act_quant(q.w, gs[g3], gi[g3]), k);
-      *v = q;
-    }
-    __syncthreads();  // quantised x complete
-  } else {
-    bool ok = true;
-    for (int i = tid; i < mrows * k4; i += nthreads) {
-      const int m = i / k4, c = i - m * k4;
-      const float4 v = *reinterpret_cast<const float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
-      ok = ok && fast_raw_x(v.x) && fast_raw_x(v.y) && fast_raw_x(v.z) && fast_raw_x(v.w);
-    }
-    fast = __syncthreads_and(ok) != 0;
-    if (fast) {
-      for (int i = tid; i < mrows * k4; i += nthreads) {
-        const int m = i / k4, c = i - m * k4;
-        float4* v = reinterpret_cast<float4*>(xs + m * p.xcols + 4 * x_slot<G>(c));
-        float4 q = *v;
-        q.x = __fmul_rn(q.x, 0x1p-8f), q.y = __fmul_rn(q.y, 0x1p-8f);
-        q.z = __fmul_rn(q.z, 0x1p-8f), q.w = __fmul_rn(q.w, 0x1p-8f);
-        *v = q;
-      }
-      __syncthreads();
-    }
-  }
+  const bool fast = fp8_quantise_x<MT>(xs, p.xcols, gmax, ginv, p.A, p.ng, mrows, K, slot);
 
   // The walk: item after item (segment seg of row group cg), D slots of the ring per pass.
   const int f = lane >> 3, l = lane & 7;  // this lane's fold row and chain

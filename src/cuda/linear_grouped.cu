@@ -97,7 +97,7 @@ const uint8_t* const* expert_table(const std::vector<const std::vector<ops::QWei
 
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
                       const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
-                      int64_t tile_rows) {
+                      int64_t tile_rows, int64_t row_period) {
   const char* op = "cuda::linear_grouped";
   DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2 && x.is_contiguous(),
            "{}: x must be a contiguous float32 [R, K] CUDA tensor, got {}", op,
@@ -127,6 +127,9 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
   a.w_table = table, a.s_table = table + L * E;
   a.x_rows = static_cast<int>(R), a.n_experts = static_cast<int>(E);
   a.tile_rows = static_cast<int>(std::min<int64_t>(tile_rows, 4));  // launch_fp4_pair takes 1..4
+  DI_CHECK(row_period >= 0 && (row_period == 0 || R % row_period == 0), "{}: row period {} for {} rows", op, row_period,
+           R);
+  a.row_period = static_cast<int>(row_period);
   if (gemv_supported(a)) {
     gemv_into(a, nullptr);
     return y;

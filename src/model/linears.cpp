@@ -140,7 +140,8 @@ Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight&
   Tensor z;
   if (run_grouped(T * G, o.device())) {
     // o [T, H*D] is [T*G, gin] row by row: row (t, g) through group g gives z[t, g*R:(g+1)*R] in place.
-    z = ops::linear_grouped(o.view({T * G, gin}), group_rows(T * G, G, o.device()), parts, {0, bf}).view({T, G * R});
+    z = ops::linear_grouped(o.view({T * G, gin}), group_rows(T * G, G, o.device()), parts, {0, bf}, 0, G)
+            .view({T, G * R});
   } else {
     z = Tensor::empty({T, G * R}, DType::kF32, o.device());
     for (int64_t g = 0; g < G; ++g)

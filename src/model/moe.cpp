@@ -59,7 +59,7 @@ Tensor shared_expert_forward(const MoeWeights& w, const Tensor& x, const LayerCt
     return expert_forward(e, x, Tensor(), c);
   const Tensor matrix0 = w.shared_rows.slice(0, 0, T);
   const std::vector<const std::vector<ops::QWeight>*> w13{&w.shared_w1, &w.shared_w3};
-  const Tensor gu = ops::linear_grouped(x, matrix0, w13, linear_q_opts(c));  // [2T, inter]: w1, then w3
+  const Tensor gu = ops::linear_grouped(x, matrix0, w13, linear_q_opts(c), 0, 1);  // [2T, inter]: w1, then w3
   const Tensor h = ops::swiglu(gu.slice(0, 0, T), gu.slice(0, T, 2 * T), Tensor(), c.cfg.swiglu_limit, c.num.bf16);
   return linear_q(h, e.w2, c);
 }

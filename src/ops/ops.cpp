@@ -365,7 +365,7 @@ Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts) {
 }
 
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
-                      const LinearOpts& opts, int64_t tile_rows) {
+                      const LinearOpts& opts, int64_t tile_rows, int64_t row_period) {
   OpScope scope("linear_grouped", x);
   scope.detail([&] {
     if (lists.empty() || lists[0]->empty()) return std::string();
@@ -373,16 +373,16 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vect
     return fmt::format("{}x{} {} x{}", w.out(), w.in(), dtype_name(w.w.dtype()), lists.size());
   });
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(x)) return cuda::linear_grouped(x, row_expert, lists, opts, tile_rows);
+  if (on_cuda(x)) return cuda::linear_grouped(x, row_expert, lists, opts, tile_rows, row_period);
 #endif
   if (on_cuda(x)) no_kernel("linear_grouped", x);
-  (void)tile_rows;  // a CUDA scheduling hint
+  (void)tile_rows, (void)row_period;  // CUDA scheduling hints
   return cpu::linear_grouped(x, row_expert, lists, opts);
 }
 
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<QWeight>& experts,
-                      const LinearOpts& opts, int64_t tile_rows) {
-  return linear_grouped(x, row_expert, std::vector<const std::vector<QWeight>*>{&experts}, opts, tile_rows);
+                      const LinearOpts& opts, int64_t tile_rows, int64_t row_period) {
+  return linear_grouped(x, row_expert, std::vector<const std::vector<QWeight>*>{&experts}, opts, tile_rows, row_period);
 }
 
 Tensor dequantize(const QWeight& w) {

@@ -138,10 +138,12 @@ Tensor linear(const Tensor& x, const QWeight& w, const LinearOpts& opts);
 // through lists[l], still in one launch.
 // tile_rows > 1 promises rows sorted by expert (moe_group's order): on CUDA an FP4 call then lets one block
 // serve up to tile_rows rows of one expert, sharing its pass over the weight (the same bits; ignored elsewhere).
+// row_period > 0 promises row_expert[r] == row_expert[r % row_period] (R a multiple of it: wo_a's groups, the
+// shared expert's matrix 0): on CUDA the E4M3 rows kernel then serves the rows of one matrix together (the same bits).
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<QWeight>& experts,
-                      const LinearOpts& opts, int64_t tile_rows = 0);
+                      const LinearOpts& opts, int64_t tile_rows = 0, int64_t row_period = 0);
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
-                      const LinearOpts& opts, int64_t tile_rows = 0);
+                      const LinearOpts& opts, int64_t tile_rows = 0, int64_t row_period = 0);
 
 // Dequantises a weight to a dense float32 [out, in] tensor (exact: every format fits fp32).
 Tensor dequantize(const QWeight& w);

@@ -45,15 +45,16 @@ using namespace cuda_test;  // NOLINT: the shared test helpers
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
 
 // Runs a case once per kernel of its weight format, the name tagged with the kernel: E4M3 "[fp8 old]" (fp8_gemv) /
-// "[fp8 walk]" (fp8_walk_gemv), BF16 "[bf16 chain]" (chain_gemv) / "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]"
+// "[fp8 walk]" (fp8_walk_gemv) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv; the calls it does not take
+// run the default kernels), BF16 "[bf16 chain]" (chain_gemv) / "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]"
 // (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
-  const char* tags[3] = {"", "", ""};
+  const char* tags[4] = {"", "", "", ""};
   int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
-    tags[2] = " [fp8 mma]", variants = 3;
+    tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", variants = 4;
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
@@ -65,7 +66,8 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
     return;
   }
   for (int v = 1; v <= variants; ++v) {
-    set_variant(v == 3 ? 4 : v);  // variant 4: the mma kernel wherever it takes the call (3 is a by-size rule)
+    // Variant 4: the mma kernel wherever it takes the call (3 is a by-size rule); 6: the rows kernel likewise.
+    set_variant(v == 3 ? 4 : v == 4 ? 6 : v);
     run_case(name + tags[v - 1], body);
   }
   set_variant(0);
@@ -349,6 +351,7 @@ void test_dense() {
         {"v4.1 shared w1", di::DType::kE4M3, 2304, 5120, 32, 32},
         {"v4 wo_b", di::DType::kE4M3, 5120, 8192, 128, 128},
         {"fp8 B 64 ragged", di::DType::kE4M3, 333, 2176, 64, 64},
+        {"fp8 B 32 ragged", di::DType::kE4M3, 333, 2176, 32, 32},
         {"fp8 B 32 no act quant", di::DType::kE4M3, 700, 2048, 32, 0},
         {"fp4 ragged N, K 2304", di::DType::kE2M1x2, 1001, 2304, 0, 32},
         {"bf16", di::DType::kBF16, 1280, 5120, 0, 0},
@@ -483,8 +486,9 @@ struct Grouped {
   int64_t N, K, block, act;
   int experts, rows;
   bool round;
-  int lists = 0;  // > 0: that many expert lists over the same `rows` x rows (GemvArgs::x_rows); 0: plain mode
-  int tile = 0;   // > 0: ids sorted ascending (moe_group's order) and GemvArgs::tile_rows = tile
+  int lists = 0;   // > 0: that many expert lists over the same `rows` x rows (GemvArgs::x_rows); 0: plain mode
+  int tile = 0;    // > 0: ids sorted ascending (moe_group's order) and GemvArgs::tile_rows = tile
+  int period = 0;  // > 0: ids repeat with this period (ids[r] = ids[r % period]) and GemvArgs::row_period = period
 };
 
 void test_grouped() {
@@ -516,15 +520,27 @@ void test_grouped() {
       {"fp4 tiles one expert", di::DType::kE2M1x2, 640, 1024, 0, 32, 1, 19, true, 2, 4},
       {"fp4 tiles of 2, 3 lists", di::DType::kE2M1x2, 1001, 2304, 0, 0, 6, 23, false, 3, 2},
       {"fp8 tiles hint ignored", di::DType::kE4M3, 512, 2048, 32, 32, 6, 21, false, 2, 4},
+      // Experts repeating with a known period (fp8_rows_gemv serves a matrix's rows together): wo_a at 1, 3 and 8
+      // tokens (rows t * 8 + g, raw x as the model passes it), the shared expert's w1 + w3 (2 lists of one matrix),
+      // a ragged N with period 3 over 3 lists, act quant 32 at 20 tokens, and a B 128 call the rows kernel leaves.
+      {"fp8 wo_a 1 token period 8", di::DType::kE4M3, 1024, 4096, 32, 0, 8, 8, true, 1, 0, 8},
+      {"fp8 wo_a 3 tokens period 8", di::DType::kE4M3, 1024, 4096, 32, 0, 8, 24, false, 1, 0, 8},
+      {"fp8 wo_a 8 tokens period 8", di::DType::kE4M3, 1024, 4096, 32, 0, 8, 64, true, 1, 0, 8},
+      {"fp8 shared w1+w3 4 tokens period 1", di::DType::kE4M3, 2304, 5120, 32, 32, 1, 4, true, 2, 0, 1},
+      {"fp8 shared w1+w3 8 tokens period 1", di::DType::kE4M3, 2304, 5120, 32, 32, 1, 8, false, 2, 0, 1},
+      {"fp8 ragged period 3, 3 lists", di::DType::kE4M3, 333, 1280, 32, 32, 5, 21, true, 3, 0, 3},
+      {"fp8 20 tokens period 2 plain mode", di::DType::kE4M3, 700, 2048, 32, 32, 4, 40, false, 0, 0, 2},
+      {"fp8 B 128 period 2", di::DType::kE4M3, 1024, 2048, 128, 128, 4, 8, false, 1, 0, 2},
   };
   uint32_t seed = 9700;
   for (const Grouped& c : cases) {
     char name[300];
     std::snprintf(name, sizeof name,
-                  "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d tile=%d",
+                  "gemv grouped %s %s N=%lld K=%lld B=%lld act=%lld experts=%d rows=%d lists=%d round=%d tile=%d "
+                  "period=%d",
                   c.what, di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
                   static_cast<long long>(c.block), static_cast<long long>(c.act), c.experts, c.rows, c.lists,
-                  c.round ? 1 : 0, c.tile);
+                  c.round ? 1 : 0, c.tile, c.period);
     // Expert e of list l is entry l * experts + e of the tables (one list in plain mode).
     const int L = std::max(c.lists, 1), M = L * c.rows;
     std::vector<di::ops::QWeight> wh, wd;
@@ -537,6 +553,7 @@ void test_grouped() {
     di::Tensor ids = di::Tensor::empty({c.rows}, di::DType::kI32);
     for (int m = 0; m < c.rows; ++m) ids.data<int32_t>()[m] = pick(rng);
     if (c.tile > 0) std::sort(ids.data<int32_t>(), ids.data<int32_t>() + c.rows);
+    for (int m = c.period; c.period > 0 && m < c.rows; ++m) ids.data<int32_t>()[m] = ids.data<int32_t>()[m % c.period];
     di::Tensor wt = di::Tensor::empty({L * c.experts}, di::DType::kI64),
                st = di::Tensor::empty({L * c.experts}, di::DType::kI64);
     for (int e = 0; e < L * c.experts; ++e) {
@@ -572,6 +589,7 @@ void test_grouped() {
         a.n_experts = c.experts;
       }
       a.tile_rows = c.tile;
+      a.row_period = c.period;
       if (!di::cuda::gemv_supported(a)) return std::string("gemv_supported is false");
       di::cuda::gemv_into(a, nullptr);
       return compare_bits(want, di::cuda::copy_to_host(yd));

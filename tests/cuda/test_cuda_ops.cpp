@@ -994,6 +994,14 @@ void test_moe_route() {
       {"sigmoid", 128, 256, 8, SF::kSigmoid, 1.0f, true, false, false, true, 1e-20f, 2.5f},
       {"softmax", 128, 64, 6, SF::kSoftmax, 1.0f, false, false, false, true, 0.0f, 1.0f},
       {"decode", 1, 256, 6, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.5f},
+      // The V4.1 expert count, E not a multiple of 32, k up to 40, and E past 512.
+      {"v4.1 384 experts", 64, 384, 6, SF::kSqrtSoftplus, 1.7f, true, false, false, true, 1e-20f, 2.5f},
+      {"ties 384", 128, 384, 6, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
+      {"512 experts", 32, 512, 8, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
+      {"100 experts", 32, 100, 6, SF::kSigmoid, 1.0f, true, false, true, true, 0.0f, 1.0f},
+      {"k 32 ties", 16, 256, 32, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
+      {"640 experts (shared-memory keys)", 32, 640, 8, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
+      {"k 40 (shared-memory keys)", 16, 256, 40, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
   };
   uint32_t seed = 32000;
   for (const Case& c : cases) {

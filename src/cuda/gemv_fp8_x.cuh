@@ -1,0 +1,133 @@
+// Pieces shared by the E4M3 decode GEMVs that stage x in shared memory (fp8_walk_gemv, fp8_rows_gemv): the exact
+// e4m3 decode, the act quant of one value, the fast-x test without act quant, and the block's x prologue (the raw
+// rows by cp.async, then their fake quantisation in place with the 2^-8 of the fast path). Device code only.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/quant.cuh"
+
+namespace deepinfer::cuda {
+
+// Four e4m3 codes (byte i = element i) -> f[i] = e4m3 (kScaled: e4m3 * 2^-8), exact; NaN codes give NaN.
+template <bool kScaled>
+__device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
+  __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3));
+  __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+  if constexpr (kScaled) {
+    // e4m3 * 2^-8 is an fp16 (normal, or subnormal on the 2^-24 grid), so the fp16 multiply is exact.
+    const __half2 k = __float2half2_rn(0x1p-8f);
+    lo = __hmul2(lo, k);
+    hi = __hmul2(hi, k);
+  }
+  f[0] = __low2float(lo);
+  f[1] = __high2float(lo);
+  f[2] = __low2float(hi);
+  f[3] = __high2float(hi);
+}
+
+// One x value quantised as the CPU's fake_quant_fp8 (linear_gemv.cu's act_quant): e4m3_rne(v * (1 / s)) * s.
+__device__ __forceinline__ float walk_act_quant(float v, float s, float inv) {
+  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
+}
+
+// True when x value v qualifies for the fast path without act quant (linear_gemv_fp8.cu's top comment).
+__device__ __forceinline__ bool fast_raw_x(float v) {
+  const uint32_t u = __float_as_uint(v), e = (u >> 23) & 0xffu;
+  return (u & 0x7fffffffu) == 0u || e == 0xffu || (e >= 127u - 100u && e < 127u + 100u && (u & 0xfu) == 0u);
+}
+
+// The x prologue's first half: the block's x rows m < MT (row_of(m): the row of p.x; rows >= mrows and columns >= K
+// zero) into xs [MT][xcols] by cp.async, float4 c of row m at float4 slot(c) (a permutation within each row), all in
+// flight at once. The caller waits (cp_async_wait_all) and syncs before fp8_quantise_x.
+template <int MT, typename RowOf, typename Slot>
+__device__ __forceinline__ void fp8_stage_x(float* xs, int xcols, const float* x, int64_t ldx, int mrows, int K,
+                                            RowOf&& row_of, Slot&& slot) {
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int k4 = K >> 2, xc4 = xcols >> 2;
+  for (int i = tid; i < MT * xc4; i += nthreads) {
+    const int m = i / xc4, c = i - m * xc4;
+    float* dst = xs + m * xcols + 4 * slot(c);
+    if (m < mrows && c < k4)
+      cp_async16(dst, x + row_of(m) * ldx + 4 * c);
+    else
+      *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+// The x prologue's second half, after the staged rows are complete and gmax [MT][ng] is zeroed: with act quant
+// (A > 0), the group amax (integer atomicMax), the ue8m0 scales (gmax then holds them, ginv their reciprocals) and
+// the quantised values in place; without, the fast-x test. Returns whether x takes the fast path (the same answer in
+// every thread), in which case the values are scaled by 2^-8. Ends with the block synchronised.
+template <int MT, typename Slot>
+__device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* gmax, float* ginv, int A, int ng,
+                                               int mrows, int K, Slot&& slot) {
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int k4 = K >> 2;
+  bool fast;
+  if (A > 0) {
+    for (int i = tid; i < mrows * k4; i += nthreads) {  // group amax (linear_gemv.cu's group_max)
+      const int m = i / k4, c = i - m * k4, k = 4 * c;
+      const float4 v = *reinterpret_cast<const float4*>(xs + m * xcols + 4 * slot(c));
+      const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+      uint32_t* g = gmax + m * ng;
+      if (A % 4 == 0) {
+        atomicMax(g + k / A, __float_as_uint(fmaxf(fmaxf(fmaxf(fmaxf(0.0f, a[0]), a[1]), a[2]), a[3])));
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
+      }
+    }
+    __syncthreads();  // group amax complete
+    bool ok = true;
+    for (int i = tid; i < MT * ng; i += nthreads) {
+      const float s = ue8m0_scale(fmaxf(__uint_as_float(gmax[i]), 1e-4f), kE4M3Max);
+      gmax[i] = __float_as_uint(s);
+      ginv[i] = __fdiv_rn(1.0f, s);
+      ok = ok && s < 0x1p91f;
+    }
+    fast = __syncthreads_and(ok) != 0;  // and the group scales are complete
+    const float k = fast ? 0x1p-8f : 1.0f;
+    for (int i = tid; i < mrows * k4; i += nthreads) {
+      const int m = i / k4, c = i - m * k4, col = 4 * c;
+      float4* v = reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c));
+      const float* gs = reinterpret_cast<const float*>(gmax) + m * ng;
+      const float* gi = ginv + m * ng;
+      float4 q = *v;
+      const int g0 = col / A, g1 = (col + 1) / A, g2 = (col + 2) / A, g3 = (col + 3) / A;
+      q.x = __fmul_rn(walk_act_quant(q.x, gs[g0], gi[g0]), k);
+      q.y = __fmul_rn(walk_act_quant(q.y, gs[g1], gi[g1]), k);
+      q.z = __fmul_rn(walk_act_quant(q.z, gs[g2], gi[g2]), k);
+      q.w = __fmul_rn(walk_act_quant(q.w, gs[g3], gi[g3]), k);
+      *v = q;
+    }
+    __syncthreads();  // quantised x complete
+  } else {
+    bool ok = true;
+    for (int i = tid; i < mrows * k4; i += nthreads) {
+      const int m = i / k4, c = i - m * k4;
+      const float4 v = *reinterpret_cast<const float4*>(xs + m * xcols + 4 * slot(c));
+      ok = ok && fast_raw_x(v.x) && fast_raw_x(v.y) && fast_raw_x(v.z) && fast_raw_x(v.w);
+    }
+    fast = __syncthreads_and(ok) != 0;
+    if (fast) {
+      for (int i = tid; i < mrows * k4; i += nthreads) {
+        const int m = i / k4, c = i - m * k4;
+        float4* v = reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c));
+        float4 q = *v;
+        q.x = __fmul_rn(q.x, 0x1p-8f), q.y = __fmul_rn(q.y, 0x1p-8f);
+        q.z = __fmul_rn(q.z, 0x1p-8f), q.w = __fmul_rn(q.w, 0x1p-8f);
+        *v = q;
+      }
+      __syncthreads();
+    }
+  }
+  return fast;
+}
+
+}  // namespace deepinfer::cuda
