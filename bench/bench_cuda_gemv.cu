@@ -89,6 +89,29 @@ double qbytes(const di::ops::QWeight& w) {
   return static_cast<double>(w.w.nbytes() + (w.scale.defined() ? w.scale.nbytes() : 0));
 }
 
+// Device tables of the weights' and scales' pointers (GemvArgs::w_table / s_table) for grouped calls; freed by the
+// destructor.
+struct DeviceTables {
+  void *w = nullptr, *s = nullptr;
+  explicit DeviceTables(const std::vector<di::ops::QWeight>& ws) {
+    std::vector<const void*> hw, hs;
+    for (const auto& q : ws) hw.push_back(q.w.raw()), hs.push_back(q.scale.raw());
+    CK(cudaMalloc(&w, hw.size() * sizeof(void*)));
+    CK(cudaMalloc(&s, hs.size() * sizeof(void*)));
+    CK(cudaMemcpy(w, hw.data(), hw.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(s, hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  ~DeviceTables() {
+    cudaFree(w);
+    cudaFree(s);
+  }
+  DeviceTables(const DeviceTables&) = delete;
+  DeviceTables& operator=(const DeviceTables&) = delete;
+  // Entry i of the weight / scale table.
+  const uint8_t* const* wt(int64_t i) const { return static_cast<const uint8_t* const*>(w) + i; }
+  const uint8_t* const* st(int64_t i) const { return static_cast<const uint8_t* const*>(s) + i; }
+};
+
 int64_t ldw_of(const di::ops::QWeight& w) {
   return w.w.dtype() == di::DType::kE2M1x2 ? w.w.size(1) / 2 : w.w.strides()[0] * (di::dtype_bits(w.w.dtype()) / 8);
 }
@@ -299,14 +322,8 @@ void run() {
     const int copies = static_cast<int>(std::max(2.0, (512.0 * (1 << 20)) / bytes));
     std::vector<di::ops::QWeight> gw{g0};
     for (int i = 1; i < copies * kGroups; ++i) gw.push_back(make_weight(kFp8, kN, kK));
-    // Copy c: tables of groups [c * 8, c * 8 + 8).
-    std::vector<const void*> hw, hs;
-    for (const auto& w : gw) hw.push_back(w.w.raw()), hs.push_back(w.scale.raw());
-    void *tw = nullptr, *ts = nullptr, *ids_d = nullptr;
-    CK(cudaMalloc(&tw, hw.size() * sizeof(void*)));
-    CK(cudaMalloc(&ts, hs.size() * sizeof(void*)));
-    CK(cudaMemcpy(tw, hw.data(), hw.size() * sizeof(void*), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ts, hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    const DeviceTables tables(gw);  // copy c: tables of groups [c * 8, c * 8 + 8)
+    void* ids_d = nullptr;
     std::vector<int32_t> ids(kGroups);
     for (int g = 0; g < kGroups; ++g) ids[static_cast<size_t>(g)] = g;
     CK(cudaMalloc(&ids_d, ids.size() * sizeof(int32_t)));
@@ -327,8 +344,8 @@ void run() {
       di::cuda::gemv_set_fp8_variant(variant);
       ms[variant] = time_calls(st, copies, [&](int i) {
         di::cuda::GemvArgs ai = a;
-        ai.w_table = static_cast<const uint8_t* const*>(tw) + static_cast<int64_t>(i) * kGroups;
-        ai.s_table = static_cast<const uint8_t* const*>(ts) + static_cast<int64_t>(i) * kGroups;
+        ai.w_table = tables.wt(static_cast<int64_t>(i) * kGroups);
+        ai.s_table = tables.st(static_cast<int64_t>(i) * kGroups);
         DI_CHECK(di::cuda::gemv_supported(ai), "gemv does not support the grouped wo_a call");
         di::cuda::gemv_into(ai, st);
       });
@@ -346,8 +363,6 @@ void run() {
                 100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[1] / ms[2],
                 ms[2] / ms[4]);
     std::fflush(stdout);
-    CK(cudaFree(tw));
-    CK(cudaFree(ts));
     CK(cudaFree(ids_d));
   }
 
@@ -372,13 +387,8 @@ void run() {
       std::vector<di::ops::QWeight> gw{w0};
       for (int i = 1; i < copies * mats; ++i) gw.push_back(make_weight(kFp8, g.N, g.K));
       // Copy c: tables of matrices [c * mats, c * mats + mats): list l's entries at l * period.
-      std::vector<const void*> hw, hs;
-      for (const auto& w : gw) hw.push_back(w.w.raw()), hs.push_back(w.scale.raw());
-      void *tw = nullptr, *ts = nullptr, *ids_d = nullptr;
-      CK(cudaMalloc(&tw, hw.size() * sizeof(void*)));
-      CK(cudaMalloc(&ts, hs.size() * sizeof(void*)));
-      CK(cudaMemcpy(tw, hw.data(), hw.size() * sizeof(void*), cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(ts, hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      const DeviceTables tables(gw);
+      void* ids_d = nullptr;
       constexpr int kMaxTokens = 32;
       std::vector<int32_t> ids(static_cast<size_t>(kMaxTokens * g.period));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % static_cast<size_t>(g.period));
@@ -404,8 +414,8 @@ void run() {
           di::cuda::gemv_set_fp8_variant(variant);
           ms[variant] = time_calls(st, copies, [&](int i) {
             di::cuda::GemvArgs ai = a;
-            ai.w_table = static_cast<const uint8_t* const*>(tw) + static_cast<int64_t>(i) * mats;
-            ai.s_table = static_cast<const uint8_t* const*>(ts) + static_cast<int64_t>(i) * mats;
+            ai.w_table = tables.wt(static_cast<int64_t>(i) * mats);
+            ai.s_table = tables.st(static_cast<int64_t>(i) * mats);
             DI_CHECK(di::cuda::gemv_supported(ai), "gemv does not support the grouped {} call", g.name);
             di::cuda::gemv_into(ai, st);
           });
@@ -415,8 +425,6 @@ void run() {
                     ms[2] * 1e3, bytes / ms[2] / 1e6, ms[6] * 1e3, bytes / ms[6] / 1e6, ms[2] / ms[6]);
         std::fflush(stdout);
       }
-      CK(cudaFree(tw));
-      CK(cudaFree(ts));
       CK(cudaFree(ids_d));
     }
   }
