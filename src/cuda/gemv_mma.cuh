@@ -7,9 +7,10 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/linear_gemv_fp8.cuh"
+
 #ifdef __CUDACC__
 #include "cuda/device.h"
-#include "cuda/linear_gemv_fp8.cuh"
 #endif
 
 namespace deepinfer::cuda {
@@ -45,23 +46,9 @@ __host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes
 }
 
 // Kernel parameters, by value (copy_gemv_args fills the call's fields).
-struct MmaParams {
-  const uint8_t* w;  // dense weight (grouped: from the tables)
-  int64_t ldw;
-  const uint8_t* sc;
-  int64_t lds;
-  const float* x;
-  int64_t ldx;
-  float* y;
-  const int32_t* row_expert;
-  const uint8_t* const* w_table;
-  const uint8_t* const* s_table;
-  int x_rows, n_experts;
-  int N, K, M;
-  int A, ng;   // act_quant_block and its groups per x row
+struct MmaParams : GemvCall {
   int mtiles;  // x rows served: M (dense: each against the one weight)
   int steps;   // ceil(N / rows per step)
-  bool round;
 };
 
 #ifdef __CUDACC__

@@ -64,27 +64,11 @@ namespace {
 enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
 
 // Kernel parameters, by value.
-struct Params {
-  const uint8_t* w;   // dense weight (grouped: ignored)
-  int64_t ldw;        // bytes between weight rows
-  const uint8_t* sc;  // dense scale codes (grouped: ignored)
-  int64_t lds;        // bytes between scale rows
-  const float* x;
-  int64_t ldx;                // floats between x rows
-  float* y;                   // [M, N]
-  const int32_t* row_expert;  // grouped mode when not null
-  const uint8_t* const* w_table;
-  const uint8_t* const* s_table;
-  int x_rows;     // grouped, > 0: row m reads x row m % x_rows and expert list m / x_rows (GemvArgs)
-  int n_experts;  // experts per list
-  int N, K, M;
-  int A;       // act_quant_block, 0: x is used as is
-  int ng;      // groups of A columns per x row (0 when A == 0)
+struct Params : GemvCall {
   int mtiles;  // x-row groups
   int rows;    // weight rows per step
   int steps;   // ceil(N / rows)
   int tile;    // grouped, > 1: fp4_pair_gemv's tiles of up to `tile` rows of one expert (GemvArgs::tile_rows)
-  bool round;
 };
 
 // ---- block work and x staging ------------------------------------------------------------------------
@@ -1145,19 +1129,19 @@ bool fp8_uses_mma(const GemvArgs& a) {
 
 bool fp8_uses_rows(const GemvArgs& a) {
   // bench_cuda_gemv's batched table on the H200 (V4.1 shapes, us; fp8_rows_gemv against the fastest other kernel):
-  // wq_b [32768, 1280] at M = 2 / 4 / 8 / 16 / 64: 20.0 / 27.6 / 40.1 / 72.8 / 273 against 24.8 / 45.2 / 86.6 / 164 /
-  // 663; wo_b [5120, 8192] at M = 5 / 8 / 16 / 64: 71.0 / 78.0 / 123 / 375 against 77.1 / 91.1 / 164 / 619, but
+  // wq_b [32768, 1280] at M = 2 / 4 / 8 / 16 / 64: 19.7 / 26.8 / 39.8 / 72.2 / 270 against 24.8 / 45.7 / 86.7 / 164 /
+  // 663; wo_b [5120, 8192] at M = 5 / 8 / 16 / 64: 71.3 / 77.5 / 115 / 358 against 77.0 / 91.0 / 164 / 619, but
   // slower at M = 1-4 (too few 16-row tasks: 46.2 against 19.4 at M = 1); the shared w2 [5120, 2304] at M = 5 / 8 /
-  // 16: 21.4 / 24.0 / 36.6 against 23.2 / 30.0 / 53.2. So the default takes dense calls of 2-64 rows of x on N >=
+  // 16: 21.8 / 24.1 / 34.1 against 23.4 / 30.0 / 53.1. So the default takes dense calls of 2-64 rows of x on N >=
   // 16,384 and of 5-64 rows on N >= 4,096.
   const int v = gemv_fp8_variant();
   if (v == 6) return gemv_fp8_rows_supported(a);
   if (v != 5) return false;
   if (a.row_expert != nullptr) {
     // Grouped calls with a known row period (bench_cuda_gemv's grouped decode table, us, rows against walk): wo_a's 8
-    // groups [1024, 4096] at 8 / 16 / 32 tokens 51.5 / 85.4 / 135 against 61.7 / 117 / 232, but slower at 1-4 tokens
-    // (40.7 against 14.9 at one: 512 16-row tasks); the shared expert's w1 + w3 (2 lists of one [2304, 5120] matrix)
-    // at 16 / 32 tokens 82.6 / 141 against 84.8 / 162, slower up to 8 (50.2 against 47.6). So: from 8 x rows per
+    // groups [1024, 4096] at 8 / 16 / 32 tokens 55.1 / 75.7 / 132 against 61.9 / 117 / 232, but slower at 1-4 tokens
+    // (43.5 against 14.9 at one: 512 16-row tasks); the shared expert's w1 + w3 (2 lists of one [2304, 5120] matrix)
+    // at 16 / 32 tokens 75.0 / 135 against 85.0 / 162, slower up to 8 (58.2 against 47.5). So: from 8 x rows per
     // matrix at 8+ matrices per list, from 16 otherwise, to 64.
     const int xr = a.x_rows > 0 ? a.x_rows : a.M, per_matrix = a.row_period > 0 ? xr / a.row_period : 0;
     const int from = a.row_period >= 8 ? 8 : 16;

@@ -60,25 +60,11 @@ namespace deepinfer::cuda {
 
 namespace {
 
-struct WalkParams {
-  const uint8_t* w;  // dense weight (grouped: ignored)
-  int64_t ldw;
-  const uint8_t* sc;  // dense scale codes (grouped: ignored)
-  int64_t lds;
-  const float* x;
-  int64_t ldx;
-  float* y;
-  const int32_t* row_expert;  // grouped mode when not null (GemvArgs)
-  const uint8_t* const* w_table;
-  const uint8_t* const* s_table;
-  int x_rows, n_experts;
-  int N, K, M;
-  int A, ng;   // act_quant_block (0: none) and its groups per x row
+struct WalkParams : GemvCall {
   int mtiles;  // x-row groups of MT rows (grouped: M, one row each)
   int groups;  // row groups of R weight rows: ceil(N / R)
   int T, S;    // tiles per row, segments (16 tiles) per row
   int xcols;   // x columns staged per row: 16 S B (zeros beyond K)
-  bool round;
 };
 
 constexpr int kSegTiles = 16;                          // tiles per segment (one per lane pair)

@@ -15,10 +15,29 @@
 
 namespace deepinfer::cuda {
 
-// The fields that every GEMV kernel's parameter block (Params in linear_gemv.cu, WalkParams here) takes
-// from the call as they are: pointers, strides, shapes, the grouped mode, and the act-quant groups.
-template <typename P>
-inline void copy_gemv_args(const GemvArgs& a, P& p) {
+// The fields that every GEMV kernel's parameter block (Params in linear_gemv.cu, WalkParams, MmaParams, RowsParams)
+// takes from the call as they are: pointers, strides, shapes, the grouped mode, and the act-quant groups. Each block
+// derives from it and adds its launch shape; copy_gemv_args fills it.
+struct GemvCall {
+  const uint8_t* w;   // dense weight (grouped: from the tables)
+  int64_t ldw;        // bytes between weight rows
+  const uint8_t* sc;  // dense scale codes (grouped: from the tables)
+  int64_t lds;        // bytes between scale rows
+  const float* x;
+  int64_t ldx;                // floats between x rows
+  float* y;                   // [M, N]
+  const int32_t* row_expert;  // grouped mode when not null
+  const uint8_t* const* w_table;
+  const uint8_t* const* s_table;
+  int x_rows;     // grouped, > 0: row m reads x row m % x_rows and expert list m / x_rows (GemvArgs)
+  int n_experts;  // experts per list
+  int N, K, M;
+  int A;   // act_quant_block, 0: x is used as is
+  int ng;  // groups of A columns per x row (0 when A == 0)
+  bool round;
+};
+
+inline void copy_gemv_args(const GemvArgs& a, GemvCall& p) {
   p.w = a.w;
   p.ldw = a.ldw;
   p.sc = a.scale;

@@ -43,27 +43,13 @@ namespace deepinfer::cuda {
 
 namespace {
 
-struct RowsParams {
-  const uint8_t* w;
-  int64_t ldw;
-  const uint8_t* sc;
-  int64_t lds;
-  const float* x;
-  int64_t ldx;
-  float* y;
-  const int32_t* row_expert;  // grouped mode when not null (GemvArgs; with row_period > 0 only)
-  const uint8_t* const* w_table;
-  const uint8_t* const* s_table;
-  int x_rows, n_experts;
-  int N, K, M;
-  int A, ng;    // act_quant_block (0: none) and its groups per x row
-  int C;        // 32-column chunks per row: K / 32
-  int period;   // grouped: GemvArgs::row_period (dense: 1)
-  int classes;  // the x-row classes that share a matrix: dense 1, grouped lists x period
-  int mc;       // x rows per class: dense M, grouped x_rows / period
-  int mtiles;   // x-row groups of MT rows per class
-  int groups;   // 16-row groups: ceil(N / 16)
-  bool round;
+struct RowsParams : GemvCall {  // grouped mode only with a row period (gemv_fp8_rows_supported)
+  int C;                        // 32-column chunks per row: K / 32
+  int period;                   // grouped: GemvArgs::row_period (dense: 1)
+  int classes;                  // the x-row classes that share a matrix: dense 1, grouped lists x period
+  int mc;                       // x rows per class: dense M, grouped x_rows / period
+  int mtiles;                   // x-row groups of MT rows per class
+  int groups;                   // 16-row groups: ceil(N / 16)
 };
 
 constexpr int kRowsMaxWarps = 16;               // one block per SM (128 registers per thread)
@@ -112,9 +98,8 @@ __global__ void __launch_bounds__(32 * kRowsMaxWarps, 1) fp8_rows_gemv(RowsParam
     return kGrouped ? q + static_cast<int64_t>(p.period) * (m0 + m) : static_cast<int64_t>(m0 + m);
   };
   const int64_t y_base = kGrouped ? static_cast<int64_t>(l) * p.x_rows : 0;
-  constexpr bool grouped = kGrouped;
-  // The matrix's weight and scale rows: the call's (dense) or the class's table entry (grouped), in shared memory
-  // rather than registers (read once per row group; each thread writes the value it then reads, all the same).
+  // Grouped: the class's weight and scale rows (its table entry) in shared memory rather than registers, read once per
+  // row group (each thread writes the value it then reads, all the same); dense calls read the call's.
   const uint8_t** mat = reinterpret_cast<const uint8_t**>(ginv + ((MT * p.ng + 3) & ~3));
 
   // The ring: slot d holds this lane's 16 bytes of one 32-column chunk of its row and the chunk's tile scale code (the
@@ -145,14 +130,13 @@ __global__ void __launch_bounds__(32 * kRowsMaxWarps, 1) fp8_rows_gemv(RowsParam
 #pragma unroll
     for (int d = 0; d < D; ++d) load_item(d);
   };
-  if constexpr (!grouped) prime();  // dense weights do not depend on the previous kernel
+  if constexpr (!kGrouped) prime();  // dense weights do not depend on the previous kernel
   for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
   pdl_wait();
 
   auto slot = [](int col4) { return col4; };
   fp8_stage_x<MT>(xs, K, p.x, p.ldx, mrows, K, x_row, slot);
-  if constexpr (grouped) {  // the class's matrix (the ids and tables may come from the previous kernel), while x is in
-                            // flight
+  if constexpr (kGrouped) {  // the class's matrix, while x is in flight (the ids and tables may come from upstream)
     const int e = __ldcg(p.row_expert + q) + l * p.n_experts;
     mat[0] = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
     mat[1] = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
@@ -288,10 +272,8 @@ void (*rows_kernel(int G, int MT))(RowsParams) {
 
 bool gemv_fp8_rows_supported(const GemvArgs& a) {
   if (a.fmt != 0 || (a.B != 32 && a.B != 64 && a.B != 128) || a.M <= 0 || a.N <= 0 || !gemv_supported(a)) return false;
-  if (a.row_expert != nullptr) {  // grouped: only with a known period of the experts over the x rows
-    const int xr = a.x_rows > 0 ? a.x_rows : a.M;
-    if (a.row_period <= 0 || xr % a.row_period != 0 || (a.x_rows > 0 && a.M % a.x_rows != 0)) return false;
-  }
+  // Grouped: only with a known period of the experts over the x rows (gemv_supported checks that it divides them).
+  if (a.row_expert != nullptr && a.row_period <= 0) return false;
   const int A = static_cast<int>(a.act_quant_block < a.K ? a.act_quant_block : a.K);
   const int ng = A > 0 ? (a.K + A - 1) / A : 0;
   return 4 * rows_smem_floats(1, a.K, ng) <= kRowsSmemBudget;
