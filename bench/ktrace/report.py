@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Reads a ktrace CSV (bench/ktrace/ktrace.c) and prints one decode step: each kernel's start offset, duration and the
+idle gap before it (no kernel running on any stream), then the step's span, busy time and idle time, and the time per
+kernel name. A step runs from one embedding_kernel to the next; --step -2 (default) takes the last complete one.
+
+  python3 bench/ktrace/report.py trace.csv [--step -2] [--marker embedding_kernel] [--top 40]
+"""
+import argparse
+import csv
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+
+
+def demangle(names):
+    if not shutil.which("c++filt"):
+        return {n: n for n in names}
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
+    return dict(zip(names, out))
+
+
+def short(name):
+    name = name.replace("(anonymous namespace)::", "").replace("deepinfer::cuda::", "")
+    name = re.sub(r"\(.*", "", name)
+    return name.replace("void ", "")[:48]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--step", type=int, default=-2)
+    ap.add_argument("--marker", default="embedding_kernel")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--quiet", action="store_true", help="only the summary and the per-name table")
+    a = ap.parse_args()
+    rows = []
+    with open(a.csv) as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["name"]))
+    rows.sort()
+    plain = demangle(sorted({r[3] for r in rows}))
+    rows = [(s, e, st, plain[n]) for s, e, st, n in rows]
+    marks = [i for i, r in enumerate(rows) if a.marker in r[3]]
+    if len(marks) < 2:
+        raise SystemExit(f"fewer than two {a.marker} launches in {a.csv}")
+    i0 = marks[a.step]
+    i1 = marks[a.step + 1] if a.step + 1 < 0 or a.step + 1 < len(marks) else len(rows)
+    step = rows[i0:i1]
+    t0 = step[0][0]
+    streams = {s: k for k, s in enumerate(sorted({r[2] for r in step}))}
+    busy_until = t0
+    idle = 0
+    per = defaultdict(lambda: [0, 0.0])
+    if not a.quiet:
+        print(f"{'start us':>9} {'end us':>8} {'dur us':>7} {'gap us':>7} {'adds us':>7} s  kernel")
+    for s, e, st, name in step:
+        gap = max(0, s - busy_until)
+        idle += gap
+        adds = max(0, e - busy_until)  # how far this kernel pushed the step's end
+        busy_until = max(busy_until, e)
+        per[short(name)][0] += 1
+        per[short(name)][1] += adds / 1e3
+        if not a.quiet:
+            print(f"{(s - t0) / 1e3:9.1f} {(e - t0) / 1e3:8.1f} {(e - s) / 1e3:7.1f} {gap / 1e3:7.1f} {adds / 1e3:7.1f} "
+                  f"{streams[st]}  {short(name)}")
+    span = (busy_until - t0) / 1e3
+    print(f"\nstep: {len(step)} kernels, span {span:.1f} us, idle (no kernel on any stream) {idle / 1e3:.1f} us, "
+          f"busy {span - idle / 1e3:.1f} us")
+    print(f"\n{'kernel':48s} {'calls':>5} {'adds us':>9}  (adds: how far the kernel moved the step's end)")
+    for name, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[: a.top]:
+        print(f"{name:48s} {n:5d} {t:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
