@@ -3,9 +3,11 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/logging.h"
 #include "cuda/graph.h"
+#include "cuda/model_ops.cuh"
 #include "deepinfer/error.h"
 
 namespace deepinfer::cuda {
@@ -130,8 +132,16 @@ std::vector<Tensor> SegmentGraphs::run(int64_t key, const std::vector<Tensor>& i
                 (t.raw() == s.in_ptr[i] || s.statics[i].defined());
       }
       if (match) {
-        for (size_t i = 0; i < inputs.size(); ++i)
-          if (inputs[i].defined() && inputs[i].raw() != s.in_ptr[i]) copy_tensor(s.statics[i], inputs[i]);
+        // The inputs from outside the pool into the static buffers: one launch for the contiguous ones.
+        std::vector<ByteCopy> copies;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          if (!inputs[i].defined() || inputs[i].raw() == s.in_ptr[i]) continue;
+          if (inputs[i].is_contiguous())
+            copies.push_back({s.statics[i].raw(), inputs[i].raw(), static_cast<int64_t>(inputs[i].nbytes())});
+          else
+            copy_tensor(s.statics[i], inputs[i]);
+        }
+        copy_bytes_many(copies);
         DI_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream()));
         ++next_;
         ++stats_.replays;

@@ -957,6 +957,64 @@ __global__ void copy_rows_kernel(const int64_t* first, const float* const* src, 
   }
 }
 
+// ---- copy_bytes_many ----------------------------------------------------------------------------------------------
+namespace {
+
+constexpr int kParamCopies = 16;  // copies whose table travels in the launch's parameters
+
+struct ByteCopies {
+  const char* src[kParamCopies];
+  char* dst[kParamCopies];
+  int64_t first[kParamCopies + 1];  // first unit of each copy, then the total
+  int shift[kParamCopies];          // log2 of the copy's unit: 16, 4 or 1 bytes
+  int n;
+};
+
+__global__ void copy_bytes_kernel(ByteCopies c) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t total = c.first[c.n];
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < total;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int i = 0;
+    while (i + 1 < c.n && c.first[i + 1] <= u) ++i;
+    const int64_t at = (u - c.first[i]) << c.shift[i];
+    if (c.shift[i] == 4)
+      *reinterpret_cast<uint4*>(c.dst[i] + at) = *reinterpret_cast<const uint4*>(c.src[i] + at);
+    else if (c.shift[i] == 2)
+      *reinterpret_cast<uint32_t*>(c.dst[i] + at) = *reinterpret_cast<const uint32_t*>(c.src[i] + at);
+    else
+      c.dst[i][at] = c.src[i][at];
+  }
+}
+
+}  // namespace
+
+void copy_bytes_many(const std::vector<ByteCopy>& copies) {
+  ByteCopies c{};
+  auto flush = [&] {
+    if (c.n == 0) return;
+    constexpr int kThreads = 256;
+    const int64_t blocks = std::clamp<int64_t>((c.first[c.n] + kThreads - 1) / kThreads, 1, int64_t{1} << 16);
+    launch_pdl(copy_bytes_kernel, static_cast<unsigned>(blocks), kThreads, 0, nullptr, c);
+    DI_CUDA_CHECK(cudaGetLastError());
+    c = ByteCopies{};
+  };
+  for (const ByteCopy& b : copies) {
+    if (b.bytes <= 0) continue;
+    const uintptr_t bits =
+        reinterpret_cast<uintptr_t>(b.src) | reinterpret_cast<uintptr_t>(b.dst) | static_cast<uintptr_t>(b.bytes);
+    const int shift = bits % 16 == 0 ? 4 : bits % 4 == 0 ? 2 : 0;
+    if (c.n == kParamCopies) flush();
+    c.src[c.n] = static_cast<const char*>(b.src);
+    c.dst[c.n] = static_cast<char*>(b.dst);
+    c.shift[c.n] = shift;
+    c.first[c.n + 1] = c.first[c.n] + (b.bytes >> shift);
+    ++c.n;
+  }
+  flush();
+}
+
 void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width) {
   std::vector<ops::RowCopy> cs;  // the non-empty ones
   bool aligned = width % 4 == 0;
@@ -969,7 +1027,13 @@ void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width) {
     }
   const int n = static_cast<int>(cs.size());
   if (n == 0 || width == 0) return;
-  if (!aligned || n == 1) {  // a plain copy each
+  if (n <= kParamCopies) {  // the table in the launch's parameters: no upload (an eager copy on the step's path)
+    std::vector<ByteCopy> bs;
+    for (const ops::RowCopy& c : cs) bs.push_back({c.dst, c.src, c.rows * width * static_cast<int64_t>(sizeof(float))});
+    copy_bytes_many(bs);
+    return;
+  }
+  if (!aligned) {  // a plain copy each
     for (const ops::RowCopy& c : cs)
       DI_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, static_cast<size_t>(c.rows * width) * sizeof(float),
                                     cudaMemcpyDeviceToDevice, current_stream()));

@@ -36,6 +36,17 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
 void copy_into(const Tensor& dst, const Tensor& src);
 // ops::copy_rows (and so ops::gather_segments): every run on the device.
 void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width);
+// Device-to-device copies of any sizes and alignments in one PDL launch per 16 copies (their table in the launch's
+// parameters, 16-, 4- or 1-byte units as each copy's addresses and size allow): what a decode step's eager copies
+// (the attention's table runs and ring writes, the graphs' static inputs) use instead of a cudaMemcpyAsync each or an
+// uploaded table, which left the GPU idle between kernels (ktrace: the eager middle of a batch-1 layer 37 -> 30 us).
+// Exact.
+struct ByteCopy {
+  void* dst;
+  const void* src;
+  int64_t bytes;
+};
+void copy_bytes_many(const std::vector<ByteCopy>& copies);
 void scale(Tensor& x, float s, bool round);
 void renorm_heads(Tensor& q, int64_t head_dim, float eps, bool round);
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,

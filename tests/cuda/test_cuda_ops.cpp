@@ -32,6 +32,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
+#include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
 #include "cuda_test_util.h"
@@ -1359,6 +1360,30 @@ void test_copy_rows() {
   }
 }
 
+// copy_bytes_many: 20 copies (two launches) of sizes 1 byte to 128 KB + 4 at odd, 4- and 16-byte offsets, against the
+// same memcpys on the host, byte for byte; the bytes between them stay.
+void test_copy_bytes_many() {
+  run_case("copy_bytes_many: 20 copies, 1 B .. 128 KB, odd / 4 / 16-byte aligned", [&] {
+    const di::Tensor src_h = normal_tensor({1 << 16}, 1.0f, 39900, false);  // 256 KB
+    const di::Tensor dst_h = normal_tensor({1 << 17}, 1.0f, 39901, false);  // 512 KB
+    di::Tensor want = dst_h.clone();
+    di::Tensor got = dev(dst_h);
+    const di::Tensor src_d = dev(src_h);
+    const int64_t sizes[] = {1, 3, 4, 8, 16, 17, 80, 2048, 131076, 64, 5, 12, 4096, 1000, 15, 32, 48, 7, 2, 256};
+    std::vector<di::cuda::ByteCopy> dc;
+    int64_t at = 0;
+    for (int i = 0; i < 20; ++i) {
+      const int64_t so = (i % 3 == 0 ? 16 * i : i % 3 == 1 ? 4 * i + 4 : 7 * i + 1), n = sizes[i];
+      memcpy(static_cast<char*>(want.raw()) + at, static_cast<const char*>(src_h.raw()) + so, static_cast<size_t>(n));
+      dc.push_back({static_cast<char*>(got.raw()) + at, static_cast<const char*>(src_d.raw()) + so, n});
+      at += n + 3 + (i % 5);
+    }
+    di::cuda::copy_bytes_many(dc);
+    const di::Tensor back = di::cuda::copy_to_host(got);
+    return memcmp(back.raw(), want.raw(), want.nbytes()) == 0 ? std::string() : std::string("bytes differ");
+  });
+}
+
 void test_side_work() {
   uint32_t seed = 39000;
   run_case("side work: a linear beside a main-stream linear, joined", [&] {
@@ -1554,5 +1579,6 @@ int main() {
     test_side_work();
     test_gather_segments();
     test_copy_rows();
+    test_copy_bytes_many();
   });
 }
