@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(kDecThreads)
 }
 
 // ---- moe_route --------------------------------------------------------------------------------------
-constexpr int kRouteThreads = 256;
+constexpr int kRouteThreads = 512;  // a thread per expert at one token for up to 512 experts (FP64 exp / log1p each)
+constexpr int kRoutePerLane = 24;   // the register top-k: up to 768 experts
 
 __global__ void __launch_bounds__(kRouteThreads, 1)
     moe_route_kernel(const float* logits, int E, int k, int func, float temp, const float* bias, const void* tid2eid,
@@ -297,22 +298,14 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   __syncthreads();
   if (tid >= 32) return;
   // k passes of (score desc, index asc) argmax over the not yet chosen, -inf never chosen: the order
-  // of the CPU's partial_sort. Warp 0 only: lane l scans e = l, l + 32, ... ascending (keeping the
+  // of the CPU's partial_sort. Warp 0 only: lane l's candidates are e = l, l + 32, ... ascending (it keeps the
   // first of equal keys), then a butterfly keeps the larger key, the lower index on ties, so every
-  // lane ends with the same pick (for NaN-free keys). Chosen entries are set to -inf by their lane.
+  // lane ends with the same pick (for NaN-free keys); the chosen entry leaves its lane. Up to 32 * kRoutePerLane
+  // experts the candidates stay in registers and only the winning lane rescans its own (a pass was a scan of shared
+  // memory by every lane: the top-k was most of the kernel's ~8 us at one token); beyond, they stay in shared memory.
   const int lane = tid;
   float sum = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bv = -INFINITY;
-    for (int e = lane; e < E; e += 32) {
-      const float v = biased[e];
-      if (v == -INFINITY) continue;
-      if (best < 0 || v > bv) {
-        best = e;
-        bv = v;
-      }
-    }
+  auto butterfly = [&](int& best, float& bv) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -322,15 +315,61 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
         bv = ov;
       }
     }
-    if (best >= 0 && lane == (best & 31)) biased[best] = -INFINITY;  // only this lane reads biased[best]
-    if (lane == 0) {
-      ti[j] = best;
-      if (best < 0) {
-        tw[j] = 0.0f;
-      } else {
-        tw[j] = s[best];
-        sum = __fadd_rn(sum, tw[j]);
+  };
+  auto record = [&](int j, int best) {
+    if (lane != 0) return;
+    ti[j] = best;
+    if (best < 0) {
+      tw[j] = 0.0f;
+    } else {
+      tw[j] = s[best];
+      sum = __fadd_rn(sum, tw[j]);
+    }
+  };
+  if (E <= 32 * kRoutePerLane) {
+    float vals[kRoutePerLane];
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) vals[i] = lane + 32 * i < E ? biased[lane + 32 * i] : -INFINITY;
+    int mine = -1;  // the lane's best candidate and its key
+    float mine_v = -INFINITY;
+    auto rescan = [&] {
+      mine = -1;
+      mine_v = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kRoutePerLane; ++i)
+        if (vals[i] != -INFINITY && (mine < 0 || vals[i] > mine_v)) {
+          mine = lane + 32 * i;
+          mine_v = vals[i];
+        }
+    };
+    rescan();
+    for (int j = 0; j < k; ++j) {
+      int best = mine;
+      float bv = mine_v;
+      butterfly(best, bv);
+      if (best >= 0 && lane == (best & 31)) {
+#pragma unroll
+        for (int i = 0; i < kRoutePerLane; ++i)
+          if (lane + 32 * i == best) vals[i] = -INFINITY;
+        rescan();
       }
+      record(j, best);
+    }
+  } else {
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bv = -INFINITY;
+      for (int e = lane; e < E; e += 32) {
+        const float v = biased[e];
+        if (v == -INFINITY) continue;
+        if (best < 0 || v > bv) {
+          best = e;
+          bv = v;
+        }
+      }
+      butterfly(best, bv);
+      if (best >= 0 && lane == (best & 31)) biased[best] = -INFINITY;  // only this lane reads biased[best]
+      record(j, best);
     }
   }
   if (lane != 0) return;

@@ -1001,8 +1001,13 @@ void test_moe_route() {
       {"512 experts", 32, 512, 8, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
       {"100 experts", 32, 100, 6, SF::kSigmoid, 1.0f, true, false, true, true, 0.0f, 1.0f},
       {"k 32 ties", 16, 256, 32, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
-      {"640 experts (shared-memory keys)", 32, 640, 8, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
-      {"k 40 (shared-memory keys)", 16, 256, 40, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
+      {"640 experts (register top-k)", 32, 640, 8, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
+      {"k 40", 16, 256, 40, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
+      {"one token, 384 experts", 1, 384, 6, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
+      {"ties 768 (the register top-k's limit)", 16, 768, 8, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f,
+       1.0f},
+      {"1000 experts (shared-memory scan)", 8, 1000, 8, SF::kSqrtSoftplus, 1.0f, true, false, false, true, 0.0f, 1.0f},
+      {"ties 769 (shared-memory scan)", 8, 769, 12, SF::kSqrtSoftplus, 1.0f, false, false, true, true, 0.0f, 1.0f},
   };
   uint32_t seed = 32000;
   for (const Case& c : cases) {
