@@ -327,9 +327,6 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
   const int R = MT == 1 && (p.N + 1) / 2 <= per_mt_max * kMaxWarps ? 2 : 4 / MT;
   p.groups = (p.N + R - 1) / R;
   const int64_t per_mt = std::min<int64_t>(p.groups, per_mt_max);
-  int nw = kMaxWarps;
-  while (nw > 2 && static_cast<int64_t>(nw / 2) * per_mt >= p.groups) nw /= 2;
-  const int64_t smem = 4 * walk_smem_floats(MT, p.xcols, nw, p.ng);
 
   void (*kernel)(WalkParams) = nullptr;
   if (G == 1)
@@ -340,11 +337,9 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
     kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 2, 4> : fp8_walk_gemv<1, 2, 2>) : fp8_walk_gemv<2, 2, 2>;
   else
     kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 4, 4> : fp8_walk_gemv<1, 4, 2>) : fp8_walk_gemv<2, 4, 2>;
-  DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= 1,
-           "cuda::gemv: fp8_walk_gemv does not fit an SM ({} warps, {} bytes of shared memory)", nw, smem);
-  const int64_t grid = p.mtiles * per_mt;
-  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);
+  launch_sm_blocks(
+      kernel, p, p.mtiles, per_mt, p.groups, kMaxWarps,
+      [&](int nw) { return 4 * walk_smem_floats(MT, p.xcols, nw, p.ng); }, "fp8_walk_gemv", stream);
 }
 
 }  // namespace deepinfer::cuda

@@ -74,6 +74,24 @@ void launch_persistent(void (*kernel)(P), const P& p, int threads, int64_t smem,
   launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), threads, smem, stream, p);
 }
 
+// Launches a GEMV kernel that runs one block per SM (fp8_walk_gemv, fp8_rows_gemv): `xgroups` x-row groups of
+// `per_mt` blocks each, the blocks of a group dealing out its `groups` row groups between them. Warps per block:
+// `max_warps`, halved while half as many would still give every row group a warp of its own (more warps would idle).
+// smem_bytes(warps): the block's dynamic shared memory. Checks that the shape fits an SM (`name` in the error) and
+// that the grid is launchable.
+template <typename P, typename SmemFn>
+void launch_sm_blocks(void (*kernel)(P), const P& p, int64_t xgroups, int64_t per_mt, int64_t groups, int max_warps,
+                      const SmemFn& smem_bytes, const char* name, cudaStream_t stream) {
+  int nw = max_warps;
+  while (nw > 2 && static_cast<int64_t>(nw / 2) * per_mt >= groups) nw /= 2;
+  const int64_t smem = smem_bytes(nw);
+  DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= 1,
+           "cuda::gemv: {} does not fit an SM ({} warps, {} bytes of shared memory)", name, nw, smem);
+  const int64_t grid = xgroups * per_mt;
+  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);
+}
+
 // Launches fp8_walk_gemv for an E4M3 call. Preconditions: gemv_supported(a), a.fmt == 0, a.M > 0, a.N > 0.
 void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream);
 

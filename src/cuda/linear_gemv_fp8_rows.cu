@@ -304,18 +304,13 @@ void gemv_fp8_rows_into(const GemvArgs& a, cudaStream_t stream) {
   auto tasks = [&](int mt) { return static_cast<int64_t>(p.groups) * p.classes * ((p.mc + mt - 1) / mt); };
   while (MT > 1 && (4 * rows_smem_floats(MT, p.K, p.ng) > kRowsSmemBudget || tasks(MT) < 8 * sms)) MT /= 2;
   p.mtiles = (p.mc + MT - 1) / MT;
-  // One block per SM, as many as the x-row groups can use, warps per block as fp8_walk_gemv's.
+  // One block per SM, as many as the x-row groups can use; warps per block as fp8_walk_gemv's (launch_sm_blocks).
   const int64_t xgroups = static_cast<int64_t>(p.classes) * p.mtiles;
   const int64_t per_mt = std::min<int64_t>(p.groups, std::max<int64_t>(1, sms / xgroups));
-  int nw = kRowsMaxWarps;
-  while (nw > 2 && static_cast<int64_t>(nw / 2) * per_mt >= p.groups) nw /= 2;
-  const int64_t smem = 4 * rows_smem_floats(MT, p.K, p.ng);
   void (*kernel)(RowsParams) = a.row_expert != nullptr ? rows_kernel<true>(G, MT) : rows_kernel<false>(G, MT);
-  DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= 1,
-           "cuda::gemv: fp8_rows_gemv does not fit an SM ({} warps, {} bytes of shared memory)", nw, smem);
-  const int64_t grid = xgroups * per_mt;
-  DI_CHECK(grid < (int64_t{1} << 31), "cuda::gemv: grid of {} blocks", grid);
-  launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);
+  launch_sm_blocks(
+      kernel, p, xgroups, per_mt, p.groups, kRowsMaxWarps, [&](int) { return 4 * rows_smem_floats(MT, p.K, p.ng); },
+      "fp8_rows_gemv", stream);
 }
 
 }  // namespace deepinfer::cuda
