@@ -31,8 +31,12 @@ namespace deepinfer::cuda {
 
 namespace {
 
-constexpr int kLaneWarps = 4;         // rows per block
-constexpr int kLaneDepth = 8;         // groups (512 bytes of the row) in flight per warp
+constexpr int kLaneWarps = 4;  // rows per block
+// Groups (512 bytes of the row) in flight per warp: 20 = all of a 5,120-column row (the gate), issued before
+// griddepcontrol.wait, so that the weight's HBM latency passes while the previous kernel runs (the gate is launched
+// early, beside the norm that makes its x). With a ring of 8 the gate [384, 5120] ended 15 us after the norm in the
+// decode step (ktrace; its 96 blocks waited on three HBM round trips each), with 20 it ends 5 us after.
+constexpr int kLaneDepth = 20;
 constexpr int kLaneGroupBytes = 512;  // 8 chunks of 32 BF16 values
 constexpr int kLaneMaxK = 12288;      // x in shared memory
 constexpr int64_t kLaneMaxN = 8192;   // wider weights keep the slab kernel (the head streams at ~97% of HBM there)

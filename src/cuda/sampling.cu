@@ -788,14 +788,16 @@ size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 // Pinned host staging that grows on demand (one H2D and one D2H per call).
 struct PinnedBuffer {
   void* p = nullptr;
+  void* dev = nullptr;  // the same memory as the device addresses it (mapped pinned memory)
   size_t bytes = 0;
   void* get(size_t want) {
     if (bytes < want) {
       if (p != nullptr) DI_CUDA_CHECK(cudaFreeHost(p));
-      p = nullptr;
+      p = dev = nullptr;
       bytes = 0;
       const size_t n = std::max<size_t>(want, size_t{1} << 16) * 2;
       DI_CUDA_CHECK(cudaMallocHost(&p, n));
+      DI_CUDA_CHECK(cudaHostGetDevicePointer(&dev, p, 0));
       bytes = n;
     }
     return p;
@@ -984,8 +986,15 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
     ka.part_best = reinterpret_cast<uint64_t*>(d_part);
     ka.part_bad = reinterpret_cast<int32_t*>(d_part + static_cast<size_t>(R) * kSlices * sizeof(uint64_t));
   }
-  ka.core = reinterpret_cast<RowCore*>(d_res);
-  ka.lp = reinterpret_cast<RowLogprobs*>(d_res + core_bytes);
+  // Without logprobs the sampler writes its results straight into the pinned host buffer (cudaMallocHost memory is
+  // mapped into the device's address space under unified addressing), so no device -> host copy follows the kernel:
+  // the copy started ~7 us after the kernel's end (ktrace). With logprobs lse_sum_kernel reads what sample_kernel
+  // wrote, which stays in device memory.
+  char* down = static_cast<char*>(ws.down.get(res_bytes));
+  const bool direct = !any_lp;
+  char* res_at = direct ? static_cast<char*>(ws.down.dev) : d_res;
+  ka.core = reinterpret_cast<RowCore*>(res_at);
+  ka.lp = reinterpret_cast<RowLogprobs*>(res_at + core_bytes);
   const size_t smem = kFixedSmem + (any_special ? static_cast<size_t>(words) * sizeof(uint32_t) : 0);
   if (smem > ws.smem_set) {
     DI_CHECK(smem <= static_cast<size_t>(smem_optin()), "cuda::sample_rows: {} bytes of shared memory needed", smem);
@@ -1004,8 +1013,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
     DI_CUDA_CHECK(cudaGetLastError());
   }
   const size_t down_bytes = any_lp ? res_bytes : core_bytes;
-  char* down = static_cast<char*>(ws.down.get(res_bytes));
-  DI_CUDA_CHECK(cudaMemcpyAsync(down, d_res, down_bytes, cudaMemcpyDeviceToHost, current_stream()));
+  if (!direct) DI_CUDA_CHECK(cudaMemcpyAsync(down, d_res, down_bytes, cudaMemcpyDeviceToHost, current_stream()));
   DI_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
   const RowCore* core = reinterpret_cast<const RowCore*>(down);
   const RowLogprobs* lps = reinterpret_cast<const RowLogprobs*>(down + core_bytes);

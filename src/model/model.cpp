@@ -119,6 +119,13 @@ std::vector<int64_t> Model::wanted_rows(const std::vector<SeqChunk>& batch, cons
   return rows;
 }
 
+bool Model::every_row(const std::vector<int64_t>& rows, int64_t n) {
+  if (static_cast<int64_t>(rows.size()) != n) return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[static_cast<size_t>(i)] != i) return false;
+  return true;
+}
+
 Tensor Model::embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const {
   return ops::embedding(embed, ids_tensor(tokens, device_), cfg_.hc_mult);  // [T, hc, dim]: hc identical copies
 }

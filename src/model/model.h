@@ -100,6 +100,8 @@ class Model {
                                                 const std::vector<int64_t>& offsets);
   // The rows whose logits the batch wants, in order.
   static std::vector<int64_t> wanted_rows(const std::vector<SeqChunk>& batch, const std::vector<int64_t>& offsets);
+  // Whether `rows` is 0, 1, ..., n - 1 (every row wanted, in order: a decode step), so the head's gather is skipped.
+  static bool every_row(const std::vector<int64_t>& rows, int64_t n);
   // The embedding rows of `tokens`, expanded to hc identical copies: [T, hc, dim].
   Tensor embed_stream(const Tensor& embed, const std::vector<int32_t>& tokens) const;
 
@@ -133,6 +135,7 @@ class ModelV41 final : public Model {
  private:
   ModelWeightsV41 w_;
   EngramHash engram_;
+  mutable std::map<int64_t, Tensor> initial_pre_;  // layer 0's incoming pre-mix per row count (read-only)
 };
 
 }  // namespace deepinfer

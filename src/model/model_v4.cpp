@@ -90,7 +90,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   const std::vector<int64_t> rows = wanted_rows(batch, offset);
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
-  const Tensor picked = ops::gather_rows(stream, ids_tensor(rows, device_));
+  const Tensor picked = every_row(rows, stream.size(0)) ? stream : ops::gather_rows(stream, ids_tensor(rows, device_));
   Tensor h = ops::hc_head(picked, w_.hc_head_fn, w_.hc_head_scale, w_.hc_head_base, cfg.hc_eps, cfg.norm_eps, num.bf16);
   h = ops::rms_norm(h, w_.norm, cfg.norm_eps, num.bf16);
   Tensor logits = linear_f32(h, ops::QWeight{w_.head, {}, 0});

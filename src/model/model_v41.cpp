@@ -105,10 +105,14 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   }
 
   Tensor stream = embed_stream(w_.embed, tokens);
-  // The incoming pre-mix of layer 0 selects copy 0.
-  Tensor pre = Tensor::zeros({T, hc}, DType::kF32);
-  for (int64_t t = 0; t < T; ++t) pre.data<float>()[t * hc] = 1.0f;
-  pre = pre.to(device_);
+  // The incoming pre-mix of layer 0 selects copy 0 (a constant: on a GPU uploaded once per row count, not per step).
+  Tensor& pre_cached = initial_pre_[T];
+  if (!pre_cached.defined()) {
+    Tensor p = Tensor::zeros({T, hc}, DType::kF32);
+    for (int64_t t = 0; t < T; ++t) p.data<float>()[t * hc] = 1.0f;
+    pre_cached = p.to(device_);
+  }
+  Tensor pre = pre_cached;
   std::vector<SharedAttnV41> shared(B);
 
   std::vector<int32_t> layer_tokens = tokens;
@@ -209,8 +213,11 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   const std::vector<int64_t> rows = wanted_rows(batch, offset);
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return Tensor::empty({0, cfg.vocab_size}, DType::kF32);
-  const Tensor row_ids = ids_tensor(rows, device_);
-  const Tensor picked = ops::gather_rows(stream, row_ids), picked_pre = ops::gather_rows(pre, row_ids);
+  Tensor picked = stream, picked_pre = pre;  // a decode step wants every row: no upload, no gathers
+  if (!every_row(rows, stream.size(0))) {
+    const Tensor row_ids = ids_tensor(rows, device_);
+    picked = ops::gather_rows(stream, row_ids), picked_pre = ops::gather_rows(pre, row_ids);
+  }
   Tensor h = ops::hc_collapse_norm(picked, picked_pre, w_.norm, cfg.norm_eps, num.bf16);
   Tensor logits = linear_f32(h, ops::QWeight{w_.head, {}, 0});
   return opts.logits_device ? logits : logits.to(Device::kCPU);

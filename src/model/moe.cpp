@@ -70,16 +70,23 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const 
   const ModelConfig& cfg = c.cfg;
   const int64_t T = x.size(0), E = cfg.n_routed_experts, K = cfg.n_activated_experts, dim = cfg.dim;
   DI_CHECK(cfg.score_func == "sqrtsoftplus", "score_func '{}' is not supported (V4 uses sqrtsoftplus)", cfg.score_func);
-  // The shared expert first, beside the routed ones (on CUDA on the side stream: both are GEMV chains that leave HBM
-  // bandwidth unused, and the gate -> route -> group chain before the routed GEMVs is latency; moe_combine joins).
+  // The shared expert beside the routed ones (on CUDA on the side stream: both are GEMV chains that leave HBM bandwidth
+  // unused, and the gate -> route -> group chain before the routed GEMVs is latency; moe_combine joins). Where it
+  // forks (bench_cuda_model, V4.1 flash shape, ms per step): at one token before the gate (1.24 against 1.25-1.27
+  // after it); from two tokens after the gate, whose blocks otherwise share the SMs with the shared expert's (batch 2
+  // 1.79-1.81 against 1.83, batch 4 2.71-2.73 against 2.83-2.84; batches 8 and 32 alike either way). Both orders
+  // give the same bits: the shared expert and the gate read x only.
   Tensor ys;
-  {
+  auto run_shared = [&] {
     ops::SideWork side(x.device(), {x}, run_beside(T));
     ys = shared_expert_forward(w, x, c);
     side.done({ys});
-  }
+  };
+  const bool shared_first = T == 1;
+  if (shared_first) run_shared();
   ops::QWeight gate{w.gate_weight, {}, 0};
   Tensor logits = linear_f32(x, gate);  // [T, E]
+  if (!shared_first) run_shared();
   const FamilyNumerics fam = family_numerics(cfg.family);
   ops::RouteOpts ro;
   ro.func = ops::ScoreFunc::kSqrtSoftplus;
