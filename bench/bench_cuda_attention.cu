@@ -115,10 +115,11 @@ int main() {
   {
     const int64_t W = 128, NC = 1024, NT = W + NC;
     const di::Tensor table = random_bf16_grid({NT, D}, 1.0f);
-    std::printf("\nsparse_attention decode, L2-resident table (%lld rows) as in the model, K=%lld (window %lld + "
-                "%lld picks)\n",
-                static_cast<long long>(NT), static_cast<long long>(K), static_cast<long long>(W),
-                static_cast<long long>(K - W));
+    std::printf(
+        "\nsparse_attention decode, L2-resident table (%lld rows) as in the model, K=%lld (window %lld + "
+        "%lld picks)\n",
+        static_cast<long long>(NT), static_cast<long long>(K), static_cast<long long>(W),
+        static_cast<long long>(K - W));
     std::printf("%6s %4s %10s\n", "T", "HG", "us/call");
     for (int64_t T : {1, 2, 4, 8}) {
       const di::Tensor q = random_bf16_grid({T, H, D}, 1.0f);

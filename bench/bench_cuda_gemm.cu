@@ -58,7 +58,6 @@ using deepinfer::bench::time_graph;
 using deepinfer::bench::dev_act;
 using deepinfer::bench::dev_bytes;
 
-
 // An E4M3 weight [N, K] with 32x32 E8M0 tile scales (2^-10 .. 2^-4), as the V4.1 FP8 tensors.
 di::ops::QWeight fp8_weight(int64_t N, int64_t K) {
   di::ops::QWeight w;

@@ -61,7 +61,9 @@ Run run(const Model& m, const std::vector<int32_t>& prompt, const std::vector<in
   return r;
 }
 
-int32_t argmax(const std::vector<float>& v) { return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin()); }
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
 
 double kl(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
   auto lse = [](const std::vector<float>& x) {

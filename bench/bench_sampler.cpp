@@ -61,11 +61,24 @@ int main(int argc, char** argv) {
   add("top_k 50", [](auto& p) { p.top_k = 50; });
   add("top_p 0.9", [](auto& p) { p.top_p = 0.9f; });
   add("min_p 0.05", [](auto& p) { p.min_p = 0.05f; });
-  add("top_k 50 + top_p 0.9 + T 0.7", [](auto& p) { p.top_k = 50; p.top_p = 0.9f; p.temperature = 0.7f; });
-  add("penalties (rep 1.1, freq .5, pres .5) + top_p 0.9",
-      [](auto& p) { p.repetition_penalty = 1.1f; p.frequency_penalty = 0.5f; p.presence_penalty = 0.5f; p.top_p = 0.9f; },
+  add("top_k 50 + top_p 0.9 + T 0.7", [](auto& p) {
+    p.top_k = 50;
+    p.top_p = 0.9f;
+    p.temperature = 0.7f;
+  });
+  add(
+      "penalties (rep 1.1, freq .5, pres .5) + top_p 0.9",
+      [](auto& p) {
+        p.repetition_penalty = 1.1f;
+        p.frequency_penalty = 0.5f;
+        p.presence_penalty = 0.5f;
+        p.top_p = 0.9f;
+      },
       true);
-  add("greedy + logprobs 5", [](auto& p) { p.temperature = 0.0f; p.logprobs = 5; });
+  add("greedy + logprobs 5", [](auto& p) {
+    p.temperature = 0.0f;
+    p.logprobs = 5;
+  });
 
   for (double sigma : {3.0, 1.0}) {
     std::normal_distribution<float> nd(0.0f, static_cast<float>(sigma));

@@ -22,7 +22,7 @@ template <typename... Args>
 }  // namespace deepinfer
 
 // DI_CHECK(cond, "fmt {}", args...): throws deepinfer::Error with the formatted message.
-#define DI_CHECK(cond, ...)                  \
-  do {                                       \
+#define DI_CHECK(cond, ...)                      \
+  do {                                           \
     if (!(cond)) ::deepinfer::fail(__VA_ARGS__); \
   } while (0)

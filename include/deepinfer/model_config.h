@@ -101,13 +101,13 @@ struct ModelConfig {
 // The numerics that differ between the families (v4-architecture.md §2.0), in one place; model
 // code asks these instead of testing the family.
 struct FamilyNumerics {
-  bool q_head_renorm;            // V4: weightless per-head RMS of q
-  int64_t window_quant_block;    // FP8 fake-quant block of window KV
-  bool window_quant_rope_dims;   // V4.1 quantises the RoPE tail too
-  bool staggered_hc;             // V4.1: a sublayer collapses with the previous one's pre-mix
-  bool hc_head;                  // V4: separate hc_head_* final collapse
-  float moe_norm_eps;            // added to the top-k weight sum (V4: none; V4.1: 1e-20)
-  bool moe_norm_switchable;      // V4.1 normalises only with norm_topk_prob and top-k > 1
+  bool q_head_renorm;           // V4: weightless per-head RMS of q
+  int64_t window_quant_block;   // FP8 fake-quant block of window KV
+  bool window_quant_rope_dims;  // V4.1 quantises the RoPE tail too
+  bool staggered_hc;            // V4.1: a sublayer collapses with the previous one's pre-mix
+  bool hc_head;                 // V4: separate hc_head_* final collapse
+  float moe_norm_eps;           // added to the top-k weight sum (V4: none; V4.1: 1e-20)
+  bool moe_norm_switchable;     // V4.1 normalises only with norm_topk_prob and top-k > 1
 };
 FamilyNumerics family_numerics(ModelFamily f);
 

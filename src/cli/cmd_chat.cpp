@@ -63,8 +63,7 @@ Runner add_chat(CLI::App& app) {
   cmd->add_option("--reasoning-effort", o->reasoning_effort, "reasoning effort (V4: high | max)");
   cmd->add_option("--system", o->system, "system message");
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens per reply")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--temperature", o->temperature, "sampling temperature (0: greedy)")
-      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--temperature", o->temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-p", o->top_p, "nucleus sampling")->check(CLI::Range(0.0f, 1.0f));
   o->eng.add(cmd);
   return [o] {
@@ -156,8 +155,7 @@ Runner add_chat(CLI::App& app) {
       think.end();
       std::fputc('\n', stdout);
       std::fflush(stdout);
-      if (finish_reason == "length")
-        std::fprintf(stderr, "[reply cut at --max-tokens %d]\n", o->max_tokens);
+      if (finish_reason == "length") std::fprintf(stderr, "[reply cut at --max-tokens %d]\n", o->max_tokens);
 
       nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", content}};
       if (!reasoning.empty()) reply["reasoning_content"] = reasoning;

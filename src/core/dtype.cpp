@@ -10,27 +10,47 @@ namespace deepinfer {
 
 int dtype_bits(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: return 32;
-    case DType::kBF16: case DType::kF16: return 16;
-    case DType::kE4M3: case DType::kE8M0: case DType::kI8: case DType::kU8: return 8;
-    case DType::kE2M1x2: return 4;
-    case DType::kI64: return 64;
+    case DType::kF32:
+    case DType::kI32:
+      return 32;
+    case DType::kBF16:
+    case DType::kF16:
+      return 16;
+    case DType::kE4M3:
+    case DType::kE8M0:
+    case DType::kI8:
+    case DType::kU8:
+      return 8;
+    case DType::kE2M1x2:
+      return 4;
+    case DType::kI64:
+      return 64;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kE4M3: return "float8_e4m3";
-    case DType::kE8M0: return "float8_e8m0";
-    case DType::kE2M1x2: return "float4_e2m1 (packed)";
-    case DType::kI8: return "int8";
-    case DType::kU8: return "uint8";
-    case DType::kI32: return "int32";
-    case DType::kI64: return "int64";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kE4M3:
+      return "float8_e4m3";
+    case DType::kE8M0:
+      return "float8_e8m0";
+    case DType::kE2M1x2:
+      return "float4_e2m1 (packed)";
+    case DType::kI8:
+      return "int8";
+    case DType::kU8:
+      return "uint8";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
   }
   return "?";
 }
@@ -50,23 +70,31 @@ std::optional<DType> dtype_from_safetensors(std::string_view s) {
 
 const char* dtype_to_safetensors(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kE4M3: return "F8_E4M3";
-    case DType::kE8M0: return "F8_E8M0";
-    case DType::kE2M1x2: return "I8";  // the checkpoints ship packed FP4 as I8
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kE4M3:
+      return "F8_E4M3";
+    case DType::kE8M0:
+      return "F8_E8M0";
+    case DType::kE2M1x2:
+      return "I8";  // the checkpoints ship packed FP4 as I8
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
 
-size_t dtype_nbytes(DType t, int64_t n) {
-  return static_cast<size_t>((n * dtype_bits(t) + 7) / 8);
-}
+size_t dtype_nbytes(DType t, int64_t n) { return static_cast<size_t>((n * dtype_bits(t) + 7) / 8); }
 
 float e4m3_to_f32(uint8_t code) {
   const int sign = code >> 7;
@@ -86,11 +114,11 @@ uint8_t f32_to_e4m3(float f) {
   if (a >= 464.0f) return sign | 0x7F;  // NaN: e4m3fn has no infinity
   if (a < std::ldexp(1.0f, -6)) {
     // Subnormal grid: multiples of 2^-9. nearbyint rounds half to even in the default mode.
-    float q = std::nearbyint(a * 512.0f);  // exact scaling by a power of two
+    float q = std::nearbyint(a * 512.0f);   // exact scaling by a power of two
     return sign | static_cast<uint8_t>(q);  // q == 8 lands on the smallest normal, code 0x08
   }
   int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  std::frexp(a, &e);      // a = m * 2^e, m in [0.5, 1)
   const int exp = e - 1;  // a = 1.xxx * 2^exp
   float step = std::ldexp(1.0f, exp - 3);
   float q = std::nearbyint(a / step);  // 8..16
@@ -136,9 +164,12 @@ uint8_t f32_to_e2m1(float f) {
       float lo = kE2M1Values[c], hi = kE2M1Values[c + 1];
       if (a <= hi) {
         float mid = 0.5f * (lo + hi);
-        if (a < mid) best = c;
-        else if (a > mid) best = c + 1;
-        else best = (c % 2 == 0) ? c : c + 1;
+        if (a < mid)
+          best = c;
+        else if (a > mid)
+          best = c + 1;
+        else
+          best = (c % 2 == 0) ? c : c + 1;
         break;
       }
     }

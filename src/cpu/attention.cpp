@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
-#include "deepinfer/error.h"
 #include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::cpu {
 

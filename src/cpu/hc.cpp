@@ -2,8 +2,8 @@
 #include <cmath>
 #include <vector>
 
-#include "deepinfer/error.h"
 #include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::cpu {
 
@@ -38,8 +38,7 @@ std::vector<float> project(const Tensor& stream, const Tensor& fn, float norm_ep
 HcMix hc_mixes(const Tensor& stream, const Tensor& fn, const Tensor& scale, const Tensor& base, int64_t hc,
                int64_t sinkhorn_iters, float hc_eps, float norm_eps) {
   const int64_t T = stream.size(0), M = (2 + hc) * hc;
-  DI_CHECK(fn.size(0) == M && base.numel() == M && scale.numel() == 3, "hc_mixes: fn/base/scale sizes for hc={}",
-           hc);
+  DI_CHECK(fn.size(0) == M && base.numel() == M && scale.numel() == 3, "hc_mixes: fn/base/scale sizes for hc={}", hc);
   std::vector<float> mixes = project(stream, fn, norm_eps);
   const float* sc = scale.data<float>();
   const float* b = base.data<float>();

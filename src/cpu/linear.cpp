@@ -48,14 +48,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
-#include "deepinfer/error.h"
-#include <cstdlib>
-#include <string>
-
 #include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::cpu {
 
@@ -378,7 +377,7 @@ DI_AVX2 DI_INLINE void acc_zero(Accum<M>& a) {
 // acc[m] += w0..w3 . x[m][k .. k+32)
 template <int M>
 DI_AVX2 DI_INLINE void fma32(Accum<M>& a, const float* x, int64_t ldx, int64_t k, __m256 w0, __m256 w1, __m256 w2,
-                          __m256 w3) {
+                             __m256 w3) {
   constexpr int A = kAcc<M>;
   for (int m = 0; m < M; ++m) {
     const float* xm = x + m * ldx + k;
@@ -411,7 +410,8 @@ DI_AVX2 DI_INLINE void acc_store(Accum<M>& a, float* y, int64_t ldy, int64_t n) 
 }
 
 template <int M>
-DI_AVX2 DI_INLINE void gemv_fp8(const WView& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+DI_AVX2 DI_INLINE void gemv_fp8(const WView& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                                int64_t n1) {
   const Luts& L = luts();
   const __m256i c7f = _mm256_set1_epi8(0x7f);
   for (int64_t n = n0; n < n1; ++n) {
@@ -461,7 +461,8 @@ DI_AVX2 DI_INLINE void gemv_fp8(const WView& w, const float* x, int64_t ldx, flo
 
 // x is the per-32-block permuted copy: [k even 0..14 | even 16..30 | odd 1..15 | odd 17..31].
 template <int M>
-DI_AVX2 DI_INLINE void gemv_fp4(const WView& w, const float* xp, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+DI_AVX2 DI_INLINE void gemv_fp4(const WView& w, const float* xp, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                                int64_t n1) {
   const Luts& L = luts();
   const int64_t nblk = w.K / 32;
   const __m256i table = _mm256_broadcastsi128_si256(e2m1_f16_table());
@@ -515,7 +516,8 @@ inline float dense1(T v) {
 }
 
 template <int M, typename T>
-DI_AVX2 DI_INLINE void gemv_dense(const WView& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+DI_AVX2 DI_INLINE void gemv_dense(const WView& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                                  int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const T* wr = reinterpret_cast<const T*>(w.w + n * w.ldw);
     Accum<M> a;
@@ -574,7 +576,6 @@ void gemv_rows(bool wide, const WView& w, const float* x, int64_t ldx, float* y,
 }
 
 void gemv(const WView& w, const float* x, int64_t M, float* y) {
-
   std::vector<float> xperm;
   if (w.dt == DType::kE2M1x2) {  // even/odd split per 32-block, matching the nibble decode order
     xperm.resize(static_cast<size_t>(M * w.K));
@@ -594,8 +595,8 @@ void gemv(const WView& w, const float* x, int64_t M, float* y) {
   const int64_t ngroups = (M + kGemvGroup - 1) / kGemvGroup;
   // The AVX-512VL build for groups of >= 4 rows (see gemv_rows); for BF16/F32 only with several groups:
   // a single group streams the weight from memory, where it measured slower (BF16 M=5: 1.5 vs 1.2 ms).
-  const bool wide = g_wide_allowed && have_avx512vl() &&
-                    (ngroups > 1 || w.dt == DType::kE4M3 || w.dt == DType::kE2M1x2);
+  const bool wide =
+      g_wide_allowed && have_avx512vl() && (ngroups > 1 || w.dt == DType::kE4M3 || w.dt == DType::kE2M1x2);
   const int64_t row_bytes = std::max<int64_t>(1, dtype_nbytes(w.dt, w.K));
   // About 16 tasks per thread, handed out dynamically (a thread on a busy core takes fewer), each at
   // most ~256 KiB of weights so that it stays in L2 across the groups.

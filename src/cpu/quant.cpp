@@ -17,8 +17,8 @@
 #include <cstring>
 #include <vector>
 
-#include "deepinfer/error.h"
 #include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::cpu {
 

@@ -73,8 +73,8 @@ class KvCacheManager {
   int64_t used_bytes_ = 0;
   std::array<int64_t, kNumKvPools> page_bytes_{};
   // Per layer: rows of the compressed pool (ratio, 0 if none) and whether it has index keys.
-  std::vector<int64_t> ratio_;      // per layer owning compressed KV: its ratio
-  std::vector<bool> index_keys_;    // ... and whether it also owns index keys
+  std::vector<int64_t> ratio_;    // per layer owning compressed KV: its ratio
+  std::vector<bool> index_keys_;  // ... and whether it also owns index keys
   int64_t num_window_pages_ = 0, num_compressor_pages_ = 0;
   std::unordered_map<int64_t, KvPages> held_;
 };

@@ -112,7 +112,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     std::vector<fs::path> found;
     for (const auto& e : fs::directory_iterator(root)) {
       // engram_hash.safetensors is V4.1 hash data (tools/engram/hash_data.py), not weights.
-      if (e.path().extension() == ".safetensors" && e.is_regular_file(ec) && e.path().filename() != "engram_hash.safetensors")
+      if (e.path().extension() == ".safetensors" && e.is_regular_file(ec) &&
+          e.path().filename() != "engram_hash.safetensors")
         found.push_back(e.path());
     }
     DI_CHECK(!found.empty(), "no safetensors files in {}", dir);

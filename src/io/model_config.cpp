@@ -289,8 +289,8 @@ void parse_hf_text(const Keys& k, ModelConfig& c) {
   c.bos_token_id = token_id(k, "bos_token_id", c.bos_token_id);
   c.eos_token_id = token_id(k, "eos_token_id", c.eos_token_id);
   if (c.family == ModelFamily::kV41)
-    parse_v41_keys(k, c, {"kv_source_layer_ids", "index_source_layer_ids", "candidate_source_layer_id",
-                          "engram_pad_token_id"});
+    parse_v41_keys(
+        k, c, {"kv_source_layer_ids", "index_source_layer_ids", "candidate_source_layer_id", "engram_pad_token_id"});
 }
 
 // quantization_config (top level) and expert_dtype (in quantization_config or at either level).
@@ -397,8 +397,7 @@ ModelConfig parse_flat(const json& j, const std::string& source) {
   c.fp8_block = v41 ? 32 : 128;
   c.bos_token_id = token_id(k, "bos_token_id", c.bos_token_id);
   c.eos_token_id = token_id(k, "eos_token_id", c.eos_token_id);
-  if (v41)
-    parse_v41_keys(k, c, {"kv_source_layers", "index_source_layers", "candidate_source_layer", "engram_pad_id"});
+  if (v41) parse_v41_keys(k, c, {"kv_source_layers", "index_source_layers", "candidate_source_layer", "engram_pad_id"});
   return c;
 }
 
@@ -427,8 +426,8 @@ void validate_v41(const ModelConfig& c) {
   check_layer_list(c, c.index_source_layers, "index_source_layers");
   for (int64_t l : c.kv_source_layers) {
     DI_CHECK(c.compress_ratio(l) > 0, "config {}: kv source layer {} has compress ratio 0", src, l);
-    DI_CHECK(c.is_index_source(l), "config {}: kv source layer {} must also be an index source (it owns the index keys)",
-             src, l);
+    DI_CHECK(c.is_index_source(l),
+             "config {}: kv source layer {} must also be an index source (it owns the index keys)", src, l);
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const int64_t r = c.compress_ratio(l);
@@ -457,14 +456,13 @@ void validate_v41(const ModelConfig& c) {
            "config {}: engram_num_embeddings has {} entries for {} engram layers", src, c.engram_num_embeddings.size(),
            c.engram_layer_ids.size());
   DI_CHECK(c.engram_max_ngram_size >= 2 && c.engram_max_ngram_size <= 16,
-           "config {}: engram_max_ngram_size must be in [2, 16], got {}", src,
-           c.engram_max_ngram_size);
+           "config {}: engram_max_ngram_size must be in [2, 16], got {}", src, c.engram_max_ngram_size);
   DI_CHECK(c.engram_n_heads > 0 && c.engram_vocab_size > 0 && c.engram_compressed_vocab_size > 0,
            "config {}: engram_n_heads, engram_vocab_size and engram_compressed_vocab_size must be positive", src);
   DI_CHECK(c.engram_head_dim > 0 && c.engram_head_dim % 32 == 0,
            "config {}: engram_head_dim {} must be a positive multiple of 32 (FP8 row scales)", src, c.engram_head_dim);
-  DI_CHECK(c.engram_pad_id >= 0 && c.engram_pad_id < c.vocab_size, "config {}: engram pad id {} is outside the vocabulary",
-           src, c.engram_pad_id);
+  DI_CHECK(c.engram_pad_id >= 0 && c.engram_pad_id < c.vocab_size,
+           "config {}: engram pad id {} is outside the vocabulary", src, c.engram_pad_id);
   for (int64_t rows : c.engram_num_embeddings)
     DI_CHECK(rows > 0, "config {}: engram_num_embeddings must be positive, got {}", src, rows);
 }
@@ -563,8 +561,8 @@ void validate_model_config(const ModelConfig& c) {
   DI_CHECK(c.n_hash_layers <= c.n_layers, "config {}: n_hash_layers {} exceeds n_layers {}", src, c.n_hash_layers,
            c.n_layers);
   if (c.family == ModelFamily::kV4) {
-    DI_CHECK(is_pow2(c.index_head_dim), "config {}: index_head_dim {} must be a power of two (Hadamard transform)",
-             src, c.index_head_dim);
+    DI_CHECK(is_pow2(c.index_head_dim), "config {}: index_head_dim {} must be a power of two (Hadamard transform)", src,
+             c.index_head_dim);
   } else {
     validate_v41(c);
   }

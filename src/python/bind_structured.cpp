@@ -5,9 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "structured/structured.h"
 #include "structured/token_matcher.h"

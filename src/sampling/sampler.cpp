@@ -135,7 +135,7 @@ struct KeyMass {
 // survives, where an element survives iff the mass of the elements with larger keys is < target.
 // Quickselect on mass (median-of-3 pivots; falls back to sorting a range after too many rounds).
 uint64_t top_p_cut(std::vector<KeyMass>& a, long double target, uint64_t acc) {
-  size_t lo = 0, hi = a.size();             // mass of the elements known to rank above a[lo, hi)
+  size_t lo = 0, hi = a.size();  // mass of the elements known to rank above a[lo, hi)
   uint64_t last_kept = a.empty() ? 0 : ~0ull;
   int rounds = 0;
   while (hi > lo) {
@@ -408,8 +408,7 @@ Prepared prepare(const SampleInput& in, Scratch& s) {
       for (int64_t i = 0; i < V; ++i) {
         const uint32_t bi = std::bit_cast<uint32_t>(w[i]) >> 20;
         const uint64_t mass = static_cast<uint64_t>(static_cast<double>(w[i]) * kMassScale + 0.5);
-        const bool keep =
-            mass > 0 && (bi > b || (bi == b && rank_key(x[i], static_cast<uint32_t>(i)) >= cut));
+        const bool keep = mass > 0 && (bi > b || (bi == b && rank_key(x[i], static_cast<uint32_t>(i)) >= cut));
         w[i] = keep ? w[i] : 0.0f;
       }
     }

@@ -55,18 +55,18 @@ struct SampleInput {
   const float* logits = nullptr;  // [vocab], raw model output (FP32)
   int64_t vocab = 0;
   const SamplingParams* params = nullptr;
-  uint64_t seed = 0;              // the sequence's seed (request seed, or derived per child for n > 1)
-  int64_t position = 0;           // index of the token being sampled among the sequence's outputs
-  const std::vector<int32_t>* prompt_ids = nullptr;  // for repetition_penalty
-  const std::vector<int32_t>* output_ids = nullptr;  // for penalties and min_tokens (count = size();
-                                                     // without it, `position` is the output count)
-  int32_t eos_id = -1;            // masked while output count < min_tokens (with stop_token_ids)
+  uint64_t seed = 0;     // the sequence's seed (request seed, or derived per child for n > 1)
+  int64_t position = 0;  // index of the token being sampled among the sequence's outputs
+  const std::vector<int32_t>* prompt_ids = nullptr;     // for repetition_penalty
+  const std::vector<int32_t>* output_ids = nullptr;     // for penalties and min_tokens (count = size();
+                                                        // without it, `position` is the output count)
+  int32_t eos_id = -1;                                  // masked while output count < min_tokens (with stop_token_ids)
   const std::vector<uint32_t>* allowed_mask = nullptr;  // optional bitmask over the vocab (grammar)
 };
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;  // of the sampled token (raw log-softmax); 0 unless params->logprobs >= 0
+  float logprob = 0.0f;       // of the sampled token (raw log-softmax); 0 unless params->logprobs >= 0
   bool has_logprobs = false;  // params->logprobs >= 0: logprob, rank and top_logprobs are filled
   int64_t rank = 0;           // 1-based rank of the sampled token by (raw logit desc, id asc)
   std::vector<std::pair<int32_t, float>> top_logprobs;  // when params->logprobs > 0

@@ -14,8 +14,7 @@ void SamplingParams::validate() const {
   DI_CHECK(temperature >= 0.0f && std::isfinite(temperature),
            "SamplingParams: temperature must be a finite number >= 0 (0 = greedy), got {}", temperature);
   DI_CHECK(top_p > 0.0f && top_p <= 1.0f, "SamplingParams: top_p must be in (0, 1], got {}", top_p);
-  DI_CHECK(top_k == -1 || top_k >= 0,
-           "SamplingParams: top_k must be -1 or 0 (disabled) or at least 1, got {}", top_k);
+  DI_CHECK(top_k == -1 || top_k >= 0, "SamplingParams: top_k must be -1 or 0 (disabled) or at least 1, got {}", top_k);
   DI_CHECK(min_p >= 0.0f && min_p <= 1.0f, "SamplingParams: min_p must be in [0, 1], got {}", min_p);
   DI_CHECK(presence_penalty >= -2.0f && presence_penalty <= 2.0f,
            "SamplingParams: presence_penalty must be in [-2, 2], got {}", presence_penalty);
@@ -37,8 +36,8 @@ void SamplingParams::validate() const {
     DI_CHECK(stop_token_ids[i] >= 0, "SamplingParams: stop_token_ids[{}] must be a token id >= 0, got {}", i,
              stop_token_ids[i]);
   }
-  DI_CHECK(so_args.is_null() || so_args.is_object(),
-           "SamplingParams: so_args must be an object or null, got a JSON {}", so_args.type_name());
+  DI_CHECK(so_args.is_null() || so_args.is_object(), "SamplingParams: so_args must be an object or null, got a JSON {}",
+           so_args.type_name());
 }
 
 namespace {
@@ -116,8 +115,8 @@ SamplingParams SamplingParams::from_json(const nlohmann::json& j) {
   if (has("max_completion_tokens")) {
     const int m = get_int("max_completion_tokens", j.at("max_completion_tokens"));
     if (has("max_tokens") && m != p.max_tokens) {
-      fail("SamplingParams: max_tokens ({}) and max_completion_tokens ({}) disagree; give one of them",
-           p.max_tokens, m);
+      fail("SamplingParams: max_tokens ({}) and max_completion_tokens ({}) disagree; give one of them", p.max_tokens,
+           m);
     }
     p.max_tokens = m;
   }

@@ -1,16 +1,14 @@
 #include "server/server.h"
 
-#include <sys/socket.h>
-
-#include <cerrno>
-
 #include <fmt/format.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <optional>

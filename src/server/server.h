@@ -25,7 +25,7 @@ struct ServerOptions {
   uint64_t max_body_bytes = uint64_t{64} << 20;
   int http_threads = 2;
   double drain_timeout_s = 60.0;
-  double header_timeout_s = 30.0;  // idle keep-alive wait + request line + headers; then the connection is closed
+  double header_timeout_s = 30.0;      // idle keep-alive wait + request line + headers; then the connection is closed
   int64_t max_queued_requests = 1024;  // requests admitted and unfinished; more get 429
 };
 

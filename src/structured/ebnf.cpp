@@ -115,7 +115,8 @@ class EbnfParser {
     for (int k = 0; k < n; ++k) {
       if (i_ >= t_.size() || !std::isxdigit(static_cast<unsigned char>(t_[i_]))) err("bad hex escape");
       const char c = t_[i_++];
-      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : std::tolower(c) - 'a' + 10);
+      v = v * 16 +
+          static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : std::tolower(c) - 'a' + 10);
     }
     if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) err("escape is not a Unicode scalar value");
     return v;
@@ -128,17 +129,36 @@ class EbnfParser {
       if (i_ >= t_.size()) err("trailing backslash");
       const char c = t_[i_++];
       switch (c) {
-        case 'n': return '\n';
-        case 't': return '\t';
-        case 'r': return '\r';
-        case 'f': return '\f';
-        case 'v': return '\v';
-        case '0': return 0;
-        case 'x': return hex(2);
-        case 'u': return hex(4);
-        case 'U': return hex(8);
-        case '\\': case '"': case '\'': case ']': case '[': case '-': case '/': case '^': return static_cast<uint8_t>(c);
-        default: --i_; err(std::string("unknown escape \\") + c);
+        case 'n':
+          return '\n';
+        case 't':
+          return '\t';
+        case 'r':
+          return '\r';
+        case 'f':
+          return '\f';
+        case 'v':
+          return '\v';
+        case '0':
+          return 0;
+        case 'x':
+          return hex(2);
+        case 'u':
+          return hex(4);
+        case 'U':
+          return hex(8);
+        case '\\':
+        case '"':
+        case '\'':
+        case ']':
+        case '[':
+        case '-':
+        case '/':
+        case '^':
+          return static_cast<uint8_t>(c);
+        default:
+          --i_;
+          err(std::string("unknown escape \\") + c);
       }
     }
     const unsigned char c = static_cast<unsigned char>(t_[i_]);
@@ -157,7 +177,8 @@ class EbnfParser {
       v = std::min<int64_t>(v * 10 + (t_[i_] - '0'), int64_t{1} << 40);
       ++i_;
     }
-    if (v > b_.limits().max_repeat) err(fmt::format("repetition count {} exceeds the limit {}", v, b_.limits().max_repeat));
+    if (v > b_.limits().max_repeat)
+      err(fmt::format("repetition count {} exceeds the limit {}", v, b_.limits().max_repeat));
     return v;
   }
 

@@ -249,8 +249,7 @@ class Lowering {
       }
       case Expr::Kind::kRepeat: {
         DI_CHECK(e.items.size() == 1, "grammar: a repetition needs exactly one item");
-        DI_CHECK(e.min >= 0 && (e.max < 0 || e.max >= e.min), "grammar: bad repetition bounds {{{},{}}}", e.min,
-                 e.max);
+        DI_CHECK(e.min >= 0 && (e.max < 0 || e.max >= e.min), "grammar: bad repetition bounds {{{},{}}}", e.min, e.max);
         DI_CHECK(e.min <= lim_.max_repeat && e.max <= lim_.max_repeat,
                  "grammar: repetition count {} exceeds the limit {}", std::max(e.min, e.max), lim_.max_repeat);
         if (e.min == 1 && e.max == 1) return lower(e.items[0], out);
@@ -392,9 +391,10 @@ void check_left_recursion(const Grammar& g) {
   for (size_t r = 0; r < n; ++r)
     for (const Edge& e : adj[r])
       if (e.grows && comp[r] == comp[static_cast<size_t>(e.to)])
-        fail("grammar: rule '{}' is left-recursive (through '{}' before consuming any input); rewrite it with "
-             "repetition (e.g. a ::= b (\"x\" b)*)",
-             g.names[r], g.names[static_cast<size_t>(e.to)]);
+        fail(
+            "grammar: rule '{}' is left-recursive (through '{}' before consuming any input); rewrite it with "
+            "repetition (e.g. a ::= b (\"x\" b)*)",
+            g.names[r], g.names[static_cast<size_t>(e.to)]);
 }
 }  // namespace
 
@@ -525,7 +525,8 @@ void GrammarBuilder::define(int32_t rule, Expr body) {
 Grammar GrammarBuilder::build(int32_t root) const {
   DI_CHECK(root >= 0 && root < num_rules(), "grammar: no root rule");
   for (int32_t r = 0; r < num_rules(); ++r)
-    DI_CHECK(defined_[static_cast<size_t>(r)], "grammar: rule '{}' is referenced but never defined", names_[static_cast<size_t>(r)]);
+    DI_CHECK(defined_[static_cast<size_t>(r)], "grammar: rule '{}' is referenced but never defined",
+             names_[static_cast<size_t>(r)]);
   Lowering low(*this, limits_);
   for (int32_t r = 0; r < num_rules(); ++r) low.lower_rule(r, bodies_[static_cast<size_t>(r)]);
   Grammar g = low.finish(root);

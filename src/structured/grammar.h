@@ -79,7 +79,7 @@ struct Grammar {
   std::vector<Elem> elems;                 // all alternatives back to back, each closed by kEnd
   std::vector<std::vector<int32_t>> alts;  // per rule: positions in elems where its alternatives start
   std::vector<ByteSet> sets;
-  std::vector<std::string> names;          // per rule
+  std::vector<std::string> names;  // per rule
   // Repetition loops (token_matcher.cpp uses them for its shared per-item masks). A rule made by the
   // lowering of X{m,n} / X* has alternative 0 = [item, next rule] (or [item] / [item, empty rule] at
   // the chain's end) and, when it may stop here, alternative 1 = "": budget = items it may still

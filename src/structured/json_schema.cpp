@@ -22,20 +22,37 @@ namespace deepinfer::structured {
 namespace {
 using json = nlohmann::ordered_json;
 
-const std::set<std::string> kUnsupported = {
-    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains", "minProperties", "maxProperties", "multipleOf",
-    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
+const std::set<std::string> kUnsupported = {"patternProperties",
+                                            "propertyNames",
+                                            "dependentRequired",
+                                            "dependentSchemas",
+                                            "dependencies",
+                                            "if",
+                                            "then",
+                                            "else",
+                                            "not",
+                                            "contains",
+                                            "minContains",
+                                            "maxContains",
+                                            "minProperties",
+                                            "maxProperties",
+                                            "multipleOf",
+                                            "unevaluatedProperties",
+                                            "unevaluatedItems",
+                                            "$dynamicRef",
+                                            "$recursiveRef"};
 
 const std::map<std::string, std::string> kFormats = {
     // Day ranges follow the month (30-day months, February 29 only in leap
     // years, no year 0000), so every generated date is a real calendar date (Python date.fromisoformat).
-    {"date", R"(((\d{3}[1-9]|\d\d[1-9]0|\d[1-9]00|[1-9]000)-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))|(\d\d(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29))"},
+    {"date",
+     R"(((\d{3}[1-9]|\d\d[1-9]0|\d[1-9]00|[1-9]000)-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))|(\d\d(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29))"},
     {"time", R"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
     {"date-time",
      R"(((\d{3}[1-9]|\d\d[1-9]0|\d[1-9]00|[1-9]000)-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))|(\d\d(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29)T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
     {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
-    {"email", R"([a-zA-Z0-9_+-]+(\.[a-zA-Z0-9_+-]+)*@[a-zA-Z0-9]([a-zA-Z0-9-]{0,20}[a-zA-Z0-9])?(\.[a-zA-Z]{2,8}){1,3})"},
+    {"email",
+     R"([a-zA-Z0-9_+-]+(\.[a-zA-Z0-9_+-]+)*@[a-zA-Z0-9]([a-zA-Z0-9-]{0,20}[a-zA-Z0-9])?(\.[a-zA-Z]{2,8}){1,3})"},
     {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
 };
 
@@ -74,14 +91,16 @@ Expr nonneg_range(int64_t lo, int64_t hi) {
     }
     if (hi < 0 && l.size() >= 19) {  // beyond int64 widths: any longer number
       alts.push_back(same_len_range(l, top));
-      alts.push_back(Expr::seq({digit_range(1, 9), Expr::repeat(digit_range(0, 9), static_cast<int64_t>(l.size()), -1)}));
+      alts.push_back(
+          Expr::seq({digit_range(1, 9), Expr::repeat(digit_range(0, 9), static_cast<int64_t>(l.size()), -1)}));
       break;
     }
     alts.push_back(same_len_range(l, top));
     l.assign(l.size() + 1, '0');
     l[0] = '1';
     if (hi < 0 && l.size() > 1) {
-      alts.push_back(Expr::seq({digit_range(1, 9), Expr::repeat(digit_range(0, 9), static_cast<int64_t>(l.size() - 1), -1)}));
+      alts.push_back(
+          Expr::seq({digit_range(1, 9), Expr::repeat(digit_range(0, 9), static_cast<int64_t>(l.size() - 1), -1)}));
       break;
     }
   }
@@ -129,8 +148,14 @@ class SchemaCompiler {
       b_.define(any_["json_char"],
                 Expr::alt({Expr::cls(plain),
                            Expr::seq({Expr::literal("\\"),
-                                      Expr::alt({Expr::cls({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'}, {'f', 'f'},
-                                                            {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
+                                      Expr::alt({Expr::cls({{'"', '"'},
+                                                            {'\\', '\\'},
+                                                            {'/', '/'},
+                                                            {'b', 'b'},
+                                                            {'f', 'f'},
+                                                            {'n', 'n'},
+                                                            {'r', 'r'},
+                                                            {'t', 't'}}),
                                                  Expr::seq({Expr::literal("u"), Expr::repeat(hex, 4, 4)})})})}));
       b_.define(any_["json_string"],
                 Expr::seq({Expr::literal("\""), Expr::star(Expr::ref(any_["json_char"])), Expr::literal("\"")}));
@@ -138,16 +163,14 @@ class SchemaCompiler {
       const Expr v = Expr::ref(any_["json_value"]);
       const Expr kv = Expr::seq({Expr::ref(any_["json_string"]), tok(":"), v});
       b_.define(any_["json_object"],
-                Expr::seq({Expr::literal("{"), ws(),
-                           Expr::opt(Expr::seq({kv, Expr::star(Expr::seq({tok(","), kv}))})), ws(),
-                           Expr::literal("}")}));
-      b_.define(any_["json_array"], Expr::seq({Expr::literal("["), ws(),
-                                               Expr::opt(Expr::seq({v, Expr::star(Expr::seq({tok(","), v}))})), ws(),
-                                               Expr::literal("]")}));
-      b_.define(any_["json_value"],
-                Expr::alt({Expr::ref(any_["json_object"]), Expr::ref(any_["json_array"]), Expr::ref(any_["json_string"]),
-                           Expr::ref(any_["json_number"]), Expr::literal("true"), Expr::literal("false"),
-                           Expr::literal("null")}));
+                Expr::seq({Expr::literal("{"), ws(), Expr::opt(Expr::seq({kv, Expr::star(Expr::seq({tok(","), kv}))})),
+                           ws(), Expr::literal("}")}));
+      b_.define(any_["json_array"],
+                Expr::seq({Expr::literal("["), ws(), Expr::opt(Expr::seq({v, Expr::star(Expr::seq({tok(","), v}))})),
+                           ws(), Expr::literal("]")}));
+      b_.define(any_["json_value"], Expr::alt({Expr::ref(any_["json_object"]), Expr::ref(any_["json_array"]),
+                                               Expr::ref(any_["json_string"]), Expr::ref(any_["json_number"]),
+                                               Expr::literal("true"), Expr::literal("false"), Expr::literal("null")}));
     }
     return any_.at(which);
   }
@@ -157,8 +180,8 @@ class SchemaCompiler {
     return Expr::seq({Expr::opt(Expr::literal("-")),
                       Expr::alt({Expr::literal("0"), Expr::seq({Expr::cls({{'1', '9'}}), Expr::star(d)})}),
                       Expr::opt(Expr::seq({Expr::literal("."), Expr::plus(d)})),
-                      Expr::opt(Expr::seq({Expr::cls({{'e', 'e'}, {'E', 'E'}}), Expr::opt(Expr::cls({{'+', '+'}, {'-', '-'}})),
-                                           Expr::plus(d)}))});
+                      Expr::opt(Expr::seq({Expr::cls({{'e', 'e'}, {'E', 'E'}}),
+                                           Expr::opt(Expr::cls({{'+', '+'}, {'-', '-'}})), Expr::plus(d)}))});
   }
 
   [[noreturn]] static void err(const std::string& path, const std::string& what) {
@@ -213,7 +236,8 @@ class SchemaCompiler {
           }
         } else if (k == "required") {
           for (const json& r : v)
-            if (!out.contains("required") || std::find(out["required"].begin(), out["required"].end(), r) == out["required"].end())
+            if (!out.contains("required") ||
+                std::find(out["required"].begin(), out["required"].end(), r) == out["required"].end())
               out["required"].push_back(r);
         } else if (out.contains(k) && out[k] != v) {
           err(p, "allOf: keyword '" + k + "' differs between the parts (cannot merge)");
@@ -301,7 +325,8 @@ class SchemaCompiler {
         types.push_back("array");
       else if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength") || s.contains("format"))
         types.push_back("string");
-      else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum"))
+      else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum"))
         types.push_back("number");
       else
         return Expr::ref(any_rule("json_value"));
@@ -345,7 +370,8 @@ class SchemaCompiler {
     if (mn < 0 || (mx >= 0 && mx < mn)) err(path, "bad minLength/maxLength");
     if (mn > b_.limits().max_repeat || mx > b_.limits().max_repeat)
       err(path, fmt::format("minLength/maxLength over the limit {}", b_.limits().max_repeat));
-    return Expr::seq({Expr::literal("\""), Expr::repeat(Expr::ref(any_rule("json_char")), mn, mx), Expr::literal("\"")});
+    return Expr::seq(
+        {Expr::literal("\""), Expr::repeat(Expr::ref(any_rule("json_char")), mn, mx), Expr::literal("\"")});
   }
 
   static std::optional<double> num(const json& s, const char* k) {
@@ -376,7 +402,8 @@ class SchemaCompiler {
       }
     }
     constexpr double kLim = 9.0e15;
-    if ((lo && std::fabs(*lo) > kLim) || (hi && std::fabs(*hi) > kLim)) err(path, "numeric bounds beyond 9e15 are not supported");
+    if ((lo && std::fabs(*lo) > kLim) || (hi && std::fabs(*hi) > kLim))
+      err(path, "numeric bounds beyond 9e15 are not supported");
   }
 
   Expr integer_expr(const json& s, const std::string& path) {
@@ -458,7 +485,8 @@ class SchemaCompiler {
     };
     Expr extra_kv;
     if (extra)
-      extra_kv = Expr::seq({Expr::ref(any_rule("json_string")), tok(":"), schema(addl, path + ".additionalProperties")});
+      extra_kv =
+          Expr::seq({Expr::ref(any_rule("json_string")), tok(":"), schema(addl, path + ".additionalProperties")});
     // S_i: the rest from property i when something was emitted; F_i: when nothing was.
     const size_t n = props.size();
     std::vector<int32_t> S(n + 1), F(n + 1);
@@ -528,7 +556,8 @@ class SchemaCompiler {
         const int64_t hi = mx < 0 ? -1 : mx - k;
         if (k == 0) {
           // no element yet: first without comma
-          Expr more = Expr::repeat(Expr::seq({tok(","), rest_item}), std::max<int64_t>(0, lo - 1), hi < 0 ? -1 : hi - 1);
+          Expr more =
+              Expr::repeat(Expr::seq({tok(","), rest_item}), std::max<int64_t>(0, lo - 1), hi < 0 ? -1 : hi - 1);
           Expr some = Expr::seq({rest_item, more});
           return lo > 0 ? some : Expr::opt(some);
         }

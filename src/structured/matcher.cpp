@@ -112,7 +112,8 @@ bool PdaMatcher::advance_bytes(MatchState& s, std::string_view bytes) {
 ByteSet PdaMatcher::next_bytes(const MatchState& s) const {
   ByteSet u;
   for (int32_t n : s.stacks) {
-    const ByteSet& b = g_->sets[static_cast<size_t>(g_->elems[static_cast<size_t>(nodes_[static_cast<size_t>(n)].pos)].arg)];
+    const ByteSet& b =
+        g_->sets[static_cast<size_t>(g_->elems[static_cast<size_t>(nodes_[static_cast<size_t>(n)].pos)].arg)];
     for (int i = 0; i < 4; ++i) u.w[i] |= b.w[i];
   }
   return u;

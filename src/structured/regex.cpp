@@ -52,7 +52,8 @@ class RegexParser {
     for (int k = 0; k < digits; ++k) {
       if (i_ >= p_.size() || !std::isxdigit(static_cast<unsigned char>(p_[i_]))) err("bad hex escape");
       const char c = p_[i_++];
-      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10));
+      v = v * 16 +
+          static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10));
     }
     if (v > 0x10FFFF) err("code point out of range");
     return v;
@@ -63,22 +64,54 @@ class RegexParser {
     if (i_ >= p_.size()) err("trailing backslash");
     const char c = p_[i_++];
     switch (c) {
-      case 'd': cls = kDigit; return true;
-      case 'w': cls = kWord; return true;
-      case 's': cls = kSpace; return true;
-      case 'D': cls = complement_ranges(kDigit); return true;
-      case 'W': cls = complement_ranges(kWord); return true;
-      case 'S': cls = complement_ranges(kSpace); return true;
-      case 'n': cp = '\n'; return false;
-      case 't': cp = '\t'; return false;
-      case 'r': cp = '\r'; return false;
-      case 'f': cp = '\f'; return false;
-      case 'v': cp = '\v'; return false;
-      case '0': cp = 0; return false;
-      case 'a': cp = 7; return false;
-      case 'x': cp = hex(2); return false;
-      case 'u': cp = hex(4); return false;
-      case 'U': cp = hex(8); return false;
+      case 'd':
+        cls = kDigit;
+        return true;
+      case 'w':
+        cls = kWord;
+        return true;
+      case 's':
+        cls = kSpace;
+        return true;
+      case 'D':
+        cls = complement_ranges(kDigit);
+        return true;
+      case 'W':
+        cls = complement_ranges(kWord);
+        return true;
+      case 'S':
+        cls = complement_ranges(kSpace);
+        return true;
+      case 'n':
+        cp = '\n';
+        return false;
+      case 't':
+        cp = '\t';
+        return false;
+      case 'r':
+        cp = '\r';
+        return false;
+      case 'f':
+        cp = '\f';
+        return false;
+      case 'v':
+        cp = '\v';
+        return false;
+      case '0':
+        cp = 0;
+        return false;
+      case 'a':
+        cp = 7;
+        return false;
+      case 'x':
+        cp = hex(2);
+        return false;
+      case 'u':
+        cp = hex(4);
+        return false;
+      case 'U':
+        cp = hex(8);
+        return false;
       case 'b':
         if (in_class) {
           cp = 8;
@@ -86,9 +119,16 @@ class RegexParser {
         }
         --i_;
         err("word boundary \\b is not supported");
-      case 'B': --i_; err("\\B is not supported");
-      case 'A': case 'Z': case 'z': --i_; err("anchors \\A \\Z are not supported");
-      default: break;
+      case 'B':
+        --i_;
+        err("\\B is not supported");
+      case 'A':
+      case 'Z':
+      case 'z':
+        --i_;
+        err("anchors \\A \\Z are not supported");
+      default:
+        break;
     }
     if (std::isdigit(static_cast<unsigned char>(c))) {
       --i_;
@@ -299,12 +339,23 @@ Expr char_expr(const std::vector<CodeRange>& ranges, bool json_string) {
   for (const CodeRange& r : ranges) {
     for (uint32_t c = r.lo; c <= std::min<uint32_t>(r.hi, 0x1F); ++c) {
       switch (c) {
-        case '\n': alts.push_back(Expr::literal("\\n")); break;
-        case '\t': alts.push_back(Expr::literal("\\t")); break;
-        case '\r': alts.push_back(Expr::literal("\\r")); break;
-        case '\b': alts.push_back(Expr::literal("\\b")); break;
-        case '\f': alts.push_back(Expr::literal("\\f")); break;
-        default: alts.push_back(Expr::literal(fmt::format("\\u{:04x}", c)));
+        case '\n':
+          alts.push_back(Expr::literal("\\n"));
+          break;
+        case '\t':
+          alts.push_back(Expr::literal("\\t"));
+          break;
+        case '\r':
+          alts.push_back(Expr::literal("\\r"));
+          break;
+        case '\b':
+          alts.push_back(Expr::literal("\\b"));
+          break;
+        case '\f':
+          alts.push_back(Expr::literal("\\f"));
+          break;
+        default:
+          alts.push_back(Expr::literal(fmt::format("\\u{:04x}", c)));
       }
     }
     if (r.lo <= '"' && r.hi >= '"') alts.push_back(Expr::literal("\\\""));

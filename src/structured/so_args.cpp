@@ -5,7 +5,8 @@
 namespace deepinfer::structured {
 
 StructuredSpec compile_so_args(const nlohmann::json& so) {
-  DI_CHECK(so.is_object(), "so_args: must be an object {{\"type\": ..., \"value\": ...}}, got a JSON {}", so.type_name());
+  DI_CHECK(so.is_object(), "so_args: must be an object {{\"type\": ..., \"value\": ...}}, got a JSON {}",
+           so.type_name());
   for (auto& [k, v] : so.items())
     DI_CHECK(k == "type" || k == "value" || k == "whitespace" || k == "after_think",
              "so_args: unknown key '{}' (expected type, value, whitespace, after_think)", k);

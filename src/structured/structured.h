@@ -10,12 +10,11 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "structured/grammar.h"
 
@@ -47,7 +46,8 @@ struct JsonOptions {
 };
 // Properties are generated in the schema's key order: the declared order for ordered_json (and for
 // so_args whose json_schema value is JSON text), alphabetical for nlohmann::json (which sorts keys).
-Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonOptions& opt = {}, GrammarLimits limits = {});
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonOptions& opt = {},
+                            GrammarLimits limits = {});
 Grammar json_schema_grammar(const nlohmann::json& schema, const JsonOptions& opt = {}, GrammarLimits limits = {});
 // Any JSON value whose top level is an object (so_args type "json_object").
 Grammar json_object_grammar(const JsonOptions& opt = {}, GrammarLimits limits = {});

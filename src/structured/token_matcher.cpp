@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string_view>
-
-#include <cstdlib>
-
-#include <nlohmann/json.hpp>
 
 #include "deepinfer/error.h"
 #include "structured/structured.h"
@@ -23,8 +21,8 @@ using VocabNode = TokenVocab::TrieNode;
 namespace {
 std::atomic<uint64_t> g_vocab_serial{1};
 thread_local bool t_prebuilding = false;  // inside the vocabulary-level prebuild (its entries are pinned)
-constexpr size_t kWidth = 64;       // stacks per walk state for the decomposition to be exact
-constexpr size_t kMaxGroupStacks = 32;  // kWidth * 2 * this <= PdaMatcher::kMaxStacks
+constexpr size_t kWidth = 64;             // stacks per walk state for the decomposition to be exact
+constexpr size_t kMaxGroupStacks = 32;    // kWidth * 2 * this <= PdaMatcher::kMaxStacks
 void set_bit(std::vector<uint32_t>& m, int32_t id) { m[static_cast<size_t>(id) >> 5] |= uint32_t{1} << (id & 31); }
 void or_into(std::vector<uint32_t>& out, const std::vector<uint32_t>& b) {
   for (size_t i = 0; i < out.size(); ++i) out[i] |= b[i];
@@ -44,8 +42,8 @@ struct LoopEntry {
     int32_t id;
     uint16_t n, off;  // n whole items, then byte `off` cannot start an item
   };
-  std::vector<Exit> exits;                   // by the byte at off
-  std::array<int32_t, 257> exit_start{};     // exits of byte b: [exit_start[b], exit_start[b + 1])
+  std::vector<Exit> exits;                // by the byte at off
+  std::array<int32_t, 257> exit_start{};  // exits of byte b: [exit_start[b], exit_start[b + 1])
 };
 
 namespace {
@@ -207,7 +205,8 @@ class EntryBuilder {
         // loop's own n = 0 exits are its context's stacks, which the state holds apart).
         if (boundary && (n > 0 || !prefix_.empty())) {
           const uint8_t b = trie[c].byte;
-          for (int32_t k = v_.trie_sub_tok[static_cast<size_t>(c)]; k < v_.trie_sub_tok[static_cast<size_t>(end)]; ++k) {
+          for (int32_t k = v_.trie_sub_tok[static_cast<size_t>(c)]; k < v_.trie_sub_tok[static_cast<size_t>(end)];
+               ++k) {
             e_.exits.push_back({v_.trie_ids[static_cast<size_t>(k)], n, d});
             exit_byte_.push_back(b);
           }
@@ -274,7 +273,8 @@ std::string item_structure(const Grammar& g, Grammar::Elem item) {
 }
 
 size_t entry_bytes(const LoopEntry& e) {
-  return e.full_all.size() * 4 + e.by_n.size() * 4 + e.n_start.size() * 4 + e.exits.size() * sizeof(LoopEntry::Exit) + 2048;
+  return e.full_all.size() * 4 + e.by_n.size() * 4 + e.n_start.size() * 4 + e.exits.size() * sizeof(LoopEntry::Exit) +
+         2048;
 }
 
 // The process-wide loop entries, least recently used dropped past kSharedLoopBytes (entries live on in
@@ -353,10 +353,10 @@ TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_
     if (id >= 0 && id < size()) special_[static_cast<size_t>(id)] = true;
   if (eos_id_ >= size()) eos_id_ = -1;
   for (int32_t i = 0; i < size(); ++i)
-    if (!special_[static_cast<size_t>(i)] && i != eos_id_ && !bytes_[static_cast<size_t>(i)].empty()) sorted.push_back(i);
-  std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) {
-    return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)];
-  });
+    if (!special_[static_cast<size_t>(i)] && i != eos_id_ && !bytes_[static_cast<size_t>(i)].empty())
+      sorted.push_back(i);
+  std::sort(sorted.begin(), sorted.end(),
+            [&](int32_t a, int32_t b) { return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)]; });
   lcp.assign(sorted.size(), 0);
   std::vector<int32_t> path;  // trie nodes of the previous token's bytes
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -380,7 +380,8 @@ TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_
       trie_tok_end.push_back(0);
     }
     const size_t last = static_cast<size_t>(path.back());
-    if (trie_tok_end[last] != static_cast<int32_t>(trie_ids.size())) trie_tok_begin[last] = static_cast<int32_t>(trie_ids.size());
+    if (trie_tok_end[last] != static_cast<int32_t>(trie_ids.size()))
+      trie_tok_begin[last] = static_cast<int32_t>(trie_ids.size());
     trie_ids.push_back(sorted[i]);
     trie_tok_end[last] = static_cast<int32_t>(trie_ids.size());
   }
@@ -390,11 +391,11 @@ TokenVocab::TokenVocab(std::vector<std::string> tokens, const std::vector<int32_
     trie_sub_tok[c] = trie_tok_end[c] > trie_tok_begin[c] ? trie_tok_begin[c] : trie_sub_tok[c + 1];
   trie.resize(trie_byte.size());
   for (size_t i = 0; i < trie.size(); ++i)
-    trie[i] = {trie_end[i], trie_tok_begin[i], static_cast<uint16_t>(trie_tok_end[i] - trie_tok_begin[i]), trie_byte[i]};
+    trie[i] = {trie_end[i], trie_tok_begin[i], static_cast<uint16_t>(trie_tok_end[i] - trie_tok_begin[i]),
+               trie_byte[i]};
 }
 
-std::shared_ptr<const TokenVocab> TokenVocab::from_tokenizer(const Tokenizer& tok, int64_t vocab_size,
-                                                             int32_t eos_id) {
+std::shared_ptr<const TokenVocab> TokenVocab::from_tokenizer(const Tokenizer& tok, int64_t vocab_size, int32_t eos_id) {
   std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
   std::vector<int32_t> special;
   const int32_t n = std::min<int32_t>(tok.vocab_size(), static_cast<int32_t>(vocab_size));
@@ -544,7 +545,8 @@ void CompiledGrammar::visit(int32_t lo, int32_t hi, size_t d) {
     if (nx.stacks.size() > width_limit_) wide_ = true;
     for (int32_t k = v.trie_tok_begin[static_cast<size_t>(c)]; k < v.trie_tok_end[static_cast<size_t>(c)]; ++k)
       hits_.push_back(v.trie_ids[static_cast<size_t>(k)]);
-    if (c + 1 < v.trie_end[static_cast<size_t>(c)] && !nx.stacks.empty()) visit(c + 1, v.trie_end[static_cast<size_t>(c)], d + 1);
+    if (c + 1 < v.trie_end[static_cast<size_t>(c)] && !nx.stacks.empty())
+      visit(c + 1, v.trie_end[static_cast<size_t>(c)], d + 1);
   }
 }
 
@@ -731,9 +733,11 @@ const std::vector<uint32_t>& CompiledGrammar::budget_bits(const LoopEntry& e, ui
   }
   const int32_t ntok = static_cast<int32_t>(e.by_n.size());
   auto count_between = [&](int32_t a, int32_t b) {  // tokens with n in (a, b]
-    return e.n_start[static_cast<size_t>(std::min(b, e.max_n)) + 1] - e.n_start[static_cast<size_t>(std::min(a, e.max_n)) + 1];
+    return e.n_start[static_cast<size_t>(std::min(b, e.max_n)) + 1] -
+           e.n_start[static_cast<size_t>(std::min(a, e.max_n)) + 1];
   };
-  if (!base || std::abs(count_between(std::min(j, bj), std::max(j, bj))) > std::min(count_between(0, j), ntok - count_between(0, j))) {
+  if (!base || std::abs(count_between(std::min(j, bj), std::max(j, bj))) >
+                   std::min(count_between(0, j), ntok - count_between(0, j))) {
     base = nullptr;
     bj = count_between(0, j) <= ntok - count_between(0, j) ? 0 : e.max_n;
   }
@@ -783,7 +787,8 @@ const std::vector<int32_t>& CompiledGrammar::expected_stacks(int32_t rule, int32
   return ex->second;
 }
 
-bool CompiledGrammar::add_loop(const LoopEntry& e, uint64_t key, int32_t rule, int32_t ctx, std::vector<uint32_t>& out) {
+bool CompiledGrammar::add_loop(const LoopEntry& e, uint64_t key, int32_t rule, int32_t ctx,
+                               std::vector<uint32_t>& out) {
   if (!e.usable) return false;
   const int32_t base_depth = ctx < 0 ? 0 : pda_.node_depth(ctx);
   if (base_depth + 1 + e.max_rel_depth + 8 > PdaMatcher::kMaxDepth) return false;
@@ -792,7 +797,8 @@ bool CompiledGrammar::add_loop(const LoopEntry& e, uint64_t key, int32_t rule, i
   const Grammar::Loop lp = pda_.grammar().loops[static_cast<size_t>(rule)];
   if (e.by_n.size() < out.size()) {  // few tokens: set them (cheaper than a bitset pass)
     const int32_t j = lp.budget < 0 ? e.max_n : std::min(lp.budget, e.max_n);
-    for (int32_t i = e.n_start[1]; i < e.n_start[static_cast<size_t>(j) + 1]; ++i) set_bit(out, e.by_n[static_cast<size_t>(i)]);
+    for (int32_t i = e.n_start[1]; i < e.n_start[static_cast<size_t>(j) + 1]; ++i)
+      set_bit(out, e.by_n[static_cast<size_t>(i)]);
   } else {
     or_into(out, budget_bits(e, key, lp.budget));
   }

@@ -36,10 +36,10 @@
 
 #include <array>
 #include <cstdint>
-#include <memory>
-#include <string>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -118,7 +118,7 @@ class CompiledGrammar {
   void compute(const MatchState& s, std::vector<uint32_t>& out);
   MatcherStats stats;
   size_t cache_limit_bytes = size_t{256} << 20;
-  bool use_loops = true;  // tests: false = per-stack walks only
+  bool use_loops = true;                      // tests: false = per-stack walks only
   size_t dfa_limit_bytes = size_t{32} << 20;  // the walk DFA's memory bound (tests: tiny = plain walks)
 
  private:
@@ -126,7 +126,7 @@ class CompiledGrammar {
     size_t operator()(const std::vector<int32_t>& k) const;
   };
   struct StackMask {
-    std::vector<int32_t> ids;   // sparse
+    std::vector<int32_t> ids;    // sparse
     std::vector<uint32_t> bits;  // dense (ids empty)
   };
   struct ExitInfo {
@@ -198,7 +198,7 @@ class CompiledGrammar {
   int32_t num_classes_ = 1;
   std::vector<MatchState> dstates_;
   std::vector<uint32_t> dwidth_;  // stacks per state
-  std::vector<int32_t> dtrans_;  // state * num_classes_ + class: -2 unknown, -1 dead, else state
+  std::vector<int32_t> dtrans_;   // state * num_classes_ + class: -2 unknown, -1 dead, else state
   std::unordered_map<std::vector<int32_t>, int32_t, KeyHash> dindex_;
   size_t dfa_bytes_ = 0;
   bool dfa_over_ = false;

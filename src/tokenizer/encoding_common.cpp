@@ -1,5 +1,4 @@
 #include "tokenizer/encoding_common.h"
-#include "tokenizer/json_escape.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,6 +6,7 @@
 #include <cstdio>
 
 #include "deepinfer/error.h"
+#include "tokenizer/json_escape.h"
 
 namespace deepinfer::enc {
 

@@ -1,10 +1,10 @@
 // Shared pieces of the output parsers: marker scanning, DSML dialects, JSON quoting, UTF-8 carry.
 #include "tokenizer/parser_common.h"
-#include "tokenizer/json_escape.h"
 
 #include <array>
 #include <cstdio>
 
+#include "tokenizer/json_escape.h"
 #include "tokenizer/parsers.h"
 
 namespace deepinfer::parsers {

@@ -102,8 +102,10 @@ TEST(DType, Bf16RoundToNearestEven) {
   }
   for (uint32_t b = 0; b < 65536; ++b) {  // every bf16 value round-trips (NaNs stay NaN)
     float f = bf16_to_f32(static_cast<uint16_t>(b));
-    if (std::isnan(f)) EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f))));
-    else EXPECT_EQ(f32_to_bf16(f), b);
+    if (std::isnan(f))
+      EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f))));
+    else
+      EXPECT_EQ(f32_to_bf16(f), b);
   }
 }
 

@@ -78,11 +78,15 @@ TEST(EngramHash, RejectsInconsistentData) {
   EXPECT_NE(err([&] { EngramHash::from_data(c, small_map(), {3, 4, 7}); }).find("multiplier 4"), std::string::npos);
   EXPECT_NE(err([&] { EngramHash::from_data(c, {0, 1, 2}, {3, 5, 7}); }).find("token map has 3"), std::string::npos);
   c.engram_num_embeddings = {61};
-  EXPECT_NE(err([&] { EngramHash::from_data(c, small_map(), {3, 5, 7}); }).find("add up to 60 rows"),
+  EXPECT_NE(err([&] {
+              EngramHash::from_data(c, small_map(), {3, 5, 7});
+            }).find("add up to 60 rows"),
             std::string::npos);
   c = small_cfg();
   c.engram_compressed_vocab_size = 11;
-  EXPECT_NE(err([&] { EngramHash::from_data(c, small_map(), {3, 5, 7}); }).find("10 compressed ids"),
+  EXPECT_NE(err([&] {
+              EngramHash::from_data(c, small_map(), {3, 5, 7});
+            }).find("10 compressed ids"),
             std::string::npos);
 }
 

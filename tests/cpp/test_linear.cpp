@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "deepinfer/error.h"
 #include "cpu/cpu_ops.h"
+#include "deepinfer/error.h"
 #include "ops/ops.h"
 
 using namespace deepinfer;
@@ -352,7 +352,8 @@ TEST(Linear, GroupedRowsEqualPerRowLinear) {
       ASSERT_EQ(y.shape(), (Shape{R, N}));
       for (int64_t r = 0; r < R; ++r) {
         const Tensor want = ops::linear(x.slice(0, r, r + 1), (*experts)[ids[r]], o);
-        for (int64_t n = 0; n < N; ++n) ASSERT_EQ(bits_of(y.data<float>()[r * N + n]), bits_of(want.data<float>()[n])) << r;
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(bits_of(y.data<float>()[r * N + n]), bits_of(want.data<float>()[n])) << r;
       }
     }
   }
@@ -477,8 +478,7 @@ TEST(Linear, WideKernelsBitwiseEqualAvx2Kernels) {
       cpu::set_linear_wide_kernels(prev);
       ASSERT_EQ(ref.numel(), got.numel());
       for (int64_t i = 0; i < ref.numel(); ++i)
-        ASSERT_EQ(bits_of(ref.data<float>()[i]), bits_of(got.data<float>()[i]))
-            << c.name << " M=" << M << " at " << i;
+        ASSERT_EQ(bits_of(ref.data<float>()[i]), bits_of(got.data<float>()[i])) << c.name << " M=" << M << " at " << i;
     }
   }
 }

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-
 #include <nlohmann/json.hpp>
 
 #include "deepinfer/error.h"
@@ -281,7 +280,9 @@ TEST(ModelConfig, V41TextConfig) {
     edit(j["text_config"]);
     return parse_error(j.dump(), "v41/config.json");
   };
-  EXPECT_TRUE(has_all(v41_error([](json& t) { t["index_source_layer_ids"] = {8, 14, 20}; }),
+  EXPECT_TRUE(has_all(v41_error([](json& t) {
+                        t["index_source_layer_ids"] = {8, 14, 20};
+                      }),
                       {"kv source layer 2", "index source"}));
   EXPECT_TRUE(has_all(v41_error([](json& t) { t["kv_source_layer_ids"] = {8, 14, 20}; }), {"layer 2", "no kv source"}));
   EXPECT_TRUE(has_all(v41_error([](json& t) { t["kv_source_layer_ids"] = {2, 8, 14}; }), {"layer 20", "ratio 2"}));

@@ -71,13 +71,25 @@ TEST(StructuredEbnf, Errors) {
 }
 
 TEST(StructuredRegex, AgainstStdRegex) {
-  const std::vector<std::string> patterns = {
-      "abc", "a|b|cd", "a*b+c?", "[a-c]{2,3}x", "(ab|cd){1,2}", "\\d{3}-\\d{4}", "[^a-z]+", "a.c",
-      "(?:x|y)*z", "\\w+@\\w+\\.com", "[+-]?(0|[1-9][0-9]*)(\\.[0-9]+)?", "^ab$", "a{2}b{0,1}c{1,}", "\\s?\\S\\D\\W"};
+  const std::vector<std::string> patterns = {"abc",
+                                             "a|b|cd",
+                                             "a*b+c?",
+                                             "[a-c]{2,3}x",
+                                             "(ab|cd){1,2}",
+                                             "\\d{3}-\\d{4}",
+                                             "[^a-z]+",
+                                             "a.c",
+                                             "(?:x|y)*z",
+                                             "\\w+@\\w+\\.com",
+                                             "[+-]?(0|[1-9][0-9]*)(\\.[0-9]+)?",
+                                             "^ab$",
+                                             "a{2}b{0,1}c{1,}",
+                                             "\\s?\\S\\D\\W"};
   const std::vector<std::string> inputs = {
-      "", "abc", "a", "cd", "b", "aab", "bbc", "abcx", "acx", "abcdx", "ab", "abcd", "cdcd", "abab",
-      "123-4567", "12-4567", "ABC", "abc1", "a-c", "a\nc", "z", "xyxz", "w", "me@site.com", "me@site.org",
-      "-12.5", "0", "01", "3.", "+7", "aabcc", "aac", "aab", " a1_", "xa-!", "aa"};
+      "",      "abc",  "a",    "cd",    "b",    "aab",         "bbc",         "abcx",  "acx",
+      "abcdx", "ab",   "abcd", "cdcd",  "abab", "123-4567",    "12-4567",     "ABC",   "abc1",
+      "a-c",   "a\nc", "z",    "xyxz",  "w",    "me@site.com", "me@site.org", "-12.5", "0",
+      "01",    "3.",   "+7",   "aabcc", "aac",  "aab",         " a1_",        "xa-!",  "aa"};
   for (const std::string& p : patterns) {
     Grammar g = regex_grammar(p);
     std::regex re(p, std::regex::ECMAScript);
@@ -142,7 +154,8 @@ TEST(StructuredJsonSchema, AcceptReject) {
       {R"({"type":"string","format":"date"})", {"\"2024-02-29\""}, {"\"2024-13-01\"", "\"24-01-01\""}},
       {R"({"type":"string","format":"uuid"})", {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123\""}},
       {R"({"type":"string","format":"ipv4"})", {"\"192.168.0.1\""}, {"\"256.1.1.1\"", "\"1.2.3\""}},
-      {R"({"type":"string","format":"date-time"})", {"\"2024-01-02T03:04:05Z\"", "\"2024-01-02T03:04:05.123+01:00\""},
+      {R"({"type":"string","format":"date-time"})",
+       {"\"2024-01-02T03:04:05Z\"", "\"2024-01-02T03:04:05.123+01:00\""},
        {"\"2024-01-02 03:04:05\""}},
       {R"({"type":"integer","minimum":-12,"maximum":305})",
        {"-12", "-1", "0", "9", "10", "99", "100", "305", "299"},
@@ -151,7 +164,9 @@ TEST(StructuredJsonSchema, AcceptReject) {
       {R"({"type":"integer","minimum":7})", {"7", "8", "10", "123456789012"}, {"6", "0", "-7"}},
       {R"({"type":"integer","maximum":-3})", {"-3", "-4", "-100"}, {"-2", "0", "5"}},
       {R"({"type":"number","minimum":0,"maximum":1})", {"0", "1", "0.5", "0.001"}, {"-0.5", "1.5", "2", "-1"}},
-      {R"({"type":"number","minimum":-90,"maximum":90})", {"-90", "-89.99", "0", "45.5", "90"}, {"-90.5", "90.1", "91"}},
+      {R"({"type":"number","minimum":-90,"maximum":90})",
+       {"-90", "-89.99", "0", "45.5", "90"},
+       {"-90.5", "90.1", "91"}},
       {R"({"type":"number","exclusiveMinimum":0})", {"0.1", "5", "1.5"}, {"0", "-1"}},
       {R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":1}]})", {"3", "\"a\""}, {"\"ab\"", "true"}},
       {R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
@@ -176,7 +191,8 @@ TEST(StructuredJsonSchema, AcceptReject) {
 TEST(StructuredJsonSchema, FlexibleWhitespaceAndJsonObject) {
   JsonOptions o;
   o.flexible_whitespace = true;
-  Grammar g = json_schema_grammar(json::parse(R"({"type":"object","properties":{"a":{"type":"array"}},"required":["a"]})"), o);
+  Grammar g =
+      json_schema_grammar(json::parse(R"({"type":"object","properties":{"a":{"type":"array"}},"required":["a"]})"), o);
   EXPECT_TRUE(M(g, "{ \"a\" : [ 1 , 2 ] }"));
   Grammar obj = json_object_grammar();
   EXPECT_TRUE(M(obj, R"({"a":[1,2.5,"x"],"b":{}})"));
@@ -186,8 +202,9 @@ TEST(StructuredJsonSchema, FlexibleWhitespaceAndJsonObject) {
 
 TEST(StructuredJsonSchema, Errors) {
   auto e = [](const char* s) { return error_of([&] { json_schema_grammar(json::parse(s)); }); };
-  EXPECT_NE(e(R"({"type":"object","properties":{"a":{"not":{}}}})").find("keyword 'not' is not supported at $.properties.a"),
-            std::string::npos);
+  EXPECT_NE(
+      e(R"({"type":"object","properties":{"a":{"not":{}}}})").find("keyword 'not' is not supported at $.properties.a"),
+      std::string::npos);
   EXPECT_NE(e(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
   EXPECT_NE(e(R"({"type":"strng"})").find("unknown type 'strng'"), std::string::npos);
   EXPECT_NE(e(R"({"type":"string","pattern":"(a"})").find("$.pattern"), std::string::npos);
@@ -195,7 +212,9 @@ TEST(StructuredJsonSchema, Errors) {
   EXPECT_NE(e(R"({"type":"array","uniqueItems":true})").find("uniqueItems"), std::string::npos);
   EXPECT_NE(e(R"({"allOf":[{"type":"string"},{"type":"integer"}]})").find("cannot merge"), std::string::npos);
   EXPECT_NE(e(R"({"type":"string","minLength":100000})").find("limit"), std::string::npos);
-  EXPECT_NE(error_of([] { compile_so_args(json{{"type", "regex"}, {"value", 5}}); }).find("must be a string"),
+  EXPECT_NE(error_of([] {
+              compile_so_args(json{{"type", "regex"}, {"value", 5}});
+            }).find("must be a string"),
             std::string::npos);
   EXPECT_NE(error_of([] { compile_so_args(json{{"type", "xml"}}); }).find("unknown type 'xml'"), std::string::npos);
 }
@@ -219,8 +238,9 @@ bool allowed(const std::vector<uint32_t>& m, int32_t id) { return (m[static_cast
 
 TEST(StructuredTokenMatcher, MaskMatchesBruteForce) {
   auto v = small_vocab();
-  for (const char* schema : {R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"string"}},"required":["a"]})",
-                             R"({"type":"array","items":{"type":"integer"}})"}) {
+  for (const char* schema :
+       {R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"string"}},"required":["a"]})",
+        R"({"type":"array","items":{"type":"integer"}})"}) {
     auto g = std::make_shared<const Grammar>(json_schema_grammar(json::parse(schema)));
     auto cg = std::make_shared<CompiledGrammar>(g, v);
     GrammarMatcher m(cg);
@@ -283,7 +303,8 @@ TEST(StructuredTokenMatcher, AcceptRollbackEosAndForced) {
 
 TEST(StructuredTokenMatcher, CacheHitsInsideStrings) {
   auto v = small_vocab();
-  auto cg = std::make_shared<CompiledGrammar>(std::make_shared<const Grammar>(json_schema_grammar(json::parse(R"({"type":"string"})"))), v);
+  auto cg = std::make_shared<CompiledGrammar>(
+      std::make_shared<const Grammar>(json_schema_grammar(json::parse(R"({"type":"string"})"))), v);
   GrammarMatcher m(cg);
   ASSERT_TRUE(m.accept_token(id_of(*v, "\"")));
   for (int i = 0; i < 5; ++i) {
@@ -299,8 +320,9 @@ namespace {
 std::shared_ptr<const TokenVocab> random_vocab(uint64_t seed, int n_merges) {
   std::vector<std::string> t = {"<s>", "</s>", "<think>"};
   for (int b = 0; b < 256; ++b) t.push_back(std::string(1, static_cast<char>(b)));
-  const std::vector<std::string> alpha = {"a", "b", "c", "x", "Z", "0", "1", "7", " ", "\"", ",", ":", "{", "}", "[",
-                                          "]", "\\", "n", "u", "-", ".", "\n", "é", "中", "\xe4", "\xb8", "@", "_", "e"};
+  const std::vector<std::string> alpha = {"a", "b",  "c", "x",  "Z",    "0",    "1",  "7", " ", "\"",
+                                          ",", ":",  "{", "}",  "[",    "]",    "\\", "n", "u", "-",
+                                          ".", "\n", "é", "中", "\xe4", "\xb8", "@",  "_", "e"};
   std::mt19937_64 rng(seed);
   for (int i = 0; i < n_merges; ++i) {
     const int len = 2 + static_cast<int>(rng() % (rng() % 8 == 0 ? 24 : 6));
@@ -308,7 +330,8 @@ std::shared_ptr<const TokenVocab> random_vocab(uint64_t seed, int n_merges) {
     for (int k = 0; k < len; ++k) s += alpha[rng() % alpha.size()];
     t.push_back(s);
   }
-  for (const char* m : {"\":\"", "\",\"", "\"}", "\"]", "true", "false", "null", "abc\",", "      ", "ab\"x"}) t.push_back(m);
+  for (const char* m : {"\":\"", "\",\"", "\"}", "\"]", "true", "false", "null", "abc\",", "      ", "ab\"x"})
+    t.push_back(m);
   return std::make_shared<TokenVocab>(t, std::vector<int32_t>{0, 2}, 1);
 }
 
@@ -357,13 +380,18 @@ void check_random_walks(const std::shared_ptr<const TokenVocab>& v, int seeds, i
         cg->compute_full(state, full);
         bool any = false;
         for (uint32_t w : full) any |= w != 0;
-        if ((state.accepting || !any) && v->eos_id() >= 0) full[static_cast<size_t>(v->eos_id()) >> 5] |= 1u << (v->eos_id() & 31);
+        if ((state.accepting || !any) && v->eos_id() >= 0)
+          full[static_cast<size_t>(v->eos_id()) >> 5] |= 1u << (v->eos_id() & 31);
         for (size_t w = 0; w < mask.size(); ++w)
           if (mask[w] != full[w])
             for (int b = 0; b < 32; ++b) {
               const int32_t id = static_cast<int32_t>(w * 32 + static_cast<size_t>(b));
-              ASSERT_EQ(allowed(mask, id), allowed(full, id))
-                  << "brute " << [&] { MatchState x = state; return ref.advance_bytes(x, v->bytes(id)); }() << " " << name << " seed " << seed << " step " << step << " token " << id << " '" << v->bytes(id) << "'";
+              ASSERT_EQ(allowed(mask, id), allowed(full, id)) << "brute " <<
+                  [&] {
+                    MatchState x = state;
+                    return ref.advance_bytes(x, v->bytes(id));
+                  }() << " " << name << " seed " << seed << " step "
+                                                              << step << " token " << id << " '" << v->bytes(id) << "'";
             }
         if (brute_every > 0 && step % brute_every == 0)
           for (int32_t id = 0; id < v->size(); ++id) {
@@ -421,7 +449,8 @@ item ::= "\"" [a-z]{1,6} "\"" | [0-9]{1,3} | "true" | "false")",
       cg->compute_full(state, full);
       bool any = false;
       for (uint32_t w : full) any |= w != 0;
-      if ((state.accepting || !any) && v->eos_id() >= 0) full[static_cast<size_t>(v->eos_id()) >> 5] |= 1u << (v->eos_id() & 31);
+      if ((state.accepting || !any) && v->eos_id() >= 0)
+        full[static_cast<size_t>(v->eos_id()) >> 5] |= 1u << (v->eos_id() & 31);
       for (int32_t id = 0; id < v->size(); ++id) {
         bool want;
         if (id == v->eos_id())
