@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,7 @@ class ModelV41 final : public Model {
  private:
   ModelWeightsV41 w_;
   EngramHash engram_;
+  mutable std::mutex initial_pre_mu_;
   mutable std::map<int64_t, Tensor> initial_pre_;  // layer 0's incoming pre-mix per row count (read-only)
 };
 

@@ -5,6 +5,7 @@
 // the last FFN's pre-mix, normed and projected by the FP32 head.
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "core/debug_dump.h"
 #include "deepinfer/error.h"
@@ -106,13 +107,17 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
 
   Tensor stream = embed_stream(w_.embed, tokens);
   // The incoming pre-mix of layer 0 selects copy 0 (a constant: on a GPU uploaded once per row count, not per step).
-  Tensor& pre_cached = initial_pre_[T];
-  if (!pre_cached.defined()) {
-    Tensor p = Tensor::zeros({T, hc}, DType::kF32);
-    for (int64_t t = 0; t < T; ++t) p.data<float>()[t * hc] = 1.0f;
-    pre_cached = p.to(device_);
+  Tensor pre;
+  {
+    const std::lock_guard<std::mutex> lock(initial_pre_mu_);
+    Tensor& cached = initial_pre_[T];
+    if (!cached.defined()) {
+      Tensor p = Tensor::zeros({T, hc}, DType::kF32);
+      for (int64_t t = 0; t < T; ++t) p.data<float>()[t * hc] = 1.0f;
+      cached = p.to(device_);
+    }
+    pre = cached;
   }
-  Tensor pre = pre_cached;
   std::vector<SharedAttnV41> shared(B);
 
   std::vector<int32_t> layer_tokens = tokens;
