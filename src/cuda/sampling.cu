@@ -785,7 +785,8 @@ constexpr size_t kFixedSmem = kBins * sizeof(uint64_t) + 2 * kCollect * sizeof(u
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-// Pinned host staging that grows on demand (one H2D and one D2H per call).
+// Pinned host staging that grows on demand: the call's upload, and its results (copied down, or written there by the
+// kernel through the mapped address `dev`).
 struct PinnedBuffer {
   void* p = nullptr;
   void* dev = nullptr;  // the same memory as the device addresses it (mapped pinned memory)

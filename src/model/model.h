@@ -137,7 +137,7 @@ class ModelV41 final : public Model {
   ModelWeightsV41 w_;
   EngramHash engram_;
   mutable std::mutex initial_pre_mu_;
-  mutable std::map<int64_t, Tensor> initial_pre_;  // layer 0's incoming pre-mix per row count (read-only)
+  mutable Tensor initial_pre_;  // layer 0's incoming pre-mix for the most rows seen so far (read-only)
 };
 
 }  // namespace deepinfer

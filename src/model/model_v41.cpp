@@ -106,17 +106,17 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   }
 
   Tensor stream = embed_stream(w_.embed, tokens);
-  // The incoming pre-mix of layer 0 selects copy 0 (a constant: on a GPU uploaded once per row count, not per step).
+  // The incoming pre-mix of layer 0 selects copy 0. Its rows are all alike, so one tensor, uploaded again only when a
+  // forward has more rows than it, serves every row count as a slice (on a GPU: no upload per step).
   Tensor pre;
   {
     const std::lock_guard<std::mutex> lock(initial_pre_mu_);
-    Tensor& cached = initial_pre_[T];
-    if (!cached.defined()) {
+    if (!initial_pre_.defined() || initial_pre_.size(0) < T) {
       Tensor p = Tensor::zeros({T, hc}, DType::kF32);
       for (int64_t t = 0; t < T; ++t) p.data<float>()[t * hc] = 1.0f;
-      cached = p.to(device_);
+      initial_pre_ = p.to(device_);
     }
-    pre = cached;
+    pre = initial_pre_.slice(0, 0, T);
   }
   std::vector<SharedAttnV41> shared(B);
 

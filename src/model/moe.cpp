@@ -72,10 +72,10 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const 
   DI_CHECK(cfg.score_func == "sqrtsoftplus", "score_func '{}' is not supported (V4 uses sqrtsoftplus)", cfg.score_func);
   // The shared expert beside the routed ones (on CUDA on the side stream: both are GEMV chains that leave HBM bandwidth
   // unused, and the gate -> route -> group chain before the routed GEMVs is latency; moe_combine joins). Where it
-  // forks (bench_cuda_model, V4.1 flash shape, ms per step): at one token before the gate (1.24 against 1.25-1.27
-  // after it); from two tokens after the gate, whose blocks otherwise share the SMs with the shared expert's (batch 2
-  // 1.79-1.81 against 1.83, batch 4 2.71-2.73 against 2.83-2.84; batches 8 and 32 alike either way). Both orders
-  // give the same bits: the shared expert and the gate read x only.
+  // forks was measured, not derived (bench_cuda_model, V4.1 flash shape, ms per step): at one token before the gate
+  // (1.24 against 1.25-1.27 after it); from two tokens after the gate (batch 2 1.79-1.81 against 1.83, batch 4
+  // 2.71-2.73 against 2.83-2.84; batches 8 and 32 alike either way). Both orders give the same bits: the shared
+  // expert and the gate read x only.
   Tensor ys;
   auto run_shared = [&] {
     ops::SideWork side(x.device(), {x}, run_beside(T));
