@@ -5,8 +5,9 @@
 // into a CUDA graph so launch gaps stay out of the figures.
 //   ./build/bench/bench_cuda_attention
 // HG: heads per CTA of the tiled kernel (4, 8, 16), or s4 / s8 / s16: heads per cluster of the split
-// (decode) kernel; auto is what the op picks. A second table times the model's decode case: a small
-// L2-resident KV table (window + compressed rows, as the model builds one per layer call).
+// (decode) kernel; auto is what the op picks. Three more tables time the model's decode cases: a small
+// L2-resident KV table (window + compressed rows, as the model builds one per layer call) with 512, 32
+// or no valid picks (a long context, 128 tokens at ratio 4, a layer without compression).
 // GB/s counts the bytes the op must move at least once: the gathered KV rows (T * K * D * 4), q and
 // the output. Anchor: FlashMLA's sparse decode reaches ~3,000 GB/s on H800 with BF16/FP8 KV and tensor
 // cores; this kernel keeps FP32 KV and FP32/FP64 CUDA-core math to replay the CPU's order.
@@ -111,29 +112,33 @@ int main() {
   std::printf("\nanchor: FlashMLA sparse decode ~3000 GB/s on H800 (BF16/FP8 KV, tensor cores)\n");
 
   // ---- the model's decode case: a fresh, L2-resident table (window 128 + 1024 compressed rows), each row
-  // the full window then 512 ascending picks --------------------------------------------------------------
-  {
-    const int64_t W = 128, NC = 1024, NT = W + NC;
+  // the full window then up to 512 ascending picks (a long context: 512 valid; a context of 128 tokens at
+  // ratio 4: 32 valid, the rest -1; a layer without compression: the window alone, K = 128) -----------------
+  struct Case {
+    int64_t K, picks;
+  };
+  for (const Case cs : {Case{K, K - 128}, Case{K, 32}, Case{128, 0}}) {
+    const int64_t W = 128, NC = 1024, NT = W + NC, KC = cs.K;
     const di::Tensor table = random_bf16_grid({NT, D}, 1.0f);
     std::printf(
         "\nsparse_attention decode, L2-resident table (%lld rows) as in the model, K=%lld (window %lld + "
-        "%lld picks)\n",
-        static_cast<long long>(NT), static_cast<long long>(K), static_cast<long long>(W),
-        static_cast<long long>(K - W));
+        "%lld valid picks)\n",
+        static_cast<long long>(NT), static_cast<long long>(KC), static_cast<long long>(W),
+        static_cast<long long>(cs.picks));
     std::printf("%6s %4s %10s\n", "T", "HG", "us/call");
     for (int64_t T : {1, 2, 4, 8}) {
       const di::Tensor q = random_bf16_grid({T, H, D}, 1.0f);
-      di::Tensor h = di::Tensor::empty({T, K}, di::DType::kI32);
+      di::Tensor h = di::Tensor::empty({T, KC}, di::DType::kI32);
       for (int64_t t = 0; t < T; ++t) {
-        int32_t* row = h.data<int32_t>() + t * K;
+        int32_t* row = h.data<int32_t>() + t * KC;
         for (int64_t i = 0; i < W; ++i) row[i] = static_cast<int32_t>(i);
-        int64_t need = K - W, o = W;
+        int64_t need = cs.picks, o = W;
         for (int64_t c = 0; c < NC; ++c)  // ascending picks (selection sampling)
           if (static_cast<int64_t>(next_u32() % static_cast<uint32_t>(NC - c)) < need) {
             row[o++] = static_cast<int32_t>(W + c);
             --need;
           }
-        for (; o < K; ++o) row[o] = -1;
+        for (; o < KC; ++o) row[o] = -1;
       }
       const di::Tensor idx = di::cuda::copy_to_device(h);
       di::Tensor out = di::Tensor::empty({T, H, D}, di::DType::kF32, di::Device::kCUDA);

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
@@ -211,7 +214,8 @@ __global__ void __launch_bounds__(kThreads)
 //     each 64-entry tile starts in the compacted list.
 //  2. Scores of ALL tiles at once: CTA r takes the r-th slice of the valid entries; each (entry, head)
 //     score is one thread's sequential fp32 dot over d = 0..D-1 (the rows stream through shared memory
-//     in 32-float chunks; a thread keeps its dots in registers across chunks), times `scale`.
+//     in chunks as wide as it holds, the whole row at decode; a thread keeps its dots in registers across
+//     chunks), times `scale`.
 //  3. Per (head, tile) the max over the CTA's own scores goes to every CTA of the cluster (distributed
 //     shared memory); a cluster barrier; each CTA then has every tile max, so m_new of every tile
 //     (a running fmaxf, order-free: fmaxf ignores NaN and the sign of a zero max never reaches a
@@ -224,6 +228,8 @@ __global__ void __launch_bounds__(kThreads)
 //  5. P.V: CTA r owns output columns [r * DC, r * DC + DC) of the group's heads. Tile by tile the
 //     accumulators are rescaled, then take one FP64 FMA per valid entry in list order; the entries'
 //     column slices stream through shared memory (they were just read in step 2, so they come from L2).
+//     Tiles without a valid entry are passed over (their rescale is exactly 1 and they add nothing): at a
+//     short context most of the picks are empty.
 template <int HG>
 struct SplitCfg {
   static constexpr int kPvHeads = HG == 4 ? 4 : HG / 2;  // heads per P.V thread (one column each)
@@ -233,19 +239,21 @@ struct SplitCfg {
 constexpr int kC = 8;             // CTAs per cluster (the portable maximum)
 constexpr int kSplitMaxK = 2048;  // longest index list the split kernel takes
 constexpr int kRounds = kSplitMaxK / kThreads;
-constexpr int kDch = 32;        // d per streamed score chunk
-constexpr int kSst = kDch + 4;  // its row stride in shared memory (conflict-free float4 reads)
-constexpr int kNsts = 4;        // score chunk stages
-constexpr int kNstv = 3;        // P.V tile stages
+constexpr int kNsts = 4;  // score chunk stages at most
+constexpr int kNstv = 3;  // P.V tile stages at least (more where the score stages leave the room)
+constexpr int kMaxNstv = 5;
 
 // Shared-memory layout of the split kernel, in 4-byte words (every array starts 16-byte aligned).
+// The score phase streams the CTA's rows through shared memory in chunks of `cw` columns (row stride sst =
+// cw + 4: conflict-free float4 reads) in a ring of `nst` stages, each chunk behind a block barrier; chunks
+// as wide as shared memory allows (split_plan) take fewer barriers: a window-only layer's rows fit whole.
 struct SplitLayout {
-  int ntiles, Kp, Emax, DC, QS;
-  int vrow, vpos, tstart, wcnt, qs, P, sown, pm, tm, mn, mo, rs, ts, lf, mf, pvd, region;
+  int ntiles, Kp, Emax, DC, QS, cw, sst, nst, nstv;
+  int vrow, vpos, tstart, tlist, wcnt, qs, P, sown, pm, tm, mn, mo, rs, ts, lf, mf, pvd, region;
   int words;
 };
 
-inline SplitLayout split_layout(int K, int D, int HG) {
+inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst) {
   auto r4 = [](int64_t x) { return static_cast<int>((x + 3) / 4 * 4); };
   SplitLayout L{};
   L.ntiles = (K + kTile - 1) / kTile;
@@ -253,11 +261,16 @@ inline SplitLayout split_layout(int K, int D, int HG) {
   L.Emax = (K + kC - 1) / kC;
   L.DC = ((D / 4 + kC - 1) / kC) * 4;
   L.QS = D + 4;
+  L.cw = cw;
+  L.sst = cw + 4;
+  L.nst = std::min(nst, (D + cw - 1) / cw);  // a ring longer than the chunks is never used
+  const int stages = L.nst;
   const int HT = HG * L.ntiles;
   int o = 0;
   L.vrow = o, o += r4(K);
   L.vpos = o, o += r4(K);
   L.tstart = o, o += r4(L.ntiles + 1);
+  L.tlist = o, o += r4(L.ntiles + 1);
   L.wcnt = o, o += r4(kThreads / 32);
   L.qs = o, o += r4(HG * L.QS);
   L.P = o, o += r4(HG * L.Kp);
@@ -271,9 +284,24 @@ inline SplitLayout split_layout(int K, int D, int HG) {
   L.lf = o, o += r4(HG);
   L.mf = o, o += r4(HG);
   L.pvd = o, o += 2 * kTile * HG * 2;  // two tiles of doubles [64][HG]
-  L.region = o, o += r4(std::max<int64_t>(int64_t{kNsts} * L.Emax * kSst, int64_t{kNstv} * kTile * L.DC));
+  // The region holds the score stages, then the P.V tile stages: as many of those as about fit in the same room.
+  const int64_t score_words = int64_t{stages} * L.Emax * L.sst, tile_words = int64_t{kTile} * L.DC;
+  L.nstv = static_cast<int>(std::clamp<int64_t>((score_words + tile_words / 2) / tile_words, kNstv, kMaxNstv));
+  L.region = o, o += r4(std::max<int64_t>(score_words, L.nstv * tile_words));
   L.words = o;
   return L;
+}
+
+// cp.async.wait_group with a count known at run time (0..3: rings of up to 5 stages).
+__device__ __forceinline__ void cp_async_wait_upto(int pending) {
+  if (pending >= 3)
+    cp_async_wait<3>();
+  else if (pending == 2)
+    cp_async_wait<2>();
+  else if (pending == 1)
+    cp_async_wait<1>();
+  else
+    cp_async_wait<0>();
 }
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -346,6 +374,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   float* MO = smem + L.mo;                                // m before the tile (m_old)
   float* RS = smem + L.rs;                                // rescale of the tile (1 where skipped)
   float* TS = smem + L.ts;                                // tile sum
+  int* tlist = reinterpret_cast<int*>(smem + L.tlist);    // the tiles holding valid entries, in order; then count
   float* LF = smem + L.lf;                                // [HG] l + exp(sink - m)
   float* MF = smem + L.mf;                                // [HG] final m
   double* pvd = reinterpret_cast<double*>(smem + L.pvd);  // [2][64][HG] probabilities as used in P.V
@@ -401,7 +430,13 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
       __syncthreads();  // wcnt is rewritten by the next round
     }
   }
-  if (tid == 0) tstart[ntiles] = V;
+  if (tid == 0) {  // an empty tile changes nothing in P.V (rescale 1, no entries): only the others are walked
+    tstart[ntiles] = V;
+    int c = 0;
+    for (int j = 0; j < ntiles; ++j)
+      if (tstart[j + 1] > tstart[j]) tlist[c++] = j;
+    tlist[ntiles] = c;
+  }
 
   // ---- 2. scores of this CTA's entries ------------------------------------------------------------------
   const int E = (V + kC - 1) / kC;
@@ -418,32 +453,34 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     const bool live = c < nchains;
     const int h = live ? c / nown : 0, el = live ? c - h * nown : 0;
     qoff[s] = h * QS;
-    koff[s] = el * kSst;
+    koff[s] = el * L.sst;
     dot[s] = 0.0f;
   }
   __syncthreads();  // vrow, tstart, qs
-  const int nck = (D + kDch - 1) / kDch;
-  const int sstage = Emax * kSst;
+  const int cw = L.cw, sst = L.sst;
+  const int nck = (D + cw - 1) / cw;
+  const int sstage = Emax * sst;
+  const int ahead = max(1, L.nst - 1);  // chunks in flight ahead of the one computed (a ring of one: nck = 1)
   auto issue_chunk = [&](int k) {
     if (k < nck) {
-      const int n4 = min(kDch, D - k * kDch) / 4;
-      float* st = region + (k % kNsts) * sstage;
+      const int n4 = min(cw, D - k * cw) / 4;
+      float* st = region + (k % L.nst) * sstage;
       for (int x = tid; x < nown * n4; x += kThreads) {
         const int el = x / n4, c4 = x - el * n4;
-        cp_async16(st + el * kSst + c4 * 4, kv + static_cast<int64_t>(vrow[e0 + el]) * D + k * kDch + c4 * 4);
+        cp_async16(st + el * sst + c4 * 4, kv + static_cast<int64_t>(vrow[e0 + el]) * D + k * cw + c4 * 4);
       }
     }
     cp_async_commit();
   };
 #pragma unroll
-  for (int k = 0; k < kNsts - 1; ++k) issue_chunk(k);
+  for (int k = 0; k < ahead; ++k) issue_chunk(k);
   for (int k = 0; k < nck; ++k) {
-    cp_async_wait<kNsts - 2>();
+    cp_async_wait_upto(ahead - 1);
     __syncthreads();  // chunk k landed for all; chunk k - 1 read by all (its stage is refilled next)
-    issue_chunk(k + kNsts - 1);
-    const int n4 = min(kDch, D - k * kDch) / 4;
-    const float* st = region + (k % kNsts) * sstage;
-    const float* qk = qs + k * kDch;
+    if (L.nst > 1) issue_chunk(k + ahead);
+    const int n4 = min(cw, D - k * cw) / 4;
+    const float* st = region + (k % L.nst) * sstage;
+    const float* qk = qs + k * cw;
 #pragma unroll
     for (int s = 0; s < MC; s += 2) {
       if (s + 1 < ns)
@@ -455,7 +492,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
 #pragma unroll
   for (int s = 0; s < MC; ++s) {
     const int c = s * kThreads + tid;
-    if (c < nchains) sown[(qoff[s] / QS) * Emax + koff[s] / kSst] = __fmul_rn(dot[s], scale);
+    if (c < nchains) sown[(qoff[s] / QS) * Emax + koff[s] / sst] = __fmul_rn(dot[s], scale);
   }
   __syncthreads();  // sown complete; every stage read (the region now takes P.V tiles)
 
@@ -467,10 +504,13 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   const bool helper = tid >= npv;
   const int hid = tid - npv, nhelp = kThreads - npv;
   const int vstage = kTile * DC;
-  auto issue_tile = [&](int j) {  // helpers only
-    if (j < ntiles) {
+  // P.V walks the tiles with valid entries (u-th: tile tlist[u]); stages and p buffers go by u.
+  const int nnt = tlist[ntiles];
+  auto issue_tile = [&](int u) {  // helpers only
+    if (u < nnt) {
+      const int j = tlist[u];
       const int tb = tstart[j], nv = tstart[j + 1] - tb;
-      float* st = region + (j % kNstv) * vstage;
+      float* st = region + (u % L.nstv) * vstage;
       for (int x = hid; x < nv * ncol4; x += nhelp) {
         const int i = x / ncol4, c4 = x - i * ncol4;
         cp_async16(st + i * DC + c4 * 4, kv + static_cast<int64_t>(vrow[tb + i]) * D + c0 + c4 * 4);
@@ -478,9 +518,10 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     }
     cp_async_commit();
   };
-  auto convert_tile = [&](int j) {  // helpers only: pv of tile j's valid entries as doubles, [i][h]
+  auto convert_tile = [&](int u) {  // helpers only: pv of the valid entries as doubles, [i][h]
+    const int j = tlist[u];
     const int tb = tstart[j], nv = tstart[j + 1] - tb;
-    double* pd = pvd + (j & 1) * kTile * HG;
+    double* pd = pvd + (u & 1) * kTile * HG;
     for (int x = hid; x < nv * HG; x += nhelp) {
       const int i = x / HG, h = x - i * HG;
       const float p = P[h * Kp + vpos[tb + i]];
@@ -489,7 +530,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   };
   if (helper) {
 #pragma unroll
-    for (int j = 0; j < kNstv - 1; ++j) issue_tile(j);
+    for (int u = 0; u < L.nstv - 1; ++u) issue_tile(u);
   }
 
   // ---- 3. tile maxima to every CTA; m per tile; p of this CTA's entries to every CTA --------------------
@@ -555,7 +596,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     TS[x] = tsum;
     RS[x] = exp_f(__fsub_rn(MO[x], m_new));
   }
-  if (helper && ntiles > 0) convert_tile(0);
+  if (helper && nnt > 0) convert_tile(0);
   __syncthreads();
   if (tid < HG) {
     const int h = tid;
@@ -573,20 +614,43 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   double acc[HPT];
 #pragma unroll
   for (int u = 0; u < HPT; ++u) acc[u] = 0.0;
-  for (int j = 0; j < ntiles; ++j) {
-    if (helper) cp_async_wait<kNstv - 2>();
-    __syncthreads();  // tile j staged and converted; tile j - 1 consumed
+  for (int w = 0; w < nnt; ++w) {
+    if (helper) cp_async_wait_upto(L.nstv - 2);
+    __syncthreads();  // the w-th tile staged and converted; the one before consumed
     if (helper) {
-      issue_tile(j + kNstv - 1);
-      if (j + 1 < ntiles) convert_tile(j + 1);
+      issue_tile(w + L.nstv - 1);
+      if (w + 1 < nnt) convert_tile(w + 1);
     } else if (col_ok) {
+      const int j = tlist[w];
       const int nv = tstart[j + 1] - tstart[j];
 #pragma unroll
       for (int u = 0; u < HPT; ++u) acc[u] = __dmul_rn(acc[u], static_cast<double>(RS[(hq * HPT + u) * ntiles + j]));
-      const float* vs = region + (j % kNstv) * vstage + cl;
-      const double* pd = pvd + (j & 1) * kTile * HG + hq * HPT;
-#pragma unroll 2
-      for (int i = 0; i < nv; ++i) {
+      const float* vs = region + (w % L.nstv) * vstage + cl;
+      const double* pd = pvd + (w & 1) * kTile * HG + hq * HPT;
+      // Entries in batches of kPvBatch: every load of a batch first, then its FMAs in entry order, so a batch
+      // costs one shared-memory round trip and the FMA chains (one per head) run back to back (one entry at a
+      // time waited on its loads and conversion: ~50 cycles per entry, 1.6 us per full tile).
+      constexpr int kPvBatch = HPT <= 4 ? 8 : 4;
+      int i = 0;
+      for (; i + kPvBatch <= nv; i += kPvBatch) {
+        double v[kPvBatch];
+        double2 p2[kPvBatch][HPT / 2];
+#pragma unroll
+        for (int e = 0; e < kPvBatch; ++e) {
+          v[e] = static_cast<double>(vs[(i + e) * DC]);
+#pragma unroll
+          for (int u = 0; u < HPT / 2; ++u) p2[e][u] = reinterpret_cast<const double2*>(pd + (i + e) * HG)[u];
+        }
+#pragma unroll
+        for (int e = 0; e < kPvBatch; ++e) {
+#pragma unroll
+          for (int u = 0; u < HPT / 2; ++u) {
+            acc[2 * u] = __fma_rn(p2[e][u].x, v[e], acc[2 * u]);
+            acc[2 * u + 1] = __fma_rn(p2[e][u].y, v[e], acc[2 * u + 1]);
+          }
+        }
+      }
+      for (; i < nv; ++i) {
         const double v = static_cast<double>(vs[i * DC]);
 #pragma unroll
         for (int u = 0; u < HPT / 2; ++u) {
@@ -597,7 +661,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
       }
     }
   }
-  if (ntiles == 0) __syncthreads();  // MF, LF
+  if (nnt == 0) __syncthreads();  // MF, LF
 
   if (col_ok) {
     const int d = c0 + cl;
@@ -650,13 +714,61 @@ int split_regs() {  // registers per thread of the split kernel (occupancy estim
   return n;
 }
 
+int smem_per_sm() {
+  static const int n = device_attribute_once(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  return n;
+}
+
 // CTAs of the split kernel that fit on one SM (shared memory, registers, threads).
 int split_ctas_per_sm(int hg, size_t smem) {
-  static const int smem_sm = device_attribute_once(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  const int smem_sm = smem_per_sm();
   const int regs = hg == 4 ? split_regs<4>() : (hg == 8 ? split_regs<8>() : split_regs<16>());
   const int by_regs = 65536 / (std::max(8, (regs + 7) / 8 * 8) * kThreads);
   const int by_smem = static_cast<int>(static_cast<size_t>(smem_sm) / (smem + 1024));
   return std::max(0, std::min({by_regs, by_smem, 2048 / kThreads}));
+}
+
+// Clusters of the split kernel at hg heads that can run at once with `smem` bytes per CTA (cached per shape).
+int split_active_clusters(int hg, int64_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(hg, smem);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kC);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  int n = 0;
+  const auto kernel =
+      hg == 4 ? sparse_attn_split_kernel<4> : (hg == 8 ? sparse_attn_split_kernel<8> : sparse_attn_split_kernel<16>);
+  DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+  DI_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  cache.emplace(key, n);
+  return n;
+}
+
+// The split kernel's layout for T rows at hg heads per cluster: the widest score chunks (fewest barriers) that
+// need no more waves of clusters than the narrowest (32 columns, 4 stages): a whole row in one stage when it fits
+// beside the rest (a layer without compression, K = 128), else e.g. 64 columns in 3 stages (K = 640 at one row).
+SplitLayout split_plan(int64_t T, int64_t H, int64_t D, int64_t K, int hg) {
+  const int64_t clusters = T * ((H + hg - 1) / hg);
+  auto waves = [&](const SplitLayout& L) {
+    const int64_t bytes = int64_t{L.words} * 4;
+    if (bytes > smem_optin()) return int64_t{1} << 40;
+    const int n = split_active_clusters(hg, bytes);
+    return n > 0 ? (clusters + n - 1) / n : int64_t{1} << 40;
+  };
+  const SplitLayout narrow = split_layout(static_cast<int>(K), static_cast<int>(D), hg, 32, kNsts);
+  const int64_t base = waves(narrow);
+  const int whole = (static_cast<int>(D) + 31) / 32 * 32;
+  const std::pair<int, int> tries[] = {{whole, 1}, {256, 2}, {128, 3}, {128, 2}, {64, 4}, {64, 3}, {64, 2}};
+  for (const auto& [cw, nst] : tries) {
+    if (cw > whole) continue;
+    const SplitLayout L = split_layout(static_cast<int>(K), static_cast<int>(D), hg, cw, nst);
+    if (waves(L) <= base) return L;
+  }
+  return narrow;
 }
 
 template <int HG>
@@ -689,7 +801,7 @@ int auto_split_hg(int64_t T, int64_t H, int64_t D, int64_t K) {
   if (T * ((H + 15) / 16) * kC > sms) return 0;  // measured (bench_cuda_attention, H200): T <= 4 at H = 64
   int fallback = 0;
   for (int hg : {4, 8, 16}) {
-    const size_t smem = static_cast<size_t>(split_layout(static_cast<int>(K), static_cast<int>(D), hg).words) * 4;
+    const size_t smem = static_cast<size_t>(split_plan(T, H, D, K, hg).words) * 4;
     if (smem > static_cast<size_t>(smem_optin())) continue;
     fallback = hg;
     if (T * ((H + hg - 1) / hg) * kC <= split_ctas_per_sm(hg, smem) * sms) return hg;
@@ -727,7 +839,7 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
              "cuda::sparse_attention: heads per cluster must be 4, 8 or 16, got {}", split_hg);
     DI_CHECK(K >= 1 && K <= kSplitMaxK,
              "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}", kSplitMaxK, K);
-    const SplitLayout L = split_layout(static_cast<int>(K), static_cast<int>(D), split_hg);
+    const SplitLayout L = split_plan(T, H, D, K, split_hg);
     DI_CHECK(static_cast<int64_t>(L.words) * 4 <= smem_optin(),
              "cuda::sparse_attention: the split kernel needs {} bytes of shared memory for K {} D {} heads {}",
              static_cast<int64_t>(L.words) * 4, K, D, split_hg);

@@ -62,6 +62,15 @@ __device__ __forceinline__ double warp_transpose_sum(double (&v)[32]) {
   return v[0];
 }
 
+// Adds 1 to a block's arrival counter with acquire-release semantics at GPU scope (one thread, after a block
+// barrier): it publishes the writes the block made before the barrier, and the last block to arrive sees every
+// other block's. Cheaper than a full fence around a relaxed atomic.
+__device__ __forceinline__ int arrive_acq_rel(int* counter) {
+  int prev;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(prev) : "l"(counter) : "memory");
+  return prev;
+}
+
 // The scale of every mix: 1 / sqrt(float(ss / width) + norm_eps), from the FP64 sum of squares.
 __device__ __forceinline__ float mix_scale(double ss, int64_t width, float norm_eps) {
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(static_cast<float>(ss / static_cast<double>(width)), norm_eps)));
@@ -182,24 +191,33 @@ __global__ void __launch_bounds__(kMixThreads)
     my_part[tid] = v;
   }
   // Publish the partials, then count this block in; the last block of the token sees every partial.
-  __threadfence();
   __syncthreads();
   if (tid == 0) {
-    const int prev = atomicAdd(counters + t, 1);
+    const int prev = arrive_acq_rel(counters + t);
     is_last = prev == splits - 1;
     if (is_last) counters[t] = 0;  // every block of this token has arrived: ready for the next launch
   }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
-  // Thread (g, m) adds splits g, g + kSumGroups, ... of mix m in order; then mix m's groups in order.
+  // Thread (g, m) adds splits g, g + kSumGroups, ... of mix m in order (kBatch loads in flight at once: one
+  // L2 round trip for the models' widths); then mix m's groups in order.
   const double* tok_part = part + t * splits * (kMaxMix + 1);
   if (tid < kSumGroups * (kMaxMix + 1)) {
     const int g = tid / (kMaxMix + 1), m = tid % (kMaxMix + 1);
     double v = 0.0;
     if (m < M || m == kMaxMix) {
-#pragma unroll 8
-      for (int q = g; q < splits; q += kSumGroups) v += __ldcg(tok_part + static_cast<int64_t>(q) * (kMaxMix + 1) + m);
+      constexpr int kBatch = 32;
+      for (int q0 = g; q0 < splits; q0 += kBatch * kSumGroups) {
+        double pv[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int q = q0 + i * kSumGroups;
+          pv[i] = q < splits ? __ldcg(tok_part + static_cast<int64_t>(q) * (kMaxMix + 1) + m) : 0.0;
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (q0 + i * kSumGroups < splits) v += pv[i];
+      }
     }
     group_sums[g][m] = v;
   }
