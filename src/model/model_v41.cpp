@@ -128,6 +128,59 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   Tensor token_ids = hashed ? ids_tensor(layer_tokens, device_) : Tensor();
   // A decode step replays its dense pieces as CUDA graphs (Model::begin_graphs); bounded replay is prefill only.
   const bool graphs = !replay && begin_graphs(batch, opts, T);
+  // A layer's two dense pieces (ops::SegmentGraphs): A, the attention's input (this layer's mixes on the side
+  // stream: only the sublayer's end reads them; the stream collapsed with the incoming pre-mix and normed; every
+  // row's projections), inputs {stream, pre, positions}, outputs {stream, positions, attn pre / post / comb, the
+  // AttnRows}; and B, the attention's output back into the stream, then the FFN sublayer, inputs {o, stream,
+  // positions, attn pre / post / comb, token ids}, outputs {stream, the FFN's pre-mix, token ids}.
+  auto piece_a = [&](int64_t l) {
+    return [&, l](const std::vector<Tensor>& in) {
+      const LayerWeightsV41& L = w_.layers[l];
+      const LayerCtx ctx{cfg, num, l, opts.trace};
+      const int64_t T = offset.back();
+      const ops::DevicePositions on_device(positions.data(), T, in[2]);
+      ops::HcMix mix = ops::hc_mixes(in[0], L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
+                                     cfg.hc_eps, cfg.norm_eps);
+      dump("attn_post", l, mix.post);
+      dump("attn_comb", l, mix.comb);
+      Tensor x = ops::hc_collapse_norm(in[0], in[1], L.attn_norm, cfg.norm_eps, num.bf16);
+      dump("attn_in", l, x);
+      force("attn_in", l, x);
+      const AttnRows r = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
+      return std::vector<Tensor>{in[0], in[2], mix.pre,  mix.post, mix.comb, r.qr, r.q,
+                                 r.kv,  r.ckv, r.cscore, r.ikv,    r.iscore, r.iq, r.iw};
+    };
+  };
+  auto piece_b = [&](int64_t l) {
+    return [&, l](const std::vector<Tensor>& in) {
+      const LayerWeightsV41& L = w_.layers[l];
+      const LayerCtx ctx{cfg, num, l, opts.trace};
+      const int64_t T = offset.back();
+      const ops::DevicePositions on_device(positions.data(), T, in[2]);
+      Tensor o_rows = in[0];  // de-rotated in place
+      Tensor y = attention_output(o_rows, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
+      dump("attn_out", l, y);
+      Tensor s = ops::hc_expand(y, in[1], in[4], in[5], num.bf16);
+      ops::HcMix ffn_mix = ops::hc_mixes(s, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters,
+                                         cfg.hc_eps, cfg.norm_eps);
+      dump("attn_stream", l, s);
+      force("attn_stream", l, s);
+      dump("ffn_post", l, ffn_mix.post);
+      dump("ffn_comb", l, ffn_mix.comb);
+      Tensor x = ops::hc_collapse_norm(s, in[3], L.ffn_norm, cfg.norm_eps, num.bf16);
+      dump("ffn_in", l, x);
+      force("ffn_in", l, x);
+      y = moe(L.ffn, x, in[6], ctx);
+      dump("ffn_out", l, y);
+      s = ops::hc_expand(y, s, ffn_mix.post, ffn_mix.comb, num.bf16);
+      dump("stream", l, s);
+      force("stream", l, s);
+      return std::vector<Tensor>{s, ffn_mix.pre, in[6]};
+    };
+  };
+  // With graphs, layer l's B and layer l + 1's A are one piece (one graph launch fewer per layer: the gap between
+  // two graphs was ~3 us) unless something must run between them on the host (Engram); `next_a` holds its A part.
+  std::vector<Tensor> next_a;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeightsV41& L = w_.layers[l];
     const LayerCtx ctx{cfg, num, l, opts.trace};
@@ -145,27 +198,18 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     }
     const int64_t T = offset.back();
     if (T == 0) break;  // bounded replay skipped every row of this forward in the decoder layers
-    if (L.has_engram) {
-      stream = engram_forward(L.engram, stream, engram_rows[cfg.engram_index(l)], cols, ctx);
-      dump("engram_stream", l, stream);
-      force("engram_stream", l, stream);
+    std::vector<Tensor> io;
+    if (!next_a.empty()) {
+      io = std::move(next_a);
+      next_a.clear();
+    } else {
+      if (L.has_engram) {
+        stream = engram_forward(L.engram, stream, engram_rows[cfg.engram_index(l)], cols, ctx);
+        dump("engram_stream", l, stream);
+        force("engram_stream", l, stream);
+      }
+      io = run_piece(graphs, 2 * l, {stream, pre, pos_dev}, piece_a(l));
     }
-    // The attention's input: this layer's mixes (on the side stream: only the sublayer's end reads them), the stream
-    // collapsed with the incoming pre-mix and normed, and every row's projections.
-    // Inputs {stream, pre, positions}; outputs {stream, positions, attn pre / post / comb, the AttnRows}.
-    std::vector<Tensor> io = run_piece(graphs, 2 * l, {stream, pre, pos_dev}, [&](const std::vector<Tensor>& in) {
-      const ops::DevicePositions on_device(positions.data(), T, in[2]);
-      ops::HcMix mix = ops::hc_mixes(in[0], L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, hc, cfg.hc_sinkhorn_iters,
-                                     cfg.hc_eps, cfg.norm_eps);
-      dump("attn_post", l, mix.post);
-      dump("attn_comb", l, mix.comb);
-      Tensor x = ops::hc_collapse_norm(in[0], in[1], L.attn_norm, cfg.norm_eps, num.bf16);
-      dump("attn_in", l, x);
-      force("attn_in", l, x);
-      const AttnRows r = attention_rows_v41(L.attn, x, positions.data(), rope_[l], ctx);
-      return std::vector<Tensor>{in[0], in[2], mix.pre,  mix.post, mix.comb, r.qr, r.q,
-                                 r.kv,  r.ckv, r.cscore, r.ikv,    r.iscore, r.iq, r.iw};
-    });
     stream = io[0];
     pos_dev = io[1];
     const ops::HcMix attn_mix{io[2], io[3], io[4]};
@@ -182,34 +226,23 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     }
     const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
 
-    // The attention's output back into the stream, then the FFN sublayer. Inputs {o, stream, positions, attn pre /
-    // post / comb, token ids}; outputs {stream, the FFN's pre-mix, token ids}.
-    io = run_piece(graphs, 2 * l + 1, {o, stream, pos_dev, attn_mix.pre, attn_mix.post, attn_mix.comb, token_ids},
-                   [&](const std::vector<Tensor>& in) {
-                     const ops::DevicePositions on_device(positions.data(), T, in[2]);
-                     Tensor o_rows = in[0];  // de-rotated in place
-                     Tensor y = attention_output(o_rows, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
-                     dump("attn_out", l, y);
-                     Tensor s = ops::hc_expand(y, in[1], in[4], in[5], num.bf16);
-                     ops::HcMix ffn_mix = ops::hc_mixes(s, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc,
-                                                        cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps);
-                     dump("attn_stream", l, s);
-                     force("attn_stream", l, s);
-                     dump("ffn_post", l, ffn_mix.post);
-                     dump("ffn_comb", l, ffn_mix.comb);
-                     Tensor x = ops::hc_collapse_norm(s, in[3], L.ffn_norm, cfg.norm_eps, num.bf16);
-                     dump("ffn_in", l, x);
-                     force("ffn_in", l, x);
-                     y = moe(L.ffn, x, in[6], ctx);
-                     dump("ffn_out", l, y);
-                     s = ops::hc_expand(y, s, ffn_mix.post, ffn_mix.comb, num.bf16);
-                     return std::vector<Tensor>{s, ffn_mix.pre, in[6]};
-                   });
-    stream = io[0];
-    pre = io[1];
-    token_ids = io[2];
-    dump("stream", l, stream);
-    force("stream", l, stream);
+    const std::vector<Tensor> b_in{o, stream, pos_dev, attn_mix.pre, attn_mix.post, attn_mix.comb, token_ids};
+    if (graphs && l + 1 < cfg.n_layers && !w_.layers[l + 1].has_engram) {
+      io = run_piece(graphs, 2 * l + 1, b_in, [&](const std::vector<Tensor>& in) {
+        const std::vector<Tensor> b = piece_b(l)(in);
+        std::vector<Tensor> a = piece_a(l + 1)({b[0], b[1], in[2]});
+        a.push_back(b[2]);  // the token ids
+        return a;
+      });
+      token_ids = io.back();
+      io.pop_back();
+      next_a = std::move(io);
+    } else {
+      io = run_piece(graphs, 2 * l + 1, b_in, piece_b(l));
+      stream = io[0];
+      pre = io[1];
+      token_ids = io[2];
+    }
   }
   end_graphs(graphs);
   for (const SeqChunk& c : batch) c.state->num_tokens += static_cast<int64_t>(c.tokens.size());
