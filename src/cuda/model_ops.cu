@@ -228,15 +228,19 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     moe_route_kernel(const float* logits, int E, int k, int func, float temp, const float* bias, const void* tid2eid,
                      bool tid_i64, int64_t vocab, const int32_t* tokens, bool normalize, float norm_eps,
                      float route_scale, int32_t* ids, float* weights) {
-  pdl_wait();
-  pdl_launch_dependents();
   extern __shared__ float sh[];
-  float* s = sh;           // [E] scores
-  float* biased = sh + E;  // [E] selection keys
+  float* s = sh;                 // [E] scores
+  float* biased = sh + E;        // [E] selection keys (first the bias)
+  float* picked_w = sh + 2 * E;  // [k] the picks' scores
   __shared__ float red;
   const int64_t t = blockIdx.x;
   const float* lr = logits + t * E;
   const int tid = threadIdx.x;
+  // The bias is a weight (no earlier kernel writes it): read it while the gate still runs.
+  if (bias && !tid2eid)
+    for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias[e];
+  pdl_wait();
+  pdl_launch_dependents();
   for (int e = tid; e < E; e += kRouteThreads) {
     const float l = temp != 1.0f ? __fdiv_rn(lr[e], temp) : lr[e];
     float v;
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     }
     return;
   }
-  for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias ? __fadd_rn(s[e], bias[e]) : s[e];
+  for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias ? __fadd_rn(s[e], biased[e]) : s[e];
   __syncthreads();
   if (tid >= 32) return;
   // k passes of (score desc, index asc) argmax over the not yet chosen, -inf never chosen: the order
@@ -319,12 +323,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   auto record = [&](int j, int best) {
     if (lane != 0) return;
     ti[j] = best;
-    if (best < 0) {
-      tw[j] = 0.0f;
-    } else {
-      tw[j] = s[best];
-      sum = __fadd_rn(sum, tw[j]);
-    }
+    const float w = best < 0 ? 0.0f : s[best];
+    picked_w[j] = w;
+    if (best >= 0) sum = __fadd_rn(sum, w);
   };
   if (E <= 32 * kRoutePerLane) {
     float vals[kRoutePerLane];
@@ -375,7 +376,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   if (lane != 0) return;
   const float denom = __fadd_rn(sum, norm_eps);
   for (int j = 0; j < k; ++j) {
-    float v = tw[j];
+    float v = picked_w[j];
     if (normalize) v = __fdiv_rn(v, denom);
     tw[j] = __fmul_rn(v, route_scale);
   }
@@ -812,7 +813,15 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
   ops::Routing r{Tensor::empty({T, k}, DType::kI32, Device::kCUDA), Tensor::empty({T, k}, DType::kF32, Device::kCUDA)};
   if (T == 0) return r;
   const int func = o.func == ops::ScoreFunc::kSqrtSoftplus ? 0 : o.func == ops::ScoreFunc::kSigmoid ? 1 : 2;
-  launch_pdl(moe_route_kernel, static_cast<unsigned>(T), kRouteThreads, 2 * E * sizeof(float), nullptr,
+  static const bool configured = [] {  // up to 16,384 experts: 2 E + k floats need the opt-in size
+    cudaFuncAttributes a{};
+    DI_CUDA_CHECK(cudaFuncGetAttributes(&a, moe_route_kernel));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       smem_optin() - static_cast<int>(a.sharedSizeBytes)));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(moe_route_kernel, static_cast<unsigned>(T), kRouteThreads, (2 * E + k) * sizeof(float), nullptr,
              logits.data<float>(), static_cast<int>(E), static_cast<int>(k), func, o.temp,
              bias.defined() ? bias.data<float>() : nullptr, hash ? tid2eid.raw() : nullptr,
              hash && tid2eid.dtype() == DType::kI64, hash ? tid2eid.size(0) : 0,
