@@ -704,30 +704,6 @@ void launch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& 
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int HG>
-int split_regs() {  // registers per thread of the split kernel (occupancy estimate)
-  static const int n = [] {
-    cudaFuncAttributes a{};
-    DI_CUDA_CHECK(cudaFuncGetAttributes(&a, sparse_attn_split_kernel<HG>));
-    return a.numRegs;
-  }();
-  return n;
-}
-
-int smem_per_sm() {
-  static const int n = device_attribute_once(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-  return n;
-}
-
-// CTAs of the split kernel that fit on one SM (shared memory, registers, threads).
-int split_ctas_per_sm(int hg, size_t smem) {
-  const int smem_sm = smem_per_sm();
-  const int regs = hg == 4 ? split_regs<4>() : (hg == 8 ? split_regs<8>() : split_regs<16>());
-  const int by_regs = 65536 / (std::max(8, (regs + 7) / 8 * 8) * kThreads);
-  const int by_smem = static_cast<int>(static_cast<size_t>(smem_sm) / (smem + 1024));
-  return std::max(0, std::min({by_regs, by_smem, 2048 / kThreads}));
-}
-
 // Clusters of the split kernel at hg heads that can run at once with `smem` bytes per CTA (cached per shape).
 int split_active_clusters(int hg, int64_t smem) {
   static std::mutex mu;
@@ -789,24 +765,20 @@ void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Te
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
-// The split kernel's heads per cluster for this shape (0: use the tiled kernel). Few query rows
-// (decode): the tiled kernel would run T * H / 4 CTAs on a GPU of sm_count() SMs, each walking its
-// tiles one after another. The split kernel is used while all its CTAs fit in one round on the GPU
-// at 16 heads per cluster, with the fewest heads per cluster whose CTAs all fit at once (on the H200
-// at H = 64, K = 640: T = 1 45.8 us against the tiled kernel's best 127 us, T = 4 102 against 131;
-// at T = 8 the tiled kernel wins, 137 against 160).
+// The split kernel's heads per cluster for this shape (0: use the tiled kernel). Few query rows (decode): the tiled
+// kernel would run T * H / 4 CTAs on a GPU of sm_count() SMs, each walking its tiles one after another. The split
+// kernel takes the rows while clusters of 16 heads for all of them fit on the GPU at once (T <= 4 at H = 64), with 8
+// heads per cluster where that layout fits (then 16, then 4). bench_cuda_attention on the H200 at H = 64, the model's
+// decode cases (K = 640 with 512 / 32 valid picks, K = 128), us: T = 1 8 heads 39.3 / 18.3 / 14.7, 4 heads 41.0 /
+// 20.1 / 15.6; T = 2 8 heads 56.7 / 26.9 / 18.7, 4 heads 67.5 / 37.1 / 29.0 (32 clusters of 4 heads take a second
+// wave: 30 fit); T = 4 8 heads 96.2 / 49.6 / 35.0, 16 heads 120.3 / 56.1 / 26.8; T = 8 the tiled kernel 133 / 72
+// / 31.5.
 int auto_split_hg(int64_t T, int64_t H, int64_t D, int64_t K) {
   if (K < 1 || K > kSplitMaxK) return 0;
-  const int64_t sms = sm_count();
-  if (T * ((H + 15) / 16) * kC > sms) return 0;  // measured (bench_cuda_attention, H200): T <= 4 at H = 64
-  int fallback = 0;
-  for (int hg : {4, 8, 16}) {
-    const size_t smem = static_cast<size_t>(split_plan(T, H, D, K, hg).words) * 4;
-    if (smem > static_cast<size_t>(smem_optin())) continue;
-    fallback = hg;
-    if (T * ((H + hg - 1) / hg) * kC <= split_ctas_per_sm(hg, smem) * sms) return hg;
-  }
-  return fallback;
+  if (T * ((H + 15) / 16) * kC > sm_count()) return 0;
+  for (int hg : {8, 16, 4})
+    if (int64_t{split_plan(T, H, D, K, hg).words} * 4 <= smem_optin()) return hg;
+  return 0;
 }
 
 }  // namespace
