@@ -772,12 +772,17 @@ void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Te
 // decode cases (K = 640 with 512 / 32 valid picks, K = 128), us: T = 1 8 heads 39.3 / 18.3 / 14.7, 4 heads 41.0 /
 // 20.1 / 15.6; T = 2 8 heads 56.7 / 26.9 / 18.7, 4 heads 67.5 / 37.1 / 29.0 (32 clusters of 4 heads take a second
 // wave: 30 fit); T = 4 8 heads 96.2 / 49.6 / 35.0, 16 heads 120.3 / 56.1 / 26.8; T = 8 the tiled kernel 133 / 72
-// / 31.5.
-int auto_split_hg(int64_t T, int64_t H, int64_t D, int64_t K) {
+// / 31.5. The chosen heads' layout goes to *layout (planned once per call).
+int auto_split_hg(int64_t T, int64_t H, int64_t D, int64_t K, SplitLayout* layout) {
   if (K < 1 || K > kSplitMaxK) return 0;
   if (T * ((H + 15) / 16) * kC > sm_count()) return 0;
-  for (int hg : {8, 16, 4})
-    if (int64_t{split_plan(T, H, D, K, hg).words} * 4 <= smem_optin()) return hg;
+  for (int hg : {8, 16, 4}) {
+    const SplitLayout L = split_plan(T, H, D, K, hg);
+    if (int64_t{L.words} * 4 <= smem_optin()) {
+      *layout = L;
+      return hg;
+    }
+  }
   return 0;
 }
 
@@ -804,14 +809,15 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
   if (T == 0 || H == 0) return;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   int split_hg = heads_per_cta < 0 ? -heads_per_cta : 0;
-  if (heads_per_cta == 0) split_hg = auto_split_hg(T, H, D, idx.size(1));
+  SplitLayout L{};
+  if (heads_per_cta == 0) split_hg = auto_split_hg(T, H, D, idx.size(1), &L);
   if (split_hg != 0) {
     const int64_t K = idx.size(1);
     DI_CHECK(split_hg == 4 || split_hg == 8 || split_hg == 16,
              "cuda::sparse_attention: heads per cluster must be 4, 8 or 16, got {}", split_hg);
     DI_CHECK(K >= 1 && K <= kSplitMaxK,
              "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}", kSplitMaxK, K);
-    const SplitLayout L = split_plan(T, H, D, K, split_hg);
+    if (heads_per_cta != 0) L = split_plan(T, H, D, K, split_hg);  // forced heads: auto_split_hg did not plan
     DI_CHECK(static_cast<int64_t>(L.words) * 4 <= smem_optin(),
              "cuda::sparse_attention: the split kernel needs {} bytes of shared memory for K {} D {} heads {}",
              static_cast<int64_t>(L.words) * 4, K, D, split_hg);
