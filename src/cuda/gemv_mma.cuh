@@ -67,11 +67,16 @@ __device__ __forceinline__ const float* mma_block_rows(const MmaParams& p, int m
   return p.x + xrow * p.ldx;
 }
 
-// The block's flags (x_ok = 1, kx min, kx max: mma_x_chunks fills them) and the zero block of B images (nzero words),
-// then the wait for the previous kernel.
-__device__ __forceinline__ void mma_block_init(int* flags, uint32_t* zeros, int nzero) {
+// The block's flags (x_ok = 1, kx min, kx max: mma_x_chunks fills them) and the zero block of B images (nzero words);
+// the caller's barrier completes them.
+__device__ __forceinline__ void mma_block_flags(int* flags, uint32_t* zeros, int nzero) {
   if (threadIdx.x == 0) flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
   if (threadIdx.x < nzero) zeros[threadIdx.x] = 0u;
+}
+
+// mma_block_flags, then the wait for the previous kernel.
+__device__ __forceinline__ void mma_block_init(int* flags, uint32_t* zeros, int nzero) {
+  mma_block_flags(flags, zeros, nzero);
   __syncthreads();
   pdl_wait();
 }

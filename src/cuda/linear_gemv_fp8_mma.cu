@@ -159,13 +159,16 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp8_mma_gemv(MmaParams p) {
   uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kMmaTStride;  // [2][16][kMmaTStride]
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
-  mma_block_init(flags, zeros, 8);
+  mma_block_flags(flags, zeros, 8);
 
-  const uint8_t *W = nullptr, *SC = nullptr;
-  const float* xr = mma_block_rows(p, mt, W, SC);
+  // A dense call's weights and codes are not written by the previous kernel (gemv_into's contract), so they are its
+  // block's first step; a grouped call's expert pointers may be, so they wait.
+  const bool grouped = p.row_expert != nullptr;
+  const uint8_t *W = p.w, *SC = p.sc;
 
   // A step's rows, its first ring segments and its row block's scale codes (cp.async into the warp's buffer): issued
-  // for the block's first step before x is quantised, for a later step at its start.
+  // for the block's first step before griddepcontrol.wait (dense) or before x is quantised (grouped), for a later step
+  // at its start.
   int base = 0;
   const uint8_t *wr0 = W, *wr1 = W;
   uint4 q0[kMmaDepth], q1[kMmaDepth];
@@ -182,7 +185,11 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp8_mma_gemv(MmaParams p) {
     for (int i = lane; i < nch / 4; i += 32) cp_async4(codes + 4 * i, srow + 4 * i);
     cp_async_commit();
   };
-  if (first < p.steps) begin(first);
+  if (!grouped && first < p.steps) begin(first);
+  __syncthreads();  // flags and zeros set
+  pdl_wait();
+  const float* xr = mma_block_rows(p, mt, W, SC);
+  if (grouped && first < p.steps) begin(first);
 
   // x quantised per tile (a warp per tile, a lane per column) into the B images.
   mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) {

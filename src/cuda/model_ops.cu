@@ -1069,6 +1069,7 @@ void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width) {
   int64_t rows = 0;
   for (const ops::RowCopy& c : copies)
     if (c.rows > 0) {
+      side_join_if_reads(c.src, static_cast<size_t>(c.rows * width) * sizeof(float));  // as cuda_copy: a side write
       cs.push_back(c);
       aligned = aligned && reinterpret_cast<uintptr_t>(c.src) % 16 == 0 && reinterpret_cast<uintptr_t>(c.dst) % 16 == 0;
       rows += c.rows;
