@@ -73,12 +73,19 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
       return std::vector<Tensor>{s, in[5]};
     };
   };
-  // With graphs, layer l's B and layer l + 1's A are one piece: one graph launch fewer per layer (~3 us of gap).
-  std::vector<Tensor> io;
+  // With graphs, layer l's B and layer l + 1's A are one piece: one graph launch fewer per layer (~3 us of gap);
+  // `next_a` holds its A part.
+  std::vector<Tensor> next_a;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
     const LayerCtx ctx{cfg, num, l, opts.trace};
-    if (l == 0 || !graphs) io = run_piece(graphs, 2 * l, {stream, pos_dev}, piece_a(l));
+    std::vector<Tensor> io;
+    if (!next_a.empty()) {
+      io = std::move(next_a);
+      next_a.clear();
+    } else {
+      io = run_piece(graphs, 2 * l, {stream, pos_dev}, piece_a(l));
+    }
     stream = io[0];
     pos_dev = io[1];
     AttnRows rows;
@@ -100,6 +107,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
       });
       token_ids = io.back();
       io.pop_back();
+      next_a = std::move(io);
     } else {
       const std::vector<Tensor> out = run_piece(graphs, 2 * l + 1, b_in, piece_b(l));
       stream = out[0];
