@@ -90,7 +90,7 @@ struct MmaChunk {
 
 // The x walk of an mma GEMV's prologue: warp w takes chunks w, w + kMmaWarps, ... of x row xr (nch chunks of 32
 // columns), a lane per column, 16 chunks' loads in flight; chunk(c, v) (v: column 32 c + lane) builds the chunk's B
-// images and returns its MmaChunk. The warps then fold x_ok, kx min and kx max into flags (mma_block_init's); the
+// images and returns its MmaChunk. The warps then fold x_ok, kx min and kx max into flags (mma_block_flags'); the
 // caller's barrier completes them.
 template <typename ChunkFn>
 __device__ __forceinline__ void mma_x_chunks(const float* xr, int nch, int warp, int lane, int* flags,
