@@ -105,12 +105,22 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
            q.describe(), w.describe(), keys.describe());
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "index_scores: ratio {} must be positive", vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, "index_scores", "counts");
-  std::vector<int64_t> visible(T);
-  for (int64_t t = 0; t < T; ++t)
-    visible[t] = std::clamp<int64_t>(
-        vis.counts.defined() ? vis.counts.data<int32_t>()[t] : (vis.start_pos + t + 1) / vis.ratio, 0, N);
+  const bool offs = vis.offsets.defined();
+  if (offs) {
+    check_ids(vis.offsets, T, "index_scores", "offsets");
+    DI_CHECK(vis.counts.defined() && vis.width >= 0, "index_scores: offsets need counts and a width >= 0 (got {})",
+             vis.width);
+  }
+  const int64_t W = offs ? vis.width : N;  // the result's columns
+  std::vector<int64_t> visible(T), first_key(T, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    if (offs) first_key[t] = std::clamp<int64_t>(vis.offsets.data<int32_t>()[t], 0, N);
+    visible[t] =
+        std::clamp<int64_t>(vis.counts.defined() ? vis.counts.data<int32_t>()[t] : (vis.start_pos + t + 1) / vis.ratio,
+                            0, std::min(N - first_key[t], W));
+  }
 
-  Tensor out = Tensor::empty({T, N}, DType::kF32);
+  Tensor out = Tensor::empty({T, W}, DType::kF32);
   float* op = out.data<float>();
   const float* qp = q.data<float>();
   const float* kp = keys.data<float>();
@@ -134,18 +144,18 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
     std::vector<float> dots(static_cast<size_t>(kKeyBlock * nh));
     for (int64_t j0 = jbeg; j0 < jend; j0 += kKeyBlock) {
       const int64_t nj = std::min(kKeyBlock, jend - j0);
-      head_dots(qT.data() + t * d * nh, qt, kp, nh, d, j0, nj, dots.data());
+      head_dots(qT.data() + t * d * nh, qt, kp + first_key[t] * d, nh, d, j0, nj, dots.data());
       for (int64_t jj = 0; jj < nj; ++jj) {
         double total = 0;
         for (int64_t h = 0; h < nh; ++h) {
           const float dot = rd(dots[jj * nh + h]);
           if (dot > 0) total += rd(dot * wt[h]);
         }
-        op[t * N + j0 + jj] = rd(static_cast<float>(total));
+        op[t * W + j0 + jj] = rd(static_cast<float>(total));
       }
     }
   }
-  for (int64_t t = 0; t < T; ++t) std::fill(op + t * N + visible[t], op + (t + 1) * N, -INFINITY);
+  for (int64_t t = 0; t < T; ++t) std::fill(op + t * W + visible[t], op + (t + 1) * W, -INFINITY);
   return out;
 }
 

@@ -130,8 +130,8 @@ constexpr int kDecMaxQueries = 16;       // at most this many queries take this 
 
 __global__ void __launch_bounds__(kDecThreads)
     index_scores_decode_kernel(const float* q, const float* keys, const float* w, const int32_t* counts,
-                               int64_t start_pos, int64_t ratio, int N, int nh, int d, int slice, bool round,
-                               float* out) {
+                               const int32_t* offsets, int64_t start_pos, int64_t ratio, int N, int W, int nh, int d,
+                               int slice, bool round, float* out) {
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ float4 smem4[];
@@ -140,17 +140,20 @@ __global__ void __launch_bounds__(kDecThreads)
   float* warp_smem = reinterpret_cast<float*>(smem4 + kDecHeads * qstride);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int t = blockIdx.y;
-  int vis;
+  // The row's keys: keys[off ..], visible ones [0, vis) (offsets: the row's own keys of a stacked table; W columns).
+  int vis, off = 0;
   {
+    if (offsets) off = min(max(offsets[t], 0), N);
     const int64_t c = counts ? counts[t] : (start_pos + t + 1) / ratio;
-    vis = static_cast<int>(c < 0 ? 0 : (c > N ? N : c));
+    const int cap = min(N - off, W);
+    vis = static_cast<int>(c < 0 ? 0 : (c > cap ? cap : c));
   }
-  float* out_row = out + static_cast<int64_t>(t) * N;
-  const int groups = (N + kWarpKeys - 1) / kWarpKeys, vis_groups = (vis + kWarpKeys - 1) / kWarpKeys;
+  float* out_row = out + static_cast<int64_t>(t) * W;
+  const int groups = (W + kWarpKeys - 1) / kWarpKeys, vis_groups = (vis + kWarpKeys - 1) / kWarpKeys;
   const int first = blockIdx.x * kDecWarps, stride = gridDim.x * kDecWarps;
   // Groups no query row sees: -inf only.
   for (int g = first + warp; g < groups; g += stride)
-    if (g >= vis_groups && lane < kWarpKeys && g * kWarpKeys + lane < N) out_row[g * kWarpKeys + lane] = -INFINITY;
+    if (g >= vis_groups && lane < kWarpKeys && g * kWarpKeys + lane < W) out_row[g * kWarpKeys + lane] = -INFINITY;
   if (first >= vis_groups) return;  // block-uniform
   const float4* qrow = reinterpret_cast<const float4*>(q + static_cast<int64_t>(t) * nh * d);
   for (int idx = tid; idx < kDecHeads * dq; idx += kDecThreads) {
@@ -167,11 +170,11 @@ __global__ void __launch_bounds__(kDecThreads)
   const float4* qb = qs + h1 * qstride;
   for (int g = first + warp; g < vis_groups; g += stride) {
     const int j0 = g * kWarpKeys;
-    const int nk = min(kWarpKeys, N - j0);
-    const float4* kg = reinterpret_cast<const float4*>(keys + static_cast<int64_t>(j0) * d);
+    const int nk = min(kWarpKeys, W - j0), nload = min(kWarpKeys, vis - j0);  // columns written, keys read
+    const float4* kg = reinterpret_cast<const float4*>(keys + (static_cast<int64_t>(off) + j0) * d);
     __syncwarp();  // the previous group's terms consumed
     for (int idx = lane; idx < kWarpKeys * dq; idx += 32)
-      ks[idx] = idx < nk * dq ? kg[idx] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      ks[idx] = idx < nload * dq ? kg[idx] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncwarp();
     float acc0[kWarpKeys], acc1[kWarpKeys];
 #pragma unroll
@@ -726,6 +729,14 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
            w.describe(), keys.describe());
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "{}: ratio {} must be positive", op, vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, op, "counts");
+  const bool offs = vis.offsets.defined();
+  if (offs) {
+    check_ids(vis.offsets, T, op, "offsets");
+    DI_CHECK(vis.counts.defined() && vis.width >= 0 && vis.width < (int64_t{1} << 31),
+             "{}: offsets need counts and a width in [0, 2^31) (got {})", op, vis.width);
+  }
+  const int64_t W = offs ? vis.width : N;  // the result's columns
+  if (T == 0) return Tensor::empty({0, W}, DType::kF32, Device::kCUDA);
   DI_CHECK(N < (int64_t{1} << 31) && T < (int64_t{1} << 24) * kQueries, "{}: [{}, {}] is too large", op, T, N);
   // Few queries: the head-parallel kernel (same values, more parallelism for one query).
   {
@@ -734,8 +745,14 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
     const int64_t slice = std::max<int64_t>(kWarpKeys * d, kWarpKeys * kTermPad);  // floats per warp
     const size_t dsmem = static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
                          static_cast<size_t>(kDecWarps * slice) * sizeof(float);
-    if (T >= 1 && T <= kDecMaxQueries && nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned &&
-        dsmem <= static_cast<size_t>(smem_optin())) {
+    // Rows over their own keys (offsets) always take it: the other kernel shares its keys between queries.
+    const int64_t max_rows = offs ? 65535 : kDecMaxQueries;
+    const bool fits = nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned && dsmem <= static_cast<size_t>(smem_optin());
+    DI_CHECK(!offs || (fits && T <= max_rows),
+             "{}: rows over their own keys need <= {} heads, d % 4 == 0, aligned rows and <= {} rows (got {} heads, d "
+             "{}, {} rows)",
+             op, kDecHeads, max_rows, nh, d, T);
+    if (T >= 1 && T <= max_rows && fits) {
       static size_t dec_configured = 48 * 1024;
       if (dsmem > dec_configured) {
         DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -751,15 +768,16 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
         occ_blocks = std::max(b, 1);
         occ_smem = dsmem;
       }
-      Tensor out = Tensor::empty({T, N}, DType::kF32, Device::kCUDA);
-      if (N == 0) return out;
-      const int64_t groups = (N + kWarpKeys - 1) / kWarpKeys;
+      Tensor out = Tensor::empty({T, W}, DType::kF32, Device::kCUDA);
+      if (W == 0) return out;
+      const int64_t groups = (W + kWarpKeys - 1) / kWarpKeys;
       const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
       const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(sm_count()) * occ_blocks / T);
       const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
       launch_pdl(index_scores_decode_kernel, grid, kDecThreads, dsmem, nullptr, q.data<float>(), keys.data<float>(),
-                 w.data<float>(), vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr, vis.start_pos, vis.ratio,
-                 static_cast<int>(N), static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round,
+                 w.data<float>(), vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr,
+                 offs ? vis.offsets.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(N),
+                 static_cast<int>(W), static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round,
                  out.data<float>());
       DI_CUDA_CHECK(cudaGetLastError());
       return out;
@@ -1233,14 +1251,9 @@ __global__ void mask_to_blocks_kernel(float* scores, const int32_t* blocks, int6
   if (!(lo < keep && __ldg(row + lo) == b)) scores[i] = -INFINITY;
 }
 
-// One thread per (row, column) of the index lists; ops::IndexLayout's rules.
-__global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t* picks, int32_t* out) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= T * width) return;
-  const int64_t t = i / width, c = i % width, p = l.start_pos + t;
+// Entry (t, c) of a chunk's index lists: ops::IndexLayout's rules.
+__device__ int32_t index_entry(const ops::IndexLayout& l, int64_t t, int64_t c, const int32_t* picks) {
+  const int64_t p = l.start_pos + t;
   int64_t v = -1;
   if (c < l.wcols) {
     const int64_t lo = max(max(int64_t{0}, p - l.window + 1), l.floor);
@@ -1252,7 +1265,44 @@ __global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t
     const int64_t j = picks ? picks[t * l.kcols + k] : (k < (l.ratio > 0 ? (p + 1) / l.ratio : 0) ? k : -1);
     if (j >= 0) v = l.offset + j + l.base;
   }
-  out[i] = static_cast<int32_t>(v);
+  return static_cast<int32_t>(v);
+}
+
+// One thread per (row, column) of the index lists.
+__global__ void sparse_index_kernel(ops::IndexLayout l, int64_t T, const int32_t* picks, int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t width = l.width > 0 ? l.width : l.wcols + l.kcols;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * width) return;
+  out[i] = index_entry(l, i / width, i % width, picks);
+}
+
+// sparse_index_many: a chunk's layout, its first row in the output and its picks (uploaded as one table).
+struct IndexChunkDesc {
+  ops::IndexLayout l;
+  int64_t row0;
+  const int32_t* picks;
+};
+
+// One thread per (row, column) of [rows, width]; the row's chunk by binary search over the chunks' first rows.
+__global__ void sparse_index_many_kernel(const IndexChunkDesc* chunks, int n, int64_t rows, int64_t width,
+                                         int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t r = i / width;
+  int lo = 0, hi = n - 1;  // the last chunk whose first row is <= r
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (chunks[mid].row0 <= r)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const IndexChunkDesc& d = chunks[lo];
+  out[i] = index_entry(d.l, r - d.row0, i % width, d.picks);
 }
 
 }  // namespace
@@ -1308,6 +1358,40 @@ Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& pic
              picks.defined() ? picks.data<int32_t>() : nullptr, out.data<int32_t>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
+}
+
+void sparse_index_many(const std::vector<ops::IndexChunk>& chunks, const Tensor& into) {
+  const char* op = "cuda::sparse_index_many";
+  std::vector<const ops::IndexChunk*> live;  // chunks with rows
+  for (const ops::IndexChunk& k : chunks) {
+    DI_CHECK(!k.picks.defined() ||
+                 (k.picks.device() == Device::kCUDA && k.picks.dtype() == DType::kI32 && k.picks.dim() == 2 &&
+                  k.picks.size(0) == k.T && k.picks.size(1) == k.layout.kcols && k.picks.is_contiguous()),
+             "{}: picks {} are not contiguous int32 [{}, {}] on CUDA", op, desc(k.picks), k.T, k.layout.kcols);
+    if (k.T > 0) live.push_back(&k);
+  }
+  const int64_t rows = into.size(0), width = into.size(1);
+  if (rows * width == 0) return;
+  if (live.size() == 1) {  // one chunk: its own launch, no table
+    sparse_index(live[0]->layout, live[0]->T, live[0]->picks, into);
+    return;
+  }
+  // The table travels as int64 words (the descriptors are 8-byte aligned), in one upload.
+  static_assert(sizeof(IndexChunkDesc) % sizeof(int64_t) == 0, "descriptor size");
+  const int64_t words = static_cast<int64_t>(live.size() * sizeof(IndexChunkDesc) / sizeof(int64_t));
+  Tensor table = Tensor::empty({words}, DType::kI64);
+  IndexChunkDesc* d = reinterpret_cast<IndexChunkDesc*>(table.data<int64_t>());
+  int64_t r = 0;
+  size_t i = 0;
+  for (const ops::IndexChunk& k : chunks) {
+    if (k.T > 0) d[i++] = IndexChunkDesc{k.layout, r, k.picks.defined() ? k.picks.data<int32_t>() : nullptr};
+    r += k.T;
+  }
+  const Tensor dev_table = table.to(Device::kCUDA);  // queued without a synchronisation; lives until the launch
+  launch_pdl(sparse_index_many_kernel, grid_for(rows * width, 256), 256, 0, nullptr,
+             reinterpret_cast<const IndexChunkDesc*>(dev_table.data<int64_t>()), static_cast<int>(live.size()), rows,
+             width, into.data<int32_t>());
+  DI_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace deepinfer::cuda

@@ -58,5 +58,8 @@ Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, i
 Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);
 void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
 Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks, const Tensor& into = Tensor());
+// The lists of several chunks into the rows of `into` (ops::sparse_index_many checked the chunks): one launch, the
+// chunks' layouts uploaded as one table (one chunk: sparse_index).
+void sparse_index_many(const std::vector<ops::IndexChunk>& chunks, const Tensor& into);
 
 }  // namespace deepinfer::cuda

@@ -141,7 +141,8 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
 }
 
 AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
-                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c) {
+                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c,
+                            std::vector<IndexJobV41>* jobs) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = rows.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -149,6 +150,7 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
   const Tensor& kv = rows.kv;
 
   const int64_t ratio = cfg.compress_ratio(c.layer);
+  bool deferred = false;  // the indexer recorded in jobs: picks and kcols set by index_batch_v41
   const int64_t n_comp = ratio > 0 ? (start_pos + T) / ratio : 0;  // entries visible to the chunk's last query
   if (ratio > 0) {
     LayerState& src = seq.layers[cfg.kv_source_of(c.layer)];
@@ -171,6 +173,11 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
       if (n_comp == 0) {
         shared.k = 0;
         shared.picks = Tensor();
+      } else if (jobs != nullptr) {
+        IndexJobV41 job;
+        job.T = T, job.start_pos = start_pos, job.ratio = ratio, job.keys = &src.index_keys, job.shared = &shared;
+        jobs->push_back(job);
+        deferred = true;
       } else {
         indexer_v41(rows.iq, rows.iw, src.index_keys, start_pos, ratio, shared, c);
       }
@@ -184,8 +191,8 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
              src.compressed.rows(), n_comp);
   }
   const LayerState* src = ratio > 0 ? &seq.layers[cfg.kv_source_of(c.layer)] : nullptr;
-  const int64_t k = ratio > 0 ? shared.k : 0;
-  DI_CHECK(ratio == 0 || (shared.picks.defined() ? shared.picks.numel() : 0) == T * k,
+  const int64_t k = ratio > 0 && !deferred ? shared.k : 0;
+  DI_CHECK(ratio == 0 || deferred || (shared.picks.defined() ? shared.picks.numel() : 0) == T * k,
            "layer {}: no top-k list from an index source for this chunk", c.layer);
 
   // The KV table (attend_chunks): window rows for positions wstart..start_pos+T-1, then the compressed entries.
@@ -208,6 +215,101 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
   lay.kcols = k;
   if (k > 0) chunk.picks = shared.picks;
   return chunk;
+}
+
+void index_batch_v41(const std::vector<IndexJobV41>& jobs, std::vector<AttnChunk>& chunks, const Tensor& iq,
+                     const Tensor& iw, const LayerCtx& c) {
+  if (jobs.empty()) return;
+  auto publish = [&](const IndexJobV41& j) {  // the job's list into its chunk
+    DI_CHECK(j.chunk < chunks.size() && j.shared->picks.defined() && j.shared->picks.numel() == j.T * j.shared->k,
+             "layer {}: no top-k list for a deferred indexer", c.layer);
+    chunks[j.chunk].lay.kcols = j.shared->k;
+    chunks[j.chunk].picks = j.shared->picks;
+  };
+  if (jobs.size() == 1) {  // one sequence: its own indexer, as without jobs
+    const IndexJobV41& j = jobs[0];
+    indexer_v41(iq.slice(0, j.row0, j.row0 + j.T), iw.slice(0, j.row0, j.row0 + j.T), *j.keys, j.start_pos, j.ratio,
+                *j.shared, c);
+    publish(j);
+    return;
+  }
+  const ModelConfig& cfg = c.cfg;
+  const int64_t nh = cfg.index_n_heads, hd = cfg.index_head_dim;
+  const bool bf = c.num.bf16;
+  const bool source = c.layer == cfg.candidate_source_layer;
+  const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
+  const int64_t lo = jobs.front().row0, hi = jobs.back().row0 + jobs.back().T, R = hi - lo;
+  // Every job's keys, stacked in job order, and per row (of lo..hi) its first key and visible count (rows of no job:
+  // none visible).
+  int64_t N = 0, W = 0;
+  std::vector<ops::RowSegment> segs;
+  for (const IndexJobV41& j : jobs) {
+    DI_CHECK(j.row0 >= lo && j.row0 + j.T <= hi && j.keys->width() == hd, "layer {}: deferred indexer rows", c.layer);
+    j.keys->segments(segs);
+    N += j.keys->rows();
+    W = std::max(W, j.keys->rows());
+  }
+  const Device dev = iq.device();
+  DI_CHECK(N < (int64_t{1} << 31), "layer {}: {} index keys in one batch", c.layer, N);
+  Tensor table = Tensor::empty({N, hd}, DType::kF32, dev);
+  ops::gather_segments(segs, table);
+  Tensor meta = Tensor::zeros({2 * R}, DType::kI32);  // counts [R], then offsets [R]
+  int32_t* counts = meta.data<int32_t>();
+  int32_t* offsets = counts + R;
+  int64_t off = 0;
+  for (const IndexJobV41& j : jobs) {
+    const int64_t n = j.keys->rows();
+    for (int64_t t = 0; t < j.T; ++t) {  // the causal rule of indexer_v41: min(n, (start_pos + t + 1) / ratio)
+      counts[j.row0 - lo + t] = static_cast<int32_t>(std::min(n, (j.start_pos + t + 1) / j.ratio));
+      offsets[j.row0 - lo + t] = static_cast<int32_t>(off);
+    }
+    off += n;
+  }
+  meta = meta.to(dev);
+  ops::KeyVisibility vis;
+  vis.counts = meta.slice(0, 0, R);
+  vis.offsets = meta.slice(0, R, 2 * R);
+  vis.width = W;
+  Tensor scores = ops::index_scores(iq.slice(0, lo, hi).view({R, nh, hd}), table, iw.slice(0, lo, hi), vis, bf);
+  // Per sequence, on its rows (columns past its keys are -inf: no block there is ever kept, and its newest visible
+  // entry lies within its keys).
+  for (const IndexJobV41& j : jobs) {
+    Tensor rows = scores.slice(0, j.row0 - lo, j.row0 - lo + j.T);
+    const int64_t n = j.keys->rows();
+    if (source) {
+      j.shared->candidate_blocks =
+          ops::candidate_blocks(rows, j.start_pos, j.ratio, cfg.candidate_block_size, cfg.candidate_topk_blocks);
+      j.shared->candidate_width = n;
+    }
+    if (filtered) {
+      DI_CHECK(j.shared->candidate_width == n && j.shared->candidate_blocks.defined() &&
+                   j.shared->candidate_blocks.size(0) == j.T,
+               "layer {}: candidate blocks over {} index keys for {} keys and {} rows", c.layer,
+               j.shared->candidate_width, n, j.T);
+      ops::mask_to_blocks(rows, j.shared->candidate_blocks, cfg.candidate_block_size);
+    }
+  }
+  const int64_t k = std::min(cfg.index_topk, W);
+  const Tensor picks = ops::topk_rows(scores, k, /*sort_by_index=*/true);
+  const Tensor host = c.trace ? picks.to(Device::kCPU) : Tensor();
+  for (const IndexJobV41& j : jobs) {
+    j.shared->k = k;
+    j.shared->picks = picks.slice(0, j.row0 - lo, j.row0 - lo + j.T);
+    publish(j);
+    if (c.trace) {  // as indexer_v41 records them: each row's k picks, then -1 to index_topk
+      auto& rec = c.trace->indexer[c.layer];
+      for (int64_t t = 0; t < j.T; ++t) {
+        const int32_t* p = host.data<int32_t>() + (j.row0 - lo + t) * k;
+        rec.insert(rec.end(), p, p + k);
+        rec.insert(rec.end(), cfg.index_topk - k, -1);
+      }
+      if (source) {
+        const Tensor cand = j.shared->candidate_blocks.to(Device::kCPU);
+        auto& cr = c.trace->candidates[c.layer];
+        cr.insert(cr.end(), cand.data<int32_t>(), cand.data<int32_t>() + cand.numel());
+      }
+    }
+  }
 }
 
 }  // namespace deepinfer

@@ -28,8 +28,30 @@ struct SharedAttnV41 {
 // attention_output. window_floor: the first position whose window KV this layer holds (bounded replay; else 0).
 AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const int64_t* positions,
                             const ops::RopeFreqs& rope, const LayerCtx& c);
+// jobs: when given, an index source's indexer is not run here but recorded (the chunk's picks and kcols are then set
+// by index_batch_v41, with the layer's other sequences).
+struct IndexJobV41;
 AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
-                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c);
+                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c,
+                            std::vector<IndexJobV41>* jobs = nullptr);
+
+// One sequence's deferred indexer: its chunk of T rows starting at row `row0` of the batch's stacked rows (the caller
+// sets row0 and `chunk`, the AttnChunk's index in its list), the kv source's index keys, the chunk's start position.
+struct IndexJobV41 {
+  int64_t T = 0, start_pos = 0, ratio = 0;
+  const RowPages* keys = nullptr;
+  SharedAttnV41* shared = nullptr;
+  int64_t row0 = 0;
+  size_t chunk = 0;
+};
+// The deferred indexers of one layer at once (iq [rows, nh*hd], iw [rows, nh]: the batch's stacked rows, the jobs'
+// rows in ascending order): every sequence's keys gathered into one table, one ops::index_scores over the rows with
+// their own keys (KeyVisibility offsets), the candidate blocks or their mask per sequence, one ops::topk_rows; then
+// each job's SharedAttnV41 and chunk. Each row's picks are the ones indexer_v41 gives the sequence alone, followed by
+// -1 up to k = min(index_topk, the most keys of any job) (the attention's lists gain only empty slots). One job: the
+// sequence's own indexer_v41, unchanged.
+void index_batch_v41(const std::vector<IndexJobV41>& jobs, std::vector<AttnChunk>& chunks, const Tensor& iq,
+                     const Tensor& iw, const LayerCtx& c);
 
 // Engram (§2.9): stream [T, hc, dim] plus the gated n-gram lookup; rows [T, n_cols] are the table
 // rows of every token. Returns the new stream.

@@ -65,7 +65,8 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   // as runs of rows, gathered by one ops::gather_segments: a decode batch's table took 3-4 copies per chunk and layer.
   // The state lives on the model's device, as the rows do (SequenceState is made there).
   std::vector<ops::RowSegment> segs;
-  int64_t base = 0, r0 = 0;
+  std::vector<ops::IndexChunk> lists;  // every chunk's index lists, built in one call
+  int64_t base = 0;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), tn = table_rows(k);
     DI_CHECK(k.kv.is_contiguous() && k.ring->device() == dev && (!k.compressed || k.compressed->device() == dev),
@@ -77,10 +78,10 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     ops::IndexLayout lay = k.lay;
     lay.base = base;
     lay.width = width;
-    ops::sparse_index(lay, T, k.picks, dev, idx.slice(0, r0, r0 + T));  // written in place: no copy
+    lists.push_back({lay, T, k.picks});
     base += tn;
-    r0 += T;
   }
+  ops::sparse_index_many(lists, dev, idx);  // written in place: no copy
   ops::gather_segments(segs, table);
   // Slide each window ring forward over its chunk (after its rows were copied into the table): one copy_rows for the
   // batch.

@@ -218,12 +218,16 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     rows.ikv = io[10], rows.iscore = io[11], rows.iq = io[12], rows.iw = io[13];
 
     std::vector<AttnChunk> chunks;
+    std::vector<IndexJobV41> jobs;               // the index sources' indexers, run for every sequence at once
     for (size_t b = 0; b < B; ++b) {             // the middle reads and writes each sequence's own state
       if (offset[b + 1] == offset[b]) continue;  // every row of this chunk skipped (bounded replay)
       const int64_t floor = l > last_source ? batch[b].state->replay_floor : 0;
+      const size_t before = jobs.size();
       chunks.push_back(attention_seq_v41(L.attn, rows.rows(offset[b], offset[b + 1]), start[b], floor, *batch[b].state,
-                                         shared[b], rope_[l], ctx));
+                                         shared[b], rope_[l], ctx, &jobs));
+      if (jobs.size() > before) jobs.back().row0 = offset[b], jobs.back().chunk = chunks.size() - 1;
     }
+    index_batch_v41(jobs, chunks, rows.iq, rows.iw, ctx);
     const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
 
     const std::vector<Tensor> b_in{o, stream, pos_dev, attn_mix.pre, attn_mix.post, attn_mix.comb, token_ids};

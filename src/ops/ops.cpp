@@ -580,8 +580,9 @@ void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size) {
   cpu::mask_to_blocks(scores, blocks, block_size);
 }
 
-Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device, const Tensor& into) {
-  const OpScope scope("sparse_index", picks);
+namespace {
+// ops::sparse_index's checks of one chunk (layout, picks, output).
+void check_sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device, const Tensor& into) {
   DI_CHECK(T >= 0 && l.start_pos >= 0 && l.window >= 1 && l.wcols >= 0 && l.kcols >= 0 && l.offset >= 0 &&
                (picks.defined() || l.kcols == 0 || l.ratio >= 1) && l.base >= 0 &&
                (l.width == 0 || l.width >= l.wcols + l.kcols),
@@ -603,11 +604,43 @@ Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device
              "sparse_index: window rows from {} (table from {}) and {} entries for {} columns", lo(l.start_pos),
              l.wstart, last - lo(last) + 1, l.wcols);
   }
+}
+}  // namespace
+
+Tensor sparse_index(const IndexLayout& l, int64_t T, const Tensor& picks, Device device, const Tensor& into) {
+  const OpScope scope("sparse_index", picks);
+  check_sparse_index(l, T, picks, device, into);
 #if DEEPINFER_HAS_CUDA
   if (device == Device::kCUDA) return cuda::sparse_index(l, T, picks, into);
 #endif
   if (device != Device::kCPU) fail("ops::sparse_index: no {} kernel", device_name(device));
   return cpu::sparse_index(l, T, picks, into);
+}
+
+void sparse_index_many(const std::vector<IndexChunk>& chunks, Device device, const Tensor& into) {
+  const OpScope scope("sparse_index_many", into);
+  DI_CHECK(into.defined() && into.device() == device && into.dtype() == DType::kI32 && into.dim() == 2 &&
+               into.is_contiguous(),
+           "sparse_index_many: output {} is not a contiguous int32 [rows, width] on {}",
+           into.defined() ? into.describe() : "", device_name(device));
+  const int64_t width = into.size(1);
+  int64_t rows = 0;
+  for (const IndexChunk& k : chunks) {
+    DI_CHECK(k.T >= 0 && (k.layout.width > 0 ? k.layout.width : k.layout.wcols + k.layout.kcols) == width,
+             "sparse_index_many: a chunk of {} rows and width {} for lists of width {}", k.T, k.layout.width, width);
+    check_sparse_index(k.layout, k.T, k.picks, device, into.slice(0, rows, std::min(rows + k.T, into.size(0))));
+    rows += k.T;
+  }
+  DI_CHECK(rows == into.size(0), "sparse_index_many: {} chunk rows for {} list rows", rows, into.size(0));
+#if DEEPINFER_HAS_CUDA
+  if (device == Device::kCUDA) return cuda::sparse_index_many(chunks, into);
+#endif
+  if (device != Device::kCPU) fail("ops::sparse_index_many: no {} kernel", device_name(device));
+  int64_t r = 0;
+  for (const IndexChunk& k : chunks) {
+    cpu::sparse_index(k.layout, k.T, k.picks, into.slice(0, r, r + k.T));
+    r += k.T;
+  }
 }
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/tensor.h"
@@ -263,6 +264,16 @@ struct IndexLayout {
 // receives the lists in place and is returned.
 Tensor sparse_index(const IndexLayout& layout, int64_t T, const Tensor& picks, Device device,
                     const Tensor& into = Tensor());
+// The lists of several chunks in one call (a decode batch's chunks: one launch on CUDA instead of one per chunk):
+// chunk i (its layout, T rows and picks as for sparse_index) fills rows [r_i, r_i + T_i) of `into` (a contiguous int32
+// [sum T, width] on `device`, r_i = T_0 + .. + T_{i-1}); every layout's width must be into's. The same lists as one
+// sparse_index per chunk into those rows.
+struct IndexChunk {
+  IndexLayout layout;
+  int64_t T = 0;
+  Tensor picks;
+};
+void sparse_index_many(const std::vector<IndexChunk>& chunks, Device device, const Tensor& into);
 
 // ---- model pieces (issue 8): the per-token loops of src/model behind ops ---------------------------
 // Indexer scores (§2.5, §2.6). q [T, heads, d] (or [T, heads*d]), keys [N, d], w [T, heads], all
@@ -272,10 +283,18 @@ Tensor sparse_index(const IndexLayout& layout, int64_t T, const Tensor& picks, D
 // rd rounds to bf16 when `round` (identity otherwise); scores[t, j] = -inf for j >= visible(t).
 // visible(t): counts[t] (int32 [T] on q's device) when `counts` is defined, else the causal rule
 // min(N, (start_pos + t + 1) / ratio). Returns float32 [T, N].
+// Rows over their own keys (a batch's sequences, keys stacked in one table): with `offsets` (int32 [T] on q's
+// device; needs counts) row t reads keys[offsets[t] + j] for j < visible(t) = min(counts[t], N - offsets[t], width)
+// and the result is float32 [T, width] (-inf past each row's visible keys): each row's scores are those of the row
+// alone over its keys.
 struct KeyVisibility {
+  KeyVisibility(Tensor counts_ = Tensor(), int64_t start_pos_ = 0, int64_t ratio_ = 1)
+      : counts(std::move(counts_)), start_pos(start_pos_), ratio(ratio_) {}
   Tensor counts;
   int64_t start_pos = 0;
   int64_t ratio = 1;
+  Tensor offsets;     // per-row first key (with counts), or undefined
+  int64_t width = 0;  // the result's columns when offsets are given
 };
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round);
 

@@ -341,6 +341,42 @@ TEST(Ops, IndexScoresReplayTheScalarOrderBitForBit) {
   }
 }
 
+// Rows over their own keys of one stacked table (offsets, counts, width): each row's scores are those of the row
+// alone over its keys (the batched decode indexer relies on it), -inf past its keys and to the width.
+TEST(Ops, IndexScoresWithOffsetsEqualEachRowAlone) {
+  const int64_t T = 6, nh = 8, d = 16, W = 13;
+  const int64_t n[T] = {5, 13, 1, 9, 0, 12};
+  int64_t N = 0;
+  ops::KeyVisibility vis;
+  vis.counts = Tensor::empty({T}, DType::kI32);
+  vis.offsets = Tensor::empty({T}, DType::kI32);
+  vis.width = W;
+  for (int64_t t = 0; t < T; ++t) {
+    vis.offsets.data<int32_t>()[t] = static_cast<int32_t>(N);
+    vis.counts.data<int32_t>()[t] = static_cast<int32_t>(t == 3 ? 100 : n[t]);  // row 3: count above its keys
+    N += n[t];
+  }
+  const Tensor q = randn({T, nh, d}, 11), keys = randn({N, d}, 12), w = randn({T, nh}, 13, 0.1f);
+  const Tensor s = ops::index_scores(q, keys, w, vis, true);
+  ASSERT_EQ(s.shape(), (Shape{T, W}));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t off = vis.offsets.data<int32_t>()[t];
+    const int64_t visible = std::min(n[t], static_cast<int64_t>(vis.counts.data<int32_t>()[t]));
+    // The row alone: its query against its own keys (t == 3 sees the rest of the table past its 9 keys, capped by W).
+    const int64_t own = t == 3 ? std::min(N - off, W) : visible;
+    if (own > 0) {
+      ops::KeyVisibility one{Tensor::empty({1}, DType::kI32), 0, 1};
+      one.counts.data<int32_t>()[0] = static_cast<int32_t>(own);
+      const Tensor alone =
+          ops::index_scores(q.slice(0, t, t + 1), keys.slice(0, off, off + own), w.slice(0, t, t + 1), one, true);
+      ASSERT_EQ(std::memcmp(alone.data<float>(), s.data<float>() + t * W, static_cast<size_t>(own) * 4), 0) << t;
+    }
+    for (int64_t j = own; j < W; ++j) EXPECT_EQ(s.data<float>()[t * W + j], -INFINITY) << t << " " << j;
+  }
+  vis.counts = Tensor();
+  EXPECT_THROW(ops::index_scores(q, keys, w, vis, true), Error);  // offsets without counts
+}
+
 TEST(Ops, MoeRouteSelectsByBiasAndWeighsByScore) {
   Tensor logits = Tensor::empty({1, 4}, DType::kF32), bias = Tensor::empty({4}, DType::kF32);
   const float l[] = {1.0f, 2.0f, 0.5f, -1.0f}, b[] = {0.0f, 0.0f, 5.0f, 0.0f};
@@ -638,6 +674,42 @@ TEST(Ops, SparseIndexReplaysTheHostLists) {
 }
 
 // gather_segments: runs of rows one after the other, empty runs skipped; the row count must match.
+
+// sparse_index_many: several chunks' lists in one call equal one sparse_index per chunk into the same rows; a chunk
+// whose width is not the output's is refused.
+TEST(Ops, SparseIndexManyEqualsOneCallPerChunk) {
+  std::vector<ops::IndexChunk> chunks;
+  const int64_t width = 12;
+  int64_t rows = 0, base = 0;
+  for (int64_t i = 0; i < 5; ++i) {
+    ops::IndexLayout l;
+    l.start_pos = 3 + 5 * i;
+    l.window = 4;
+    l.wstart = std::max<int64_t>(0, l.start_pos - 3);
+    l.wcols = 4;
+    l.pad_front = true;
+    l.offset = l.start_pos + 1 - l.wstart;
+    l.kcols = i % 2 == 0 ? 3 : 0;
+    l.ratio = 2;
+    l.base = base;
+    l.width = width;
+    Tensor picks;
+    if (l.kcols > 0) {
+      picks = Tensor::empty({1, l.kcols}, DType::kI32);
+      for (int64_t k = 0; k < l.kcols; ++k) picks.data<int32_t>()[k] = k == 1 ? -1 : static_cast<int32_t>(k + i);
+    }
+    chunks.push_back({l, 1, picks});
+    rows += 1;
+    base += 10;
+  }
+  Tensor want = Tensor::empty({rows, width}, DType::kI32), got = Tensor::empty({rows, width}, DType::kI32);
+  for (int64_t i = 0; i < rows; ++i)
+    ops::sparse_index(chunks[i].layout, 1, chunks[i].picks, Device::kCPU, want.slice(0, i, i + 1));
+  ops::sparse_index_many(chunks, Device::kCPU, got);
+  EXPECT_EQ(std::memcmp(want.data<int32_t>(), got.data<int32_t>(), want.nbytes()), 0);
+  chunks[2].layout.width = width + 1;
+  EXPECT_THROW(ops::sparse_index_many(chunks, Device::kCPU, got), Error);
+}
 TEST(Ops, GatherSegmentsConcatenatesTheRuns) {
   const int64_t width = 4;
   std::vector<float> a(3 * width), b(2 * width);

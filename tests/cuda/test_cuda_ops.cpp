@@ -974,6 +974,45 @@ void test_index_scores() {
       return exact(want, di::ops::index_scores(dev(q), dev(keys), dev(w), vis_dev, c.round));
     });
   }
+  // Rows over their own keys of a stacked table (a decode batch's indexer in one call): offsets and counts per row,
+  // W columns; against the CPU op with the same offsets.
+  struct OffCase {
+    const char* what;
+    int64_t T, keys_per_row, nh, d, W;
+    bool round;
+  };
+  const OffCase off_cases[] = {
+      {"batch of 256 short rows", 256, 32, 64, 128, 40, true},
+      {"batch of 8 long rows", 8, 3000, 64, 128, 3001, true},
+      {"odd shapes", 37, 19, 6, 40, 25, false},
+  };
+  for (const OffCase& c : off_cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "index_scores offsets %s T=%lld W=%lld", c.what, static_cast<long long>(c.T),
+                  static_cast<long long>(c.W));
+    run_case(name, [&] {
+      std::mt19937 rng(seed++);
+      di::ops::KeyVisibility vis;
+      vis.counts = di::Tensor::empty({c.T}, di::DType::kI32);
+      vis.offsets = di::Tensor::empty({c.T}, di::DType::kI32);
+      vis.width = c.W;
+      int64_t N = 0;
+      for (int64_t t = 0; t < c.T; ++t) {
+        const int64_t n = 1 + static_cast<int64_t>(rng() % static_cast<uint32_t>(c.keys_per_row));
+        vis.offsets.data<int32_t>()[t] = static_cast<int32_t>(N);
+        vis.counts.data<int32_t>()[t] = static_cast<int32_t>(t % 5 == 0 ? c.W : n);  // some above the row's keys
+        N += n;
+      }
+      const di::Tensor q = normal_tensor({c.T, c.nh, c.d}, 1.0f, seed++, c.round);
+      const di::Tensor keys = normal_tensor({N, c.d}, 1.0f, seed++, c.round);
+      const di::Tensor w = normal_tensor({c.T, c.nh}, 0.05f, seed++, c.round);
+      di::ops::KeyVisibility vis_dev = vis;
+      vis_dev.counts = dev(vis.counts);
+      vis_dev.offsets = dev(vis.offsets);
+      const di::Tensor want = di::ops::index_scores(q, keys, w, vis, c.round);
+      return exact(want, di::ops::index_scores(dev(q), dev(keys), dev(w), vis_dev, c.round));
+    });
+  }
 }
 
 void test_moe_route() {
@@ -1510,6 +1549,11 @@ void test_index_lists() {
       {"v4 window only", 300, 4, 128, 0, 0, 0, false, false},
   };
   std::mt19937 rng(seed++);
+  // Every layout above as one chunk of a batch (sparse_index_many: one launch), against the CPU's per-chunk lists.
+  std::vector<di::ops::IndexChunk> many_cpu, many_gpu;
+  int64_t many_rows = 0, many_width = 0;
+  for (const Layout& c : layouts)
+    many_width = std::max(many_width, (c.v41 && c.start_pos == 0 ? std::min(c.T, c.W) : c.W) + c.kcols);
   for (const Layout& c : layouts) {
     const int64_t T = c.T, sp = c.start_pos;
     di::ops::IndexLayout lay;
@@ -1541,6 +1585,12 @@ void test_index_lists() {
       return compare_idx(want,
                          di::ops::sparse_index(shifted, T, c.picks ? dev(picks) : di::Tensor(), di::Device::kCUDA));
     });
+    di::ops::IndexLayout in_batch = lay;
+    in_batch.base = 7 * many_rows;
+    in_batch.width = many_width;
+    many_cpu.push_back({in_batch, T, picks});
+    many_gpu.push_back({in_batch, T, c.picks ? dev(picks) : di::Tensor()});
+    many_rows += T;
     run_case(std::string("sparse_index into a row slice ") + c.what + " T=" + std::to_string(T), [&] {
       const di::Tensor want = di::ops::sparse_index(shifted, T, picks, di::Device::kCPU);
       di::Tensor stacked = di::Tensor::zeros({T + 2, shifted.width}, di::DType::kI32, di::Device::kCUDA);
@@ -1553,6 +1603,17 @@ void test_index_lists() {
       return compare_idx(want, stacked.slice(0, 1, 1 + T));
     });
   }
+  run_case("sparse_index_many: the " + std::to_string(many_cpu.size()) + " layouts as one batch", [&] {
+    di::Tensor want = di::Tensor::empty({many_rows, many_width}, di::DType::kI32);
+    int64_t r = 0;
+    for (const di::ops::IndexChunk& k : many_cpu) {  // the CPU's own per-chunk lists
+      di::ops::sparse_index(k.layout, k.T, k.picks, di::Device::kCPU, want.slice(0, r, r + k.T));
+      r += k.T;
+    }
+    di::Tensor got = di::Tensor::empty({many_rows, many_width}, di::DType::kI32, di::Device::kCUDA);
+    di::ops::sparse_index_many(many_gpu, di::Device::kCUDA, got);
+    return compare_idx(want, got);
+  });
 }
 
 }  // namespace
