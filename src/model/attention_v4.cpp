@@ -176,7 +176,7 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
 }
 
 AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
-                           const ops::RopeFreqs& rope, const LayerCtx& c) {
+                           const ops::RopeFreqs& rope, const LayerCtx& c, std::vector<IndexJob>* jobs) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = r.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -215,7 +215,13 @@ AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t
 
   // Index lists: W window slots (oldest first, -1 padded) then the compressed picks.
   const int64_t kcomp = ratio == 4 ? std::min(cfg.index_topk, ncomp) : ncomp;
-  if (ratio == 4) chunk.picks = indexer(r.iq, r.iw, start_pos, st.index_keys, kcomp, c);
+  if (ratio == 4 && jobs != nullptr && kcomp > 0) {  // scored with the layer's other sequences (index_batch_v4)
+    IndexJob job;
+    job.T = T, job.start_pos = start_pos, job.ratio = 4, job.keys = &st.index_keys;
+    jobs->push_back(job);
+  } else if (ratio == 4) {
+    chunk.picks = indexer(r.iq, r.iw, start_pos, st.index_keys, kcomp, c);
+  }
   ops::IndexLayout& lay = chunk.lay;
   lay.start_pos = start_pos;
   lay.window = W;
@@ -225,6 +231,46 @@ AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t
   lay.kcols = kcomp;
   lay.ratio = ratio;  // C128 (no picks): every visible entry in order
   return chunk;
+}
+
+void index_batch_v4(const std::vector<IndexJob>& jobs, std::vector<AttnChunk>& chunks, const Tensor& iq,
+                    const Tensor& iw, const LayerCtx& c) {
+  if (jobs.empty()) return;
+  for (const IndexJob& j : jobs)
+    DI_CHECK(j.chunk < chunks.size() && chunks[j.chunk].lay.kcols > 0, "layer {}: a deferred indexer without its chunk",
+             c.layer);
+  if (jobs.size() == 1) {  // one sequence: its own indexer, as without jobs
+    const IndexJob& j = jobs[0];
+    AttnChunk& k = chunks[j.chunk];
+    k.picks = indexer(iq.slice(0, j.row0, j.row0 + j.T), iw.slice(0, j.row0, j.row0 + j.T), j.start_pos, *j.keys,
+                      k.lay.kcols, c);
+    return;
+  }
+  const ModelConfig& cfg = c.cfg;
+  const Tensor scores = index_scores_jobs(jobs, iq, iw, cfg.index_n_heads, cfg.index_head_dim, c.num.bf16);
+  // k: the largest kcols (each min(index_topk, the chunk's compressed entries)); a row's picks are its own top, then -1
+  // (past its kcols it has no further finite score).
+  int64_t k = 0;
+  for (const IndexJob& j : jobs) k = std::max(k, chunks[j.chunk].lay.kcols);
+  const Tensor top = ops::topk_rows(scores, k);
+  const int64_t lo = jobs.front().row0;
+  const Tensor host = c.trace ? top.to(Device::kCPU) : Tensor();
+  for (const IndexJob& j : jobs) {
+    AttnChunk& ch = chunks[j.chunk];
+    ch.picks = top.slice(0, j.row0 - lo, j.row0 - lo + j.T);
+    ch.lay.kcols = k;
+    if (c.trace) {  // as indexer() records them: each row's picks ascending, -1 to index_topk
+      const int64_t ktop = cfg.index_topk;
+      std::vector<int32_t> trace_rows(j.T * ktop, -1);
+      for (int64_t t = 0; t < j.T; ++t) {
+        const int32_t* out = host.data<int32_t>() + (j.row0 - lo + t) * k;
+        const int64_t m = std::find(out, out + k, -1) - out;
+        std::copy(out, out + m, trace_rows.data() + t * ktop);
+        std::sort(trace_rows.data() + t * ktop, trace_rows.data() + t * ktop + m);
+      }
+      c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
+    }
+  }
 }
 
 }  // namespace deepinfer

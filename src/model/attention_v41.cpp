@@ -238,39 +238,9 @@ void index_batch_v41(const std::vector<IndexJobV41>& jobs, std::vector<AttnChunk
   const bool bf = c.num.bf16;
   const bool source = c.layer == cfg.candidate_source_layer;
   const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
-  const int64_t lo = jobs.front().row0, hi = jobs.back().row0 + jobs.back().T, R = hi - lo;
-  // Every job's keys, stacked in job order, and per row (of lo..hi) its first key and visible count (rows of no job:
-  // none visible).
-  int64_t N = 0, W = 0;
-  std::vector<ops::RowSegment> segs;
-  for (const IndexJobV41& j : jobs) {
-    DI_CHECK(j.row0 >= lo && j.row0 + j.T <= hi && j.keys->width() == hd, "layer {}: deferred indexer rows", c.layer);
-    j.keys->segments(segs);
-    N += j.keys->rows();
-    W = std::max(W, j.keys->rows());
-  }
-  const Device dev = iq.device();
-  DI_CHECK(N < (int64_t{1} << 31), "layer {}: {} index keys in one batch", c.layer, N);
-  Tensor table = Tensor::empty({N, hd}, DType::kF32, dev);
-  ops::gather_segments(segs, table);
-  Tensor meta = Tensor::zeros({2 * R}, DType::kI32);  // counts [R], then offsets [R]
-  int32_t* counts = meta.data<int32_t>();
-  int32_t* offsets = counts + R;
-  int64_t off = 0;
-  for (const IndexJobV41& j : jobs) {
-    const int64_t n = j.keys->rows();
-    for (int64_t t = 0; t < j.T; ++t) {  // the causal rule of indexer_v41: min(n, (start_pos + t + 1) / ratio)
-      counts[j.row0 - lo + t] = static_cast<int32_t>(std::min(n, (j.start_pos + t + 1) / j.ratio));
-      offsets[j.row0 - lo + t] = static_cast<int32_t>(off);
-    }
-    off += n;
-  }
-  meta = meta.to(dev);
-  ops::KeyVisibility vis;
-  vis.counts = meta.slice(0, 0, R);
-  vis.offsets = meta.slice(0, R, 2 * R);
-  vis.width = W;
-  Tensor scores = ops::index_scores(iq.slice(0, lo, hi).view({R, nh, hd}), table, iw.slice(0, lo, hi), vis, bf);
+  const int64_t lo = jobs.front().row0;
+  Tensor scores = index_scores_jobs(std::vector<IndexJob>(jobs.begin(), jobs.end()), iq, iw, nh, hd, bf);
+  const int64_t W = scores.size(1);
   // Per sequence, on its rows (columns past its keys are -inf: no block there is ever kept, and its newest visible
   // entry lies within its keys).
   for (const IndexJobV41& j : jobs) {

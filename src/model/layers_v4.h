@@ -93,10 +93,32 @@ inline AttnChunk attn_chunk(const Tensor& kv, int64_t start_pos, int64_t wstart,
 // gets alone (batch invariance); one launch per layer instead of one per sequence. Returns o [sum T, H*D].
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c);
 
+// An index source's scoring of one sequence's chunk, deferred so that a layer scores every sequence at once: the
+// chunk's rows [row0, row0 + T) of the batch's stacked rows (set by the caller, with `chunk`, the AttnChunk's index in
+// the layer's list), its start position, the index keys it scores and the causal ratio (row t sees min(keys, (start_pos
+// + t + 1) / ratio) of them).
+struct IndexJob {
+  int64_t row0 = 0, T = 0, start_pos = 0, ratio = 0;
+  const RowPages* keys = nullptr;
+  size_t chunk = 0;
+};
+// The indexer scores of every job's rows, each over its own keys: the jobs' keys gathered into one table and one
+// ops::index_scores with per-row key offsets. iq [rows, nh*hd] and iw [rows, nh] are the batch's stacked rows; the
+// jobs' rows ascending. Returns float32 [hi - lo, W] for the rows lo = jobs.front().row0 .. hi = the last job's end
+// (rows of no job: -inf), W = the most keys of any job: each row's scores are those of its sequence alone, then -inf.
+Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, const Tensor& iw, int64_t nh, int64_t hd,
+                         bool round);
+
 // One sequence's chunk at positions start_pos..start_pos+T-1 (r: its rows); updates the layer's state
-// (compressor, index keys, compressed entries) and returns the chunk for attend_chunks.
+// (compressor, index keys, compressed entries) and returns the chunk for attend_chunks. jobs: when given, the
+// indexer's top-k is recorded there (IndexJob) and set by index_batch_v4 for every sequence of the layer at once.
 AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
-                           const ops::RopeFreqs& rope, const LayerCtx& c);
+                           const ops::RopeFreqs& rope, const LayerCtx& c, std::vector<IndexJob>* jobs = nullptr);
+// The deferred indexers of one layer (V4: the top min(index_topk, compressed entries) by score of each row): one
+// index_scores_jobs, one ops::topk_rows with k = the largest of the chunks' kcols; each chunk's picks are its own
+// followed by -1 (its kcols set to k). One job: the sequence's own indexer, unchanged.
+void index_batch_v4(const std::vector<IndexJob>& jobs, std::vector<AttnChunk>& chunks, const Tensor& iq,
+                    const Tensor& iw, const LayerCtx& c);
 // The output of both families (§2.4) over stacked rows: conjugate RoPE of o (in place) at the rows'
 // positions, the grouped BF16 wo_a, then wo_b. Returns [T, dim].
 Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,

@@ -35,14 +35,9 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
                             SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c,
                             std::vector<IndexJobV41>* jobs = nullptr);
 
-// One sequence's deferred indexer: its chunk of T rows starting at row `row0` of the batch's stacked rows (the caller
-// sets row0 and `chunk`, the AttnChunk's index in its list), the kv source's index keys, the chunk's start position.
-struct IndexJobV41 {
-  int64_t T = 0, start_pos = 0, ratio = 0;
-  const RowPages* keys = nullptr;
+// One sequence's deferred indexer (IndexJob: its rows, keys and chunk) and the sequence's shared lists.
+struct IndexJobV41 : IndexJob {
   SharedAttnV41* shared = nullptr;
-  int64_t row0 = 0;
-  size_t chunk = 0;
 };
 // The deferred indexers of one layer at once (iq [rows, nh*hd], iw [rows, nh]: the batch's stacked rows, the jobs'
 // rows in ascending order): every sequence's keys gathered into one table, one ops::index_scores over the rows with

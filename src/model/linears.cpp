@@ -43,6 +43,44 @@ Tensor pages_tensor(const RowPages& pages) {
   return t;
 }
 
+Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, const Tensor& iw, int64_t nh, int64_t hd,
+                         bool round) {
+  DI_CHECK(!jobs.empty(), "index_scores_jobs: no jobs");
+  const int64_t lo = jobs.front().row0, hi = jobs.back().row0 + jobs.back().T, R = hi - lo;
+  int64_t N = 0, W = 0, prev = lo;
+  std::vector<ops::RowSegment> segs;
+  for (const IndexJob& j : jobs) {
+    DI_CHECK(j.row0 >= prev && j.T >= 0 && j.ratio > 0 && j.keys != nullptr && j.keys->width() == hd,
+             "index_scores_jobs: job rows [{}, {}) after row {}, ratio {}", j.row0, j.row0 + j.T, prev, j.ratio);
+    prev = j.row0 + j.T;
+    j.keys->segments(segs);
+    N += j.keys->rows();
+    W = std::max(W, j.keys->rows());
+  }
+  DI_CHECK(N < (int64_t{1} << 31), "index_scores_jobs: {} index keys in one batch", N);
+  const Device dev = iq.device();
+  Tensor table = Tensor::empty({N, hd}, DType::kF32, dev);
+  ops::gather_segments(segs, table);
+  Tensor meta = Tensor::zeros({2 * R}, DType::kI32);  // visible counts [R], then first keys [R]
+  int32_t* counts = meta.data<int32_t>();
+  int32_t* offsets = counts + R;
+  int64_t off = 0;
+  for (const IndexJob& j : jobs) {
+    const int64_t n = j.keys->rows();
+    for (int64_t t = 0; t < j.T; ++t) {
+      counts[j.row0 - lo + t] = static_cast<int32_t>(std::min(n, (j.start_pos + t + 1) / j.ratio));
+      offsets[j.row0 - lo + t] = static_cast<int32_t>(off);
+    }
+    off += n;
+  }
+  meta = meta.to(dev);
+  ops::KeyVisibility vis;
+  vis.counts = meta.slice(0, 0, R);
+  vis.offsets = meta.slice(0, R, 2 * R);
+  vis.width = W;
+  return ops::index_scores(iq.slice(0, lo, hi).view({R, nh, hd}), table, iw.slice(0, lo, hi), vis, round);
+}
+
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;

@@ -92,9 +92,14 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
     rows.qr = io[4], rows.q = io[5], rows.kv = io[6], rows.ckv = io[7], rows.cscore = io[8];
     rows.ikv = io[9], rows.iscore = io[10], rows.iq = io[11], rows.iw = io[12];
     std::vector<AttnChunk> chunks;
-    for (size_t b = 0; b < batch.size(); ++b)  // the middle reads and writes each sequence's own state
+    std::vector<IndexJob> jobs;                  // the indexers, run for every sequence at once
+    for (size_t b = 0; b < batch.size(); ++b) {  // the middle reads and writes each sequence's own state
+      const size_t before = jobs.size();
       chunks.push_back(attention_seq_v4(L.attn, rows.rows(offset[b], offset[b + 1]), batch[b].state->num_tokens,
-                                        batch[b].state->layers[l], rope_[l], ctx));
+                                        batch[b].state->layers[l], rope_[l], ctx, &jobs));
+      if (jobs.size() > before) jobs.back().row0 = offset[b], jobs.back().chunk = chunks.size() - 1;
+    }
+    index_batch_v4(jobs, chunks, rows.iq, rows.iw, ctx);
     const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
 
     const std::vector<Tensor> b_in{o, stream, pos_dev, io[2], io[3], token_ids};
