@@ -89,6 +89,21 @@ Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor
 
 namespace {
 
+// A sequence's picks (int32 [T, k] in score order, -1 padded; any device) into the trace: each row's picks ascending,
+// then -1 to index_topk.
+void trace_picks(const Tensor& picks, const LayerCtx& c) {
+  const Tensor host = picks.to(Device::kCPU);
+  const int64_t T = host.size(0), k = host.size(1), ktop = c.cfg.index_topk;
+  std::vector<int32_t> trace_rows(T * ktop, -1);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* out = host.data<int32_t>() + t * k;
+    const int64_t m = std::find(out, out + k, -1) - out;
+    std::copy(out, out + m, trace_rows.data() + t * ktop);
+    std::sort(trace_rows.data() + t * ktop, trace_rows.data() + t * ktop + m);
+  }
+  c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
+}
+
 // Lightning indexer (§2.5): scores every visible index key for every query (q [T, heads*d] and the
 // scaled weights wts [T, heads] from attention_rows_v4) and keeps the top min(index_topk, visible) by
 // (score desc, index asc). Returns picks int32 [T, kcomp] on the scores' device, per query in score
@@ -102,19 +117,7 @@ Tensor indexer(const Tensor& q, const Tensor& wts, int64_t start_pos, const RowP
   // each row in score order (kcomp <= index_topk).
   const Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, r}, bf);
   Tensor top = ops::topk_rows(scores, kcomp);
-  if (c.trace) {
-    const Tensor host = top.to(Device::kCPU);
-    const int32_t* picks = host.data<int32_t>();
-    const int64_t ktop = cfg.index_topk;
-    std::vector<int32_t> trace_rows(T * ktop, -1);
-    for (int64_t t = 0; t < T; ++t) {
-      const int32_t* out = picks + t * kcomp;
-      const int64_t m = std::find(out, out + kcomp, -1) - out;
-      std::copy(out, out + m, trace_rows.data() + t * ktop);
-      std::sort(trace_rows.data() + t * ktop, trace_rows.data() + t * ktop + m);
-    }
-    c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
-  }
+  if (c.trace) trace_picks(top, c);
   return top;
 }
 
@@ -254,22 +257,11 @@ void index_batch_v4(const std::vector<IndexJob>& jobs, std::vector<AttnChunk>& c
   for (const IndexJob& j : jobs) k = std::max(k, chunks[j.chunk].lay.kcols);
   const Tensor top = ops::topk_rows(scores, k);
   const int64_t lo = jobs.front().row0;
-  const Tensor host = c.trace ? top.to(Device::kCPU) : Tensor();
   for (const IndexJob& j : jobs) {
     AttnChunk& ch = chunks[j.chunk];
     ch.picks = top.slice(0, j.row0 - lo, j.row0 - lo + j.T);
     ch.lay.kcols = k;
-    if (c.trace) {  // as indexer() records them: each row's picks ascending, -1 to index_topk
-      const int64_t ktop = cfg.index_topk;
-      std::vector<int32_t> trace_rows(j.T * ktop, -1);
-      for (int64_t t = 0; t < j.T; ++t) {
-        const int32_t* out = host.data<int32_t>() + (j.row0 - lo + t) * k;
-        const int64_t m = std::find(out, out + k, -1) - out;
-        std::copy(out, out + m, trace_rows.data() + t * ktop);
-        std::sort(trace_rows.data() + t * ktop, trace_rows.data() + t * ktop + m);
-      }
-      c.trace->indexer[c.layer].insert(c.trace->indexer[c.layer].end(), trace_rows.begin(), trace_rows.end());
-    }
+    if (c.trace) trace_picks(ch.picks, c);
   }
 }
 

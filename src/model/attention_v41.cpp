@@ -41,6 +41,42 @@ Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const 
   return ops::rms_norm(lat, w.norm, cfg.norm_eps, c.num.bf16);
 }
 
+// The two-level selection's first level on one sequence's scores [T, >= n] (columns past its n keys are -inf: no block
+// there is ever kept, and its newest visible entry lies within them): the candidate source picks its blocks from its
+// unmasked scores; the layers after it mask the scores to those blocks.
+void candidates_v41(Tensor& scores, int64_t T, int64_t start_pos, int64_t ratio, int64_t n, SharedAttnV41& shared,
+                    const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  if (c.layer == cfg.candidate_source_layer) {
+    shared.candidate_blocks =
+        ops::candidate_blocks(scores, start_pos, ratio, cfg.candidate_block_size, cfg.candidate_topk_blocks);
+    shared.candidate_width = n;
+  }
+  if (cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer) {
+    DI_CHECK(shared.candidate_width == n && shared.candidate_blocks.defined() && shared.candidate_blocks.size(0) == T,
+             "layer {}: candidate blocks over {} index keys for {} keys and {} rows", c.layer, shared.candidate_width,
+             n, T);
+    ops::mask_to_blocks(scores, shared.candidate_blocks, cfg.candidate_block_size);
+  }
+}
+
+// A sequence's published picks (int32 [T, k], any device) into the trace: each row's k picks, then -1 to index_topk;
+// and the candidate source's blocks.
+void trace_picks_v41(const Tensor& picks, int64_t k, const SharedAttnV41& shared, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const Tensor host = picks.to(Device::kCPU);
+  auto& rec = c.trace->indexer[c.layer];
+  for (int64_t t = 0; t < host.size(0); ++t) {
+    rec.insert(rec.end(), host.data<int32_t>() + t * k, host.data<int32_t>() + (t + 1) * k);
+    rec.insert(rec.end(), cfg.index_topk - k, -1);
+  }
+  if (c.layer == cfg.candidate_source_layer) {
+    const Tensor cand = shared.candidate_blocks.to(Device::kCPU);
+    auto& cr = c.trace->candidates[c.layer];
+    cr.insert(cr.end(), cand.data<int32_t>(), cand.data<int32_t>() + cand.numel());
+  }
+}
+
 // The indexer of an index source: scores every key of its kv source for every query (q [T, nh*hd],
 // wts [T, nh] from attention_rows_v41), applies visibility (and the candidate blocks on layers after
 // the candidate source), keeps the top k = min(index_topk, keys) by (score desc, index asc) and
@@ -55,37 +91,13 @@ void indexer_v41(const Tensor& q, const Tensor& wts, const RowPages& keys, int64
   const int64_t T = q.size(0), nh = cfg.index_n_heads, hd = cfg.index_head_dim, n = keys.rows();
   const bool bf = c.num.bf16;
 
-  const bool source = c.layer == cfg.candidate_source_layer;
-  const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
   // Scores of every visible key (ops::index_scores: -inf past a row's visible count).
   Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, ratio}, bf);
-  if (source) {
-    shared.candidate_blocks =
-        ops::candidate_blocks(scores, start_pos, ratio, cfg.candidate_block_size, cfg.candidate_topk_blocks);
-    shared.candidate_width = n;
-  }
-  if (filtered) {
-    DI_CHECK(shared.candidate_width == n && shared.candidate_blocks.defined() && shared.candidate_blocks.size(0) == T,
-             "layer {}: candidate blocks over {} index keys for {} keys and {} rows", c.layer, shared.candidate_width,
-             n, T);
-    ops::mask_to_blocks(scores, shared.candidate_blocks, cfg.candidate_block_size);
-  }
+  candidates_v41(scores, T, start_pos, ratio, n, shared, c);
   const int64_t k = std::min(cfg.index_topk, n);
   shared.k = k;
   shared.picks = ops::topk_rows(scores, k, /*sort_by_index=*/true);
-  if (c.trace) {
-    const Tensor picks = shared.picks.to(Device::kCPU);
-    auto& rec = c.trace->indexer[c.layer];
-    for (int64_t t = 0; t < T; ++t) {
-      rec.insert(rec.end(), picks.data<int32_t>() + t * k, picks.data<int32_t>() + (t + 1) * k);
-      rec.insert(rec.end(), cfg.index_topk - k, -1);
-    }
-    if (source) {
-      const Tensor cand = shared.candidate_blocks.to(Device::kCPU);
-      auto& cr = c.trace->candidates[c.layer];
-      cr.insert(cr.end(), cand.data<int32_t>(), cand.data<int32_t>() + cand.numel());
-    }
-  }
+  if (c.trace) trace_picks_v41(shared.picks, k, shared, c);
 }
 
 }  // namespace
@@ -234,51 +246,20 @@ void index_batch_v41(const std::vector<IndexJobV41>& jobs, std::vector<AttnChunk
     return;
   }
   const ModelConfig& cfg = c.cfg;
-  const int64_t nh = cfg.index_n_heads, hd = cfg.index_head_dim;
-  const bool bf = c.num.bf16;
-  const bool source = c.layer == cfg.candidate_source_layer;
-  const bool filtered = cfg.candidate_source_layer >= 0 && c.layer > cfg.candidate_source_layer;
   const int64_t lo = jobs.front().row0;
-  Tensor scores = index_scores_jobs(std::vector<IndexJob>(jobs.begin(), jobs.end()), iq, iw, nh, hd, bf);
-  const int64_t W = scores.size(1);
-  // Per sequence, on its rows (columns past its keys are -inf: no block there is ever kept, and its newest visible
-  // entry lies within its keys).
-  for (const IndexJobV41& j : jobs) {
+  Tensor scores = index_scores_jobs(std::vector<IndexJob>(jobs.begin(), jobs.end()), iq, iw, cfg.index_n_heads,
+                                    cfg.index_head_dim, c.num.bf16);
+  for (const IndexJobV41& j : jobs) {  // per sequence, on its rows
     Tensor rows = scores.slice(0, j.row0 - lo, j.row0 - lo + j.T);
-    const int64_t n = j.keys->rows();
-    if (source) {
-      j.shared->candidate_blocks =
-          ops::candidate_blocks(rows, j.start_pos, j.ratio, cfg.candidate_block_size, cfg.candidate_topk_blocks);
-      j.shared->candidate_width = n;
-    }
-    if (filtered) {
-      DI_CHECK(j.shared->candidate_width == n && j.shared->candidate_blocks.defined() &&
-                   j.shared->candidate_blocks.size(0) == j.T,
-               "layer {}: candidate blocks over {} index keys for {} keys and {} rows", c.layer,
-               j.shared->candidate_width, n, j.T);
-      ops::mask_to_blocks(rows, j.shared->candidate_blocks, cfg.candidate_block_size);
-    }
+    candidates_v41(rows, j.T, j.start_pos, j.ratio, j.keys->rows(), *j.shared, c);
   }
-  const int64_t k = std::min(cfg.index_topk, W);
+  const int64_t k = std::min(cfg.index_topk, scores.size(1));
   const Tensor picks = ops::topk_rows(scores, k, /*sort_by_index=*/true);
-  const Tensor host = c.trace ? picks.to(Device::kCPU) : Tensor();
   for (const IndexJobV41& j : jobs) {
     j.shared->k = k;
     j.shared->picks = picks.slice(0, j.row0 - lo, j.row0 - lo + j.T);
     publish(j);
-    if (c.trace) {  // as indexer_v41 records them: each row's k picks, then -1 to index_topk
-      auto& rec = c.trace->indexer[c.layer];
-      for (int64_t t = 0; t < j.T; ++t) {
-        const int32_t* p = host.data<int32_t>() + (j.row0 - lo + t) * k;
-        rec.insert(rec.end(), p, p + k);
-        rec.insert(rec.end(), cfg.index_topk - k, -1);
-      }
-      if (source) {
-        const Tensor cand = j.shared->candidate_blocks.to(Device::kCPU);
-        auto& cr = c.trace->candidates[c.layer];
-        cr.insert(cr.end(), cand.data<int32_t>(), cand.data<int32_t>() + cand.numel());
-      }
-    }
+    if (c.trace) trace_picks_v41(j.shared->picks, k, *j.shared, c);
   }
 }
 
