@@ -39,6 +39,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_tc.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -305,6 +306,19 @@ void run() {
       }
       di::cuda::gemv_set_fp4_variant(0);
       di::cuda::gemv_set_fp8_variant(0);
+      // The tensor-core kernel (its own contract: within tolerance of the CPU op, batch-invariant), with its x
+      // pre-pass, where it takes the call.
+      if (s.fmt != kBf16 && di::cuda::linear_tc_supported(xs, ws[0], o)) {
+        const double ms =
+            time_calls(st, copies, [&](int i) { di::cuda::linear_tc_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
+        const double gbs = su.wbytes / ms / 1e6;
+        std::printf(
+            "| %s [%lld, %lld] | %s tc | %lld | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2fx | %.2fx |\n",
+            s.name, static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt),
+            static_cast<long long>(M), ms * 1e3, gbs, 100.0 * gbs / read_gbs, ms_old * 1e3, gbs_old,
+            100.0 * gbs_old / read_gbs, ms_old / ms, ms_first / ms);
+        std::fflush(stdout);
+      }
     }
   }
 

@@ -12,7 +12,9 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear_tc.cuh"
+#include "cuda/linear_tc_gemv.cuh"
 #include "cuda/quant.cuh"
+#include "cuda/tc_mma.cuh"
 
 namespace deepinfer::cuda {
 
@@ -23,42 +25,6 @@ enum Fmt : int { kFp8 = 0, kFp4 = 1 };
 constexpr int kBK = 128;  // K columns per pipeline stage (4 MMA k steps of 32)
 constexpr int kXS = 160;  // smem bytes per x-code row and per E4M3 weight row (128 + 32: LDS.64 conflict free)
 constexpr int kW4S = 80;  // smem bytes per packed-FP4 weight row (64 + 16: LDS.32 conflict free)
-
-// ---- small device helpers ----------------------------------------------------------------------------------
-
-// Eight e2m1 codes (nibble i of w = element i) -> eight e4m3 bytes (lo: elements 0..3, hi: 4..7), exact:
-// magnitudes through an 8-entry byte table, signs (nibble bit 3) by a sign-replicating byte permute.
-__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kT0 = 0x3C383000u;  // e4m3 of 0, 0.5, 1, 1.5
-  constexpr uint32_t kT1 = 0x4C484440u;  // e4m3 of 2, 3, 4, 6
-  const uint32_t ml = prmt(kT0, kT1, w & 0x7777u);
-  const uint32_t mh = prmt(kT0, kT1, (w >> 16) & 0x7777u);
-  const uint32_t w4 = w << 4;  // msb of byte j of w4: bit 8j + 3 of w (even nibbles); of w: bit 8j + 7 (odd)
-  const uint32_t sl = prmt(w4, w, 0xD9C8u);
-  const uint32_t sh = prmt(w4, w, 0xFBEAu);
-  lo = ml | (sl & 0x80808080u);
-  hi = mh | (sh & 0x80808080u);
-}
-
-// Two e4m3 codes (the low / high 16 bits of v) -> an f16x2 of the same values (exact).
-__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
-  uint32_t d;
-  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(d) : "r"(v));
-  return d;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
-  uint32_t d;
-  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(d) : "r"(v));
-  return d;
-}
-
-// d += A(16x16 f16, row) . B(16x8 f16, col), FP32 accumulation.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // ---- x pre-pass: FP8 quantisation (the CPU's fake_quant_fp8, kept as codes + scales) ------------------------
 // One warp per (row m < M, act group): codes xq[m * K + c] (e4m3 bytes), scales sx32[(c / 32) * M4 + m]
@@ -76,13 +42,9 @@ __global__ void __launch_bounds__(256) quant_x_kernel(const float* __restrict__ 
   float amax = 0.0f;
   for (int c = lane; c < act; c += 32) amax = fmaxf(amax, fabsf(p[c]));
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
+  const float s = tc::x_scale(amax), inv = 1.0f / s;
   uint8_t* q = xq + static_cast<int64_t>(m) * K + static_cast<int64_t>(grp) * act;
-  for (int c = lane; c < act; c += 32) {
-    float v = p[c] / s;
-    v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
-    q[c] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-  }
+  for (int c = lane; c < act; c += 32) q[c] = tc::x_code(p[c], inv);
   for (int j = lane; j < act / 32; j += 32) sx32[(static_cast<int64_t>(grp) * (act / 32) + j) * M4 + m] = s;
 }
 
@@ -150,13 +112,13 @@ __global__ void __launch_bounds__(WR* WT * 32)
 
   const int lane = tid & 31, g = lane >> 2, t = lane & 3, warp = tid >> 5;
   const int rbase = (warp % WR) * MI * 16, tbase = (warp / WR) * NI * 8;
-  float acc[MI][NI][4], tot[MI][NI][4];
+  float acc[MI][NI][4], tot[MI][NI][4], run[MI][NI][4];
 #pragma unroll
   for (int a = 0; a < MI; ++a)
 #pragma unroll
     for (int b = 0; b < NI; ++b)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[a][b][c] = tot[a][b][c] = 0.0f;
+      for (int c = 0; c < 4; ++c) acc[a][b][c] = tot[a][b][c] = run[a][b][c] = 0.0f;
   int cnt = 0;
 
   for (int it = 0; it < nk; ++it) {
@@ -185,8 +147,7 @@ __global__ void __launch_bounds__(WR* WT * 32)
 #pragma unroll
       for (int b = 0; b < NI; ++b) {
         const uint2 v = *reinterpret_cast<const uint2*>(st + C::kXOff + (tbase + b * 8 + g) * kXS + j * 32 + 8 * t);
-        bf[0][b][0] = e4m3x2_lo(v.x), bf[0][b][1] = e4m3x2_hi(v.x);
-        bf[1][b][0] = e4m3x2_lo(v.y), bf[1][b][1] = e4m3x2_hi(v.y);
+        tc::b_frags(v.x, v.y, bf[0][b], bf[1][b]);
       }
 #pragma unroll
       for (int a = 0; a < MI; ++a) {
@@ -197,16 +158,11 @@ __global__ void __launch_bounds__(WR* WT * 32)
           const uint2 h = *reinterpret_cast<const uint2*>(st + (r0 + 8) * WS + j * 32 + 8 * t);
           lo0 = l.x, lo1 = l.y, hi0 = h.x, hi1 = h.y;
         } else {
-          fp4x8_to_e4m3(*reinterpret_cast<const uint32_t*>(st + r0 * WS + j * 16 + 4 * t), lo0, lo1);
-          fp4x8_to_e4m3(*reinterpret_cast<const uint32_t*>(st + (r0 + 8) * WS + j * 16 + 4 * t), hi0, hi1);
+          tc::fp4x8_to_e4m3(*reinterpret_cast<const uint32_t*>(st + r0 * WS + j * 16 + 4 * t), lo0, lo1);
+          tc::fp4x8_to_e4m3(*reinterpret_cast<const uint32_t*>(st + (r0 + 8) * WS + j * 16 + 4 * t), hi0, hi1);
         }
-        const uint32_t a0[4] = {e4m3x2_lo(lo0), e4m3x2_lo(hi0), e4m3x2_hi(lo0), e4m3x2_hi(hi0)};
-        const uint32_t a1[4] = {e4m3x2_lo(lo1), e4m3x2_lo(hi1), e4m3x2_hi(lo1), e4m3x2_hi(hi1)};
 #pragma unroll
-        for (int b = 0; b < NI; ++b) {
-          mma_f16(acc[a][b], a0, bf[0][b]);
-          mma_f16(acc[a][b], a1, bf[1][b]);
-        }
+        for (int b = 0; b < NI; ++b) tc::kstep(acc[a][b], lo0, lo1, hi0, hi1, bf[0][b], bf[1][b]);
       }
       if (++cnt == fsteps) {  // end of a fold block: tot += P * (sw * sx), in K order
         cnt = 0;
@@ -236,6 +192,16 @@ __global__ void __launch_bounds__(WR* WT * 32)
         }
       }
     }
+    // End of a stage (a whole number of fold blocks: KS divides kBK): run += the stage's total, in K order.
+#pragma unroll
+    for (int a = 0; a < MI; ++a)
+#pragma unroll
+      for (int b = 0; b < NI; ++b)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          run[a][b][c] = __fadd_rn(run[a][b][c], tot[a][b][c]);
+          tot[a][b][c] = 0.0f;
+        }
   }
   cp_async_wait<0>();
 
@@ -248,7 +214,7 @@ __global__ void __launch_bounds__(WR* WT * 32)
         const int n = n0 + rbase + a * 16 + g + (c >= 2 ? 8 : 0);
         const int m = m0 + tbase + b * 8 + 2 * t + (c & 1);
         if (n < N && m < M) {
-          const float v = tot[a][b][c];
+          const float v = run[a][b][c];
           y[static_cast<int64_t>(m) * N + n] = round ? round_to_bf16(v) : v;
         }
       }
@@ -354,6 +320,7 @@ std::string unsupported(const Tensor& x, const ops::QWeight& qw, const ops::Line
   }
   if (reinterpret_cast<uintptr_t>(w.raw()) % 16 != 0) return "needs a 16-byte aligned weight";
   if (K % KS != 0) return "needs K to be a multiple of gcd(act_quant_block, block)";
+  if (kBK % KS != 0) return "needs gcd(act_quant_block, block) to divide 128 (a stage holds whole fold blocks)";
   if (!s.defined() || s.device() != Device::kCUDA || s.dtype() != DType::kE8M0 || s.dim() != 2 || s.size(0) != srows ||
       s.size(1) != scols || (scols > 1 && s.strides()[1] != 1))
     return "the scale does not match the weight";
@@ -382,6 +349,19 @@ void linear_tc_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOp
   if (M == 0 || N == 0) return;
 
   const int act = static_cast<int>(opts.act_quant_block);
+  if (qw.w.dtype() == DType::kE4M3) {  // decode batches: the GEMV of the same contract (linear_tc_gemv.cu)
+    TcGemvArgs g{};
+    g.w = static_cast<const uint8_t*>(qw.w.raw()), g.ldw = qw.w.strides()[0];
+    g.sc = static_cast<const uint8_t*>(qw.scale.raw()), g.lds = qw.scale.strides()[0];
+    g.B = static_cast<int>(qw.block), g.N = static_cast<int>(N), g.K = static_cast<int>(K), g.M = static_cast<int>(M);
+    g.act = act, g.fsteps = static_cast<int>(std::gcd(opts.act_quant_block, qw.block) / 32);
+    g.x = x.data<float>(), g.ldx = x.strides()[0];
+    g.y = y.data<float>(), g.round = opts.round_out_bf16;
+    if (tc_gemv_takes(g)) {
+      tc_gemv_into(g, stream);
+      return;
+    }
+  }
   const int64_t M4 = (M + 3) / 4 * 4;
   const int64_t code_bytes = (M * K + 255) / 256 * 256;
   const Tensor ws_buf = call_scratch(static_cast<size_t>(code_bytes + (K / 32) * M4 * 4));

@@ -1,14 +1,19 @@
 // Tensor-core CUDA linear for the quantised weights (E4M3 + E8M0 tiles, packed E2M1 + E8M0 per 32) with
 // the FP8 input site (act_quant_block > 0): an alternative implementation of the ops::linear contract
-// (src/ops/ops.h) that is numerically close to the CPU op, not bit-exact. Not wired into any dispatch.
+// (src/ops/ops.h) that is numerically close to the CPU op, not bit-exact; cuda::linear takes it when
+// DEEPINFER_CUDA_GEMM asks (linear.cu).
 //
 // Numerics. x is first quantised per row and act_quant_block columns exactly as the CPU's fake_quant_fp8
 // (amax floored at 1e-4, ue8m0 scale sx = 2^ceil(log2(amax / 448)), codes e4m3_rne(x / sx)), so the CPU's
 // quantised x equals cx * sx bit for bit. FP4 codes are exact in E4M3, so every weight is cw * sw with an
 // E4M3 code cw and a power of two sw (E8M0). For each fold block of KS = gcd(act_quant_block, weight
-// scale block) columns (32 for V4.1 and for FP4 weights, 128 for V4) both scales are constant, and
-//     y[m, n] = sum over fold blocks b, in K order, of  fma(P_b[m, n], sx[m, b] * sw[n, b], tot)
-// where P_b = sum of cx * cw over the block is computed by the tensor core with FP32 accumulation.
+// scale block) columns (32 for V4.1 and for FP4 weights, 128 for V4; it must divide 128) both scales are
+// constant. Each stage of 128 columns has the total
+//     T_s[m, n] = its fold blocks b, in K order from 0:  tot = fma(P_b[m, n], sx[m, b] * sw[n, b], tot)
+// where P_b = sum of cx * cw over the block is computed by the tensor core with FP32 accumulation, and
+//     y[m, n] = ((0 + T_0) + T_1) + ... in stage order (FP32 additions).
+// The stage totals are independent of each other, so a kernel may split K by stages (the decode kernel,
+// linear_tc_gemv.cu) and still give the same bits.
 // The MMA: sm_90 has no native FP8 mma.sync (ptxas lowers mma.m16n8k32.e4m3 to FP16 HMMAs plus
 // conversions; native FP8 is WGMMA only), so the kernel converts the codes to FP16 itself (exact:
 // cvt.rn.f16x2.e4m3x2) and issues mma.sync.m16n8k16.row.col.f32.f16.f16.f32, two per 32-column k step,
@@ -20,9 +25,9 @@
 // with S = sum_k |x_k w_k| (both sides' worst-case FP32 summation error; tests/cuda/test_cuda_linear_tc.cpp).
 // round_out_bf16 rounds the final y to bf16 (nearest even) once. Weight NaN codes propagate through the
 // MMA (the row turns NaN, as on the CPU).
-// Batch invariance: every output sums its fold blocks in K order from 0, and each block's MMA chain
-// depends only on that output's row of x and row of W, so a row's result does not depend on M, on the
-// row's position in the batch, or on the tile configuration (which is chosen from M and N).
+// Batch invariance: every output sums its stages as above, and each block's MMA chain depends only on that
+// output's row of x and row of W, so a row's result does not depend on M, on the row's position in the batch,
+// on the tile configuration (which is chosen from M and N) or on which of the two kernels ran it.
 //
 // Kernel shape ("swap AB"). The MMA's M dimension holds 16 weight rows, its N dimension 8 tokens; within
 // one 32-column k step both operands use the same fixed permutation of the 32 columns so that every lane
@@ -35,11 +40,13 @@
 //            N / 64 >= 2 x the SM count, else 1 (16-row blocks); 3..24 stages (~96 KiB); the weight is
 //            read once from HBM.
 //   M <= 256: 64 x 64 tiles (4 warps, 32 x 32 each); M > 256: 128 x 128 tiles (8 warps, 32 x 64 each).
-// x is quantised by a pre-pass into a cached workspace: codes uint8 [M, K] and scales float [K/32, M4]
+// x is quantised by a pre-pass into a call's scratch: codes uint8 [M, K] and scales float [K/32, M4]
 // (one per 32 columns, repeated over an act block; M4 = M rounded up to 4).
+// Decode (E4M3, M <= 8, act_quant_block 32 / 64 / 128): linear_tc_gemv.cu instead, one launch that quantises x
+// in every block and splits K by stages over the warps (wo_b [5120, 8192] at M = 1: 84 us in the GEMM kernel).
 // Requirements (else linear_tc_supported is false): x float32 [M, K] on kCUDA with dense rows,
-// act_quant_block > 0 and a multiple of 32, K % 128 == 0, E4M3 block a multiple of 32 (or E2M1x2 with
-// scale [N, K/32]), 16-byte aligned weight rows, 4-byte aligned scale rows.
+// act_quant_block > 0 and a multiple of 32, K % 128 == 0, gcd(act_quant_block, block) dividing 128, E4M3 block a
+// multiple of 32 (or E2M1x2 with scale [N, K/32]), 16-byte aligned weight rows, 4-byte aligned scale rows.
 #pragma once
 
 #include <cstdint>

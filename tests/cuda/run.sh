@@ -3,7 +3,9 @@
 # machine without the build dependencies, point it at prebuilt binaries):
 #   bash tests/cuda/run.sh BIN_DIR [OUT_DIR]
 # BIN_DIR holds deepinfer_cuda_tests (every CUDA op against the CPU op), deepinfer_cuda_gemv_tests (the
-# decode GEMV against the CPU op, bit for bit) and deepinfer_cuda_model_tests
+# decode GEMV against the CPU op, bit for bit), deepinfer_cuda_linear_tc_tests (the tensor-core linear within
+# tolerance of the CPU op, and its two kernels bit for bit against each other), deepinfer_cuda_sampling_tests and
+# deepinfer_cuda_model_tests
 # (checkpoints on the CPU and the GPU, greedy tokens compared). The checkpoints: the tiny V4 and V4.1
 # presets of tools/make_checkpoint.py (generated here, numpy only) and the shipped trained model
 # models/mini-v41. Exit status: 1 if any case failed, 2 when no GPU is visible (nothing tested).
@@ -26,6 +28,7 @@ if [ $ops_rc -eq 2 ]; then cat "$out/ops.txt"; echo "test-cuda: no GPU here, not
 echo "ops: $(grep -c '^PASS ' "$out/ops.txt") PASS, $(grep -c '^FAIL ' "$out/ops.txt") FAIL (${SECONDS}s)"
 grep '^FAIL ' "$out/ops.txt"
 SECONDS=0; "$(find_bin deepinfer_cuda_gemv_tests)" > "$out/gemv.txt" 2>&1 || rc=1; echo "gemv: $(grep -c '^PASS ' "$out/gemv.txt") PASS, $(grep -c '^FAIL ' "$out/gemv.txt") FAIL (${SECONDS}s)"; grep '^FAIL ' "$out/gemv.txt"
+SECONDS=0; "$(find_bin deepinfer_cuda_linear_tc_tests)" > "$out/linear_tc.txt" 2>&1 || rc=1; echo "linear_tc: $(grep -c '^PASS ' "$out/linear_tc.txt") PASS, $(grep -c '^FAIL ' "$out/linear_tc.txt") FAIL (${SECONDS}s)"; grep '^FAIL ' "$out/linear_tc.txt"
 SECONDS=0; "$(find_bin deepinfer_cuda_sampling_tests)" > "$out/sampling.txt" 2>&1 || rc=1; echo "sampling: $(grep -c '^PASS ' "$out/sampling.txt") PASS, $(grep -c '^FAIL ' "$out/sampling.txt") FAIL (${SECONDS}s)"; grep '^FAIL ' "$out/sampling.txt"
 SECONDS=0
 "$model" "$out/ckpt/tiny-v4" "$out/ckpt/tiny-v41" "$here/models/mini-v41" 2>&1 | tee "$out/model.txt"

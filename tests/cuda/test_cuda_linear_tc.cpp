@@ -14,7 +14,8 @@
 //     |y_tc - y_cpu| <= (K/16 + 64) u S + 1e-35
 // plus, with round_out_bf16, one bf16 step: + 2^-7 max(|y_tc|, |y_cpu|). NaN == NaN.
 // Batch invariance is checked bit for bit: a row computed in M = 64 / 300 calls equals the same row
-// computed alone (M = 1) and at another position of an M = 16 call.
+// computed alone (M = 1), at other positions of M = 3 and 8 calls (E4M3: the decode kernel, linear_tc_gemv.cu) and
+// of an M = 16 call (the GEMM kernel).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -127,8 +128,8 @@ void test_against_cpu() {
       int64_t M;
       bool round;
     };
-    for (const Run run : {Run{1, false}, Run{3, false}, Run{3, true}, Run{16, false}, Run{64, false}, Run{64, true},
-                          Run{256, false}, Run{300, true}}) {
+    for (const Run run : {Run{1, false}, Run{3, false}, Run{3, true}, Run{8, false}, Run{16, false}, Run{64, false},
+                          Run{64, true}, Run{256, false}, Run{300, true}}) {
       char name[240];
       std::snprintf(name, sizeof name, "linear_tc %s %s N=%lld K=%lld B=%lld act=%lld round=%d M=%lld", c.what,
                     di::dtype_name(c.dt), static_cast<long long>(c.N), static_cast<long long>(c.K),
@@ -198,13 +199,18 @@ void test_batch_invariance() {
       {"v4.1 fp8 [32768,1280]", di::DType::kE4M3, 32768, 1280, 32, 32},
       {"v4.1 fp4 [2304,5120]", di::DType::kE2M1x2, 2304, 5120, 0, 32},
       {"v4 fp8 block 128 [5120,8192]", di::DType::kE4M3, 5120, 8192, 128, 128},
+      {"v4.1 fp8 [5120,8192]", di::DType::kE4M3, 5120, 8192, 32, 32},
+      {"v4.1 fp8 [512,5120]", di::DType::kE4M3, 512, 5120, 32, 32},
+      {"fp8 block 64, act 64, ragged N", di::DType::kE4M3, 333, 2176, 64, 64},
+      {"fp8 block 32, act 128", di::DType::kE4M3, 1280, 5120, 32, 128},
+      {"fp8 block 32 short K, N 37", di::DType::kE4M3, 37, 256, 32, 32},
   };
   uint32_t seed = 11000;
   for (const Case& c : cases) {
     const di::ops::QWeight wd = to_device(random_weight(c.dt, c.N, c.K, c.block, seed++));
     for (const bool round : {false, true}) {
       char name[240];
-      std::snprintf(name, sizeof name, "linear_tc batch invariance %s round=%d (M = 1, 16, 64, 300)", c.what,
+      std::snprintf(name, sizeof name, "linear_tc batch invariance %s round=%d (M = 1, 3, 8, 16, 64, 300)", c.what,
                     round ? 1 : 0);
       run_case(name, [&] {
         di::ops::LinearOpts o;
@@ -223,16 +229,28 @@ void test_batch_invariance() {
           const int64_t pos = (r * 7 + 3) % 16;
           std::memcpy(x16.data<float>() + pos * K, xr.data<float>(), static_cast<size_t>(K) * sizeof(float));
           const di::Tensor y16 = di::cuda::copy_to_host(di::cuda::linear_tc(di::cuda::copy_to_device(x16), wd, o));
+          // The decode path (M <= 8, E4M3) at other positions of 3- and 8-row calls.
+          const int64_t p3 = r % 3, p8 = (r * 5 + 1) % 8;
+          di::Tensor x3 = other.slice(0, 0, 3).contiguous(), x8 = other.slice(0, 8, 16).contiguous();
+          std::memcpy(x3.data<float>() + p3 * K, xr.data<float>(), static_cast<size_t>(K) * sizeof(float));
+          std::memcpy(x8.data<float>() + p8 * K, xr.data<float>(), static_cast<size_t>(K) * sizeof(float));
+          const di::Tensor y3 = di::cuda::copy_to_host(di::cuda::linear_tc(di::cuda::copy_to_device(x3), wd, o));
+          const di::Tensor y8 = di::cuda::copy_to_host(di::cuda::linear_tc(di::cuda::copy_to_device(x8), wd, o));
           const float* a = y64.data<float>() + r * N;
           const float* b300 = y300.data<float>() + r * N;
           const float* b1 = y1.data<float>();
           const float* b16 = y16.data<float>() + pos * N;
+          const float* b3 = y3.data<float>() + p3 * N;
+          const float* b8 = y8.data<float>() + p8 * N;
           for (int64_t n = 0; n < N; ++n) {
-            if (bits(a[n]) != bits(b1[n]) || bits(a[n]) != bits(b16[n]) || bits(a[n]) != bits(b300[n])) {
-              char buf[240];
-              std::snprintf(buf, sizeof buf, "row %lld col %lld: M=64 %.9g, M=1 %.9g, M=16 (pos %lld) %.9g, M=300 %.9g",
-                            static_cast<long long>(r), static_cast<long long>(n), a[n], b1[n],
-                            static_cast<long long>(pos), b16[n], b300[n]);
+            if (bits(a[n]) != bits(b1[n]) || bits(a[n]) != bits(b16[n]) || bits(a[n]) != bits(b300[n]) ||
+                bits(a[n]) != bits(b3[n]) || bits(a[n]) != bits(b8[n])) {
+              char buf[300];
+              std::snprintf(
+                  buf, sizeof buf,
+                  "row %lld col %lld: M=64 %.9g, M=1 %.9g, M=3 %.9g, M=8 %.9g, M=16 (pos %lld) %.9g, M=300 %.9g",
+                  static_cast<long long>(r), static_cast<long long>(n), a[n], b1[n], b3[n], b8[n],
+                  static_cast<long long>(pos), b16[n], b300[n]);
               return std::string(buf);
             }
           }

@@ -1,0 +1,277 @@
+// linear_tc's decode path: up to 8 rows of x against an E4M3 weight, with linear_tc.cuh's numbers bit for bit.
+//
+// Why a second kernel: linear_tc.cu's GEMM kernel gives each block 16 weight rows and walks all of K in one warp
+// behind a cp.async pipeline, so at one row of x a narrow weight has a few hundred warps in all, each a long serial
+// chain (wo_b [5120, 8192] took 84 us against fp8_walk_gemv's 19). The contract lets K split: a row's result is the
+// in-order sum of its 128-column stages' totals, and a stage's total depends only on that stage. So here an "item" is
+// (16-row unit, stage), a block owns U units (U > 1 for short rows, so that x's pass serves more rows) and its warps
+// take the items in turn, each warp keeping a ring of 3 items' weights in registers (loaded two items ahead; the first
+// two before griddepcontrol.wait). A stage's totals go to shared memory and, once every warp is done, 16 x M threads
+// per unit add them in stage order. x is quantised by every block itself (the FP8 input site, as linear_tc.cu's
+// pre-pass does), so there is one launch and no workspace.
+//
+// Per 32-column k step a lane converts its 16 weight bytes (rows g and g + 8) and x's 8 codes of token g (zeros for
+// tokens >= M) to FP16 and issues the step's two MMAs (tc_mma.cuh's kstep, as the GEMM kernel); at the end of a
+// fold block it adds acc * (sw * sx) into the stage total with the GEMM kernel's FMA. Only the C fragment's columns
+// below M are used; the MMA computes the others for nothing, which costs no more instructions.
+//
+// Measured (bench_cuda_gemv, M = 1, us, this kernel / fp8_walk_gemv, the exact contract's): wq_a [1280, 5120] 5.5
+// / 8.8, wkv [512, 5120] 4.4 / 14.9, indexer wq_b [4096, 1280] 4.6 / 5.4, shared w2 [5120, 2304] 8.2 / 8.1, wo_b [5120,
+// 8192] 21.6 / 19.4, wq_b [32768, 1280] 19.7 / 16.3 (fp8_mma_gemv 13.9); at M = 2 it is ahead on every V4.1 shape.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
+#include "cuda/linear_tc_gemv.cuh"
+#include "cuda/tc_mma.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+constexpr int kStageCols = 128;  // linear_tc.cu's kBK: the columns whose total is one term of a row's sum
+constexpr int kMaxWarps = 16;
+
+__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// Shared memory: x codes [M][K] bytes, x scales [K / 32][8] floats (per 32 columns and token), stage totals
+// [U][K / 128][16][M2] floats (M2 = M rounded up to even).
+__host__ __device__ inline int64_t tc_gemv_xs_bytes(int M, int K) {
+  return (static_cast<int64_t>(M) * K + 15) / 16 * 16;
+}
+__host__ __device__ inline int64_t tc_gemv_smem(int M, int K, int U) {
+  return tc_gemv_xs_bytes(M, K) + static_cast<int64_t>(K / 32) * 8 * 4 +
+         static_cast<int64_t>(U) * (K / kStageCols) * 16 * ((M + 1) & ~1) * 4;
+}
+
+constexpr int kXUnroll = 4;  // x's float4 loads in flight per thread in the quantisation pass
+
+// Four x values -> their e4m3 codes at 1 / inv (tc_mma.cuh's x_code, two values per conversion: .satfinite clamps
+// to +-448 as x_code's clamp does and keeps NaN).
+__device__ __forceinline__ uint32_t x_codes4(float4 v, float inv) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n"
+      " mov.b32 %0, {l, h};\n}"
+      : "=r"(d)
+      : "f"(v.x * inv), "f"(v.y * inv), "f"(v.z * inv), "f"(v.w * inv));
+  return d;
+}
+
+// One ring slot: an item's 8 weight words per lane (4 k steps x rows g, g + 8) and its tile-scale codes where the
+// scale layout allows a load per item (kScale32: the 4 codes of 32 x 32 tiles as one word, byte j for k step j;
+// kScale128: the stage's one code).
+struct Slot {
+  uint2 w[4][2];
+  uint32_t sc;
+};
+
+// Scale layouts: 32 x 32 tiles with 4-byte aligned scale rows (V4.1; fold blocks of one k step), 128 x 128 tiles with
+// act_quant_block 128 (V4; one fold block per stage), anything else (codes read per fold block).
+enum ScaleMode : int { kScale32 = 0, kScale128 = 1, kScaleAny = 2 };
+
+// Block: U units of 16 weight rows (blockIdx.x U, ...); its items (unit u, stage s), item i = u S + s, go to the warps
+// in turn (warp w: items w, w + W, ...), each loaded two items ahead of its MMAs (a ring of 3 slots, rotated by
+// unrolling). W warps per block: 8 with 3 blocks per SM (<= 85 registers, so that wo_b's 320 units all start at once),
+// or 16 for the calls with few units.
+template <int W, int SM>
+__global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvArgs p, int U) {
+  pdl_launch_dependents();
+  extern __shared__ __align__(16) uint8_t smem_tcg[];
+  constexpr int nt = 32 * W, nw = W;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int K = p.K, N = p.N, M = p.M, S = K / kStageCols, M2 = (M + 1) & ~1;
+  const int fsteps = SM == kScale32 ? 1 : SM == kScale128 ? 4 : p.fsteps;
+  uint8_t* xq = smem_tcg;
+  float* sx = reinterpret_cast<float*>(smem_tcg + tc_gemv_xs_bytes(M, K));
+  float* stash = sx + (K / 32) * 8;
+  const int u0 = static_cast<int>(blockIdx.x) * U;
+  const int items = min(U, (N + 15) / 16 - u0) * S;
+
+  // The loader: item (unit lu, stage ls) with pointers at this lane's bytes of rows g, g + 8 and at the unit's scale
+  // codes of the stage; advanced nw items at a time, re-based only when it moves to another unit.
+  int lu = warp / S, ls = warp % S;
+  const uint8_t *lr0 = nullptr, *lr1 = nullptr, *lsc = nullptr;
+  auto base = [&]() {
+    const int n0 = (u0 + lu) * 16;
+    const int64_t k0 = static_cast<int64_t>(ls) * kStageCols;
+    lr0 = p.w + static_cast<int64_t>(min(n0 + g, N - 1)) * p.ldw + k0 + 8 * t;
+    lr1 = p.w + static_cast<int64_t>(min(n0 + g + 8, N - 1)) * p.ldw + k0 + 8 * t;
+    if constexpr (SM == kScale32) lsc = p.sc + static_cast<int64_t>(n0 / 32) * p.lds + 4 * ls;
+    if constexpr (SM == kScale128) lsc = p.sc + static_cast<int64_t>(n0 / 128) * p.lds + ls;
+  };
+  auto load = [&](Slot& d) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      d.w[j][0] = ldg_stream8(lr0 + 32 * j);
+      d.w[j][1] = ldg_stream8(lr1 + 32 * j);
+    }
+    if constexpr (SM == kScale32) d.sc = __ldg(reinterpret_cast<const uint32_t*>(lsc));
+    if constexpr (SM == kScale128) d.sc = __ldg(lsc);
+    ls += nw;
+    if (ls < S) {
+      lr0 += nw * kStageCols, lr1 += nw * kStageCols;
+      if constexpr (SM == kScale32) lsc += 4 * nw;
+      if constexpr (SM == kScale128) lsc += nw;
+    } else {
+      for (; ls >= S; ls -= S) ++lu;
+      base();
+    }
+  };
+  Slot ra, rb, rc;
+  base();
+  if (warp < items) load(ra);  // the weights do not depend on the previous kernel
+  if (warp + nw < items) load(rb);
+  pdl_wait();
+
+  // x's FP8 input site into shared memory, row by row: chunk c of a row is its float4 at column 4c; the L = act / 4
+  // chunks of a group sit in L consecutive lanes, which reduce its amax by shuffles; kXUnroll chunks per thread are
+  // loaded before any is used.
+  {
+    const int L = p.act / 4, rowc = K / 4;
+    for (int m = 0; m < M; ++m) {
+      const float* xr = p.x + static_cast<int64_t>(m) * p.ldx;
+      uint8_t* qr = xq + static_cast<int64_t>(m) * K;
+      for (int c0 = 0; c0 < rowc; c0 += kXUnroll * nt) {
+        float4 v[kXUnroll];
+#pragma unroll
+        for (int q = 0; q < kXUnroll; ++q) {
+          const int c = c0 + q * nt + tid;
+          v[q] = c < rowc ? *reinterpret_cast<const float4*>(xr + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int q = 0; q < kXUnroll; ++q) {
+          if (c0 + q * nt >= rowc) break;  // uniform over the block
+          const int c = c0 + q * nt + tid;
+          float amax = fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w)));
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1)
+            if (o < L) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+          if (c < rowc) {
+            const float sc = tc::x_scale(amax);
+            const float inv = __uint_as_float((254u << 23) - __float_as_uint(sc));  // 1 / sc, exact (tc_mma.cuh)
+            *reinterpret_cast<uint32_t*>(qr + 4 * c) = x_codes4(v[q], inv);
+            if (c % 8 == 0) sx[(c / 8) * 8 + m] = sc;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // Item after item: process slot `cur`, refill `nxt2` (the slot of the item before) with the item two ahead.
+  int cu = warp / S, cs = warp % S;  // the current item's unit and stage
+  const uint8_t* xg = xq + g * K + 8 * t;
+  const float* sxt = sx + 2 * t;
+  auto step = [&](int i, Slot& cur, Slot& nxt2) {
+    if (i + 2 * nw < items) load(nxt2);
+    const int k0 = cs * kStageCols;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int cnt = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b0[2] = {0u, 0u}, b1[2] = {0u, 0u};
+      if (g < M) {
+        const uint2 v = *reinterpret_cast<const uint2*>(xg + k0 + 32 * j);
+        tc::b_frags(v.x, v.y, b0, b1);
+      }
+      tc::kstep(acc, cur.w[j][0].x, cur.w[j][0].y, cur.w[j][1].x, cur.w[j][1].y, b0, b1);
+      if (++cnt == fsteps) {  // end of a fold block: tot += P * (sw * sx), as the GEMM kernel
+        cnt = 0;
+        uint32_t code;
+        if constexpr (SM == kScale32)
+          code = (cur.sc >> (8 * j)) & 0xffu;
+        else if constexpr (SM == kScale128)
+          code = cur.sc;
+        else
+          code = __ldg(p.sc + static_cast<int64_t>((u0 + cu) * 16 / p.B) * p.lds + (k0 + 32 * j) / p.B);
+        const float sw = e8m0_f32(code);
+        const float2 sxv = *reinterpret_cast<const float2*>(sxt + (k0 / 32 + j) * 8);
+        tot[0] = __fmaf_rn(acc[0], __fmul_rn(sw, sxv.x), tot[0]);
+        tot[1] = __fmaf_rn(acc[1], __fmul_rn(sw, sxv.y), tot[1]);
+        tot[2] = __fmaf_rn(acc[2], __fmul_rn(sw, sxv.x), tot[2]);
+        tot[3] = __fmaf_rn(acc[3], __fmul_rn(sw, sxv.y), tot[3]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] = 0.0f;
+      }
+    }
+    if (2 * t < M) {  // the stage's totals of tokens 2t, 2t + 1 for rows g and g + 8
+      float* st = stash + static_cast<int64_t>(i) * 16 * M2 + 2 * t;
+      *reinterpret_cast<float2*>(st + g * M2) = make_float2(tot[0], tot[1]);
+      *reinterpret_cast<float2*>(st + (g + 8) * M2) = make_float2(tot[2], tot[3]);
+    }
+    for (cs += nw; cs >= S; cs -= S) ++cu;
+  };
+  for (int i = warp; i < items; i += 3 * nw) {
+    step(i, ra, rc);
+    if (i + nw >= items) break;
+    step(i + nw, rb, ra);
+    if (i + 2 * nw >= items) break;
+    step(i + 2 * nw, rc, rb);
+  }
+  __syncthreads();
+
+  // A row's result: its stage totals added in K order from 0 (the GEMM kernel's `run`).
+  for (int e = tid; e < (items / S) * 16 * M; e += nt) {
+    const int m = e % M, r = (e / M) % 16, u = e / (16 * M), n = (u0 + u) * 16 + r;
+    const float* st = stash + static_cast<int64_t>(u) * S * 16 * M2 + r * M2 + m;
+    float run = 0.0f;
+    for (int s = 0; s < S; ++s) run = __fadd_rn(run, st[s * 16 * M2]);
+    if (n < N) p.y[static_cast<int64_t>(m) * N + n] = p.round ? round_to_bf16(run) : run;
+  }
+}
+
+// Units per block and warps per block for a call: about 4 items per warp; more units per block when a unit has few
+// stages (wide, short weights: the x pass is then shared by more rows), 16 warps when the units are too few to give
+// every SM 8 warps.
+struct TcGemvShape {
+  int U, nw;
+};
+TcGemvShape tc_gemv_shape(int N, int K) {
+  const int S = K / kStageCols, units = (N + 15) / 16;
+  TcGemvShape sh{std::max(1, 32 / S), 8};
+  const int64_t sms = sm_count();
+  while (sh.U > 1 && (tc_gemv_smem(8, K, sh.U) > (64 << 10) || (units + sh.U - 1) / sh.U < 2 * sms)) --sh.U;
+  const int64_t blocks = (units + sh.U - 1) / sh.U;
+  if (sh.U == 1 && blocks < sms && S >= 32) sh.nw = kMaxWarps;
+  return sh;
+}
+
+}  // namespace
+
+bool tc_gemv_takes(const TcGemvArgs& a) {
+  return a.M >= 1 && a.M <= 8 && (a.act == 32 || a.act == 64 || a.act == 128) && a.K % kStageCols == 0 &&
+         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0 &&
+         tc_gemv_smem(a.M, a.K, tc_gemv_shape(a.N, a.K).U) <= smem_optin();
+}
+
+void tc_gemv_into(const TcGemvArgs& a, CUstream_st* stream) {
+  const TcGemvShape sh = tc_gemv_shape(a.N, a.K);
+  const int units = (a.N + 15) / 16;
+  const int mode = a.B == 32 && a.fsteps == 1 && a.lds % 4 == 0 && reinterpret_cast<uintptr_t>(a.sc) % 4 == 0 ? kScale32
+                   : a.B == 128 && a.fsteps == 4 ? kScale128
+                                                 : kScaleAny;
+  using Kernel = void (*)(TcGemvArgs, int);
+  static const Kernel kernels[2][3] = {
+      {tc_gemv_kernel<8, kScale32>, tc_gemv_kernel<8, kScale128>, tc_gemv_kernel<8, kScaleAny>},
+      {tc_gemv_kernel<16, kScale32>, tc_gemv_kernel<16, kScale128>, tc_gemv_kernel<16, kScaleAny>}};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const auto& row : kernels)
+      for (Kernel k : row)
+        DI_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+  });
+  launch_pdl(kernels[sh.nw == 8 ? 0 : 1][mode], dim3(static_cast<unsigned>((units + sh.U - 1) / sh.U)), 32 * sh.nw,
+             tc_gemv_smem(a.M, a.K, sh.U), stream, a, sh.U);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace deepinfer::cuda

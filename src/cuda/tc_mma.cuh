@@ -1,0 +1,75 @@
+// Device helpers of the tensor-core linear (linear_tc.cu, linear_tc_gemv.cu): code conversions to the FP16
+// operands of mma.m16n8k16 (exact) and the MMA itself. The two kernels must use the same operand layout and
+// the same MMA sequence, since a row's result may come from either (linear_tc.cuh: batch invariance).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/fp_decode.cuh"
+#include "cuda/quant.cuh"
+
+namespace deepinfer::cuda::tc {
+
+// Eight e2m1 codes (nibble i of w = element i) -> eight e4m3 bytes (lo: elements 0..3, hi: 4..7), exact:
+// magnitudes through an 8-entry byte table, signs (nibble bit 3) by a sign-replicating byte permute.
+__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kT0 = 0x3C383000u;  // e4m3 of 0, 0.5, 1, 1.5
+  constexpr uint32_t kT1 = 0x4C484440u;  // e4m3 of 2, 3, 4, 6
+  const uint32_t ml = prmt(kT0, kT1, w & 0x7777u);
+  const uint32_t mh = prmt(kT0, kT1, (w >> 16) & 0x7777u);
+  const uint32_t w4 = w << 4;  // msb of byte j of w4: bit 8j + 3 of w (even nibbles); of w: bit 8j + 7 (odd)
+  const uint32_t sl = prmt(w4, w, 0xD9C8u);
+  const uint32_t sh = prmt(w4, w, 0xFBEAu);
+  lo = ml | (sl & 0x80808080u);
+  hi = mh | (sh & 0x80808080u);
+}
+
+// Two e4m3 codes (the low / high 16 bits of v) -> an f16x2 of the same values (exact).
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(d) : "r"(v));
+  return d;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(d) : "r"(v));
+  return d;
+}
+
+// d += A(16x16 f16, row) . B(16x8 f16, col), FP32 accumulation.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One 32-column k step: lane (g, t) holds elements 8t .. 8t + 7 of the step as e4m3 bytes in two words for
+// weight rows g (lo0: 8t .. 8t + 3, lo1: 8t + 4 .. 8t + 7) and g + 8 (hi0, hi1), and x's codes for token g in
+// (x0, x1); k16 half h uses word h (f16 k slots 2t, 2t + 1 <- bytes 0, 1; slots 2t + 8, 2t + 9 <- bytes 2, 3), the
+// same for A and B. acc += the step's products (two MMAs chained through the accumulator).
+__device__ __forceinline__ void kstep(float (&acc)[4], uint32_t lo0, uint32_t lo1, uint32_t hi0, uint32_t hi1,
+                                      const uint32_t (&b0)[2], const uint32_t (&b1)[2]) {
+  const uint32_t a0[4] = {e4m3x2_lo(lo0), e4m3x2_lo(hi0), e4m3x2_hi(lo0), e4m3x2_hi(hi0)};
+  const uint32_t a1[4] = {e4m3x2_lo(lo1), e4m3x2_lo(hi1), e4m3x2_hi(lo1), e4m3x2_hi(hi1)};
+  mma_f16(acc, a0, b0);
+  mma_f16(acc, a1, b1);
+}
+
+// x's codes for one token and k step (8 bytes as (x0, x1)) -> the B fragments of the two k16 halves.
+__device__ __forceinline__ void b_frags(uint32_t x0, uint32_t x1, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+  b0[0] = e4m3x2_lo(x0), b0[1] = e4m3x2_hi(x0);
+  b1[0] = e4m3x2_lo(x1), b1[1] = e4m3x2_hi(x1);
+}
+
+// x's FP8 input site as the CPU's fake_quant_fp8 keeps it: the group scale of amax (floored at 1e-4) and a value's
+// e4m3 code at that scale (x / s, clamped to +-448, rounded to nearest even; NaN stays NaN). inv = 1 / s: s is a
+// power of two in [2^-22, 2^120] (amax >= 1e-4), so 1 / s is exact and x * inv rounds as x / s does.
+__device__ __forceinline__ float x_scale(float amax) { return ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max); }
+__device__ __forceinline__ uint8_t x_code(float x, float inv) {
+  float v = x * inv;
+  v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+}  // namespace deepinfer::cuda::tc
