@@ -11,15 +11,16 @@
 // fp4_mma_gemv, variant 4, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
 // kernels (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call, rows: fp8_rows_gemv where
 // it takes the call; gemv_set_fp8_variant 1, 2, 4, 6), the last column giving each later kernel's
-// speedup over the old one; E4M3 also in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g). GB/s
-// counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
-// is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB).
-// First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv,
-// fp8_walk_gemv, fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab
-// kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1:
-// without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu).
-// BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches,
-// walk against rows).
+// speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the tensor-core contract of
+// linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also in wo_a's grouped mode (8
+// groups [1024, 4096], x row g against group g). GB/s counts the weight and scale bytes a call must read (grouped: of
+// the distinct experts the call touches, per list), % is of the read ceiling measured in the same run
+// (deepinfer::bench::read_ceiling_gbs over 2 GiB). First table: decode batches, dense calls of M = 2..64 rows on the
+// V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv, fp8_walk_gemv, fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and
+// bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>:
+// one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row
+// table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3
+// at decode batches, walk against rows).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
