@@ -157,7 +157,9 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
             if (o < L) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
           if (c < rowc) {
             const float sc = tc::x_scale(amax);
-            const float inv = __uint_as_float((254u << 23) - __float_as_uint(sc));  // 1 / sc, exact (tc_mma.cuh)
+            // 1 / sc, exact (tc_mma.cuh); an infinite x makes sc infinite, and 1 / inf = 0 as in the pre-pass.
+            const uint32_t sb = __float_as_uint(sc);
+            const float inv = sb >= 0x7f800000u ? 0.0f : __uint_as_float((254u << 23) - sb);
             *reinterpret_cast<uint32_t*>(qr + 4 * c) = x_codes4(v[q], inv);
             if (c % 8 == 0) sx[(c / 8) * 8 + m] = sc;
           }

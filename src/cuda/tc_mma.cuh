@@ -64,7 +64,8 @@ __device__ __forceinline__ void b_frags(uint32_t x0, uint32_t x1, uint32_t (&b0)
 
 // x's FP8 input site as the CPU's fake_quant_fp8 keeps it: the group scale of amax (floored at 1e-4) and a value's
 // e4m3 code at that scale (x / s, clamped to +-448, rounded to nearest even; NaN stays NaN). inv = 1 / s: s is a
-// power of two in [2^-22, 2^120] (amax >= 1e-4), so 1 / s is exact and x * inv rounds as x / s does.
+// power of two in [2^-22, 2^120] (amax >= 1e-4) for finite x, so 1 / s is exact and x * inv rounds as x / s does; an
+// infinite amax gives s = inf and inv = 0.
 __device__ __forceinline__ float x_scale(float amax) { return ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max); }
 __device__ __forceinline__ uint8_t x_code(float x, float inv) {
   float v = x * inv;
