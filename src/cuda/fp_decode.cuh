@@ -96,6 +96,13 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
+// 8 bytes of a weight stream, read once (bypassing L1).
+__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 // Programmatic dependent launch (the kernel is launched with programmatic stream serialisation): it may
 // start while the previous kernel on the stream still runs; pdl_wait() blocks until that kernel has
 // finished and its writes are visible. Nothing produced upstream may be read before it.

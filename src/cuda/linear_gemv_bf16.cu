@@ -53,13 +53,6 @@ struct TileParams {
   bool round;
 };
 
-// 8 bytes of a weight row, read once (L2 keeps them for the blocks of the other x-row groups).
-__device__ __forceinline__ uint2 ldg_w8(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 template <int MT>
 __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams p) {
   extern __shared__ __align__(16) float xs_tile[];  // [MT][K]
@@ -86,7 +79,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, 1) bf16_tile_gemv(TileParams 
   auto load_next = [&](uint2(&dst)[4]) {
     if (ld_step >= p.steps) return;  // past the block's last step: the slot is never consumed
 #pragma unroll
-    for (int r = 0; r < 4; ++r) dst[r] = ldg_w8(ld_row[r] + 64 * ld_c);
+    for (int r = 0; r < 4; ++r) dst[r] = ldg_stream8(ld_row[r] + 64 * ld_c);
     if (++ld_c == nch) {
       ld_c = 0;
       ld_step += stride;

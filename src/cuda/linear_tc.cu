@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(256) quant_x_kernel(const float* __restrict__ 
   float amax = 0.0f;
   for (int c = lane; c < act; c += 32) amax = fmaxf(amax, fabsf(p[c]));
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = tc::x_scale(amax), inv = 1.0f / s;
+  const float s = tc::x_scale(amax), inv = tc::x_inv(s);
   uint8_t* q = xq + static_cast<int64_t>(m) * K + static_cast<int64_t>(grp) * act;
   for (int c = lane; c < act; c += 32) q[c] = tc::x_code(p[c], inv);
   for (int j = lane; j < act / 32; j += 32) sx32[(static_cast<int64_t>(grp) * (act / 32) + j) * M4 + m] = s;

@@ -36,12 +36,6 @@ namespace {
 constexpr int kStageCols = 128;  // linear_tc.cu's kBK: the columns whose total is one term of a row's sum
 constexpr int kMaxWarps = 16;
 
-__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 // Shared memory: x codes [M][K] bytes, x scales [K / 32][8] floats (per 32 columns and token), stage totals
 // [U][K / 128][16][M2] floats (M2 = M rounded up to even).
 __host__ __device__ inline int64_t tc_gemv_xs_bytes(int M, int K) {
@@ -157,10 +151,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
             if (o < L) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
           if (c < rowc) {
             const float sc = tc::x_scale(amax);
-            // 1 / sc, exact (tc_mma.cuh); an infinite x makes sc infinite, and 1 / inf = 0 as in the pre-pass.
-            const uint32_t sb = __float_as_uint(sc);
-            const float inv = sb >= 0x7f800000u ? 0.0f : __uint_as_float((254u << 23) - sb);
-            *reinterpret_cast<uint32_t*>(qr + 4 * c) = x_codes4(v[q], inv);
+            *reinterpret_cast<uint32_t*>(qr + 4 * c) = x_codes4(v[q], tc::x_inv(sc));
             if (c % 8 == 0) sx[(c / 8) * 8 + m] = sc;
           }
         }
