@@ -642,6 +642,17 @@ void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& 
   linear_exact(x, w, opts, y, stream, false);
 }
 
+int64_t tc_from_rows() {
+  constexpr int64_t kAutoTcRows = 64;
+  static const int64_t tc_from = [] {
+    const std::string v = env_value("DEEPINFER_CUDA_GEMM");
+    DI_CHECK(v == "exact" || v == "tc" || v == "auto", "DEEPINFER_CUDA_GEMM must be 'exact', 'tc' or 'auto' (got '{}')",
+             v);
+    return v == "tc" ? int64_t{0} : v == "auto" ? kAutoTcRows : INT64_MAX;
+  }();
+  return tc_from;
+}
+
 Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts) {
   DI_CHECK(x.defined() && x.dim() == 2 && w.w.defined() && w.w.dim() == 2,
            "cuda::linear: expected x [M, K] and W [N, K]");
@@ -650,14 +661,7 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
   // the quantised weights at the FP8 input site; "exact" (default): this file's bit-exact kernel;
   // "auto": tc from kAutoTcRows rows of x up, exact below (fast decode and fast prefill, but a row's
   // result then depends on how many rows share the call: not batch-invariant).
-  constexpr int64_t kAutoTcRows = 64;
-  static const int64_t tc_from = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_GEMM");
-    DI_CHECK(v == "exact" || v == "tc" || v == "auto", "DEEPINFER_CUDA_GEMM must be 'exact', 'tc' or 'auto' (got '{}')",
-             v);
-    return v == "tc" ? int64_t{0} : v == "auto" ? kAutoTcRows : INT64_MAX;
-  }();
-  if (x.size(0) >= tc_from && linear_tc_supported(x, w, opts))
+  if (x.size(0) >= tc_from_rows() && linear_tc_supported(x, w, opts))
     linear_tc_into(x, w, opts, y);
   else
     linear_exact(x, w, opts, y, nullptr, true);

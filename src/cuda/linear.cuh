@@ -39,6 +39,10 @@ namespace deepinfer::cuda {
 // y[M, N] = x[M, K] . W^T; x float32 [M, K] on kCUDA (rows dense), W and its scale on kCUDA.
 Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts);
 
+// DEEPINFER_CUDA_GEMM (read once): the rows of x from which cuda::linear takes the tensor-core kernel where it can
+// (0 for "tc", 64 for "auto", none for "exact"). cuda::linear_grouped follows "tc" too (linear_tc_grouped).
+int64_t tc_from_rows();
+
 // linear() runs single-row calls on narrow E4M3 weights through the decode GEMV of linear_gemv.cuh
 // (the same bits; faster there, see linear_exact in linear.cu) and the rest through the slab kernels
 // below, or the tensor-core kernel when DEEPINFER_CUDA_GEMM asks for it.

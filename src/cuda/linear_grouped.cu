@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_tc.cuh"
+#include "cuda/linear_tc_gemv.cuh"
 
 namespace deepinfer::cuda {
 
@@ -93,12 +96,33 @@ const uint8_t* const* expert_table(const std::vector<const std::vector<ops::QWei
   return static_cast<const uint8_t* const*>(t.device);
 }
 
-}  // namespace
+// The tensor-core contract's grouped GEMV (linear_tc_gemv.cu) on y [L R, N] where it takes the call: every expert of
+// the lists linear_tc_supported on a row of x, their scale rows 4-byte aligned. False: nothing was launched.
+bool tc_grouped_into(const Tensor& x, const Tensor& row_expert,
+                     const std::vector<const std::vector<ops::QWeight>*>& lists, const uint8_t* const* table,
+                     const ops::LinearOpts& opts, Tensor& y) {
+  const ops::QWeight& w0 = (*lists[0])[0];
+  const int64_t R = x.size(0), L = static_cast<int64_t>(lists.size()), E = static_cast<int64_t>(lists[0]->size());
+  if (L * R > 65535 || !linear_tc_supported(x.slice(0, 0, 1), w0, opts)) return false;  // the experts share w0's layout
+  bool sc4 = w0.scale.strides()[0] % 4 == 0;
+  for (const std::vector<ops::QWeight>* list : lists)
+    for (const ops::QWeight& w : *list) sc4 = sc4 && reinterpret_cast<uintptr_t>(w.scale.raw()) % 4 == 0;
+  const bool fp4 = w0.w.dtype() == DType::kE2M1x2;
+  TcGemvArgs g{};
+  g.ldw = fp4 ? w0.in() / 2 : w0.w.strides()[0], g.lds = w0.scale.strides()[0], g.sc4 = sc4, g.fp4 = fp4;
+  g.B = fp4 ? 32 : static_cast<int>(w0.block), g.N = static_cast<int>(w0.out()), g.K = static_cast<int>(w0.in());
+  g.M = static_cast<int>(L * R), g.act = static_cast<int>(opts.act_quant_block);
+  g.fsteps = fp4 ? 1 : static_cast<int>(std::gcd(opts.act_quant_block, w0.block) / 32);
+  g.x = x.data<float>(), g.ldx = x.strides()[0], g.y = y.data<float>(), g.round = opts.round_out_bf16;
+  g.row_expert = row_expert.data<int32_t>(), g.w_table = table, g.s_table = table + L * E;
+  g.x_rows = static_cast<int>(R), g.n_experts = static_cast<int>(E);
+  if (!tc_gemv_takes(g)) return false;
+  tc_gemv_into(g, nullptr);
+  return true;
+}
 
-Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
-                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
-                      int64_t tile_rows, int64_t row_period) {
-  const char* op = "cuda::linear_grouped";
+void check_grouped_args(const Tensor& x, const Tensor& row_expert,
+                        const std::vector<const std::vector<ops::QWeight>*>& lists, const char* op) {
   DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2 && x.is_contiguous(),
            "{}: x must be a contiguous float32 [R, K] CUDA tensor, got {}", op,
            x.defined() ? x.describe() : std::string("(undefined)"));
@@ -107,13 +131,64 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
            "{}: row_expert must be int32 [{}] on CUDA, got {}", op, x.size(0),
            row_expert.defined() ? row_expert.describe() : std::string("(undefined)"));
   DI_CHECK(!lists.empty() && !lists[0]->empty(), "{}: no experts", op);
+  DI_CHECK(x.size(1) == (*lists[0])[0].in(), "{}: x {} for experts of in = {}", op, x.describe(), (*lists[0])[0].in());
+}
+
+}  // namespace
+
+void linear_tc_grouped_into(const Tensor& x, const Tensor& row_expert,
+                            const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
+                            Tensor& y) {
+  const char* op = "cuda::linear_tc_grouped";
+  check_grouped_args(x, row_expert, lists, op);
+  const uint8_t* const* table = expert_table(lists);
+  const ops::QWeight& w0 = (*lists[0])[0];
+  const int64_t rows = static_cast<int64_t>(lists.size()) * x.size(0);
+  DI_CHECK(y.defined() && y.device() == Device::kCUDA && y.dtype() == DType::kF32 && y.is_contiguous() &&
+               y.dim() == 2 && y.size(0) == rows && y.size(1) == w0.out(),
+           "{}: output {} is not a contiguous float32 CUDA [{}, {}]", op, y.defined() ? y.describe() : "undefined",
+           rows, w0.out());
+  if (x.size(0) == 0 || w0.out() == 0) return;
+  DI_CHECK(tc_grouped_into(x, row_expert, lists, table, opts, y),
+           "{}: the tensor-core GEMV does not take x {}, experts {}", op, x.describe(), w0.w.describe());
+}
+
+Tensor linear_tc_grouped(const Tensor& x, const Tensor& row_expert,
+                         const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts) {
+  DI_CHECK(!lists.empty() && !lists[0]->empty() && x.defined() && x.dim() == 2,
+           "cuda::linear_tc_grouped: expected x [R, K] and at least one expert");
+  Tensor y =
+      Tensor::empty({static_cast<int64_t>(lists.size()) * x.size(0), (*lists[0])[0].out()}, DType::kF32, Device::kCUDA);
+  linear_tc_grouped_into(x, row_expert, lists, opts, y);
+  return y;
+}
+
+Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
+                      const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
+                      int64_t tile_rows, int64_t row_period) {
+  const char* op = "cuda::linear_grouped";
+  check_grouped_args(x, row_expert, lists, op);
   const ops::QWeight& w0 = (*lists[0])[0];
   const int64_t R = x.size(0), N = w0.out(), K = w0.in(), L = static_cast<int64_t>(lists.size());
   const int64_t E = static_cast<int64_t>(lists[0]->size());
-  DI_CHECK(x.size(1) == K, "{}: x {} for experts of in = {}", op, x.describe(), K);
   const uint8_t* const* table = expert_table(lists);  // (checks that the experts share one layout)
   Tensor y = Tensor::empty({L * R, N}, DType::kF32, Device::kCUDA);
   if (R == 0 || N == 0) return y;
+  // DEEPINFER_CUDA_GEMM=tc: the tensor-core contract here too (a row's bits as linear_tc on its expert), where it can.
+  // Lists of one matrix (the shared expert's w1 / w3): a dense call per list, so that each weight is read once for all
+  // the rows; otherwise the grouped GEMV, one row of x per pass over its expert.
+  if (tc_from_rows() == 0 && opts.act_quant_block > 0) {
+    bool dense = E == 1;
+    for (const std::vector<ops::QWeight>* list : lists) dense = dense && linear_tc_supported(x, (*list)[0], opts);
+    if (dense) {
+      for (int64_t l = 0; l < L; ++l) {
+        Tensor yl = y.slice(0, l * R, (l + 1) * R);
+        linear_tc_into(x, (*lists[static_cast<size_t>(l)])[0], opts, yl);
+      }
+      return y;
+    }
+    if (E > 1 && tc_grouped_into(x, row_expert, lists, table, opts, y)) return y;
+  }
 
   const WeightLayout wl = weight_layout(w0, op);  // the experts share it (check_experts)
   GemvArgs a;

@@ -349,12 +349,16 @@ void linear_tc_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOp
   if (M == 0 || N == 0) return;
 
   const int act = static_cast<int>(opts.act_quant_block);
-  if (qw.w.dtype() == DType::kE4M3) {  // decode batches: the GEMV of the same contract (linear_tc_gemv.cu)
+  {  // decode batches: the GEMV of the same contract (linear_tc_gemv.cu)
+    const bool fp4 = qw.w.dtype() == DType::kE2M1x2;
     TcGemvArgs g{};
-    g.w = static_cast<const uint8_t*>(qw.w.raw()), g.ldw = qw.w.strides()[0];
+    g.w = static_cast<const uint8_t*>(qw.w.raw()), g.ldw = fp4 ? K / 2 : qw.w.strides()[0];
     g.sc = static_cast<const uint8_t*>(qw.scale.raw()), g.lds = qw.scale.strides()[0];
-    g.B = static_cast<int>(qw.block), g.N = static_cast<int>(N), g.K = static_cast<int>(K), g.M = static_cast<int>(M);
-    g.act = act, g.fsteps = static_cast<int>(std::gcd(opts.act_quant_block, qw.block) / 32);
+    g.sc4 = g.lds % 4 == 0 && reinterpret_cast<uintptr_t>(g.sc) % 4 == 0;
+    g.fp4 = fp4;
+    g.B = fp4 ? 32 : static_cast<int>(qw.block), g.N = static_cast<int>(N), g.K = static_cast<int>(K);
+    g.M = static_cast<int>(M);
+    g.act = act, g.fsteps = fp4 ? 1 : static_cast<int>(std::gcd(opts.act_quant_block, qw.block) / 32);
     g.x = x.data<float>(), g.ldx = x.strides()[0];
     g.y = y.data<float>(), g.round = opts.round_out_bf16;
     if (tc_gemv_takes(g)) {

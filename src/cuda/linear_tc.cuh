@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "deepinfer/tensor.h"
 #include "ops/ops.h"
@@ -69,5 +70,16 @@ void linear_tc_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpt
 
 // As linear_tc_into, allocating y.
 Tensor linear_tc(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts);
+
+// Grouped rows under this contract (linear_grouped.cu, the decode GEMV's grouped mode): y [lists * R, N], row l R + r
+// = linear_tc(x[r], (*lists[l])[row_expert[r]], opts) bit for bit, one launch, the ids read on the device. The experts
+// of all lists share one format and layout that linear_tc supports, with 4-byte aligned FP4 scale rows; act_quant_block
+// 32, 64 or 128; lists * R <= 65535. Throws where the GEMV does not take the call. cuda::linear_grouped uses it
+// under DEEPINFER_CUDA_GEMM=tc.
+Tensor linear_tc_grouped(const Tensor& x, const Tensor& row_expert,
+                         const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts);
+void linear_tc_grouped_into(const Tensor& x, const Tensor& row_expert,
+                            const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
+                            Tensor& y);
 
 }  // namespace deepinfer::cuda

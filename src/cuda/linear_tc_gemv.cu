@@ -1,4 +1,5 @@
-// linear_tc's decode path: up to 8 rows of x against an E4M3 weight, with linear_tc.cuh's numbers bit for bit.
+// linear_tc's decode path: up to 8 rows of x against an E4M3 or packed FP4 weight, or grouped rows (a matrix per row
+// of x: linear_tc_grouped), with linear_tc.cuh's numbers bit for bit.
 //
 // Why a second kernel: linear_tc.cu's GEMM kernel gives each block 16 weight rows and walks all of K in one warp
 // behind a cp.async pipeline, so at one row of x a narrow weight has a few hundred warps in all, each a long serial
@@ -10,14 +11,17 @@
 // per unit add them in stage order. x is quantised by every block itself (the FP8 input site, as linear_tc.cu's
 // pre-pass does), so there is one launch and no workspace.
 //
-// Per 32-column k step a lane converts its 16 weight bytes (rows g and g + 8) and x's 8 codes of token g (zeros for
-// tokens >= M) to FP16 and issues the step's two MMAs (tc_mma.cuh's kstep, as the GEMM kernel); at the end of a
-// fold block it adds acc * (sw * sx) into the stage total with the GEMM kernel's FMA. Only the C fragment's columns
-// below M are used; the MMA computes the others for nothing, which costs no more instructions.
+// Per 32-column k step a lane converts its 16 weight bytes (rows g and g + 8; FP4: 8 bytes, decoded to E4M3 first as
+// the GEMM kernel does) and x's 8 codes of token g (zeros for tokens >= M) to FP16 and issues the step's two MMAs
+// (tc_mma.cuh's kstep, as the GEMM kernel); at the end of a fold block it adds acc * (sw * sx) into the stage total
+// with the GEMM kernel's FMA. Only the C fragment's columns below M are used; the MMA computes the others for nothing,
+// which costs no more instructions.
 //
-// Measured (bench_cuda_gemv, M = 1, us, this kernel / fp8_walk_gemv, the exact contract's): wq_a [1280, 5120] 5.5
-// / 8.8, wkv [512, 5120] 4.4 / 14.9, indexer wq_b [4096, 1280] 4.6 / 5.4, shared w2 [5120, 2304] 8.2 / 8.1, wo_b [5120,
-// 8192] 21.6 / 19.4, wq_b [32768, 1280] 19.7 / 16.3 (fp8_mma_gemv 13.9); at M = 2 it is ahead on every V4.1 shape.
+// Measured (bench_cuda_gemv, M = 1, us, this kernel / the exact contract's kernel): wq_a [1280, 5120] 4.8 / walk 8.8,
+// wkv [512, 5120] 3.6 / 14.9, indexer wq_b [4096, 1280] 4.4 / 5.4, shared w2 [5120, 2304] 7.3 / 8.1, wo_b [5120,
+// 8192] 20.1 / 19.4, wq_b [32768, 1280] 18.9 / fp8_mma_gemv 13.9; at M = 2 it is ahead on every V4.1 shape. The FP4
+// mode is slower than fp4_mma_gemv: the grouped experts at one token, w1 + w3 58.5 / 42.1 us, w2 36.6 / 21.6 (the
+// E2M1 -> E4M3 -> FP16 decode costs ~355 instructions per 1 KB item against the exact kernel's ~286).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +39,20 @@ namespace {
 
 constexpr int kStageCols = 128;  // linear_tc.cu's kBK: the columns whose total is one term of a row's sum
 constexpr int kMaxWarps = 16;
+
+// fp_decode.cuh's e8m0_f32 without branches (the same values: 255 -> the canonical NaN, 0 -> 2^-127).
+__device__ __forceinline__ float e8m0_sel(uint32_t e) {
+  uint32_t u = e << 23;
+  u = e == 0u ? 0x00400000u : u;
+  u = e == 255u ? 0x7fc00000u : u;
+  return __uint_as_float(u);
+}
+
+__device__ __forceinline__ uint32_t ldg_stream4(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
 
 // Shared memory: x codes [M][K] bytes, x scales [K / 32][8] floats (per 32 columns and token), stage totals
 // [U][K / 128][16][M2] floats (M2 = M rounded up to even).
@@ -59,31 +77,43 @@ __device__ __forceinline__ uint32_t x_codes4(float4 v, float inv) {
   return d;
 }
 
-// One ring slot: an item's 8 weight words per lane (4 k steps x rows g, g + 8) and its tile-scale codes where the
-// scale layout allows a load per item (kScale32: the 4 codes of 32 x 32 tiles as one word, byte j for k step j;
-// kScale128: the stage's one code).
-struct Slot {
-  uint2 w[4][2];
-  uint32_t sc;
-};
+// Weight and scale layouts: E4M3 with 32 x 32 tiles and 4-byte aligned scale rows (V4.1; fold blocks of one k step),
+// E4M3 with 128 x 128 tiles and act_quant_block 128 (V4; one fold block per stage), any other E4M3 (codes read per
+// fold block), packed FP4 with a scale per row and 32 columns (the routed experts).
+enum ScaleMode : int { kScale32 = 0, kScale128 = 1, kScaleAny = 2, kFp4 = 3 };
 
-// Scale layouts: 32 x 32 tiles with 4-byte aligned scale rows (V4.1; fold blocks of one k step), 128 x 128 tiles with
-// act_quant_block 128 (V4; one fold block per stage), anything else (codes read per fold block).
-enum ScaleMode : int { kScale32 = 0, kScale128 = 1, kScaleAny = 2 };
+// One ring slot: an item's weight words per lane (4 k steps x rows g, g + 8: 8 bytes each for E4M3, 4 for FP4) and
+// its scale codes where the layout allows a load per item (kScale32: the 4 codes of 32 x 32 tiles as one word, byte j
+// for k step j; kScale128: the stage's one code; kFp4: rows g and g + 8's words of 4 codes).
+template <int SM>
+struct Slot {
+  static constexpr int kWords = SM == kFp4 ? 1 : 2;
+  uint32_t w[4][2][kWords];
+  uint32_t sc[SM == kFp4 ? 2 : 1];
+};
 
 // Block: U units of 16 weight rows (blockIdx.x U, ...); its items (unit u, stage s), item i = u S + s, go to the warps
 // in turn (warp w: items w, w + W, ...), each loaded two items ahead of its MMAs (a ring of 3 slots, rotated by
 // unrolling). W warps per block: 8 with 3 blocks per SM (<= 85 registers, so that wo_b's 320 units all start at once),
 // or 16 for the calls with few units.
+// Grouped calls (p.row_expert): blockIdx.y is the row of y; the block's matrix is looked up after griddepcontrol.wait
+// (the ids come from the previous kernel), and its one row of x is quantised alone.
 template <int W, int SM>
 __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvArgs p, int U) {
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t smem_tcg[];
   constexpr int nt = 32 * W, nw = W;
+  constexpr int kRowBytes = SM == kFp4 ? kStageCols / 2 : kStageCols;  // a row's weight bytes per stage
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int K = p.K, N = p.N, M = p.M, S = K / kStageCols, M2 = (M + 1) & ~1;
-  const int fsteps = SM == kScale32 ? 1 : SM == kScale128 ? 4 : p.fsteps;
+  const bool grouped = p.row_expert != nullptr;
+  const int vm = static_cast<int>(blockIdx.y);  // grouped: the row of y
+  const int K = p.K, N = p.N, M = grouped ? 1 : p.M, S = K / kStageCols, M2 = (M + 1) & ~1;
+  const int fsteps = SM == kScale32 || SM == kFp4 ? 1 : SM == kScale128 ? 4 : p.fsteps;
+  const float* X = grouped ? p.x + static_cast<int64_t>(vm % p.x_rows) * p.ldx : p.x;
+  float* Y = grouped ? p.y + static_cast<int64_t>(vm) * N : p.y;
+  const uint8_t* Wt = p.w;
+  const uint8_t* SC = p.sc;
   uint8_t* xq = smem_tcg;
   float* sx = reinterpret_cast<float*>(smem_tcg + tc_gemv_xs_bytes(M, K));
   float* stash = sx + (K / 32) * 8;
@@ -93,38 +123,61 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
   // The loader: item (unit lu, stage ls) with pointers at this lane's bytes of rows g, g + 8 and at the unit's scale
   // codes of the stage; advanced nw items at a time, re-based only when it moves to another unit.
   int lu = warp / S, ls = warp % S;
-  const uint8_t *lr0 = nullptr, *lr1 = nullptr, *lsc = nullptr;
+  const uint8_t *lr0 = nullptr, *lr1 = nullptr, *lsc = nullptr, *lsc1 = nullptr;
   auto base = [&]() {
     const int n0 = (u0 + lu) * 16;
-    const int64_t k0 = static_cast<int64_t>(ls) * kStageCols;
-    lr0 = p.w + static_cast<int64_t>(min(n0 + g, N - 1)) * p.ldw + k0 + 8 * t;
-    lr1 = p.w + static_cast<int64_t>(min(n0 + g + 8, N - 1)) * p.ldw + k0 + 8 * t;
-    if constexpr (SM == kScale32) lsc = p.sc + static_cast<int64_t>(n0 / 32) * p.lds + 4 * ls;
-    if constexpr (SM == kScale128) lsc = p.sc + static_cast<int64_t>(n0 / 128) * p.lds + ls;
+    const int64_t row0 = min(n0 + g, N - 1), row1 = min(n0 + g + 8, N - 1);
+    const int64_t kb = static_cast<int64_t>(ls) * kRowBytes + (SM == kFp4 ? 4 : 8) * t;
+    lr0 = Wt + row0 * p.ldw + kb;
+    lr1 = Wt + row1 * p.ldw + kb;
+    if constexpr (SM == kScale32) lsc = SC + static_cast<int64_t>(n0 / 32) * p.lds + 4 * ls;
+    if constexpr (SM == kScale128) lsc = SC + static_cast<int64_t>(n0 / 128) * p.lds + ls;
+    if constexpr (SM == kFp4) lsc = SC + row0 * p.lds + 4 * ls, lsc1 = SC + row1 * p.lds + 4 * ls;
   };
-  auto load = [&](Slot& d) {
+  auto load = [&](Slot<SM>& d) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      d.w[j][0] = ldg_stream8(lr0 + 32 * j);
-      d.w[j][1] = ldg_stream8(lr1 + 32 * j);
+      if constexpr (SM == kFp4) {
+        d.w[j][0][0] = ldg_stream4(lr0 + 16 * j);
+        d.w[j][1][0] = ldg_stream4(lr1 + 16 * j);
+      } else {
+        const uint2 a = ldg_stream8(lr0 + 32 * j), b = ldg_stream8(lr1 + 32 * j);
+        d.w[j][0][0] = a.x, d.w[j][0][Slot<SM>::kWords - 1] = a.y;
+        d.w[j][1][0] = b.x, d.w[j][1][Slot<SM>::kWords - 1] = b.y;
+      }
     }
-    if constexpr (SM == kScale32) d.sc = __ldg(reinterpret_cast<const uint32_t*>(lsc));
-    if constexpr (SM == kScale128) d.sc = __ldg(lsc);
+    if constexpr (SM == kScale32) d.sc[0] = __ldg(reinterpret_cast<const uint32_t*>(lsc));
+    if constexpr (SM == kScale128) d.sc[0] = __ldg(lsc);
+    if constexpr (SM == kFp4) {
+      d.sc[0] = __ldg(reinterpret_cast<const uint32_t*>(lsc));
+      d.sc[SM == kFp4 ? 1 : 0] = __ldg(reinterpret_cast<const uint32_t*>(lsc1));
+    }
     ls += nw;
     if (ls < S) {
-      lr0 += nw * kStageCols, lr1 += nw * kStageCols;
-      if constexpr (SM == kScale32) lsc += 4 * nw;
+      lr0 += nw * kRowBytes, lr1 += nw * kRowBytes;
+      if constexpr (SM == kScale32 || SM == kFp4) lsc += 4 * nw;
+      if constexpr (SM == kFp4) lsc1 += 4 * nw;
       if constexpr (SM == kScale128) lsc += nw;
     } else {
       for (; ls >= S; ls -= S) ++lu;
       base();
     }
   };
-  Slot ra, rb, rc;
-  base();
-  if (warp < items) load(ra);  // the weights do not depend on the previous kernel
-  if (warp + nw < items) load(rb);
+  Slot<SM> ra, rb, rc;
+  if (!grouped) {  // the weights do not depend on the previous kernel
+    base();
+    if (warp < items) load(ra);
+    if (warp + nw < items) load(rb);
+  }
   pdl_wait();
+  if (grouped) {
+    const int e = __ldcg(p.row_expert + vm % p.x_rows) + vm / p.x_rows * p.n_experts;
+    Wt = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
+    SC = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
+    base();
+    if (warp < items) load(ra);
+    if (warp + nw < items) load(rb);
+  }
 
   // x's FP8 input site into shared memory, row by row: chunk c of a row is its float4 at column 4c; the L = act / 4
   // chunks of a group sit in L consecutive lanes, which reduce its amax by shuffles; kXUnroll chunks per thread are
@@ -132,7 +185,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
   {
     const int L = p.act / 4, rowc = K / 4;
     for (int m = 0; m < M; ++m) {
-      const float* xr = p.x + static_cast<int64_t>(m) * p.ldx;
+      const float* xr = X + static_cast<int64_t>(m) * p.ldx;
       uint8_t* qr = xq + static_cast<int64_t>(m) * K;
       for (int c0 = 0; c0 < rowc; c0 += kXUnroll * nt) {
         float4 v[kXUnroll];
@@ -162,36 +215,52 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
 
   // Item after item: process slot `cur`, refill `nxt2` (the slot of the item before) with the item two ahead.
   int cu = warp / S, cs = warp % S;  // the current item's unit and stage
-  const uint8_t* xg = xq + g * K + 8 * t;
+  const bool gm = g < M;
+  const uint8_t* xg = xq + min(g, M - 1) * K + 8 * t;
   const float* sxt = sx + 2 * t;
-  auto step = [&](int i, Slot& cur, Slot& nxt2) {
+  auto step = [&](int i, Slot<SM>& cur, Slot<SM>& nxt2) {
     if (i + 2 * nw < items) load(nxt2);
     const int k0 = cs * kStageCols;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int cnt = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      uint32_t b0[2] = {0u, 0u}, b1[2] = {0u, 0u};
-      if (g < M) {
+      // Token g's codes (lanes of tokens >= M read token M - 1's and feed zeros: no branch).
+      uint32_t b0[2], b1[2];
+      {
         const uint2 v = *reinterpret_cast<const uint2*>(xg + k0 + 32 * j);
-        tc::b_frags(v.x, v.y, b0, b1);
+        tc::b_frags(gm ? v.x : 0u, gm ? v.y : 0u, b0, b1);
       }
-      tc::kstep(acc, cur.w[j][0].x, cur.w[j][0].y, cur.w[j][1].x, cur.w[j][1].y, b0, b1);
+      if constexpr (SM == kFp4) {
+        uint32_t lo0, lo1, hi0, hi1;
+        tc::fp4x8_to_e4m3(cur.w[j][0][0], lo0, lo1);
+        tc::fp4x8_to_e4m3(cur.w[j][1][0], hi0, hi1);
+        tc::kstep(acc, lo0, lo1, hi0, hi1, b0, b1);
+      } else {
+        tc::kstep(acc, cur.w[j][0][0], cur.w[j][0][Slot<SM>::kWords - 1], cur.w[j][1][0],
+                  cur.w[j][1][Slot<SM>::kWords - 1], b0, b1);
+      }
       if (++cnt == fsteps) {  // end of a fold block: tot += P * (sw * sx), as the GEMM kernel
         cnt = 0;
-        uint32_t code;
-        if constexpr (SM == kScale32)
-          code = (cur.sc >> (8 * j)) & 0xffu;
-        else if constexpr (SM == kScale128)
-          code = cur.sc;
-        else
-          code = __ldg(p.sc + static_cast<int64_t>((u0 + cu) * 16 / p.B) * p.lds + (k0 + 32 * j) / p.B);
-        const float sw = e8m0_f32(code);
+        float s0, s1;
+        if constexpr (SM == kFp4) {
+          s0 = e8m0_sel((cur.sc[0] >> (8 * j)) & 0xffu);
+          s1 = e8m0_sel((cur.sc[SM == kFp4 ? 1 : 0] >> (8 * j)) & 0xffu);
+        } else {
+          uint32_t code;
+          if constexpr (SM == kScale32)
+            code = (cur.sc[0] >> (8 * j)) & 0xffu;
+          else if constexpr (SM == kScale128)
+            code = cur.sc[0];
+          else
+            code = __ldg(SC + static_cast<int64_t>((u0 + cu) * 16 / p.B) * p.lds + (k0 + 32 * j) / p.B);
+          s0 = s1 = e8m0_sel(code);
+        }
         const float2 sxv = *reinterpret_cast<const float2*>(sxt + (k0 / 32 + j) * 8);
-        tot[0] = __fmaf_rn(acc[0], __fmul_rn(sw, sxv.x), tot[0]);
-        tot[1] = __fmaf_rn(acc[1], __fmul_rn(sw, sxv.y), tot[1]);
-        tot[2] = __fmaf_rn(acc[2], __fmul_rn(sw, sxv.x), tot[2]);
-        tot[3] = __fmaf_rn(acc[3], __fmul_rn(sw, sxv.y), tot[3]);
+        tot[0] = __fmaf_rn(acc[0], __fmul_rn(s0, sxv.x), tot[0]);
+        tot[1] = __fmaf_rn(acc[1], __fmul_rn(s0, sxv.y), tot[1]);
+        tot[2] = __fmaf_rn(acc[2], __fmul_rn(s1, sxv.x), tot[2]);
+        tot[3] = __fmaf_rn(acc[3], __fmul_rn(s1, sxv.y), tot[3]);
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[c] = 0.0f;
       }
@@ -218,7 +287,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
     const float* st = stash + static_cast<int64_t>(u) * S * 16 * M2 + r * M2 + m;
     float run = 0.0f;
     for (int s = 0; s < S; ++s) run = __fadd_rn(run, st[s * 16 * M2]);
-    if (n < N) p.y[static_cast<int64_t>(m) * N + n] = p.round ? round_to_bf16(run) : run;
+    if (n < N) Y[static_cast<int64_t>(m) * N + n] = p.round ? round_to_bf16(run) : run;
   }
 }
 
@@ -241,29 +310,36 @@ TcGemvShape tc_gemv_shape(int N, int K) {
 }  // namespace
 
 bool tc_gemv_takes(const TcGemvArgs& a) {
-  return a.M >= 1 && a.M <= 8 && (a.act == 32 || a.act == 64 || a.act == 128) && a.K % kStageCols == 0 &&
-         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0 &&
-         tc_gemv_smem(a.M, a.K, tc_gemv_shape(a.N, a.K).U) <= smem_optin();
+  const bool grouped = a.row_expert != nullptr;
+  const int M = grouped ? 1 : a.M;
+  return M >= 1 && M <= 8 && (a.act == 32 || a.act == 64 || a.act == 128) && a.K % kStageCols == 0 &&
+         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0 && (!a.fp4 || a.sc4) &&
+         (!grouped || (a.x_rows > 0 && a.M % a.x_rows == 0)) &&
+         tc_gemv_smem(M, a.K, tc_gemv_shape(a.N, a.K).U) <= smem_optin();
 }
 
 void tc_gemv_into(const TcGemvArgs& a, CUstream_st* stream) {
+  const bool grouped = a.row_expert != nullptr;
   const TcGemvShape sh = tc_gemv_shape(a.N, a.K);
   const int units = (a.N + 15) / 16;
-  const int mode = a.B == 32 && a.fsteps == 1 && a.lds % 4 == 0 && reinterpret_cast<uintptr_t>(a.sc) % 4 == 0 ? kScale32
-                   : a.B == 128 && a.fsteps == 4 ? kScale128
-                                                 : kScaleAny;
+  const int mode = a.fp4                                 ? kFp4
+                   : a.B == 32 && a.fsteps == 1 && a.sc4 ? kScale32
+                   : a.B == 128 && a.fsteps == 4         ? kScale128
+                                                         : kScaleAny;
   using Kernel = void (*)(TcGemvArgs, int);
-  static const Kernel kernels[2][3] = {
-      {tc_gemv_kernel<8, kScale32>, tc_gemv_kernel<8, kScale128>, tc_gemv_kernel<8, kScaleAny>},
-      {tc_gemv_kernel<16, kScale32>, tc_gemv_kernel<16, kScale128>, tc_gemv_kernel<16, kScaleAny>}};
+  static const Kernel kernels[2][4] = {{tc_gemv_kernel<8, kScale32>, tc_gemv_kernel<8, kScale128>,
+                                        tc_gemv_kernel<8, kScaleAny>, tc_gemv_kernel<8, kFp4>},
+                                       {tc_gemv_kernel<16, kScale32>, tc_gemv_kernel<16, kScale128>,
+                                        tc_gemv_kernel<16, kScaleAny>, tc_gemv_kernel<16, kFp4>}};
   static std::once_flag once;
   std::call_once(once, [] {
     for (const auto& row : kernels)
       for (Kernel k : row)
         DI_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
   });
-  launch_pdl(kernels[sh.nw == 8 ? 0 : 1][mode], dim3(static_cast<unsigned>((units + sh.U - 1) / sh.U)), 32 * sh.nw,
-             tc_gemv_smem(a.M, a.K, sh.U), stream, a, sh.U);
+  const dim3 grid(static_cast<unsigned>((units + sh.U - 1) / sh.U), static_cast<unsigned>(grouped ? a.M : 1));
+  launch_pdl(kernels[sh.nw == 8 ? 0 : 1][mode], grid, 32 * sh.nw, tc_gemv_smem(grouped ? 1 : a.M, a.K, sh.U), stream, a,
+             sh.U);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

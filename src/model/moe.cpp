@@ -30,8 +30,10 @@ Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x_tokens, cons
   // repeated by ~70 blocks: the FP4 w1 + w3 / w2 kernels went from 57 / 36 to 49 / 26 us at batch 1 (ncu, V4.1-Flash
   // shape), neutral at 48 rows; at 192 rows (batch 32) the step measured 5% slower with it, so larger calls keep the
   // quantisation in the GEMV.
+  // Under the tensor-core contract (ops::linear_tc_mode) the grouped GEMV quantises x itself.
   constexpr int64_t kPrequantRows = 64;
-  const int64_t qb = groups.rows.size(0) <= kPrequantRows ? o.act_quant_block : 0;
+  const int64_t qb =
+      groups.rows.size(0) <= kPrequantRows && !ops::linear_tc_mode(x_tokens.device()) ? o.act_quant_block : 0;
   if (qb > 0) o.act_quant_block = 0;
   const Tensor x = ops::gather_rows(x_tokens, groups.rows, qb);
   const int64_t R = x.size(0);

@@ -335,6 +335,15 @@ void SideWork::done(const std::vector<Tensor>& writes) {
 #endif
 }
 
+bool linear_tc_mode(Device d) {
+#if DEEPINFER_HAS_CUDA
+  return d == Device::kCUDA && cuda::tc_from_rows() == 0;
+#else
+  (void)d;
+  return false;
+#endif
+}
+
 void side_join(Device d) {
 #if DEEPINFER_HAS_CUDA
   if (d == Device::kCUDA) cuda::side_join();

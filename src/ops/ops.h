@@ -99,6 +99,10 @@ class SideWork {
   std::unique_ptr<Impl> impl_;
 };
 void side_join(Device d);
+// Whether linear on device d follows the tensor-core contract for every call it can (CUDA with
+// DEEPINFER_CUDA_GEMM=tc; never on the CPU): callers that pre-quantise x for the exact kernels keep the FP8 input
+// site in the call instead, so that the grouped tensor-core GEMV takes it.
+bool linear_tc_mode(Device d);
 // Makes f's device table cover positions [0, rows) now (a replayed graph's RoPE reads it without growing it; a
 // growth makes the graphs that named the old table capture again). Nothing on the CPU.
 void rope_reserve(const RopeFreqs& f, int64_t rows, Device d);

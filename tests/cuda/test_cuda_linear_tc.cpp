@@ -261,12 +261,71 @@ void test_batch_invariance() {
   }
 }
 
+// Grouped rows (linear_tc_grouped, the decode GEMV's grouped mode): row l R + r equals linear_tc of x row r through
+// expert ids[r] of list l, bit for bit.
+void test_grouped() {
+  const Case cases[] = {
+      {"v4.1 fp8 experts [1024,4096]", di::DType::kE4M3, 1024, 4096, 32, 32},
+      {"v4.1 fp4 experts [2304,5120]", di::DType::kE2M1x2, 2304, 5120, 0, 32},
+      {"v4.1 fp4 experts [5120,2304]", di::DType::kE2M1x2, 5120, 2304, 0, 32},
+      {"v4 fp8 block 128 experts [640,2048]", di::DType::kE4M3, 640, 2048, 128, 128},
+      {"fp8 block 64 ragged N experts [333,2176]", di::DType::kE4M3, 333, 2176, 64, 64},
+  };
+  uint32_t seed = 13000;
+  for (const Case& c : cases) {
+    for (const int64_t L : {int64_t{1}, int64_t{2}}) {
+      char name[240];
+      std::snprintf(name, sizeof name, "linear_tc_grouped %s lists=%lld (R = 6, 5 experts) equals linear_tc per row",
+                    c.what, static_cast<long long>(L));
+      run_case(name, [&] {
+        constexpr int64_t kE = 5, kR = 6;
+        std::vector<std::vector<di::ops::QWeight>> lists(static_cast<size_t>(L));
+        for (auto& list : lists)
+          for (int64_t e = 0; e < kE; ++e) list.push_back(to_device(random_weight(c.dt, c.N, c.K, c.block, seed++)));
+        std::vector<const std::vector<di::ops::QWeight>*> ptrs;
+        for (const auto& list : lists) ptrs.push_back(&list);
+        const std::vector<int32_t> ids = {3, 0, 3, 4, 1, 2};
+        di::Tensor ih = di::Tensor::empty({kR}, di::DType::kI32);
+        std::memcpy(ih.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+        const di::Tensor x = random_rows(kR, c.K, seed++);
+        const di::Tensor xd = di::cuda::copy_to_device(x);
+        for (const bool round : {false, true}) {
+          di::ops::LinearOpts o;
+          o.act_quant_block = c.act;
+          o.round_out_bf16 = round;
+          const di::Tensor y =
+              di::cuda::copy_to_host(di::cuda::linear_tc_grouped(xd, di::cuda::copy_to_device(ih), ptrs, o));
+          for (int64_t l = 0; l < L; ++l)
+            for (int64_t r = 0; r < kR; ++r) {
+              const di::ops::QWeight& w =
+                  lists[static_cast<size_t>(l)][static_cast<size_t>(ids[static_cast<size_t>(r)])];
+              const di::Tensor want = di::cuda::copy_to_host(
+                  di::cuda::linear_tc(di::cuda::copy_to_device(x.slice(0, r, r + 1).contiguous()), w, o));
+              const float* a = want.data<float>();
+              const float* b = y.data<float>() + (l * kR + r) * c.N;
+              for (int64_t n = 0; n < c.N; ++n)
+                if (bits(a[n]) != bits(b[n])) {
+                  char buf[200];
+                  std::snprintf(buf, sizeof buf, "round=%d list %lld row %lld col %lld: grouped %.9g, alone %.9g",
+                                round ? 1 : 0, static_cast<long long>(l), static_cast<long long>(r),
+                                static_cast<long long>(n), b[n], a[n]);
+                  return std::string(buf);
+                }
+            }
+        }
+        return std::string();
+      });
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   return cuda_test::run_test_program([] {
     test_unsupported();
     test_batch_invariance();
+    test_grouped();
     test_against_cpu();
   });
 }
