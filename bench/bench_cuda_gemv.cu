@@ -13,14 +13,15 @@
 // it takes the call; gemv_set_fp8_variant 1, 2, 4, 6), the last column giving each later kernel's
 // speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the tensor-core contract of
 // linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also in wo_a's grouped mode (8
-// groups [1024, 4096], x row g against group g). GB/s counts the weight and scale bytes a call must read (grouped: of
-// the distinct experts the call touches, per list), % is of the read ceiling measured in the same run
-// (deepinfer::bench::read_ceiling_gbs over 2 GiB). First table: decode batches, dense calls of M = 2..64 rows on the
-// V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv, fp8_walk_gemv, fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and
-// bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>:
-// one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row
-// table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3
-// at decode batches, walk against rows).
+// groups [1024, 4096], x row g against group g), and a `read` row per shape: the ceiling's read kernel over the
+// weight's bytes alone at that size (what a plain streaming read of them takes, launch ramp and tail included). GB/s
+// counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
+// is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB). First table: decode
+// batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv, fp8_walk_gemv,
+// fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels
+// (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it).
+// BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after
+// the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -320,6 +321,26 @@ void run() {
             100.0 * gbs_old / read_gbs, ms_old / ms, ms_first / ms);
         std::fflush(stdout);
       }
+    }
+    // The anchor of this size: the read kernel of the ceiling over the weight's bytes (graph-launched like the
+    // calls above, rotating over the same copies, one 16-byte load per thread), so that a GEMV's distance from it is
+    // the kernel's own and not the ramp and tail of a read this short.
+    {
+      float* sink = nullptr;
+      CK(cudaMalloc(&sink, 4));
+      const size_t n16 = static_cast<size_t>(ws[0].w.nbytes()) / 16;
+      const unsigned grid =
+          static_cast<unsigned>(std::min<size_t>((n16 + 511) / 512, size_t{8} * prop.multiProcessorCount));
+      const double ms = time_calls(st, copies, [&](int i) {
+        deepinfer::bench::read_kernel<<<grid, 512, 0, st>>>(
+            static_cast<const float4*>(ws[static_cast<size_t>(i)].w.raw()), n16, sink);
+      });
+      const double bytes = static_cast<double>(n16) * 16;
+      std::printf("| %s [%lld, %lld] | %s read | - | %.2f | %.0f | %.0f%% | - | - | - | - | - |\n", s.name,
+                  static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), ms * 1e3, bytes / ms / 1e6,
+                  100.0 * bytes / ms / 1e6 / read_gbs);
+      std::fflush(stdout);
+      CK(cudaFree(sink));
     }
   }
 
