@@ -42,8 +42,9 @@
 //   M <= 256: 64 x 64 tiles (4 warps, 32 x 32 each); M > 256: 128 x 128 tiles (8 warps, 32 x 64 each).
 // x is quantised by a pre-pass into a call's scratch: codes uint8 [M, K] and scales float [K/32, M4]
 // (one per 32 columns, repeated over an act block; M4 = M rounded up to 4).
-// Decode (E4M3, M <= 8, act_quant_block 32 / 64 / 128): linear_tc_gemv.cu instead, one launch that quantises x
-// in every block and splits K by stages over the warps (wo_b [5120, 8192] at M = 1: 84 us in the GEMM kernel).
+// Decode (E4M3 or FP4, M <= 8, act_quant_block 32 / 64 / 128; and grouped rows, linear_tc_grouped below):
+// linear_tc_gemv.cu instead, one launch that quantises x in every block and splits K by stages over the warps (wo_b
+// [5120, 8192] at M = 1: 84 us in the GEMM kernel).
 // Requirements (else linear_tc_supported is false): x float32 [M, K] on kCUDA with dense rows,
 // act_quant_block > 0 and a multiple of 32, K % 128 == 0, gcd(act_quant_block, block) dividing 128, E4M3 block a
 // multiple of 32 (or E2M1x2 with scale [N, K/32]), 16-byte aligned weight rows, 4-byte aligned scale rows.
