@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <random>
 #include <set>
@@ -529,9 +530,11 @@ void run() {
       distinct += static_cast<double>(used.size());
     }
     distinct /= kRoutings;
-    int32_t* ids_d = nullptr;
-    CK(cudaMalloc(&ids_d, ids.size() * sizeof(int32_t)));
-    CK(cudaMemcpy(ids_d, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    // The ids on the device, as a tensor for linear_tc_grouped and as the raw pointer for gemv_into.
+    di::Tensor ids_h = di::Tensor::empty({static_cast<int64_t>(ids.size())}, di::DType::kI32);
+    std::memcpy(ids_h.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+    const di::Tensor ids_t = di::cuda::copy_to_device(ids_h);
+    const int32_t* ids_d = ids_t.data<int32_t>();
     for (const bool second : {false, true}) {
       const int lists = second ? 1 : 2;
       const int64_t N = second ? kDim : kInter, K = second ? kInter : kDim;
@@ -566,9 +569,6 @@ void run() {
       {
         di::ops::LinearOpts ot = o;
         ot.act_quant_block = 32;
-        const di::Tensor ids_t =
-            di::Tensor::empty({static_cast<int64_t>(ids.size())}, di::DType::kI32, di::Device::kCUDA);
-        CK(cudaMemcpy(ids_t.raw(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
         const std::vector<const std::vector<di::ops::QWeight>*> tl =
             second ? std::vector<const std::vector<di::ops::QWeight>*>{&w2}
                    : std::vector<const std::vector<di::ops::QWeight>*>{&w1, &w3};
@@ -591,7 +591,6 @@ void run() {
           100.0 * bytes / ms[3] / 1e6 / read_gbs);
       std::fflush(stdout);
     }
-    CK(cudaFree(ids_d));
   }
   for (void* p : tables) CK(cudaFree(p));
   CK(cudaStreamDestroy(st));

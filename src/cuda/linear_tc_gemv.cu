@@ -42,20 +42,6 @@ namespace {
 constexpr int kStageCols = 128;  // linear_tc.cu's kBK: the columns whose total is one term of a row's sum
 constexpr int kMaxWarps = 16;
 
-// fp_decode.cuh's e8m0_f32 without branches (the same values: 255 -> the canonical NaN, 0 -> 2^-127).
-__device__ __forceinline__ float e8m0_sel(uint32_t e) {
-  uint32_t u = e << 23;
-  u = e == 0u ? 0x00400000u : u;
-  u = e == 255u ? 0x7fc00000u : u;
-  return __uint_as_float(u);
-}
-
-__device__ __forceinline__ uint32_t ldg_stream4(const void* p) {
-  uint32_t v;
-  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-
 // x in shared memory: up to kX16Rows rows of x (decode at one or two tokens, every grouped call) as the FP16 values
 // of their codes [M][K] (the B fragments then load as they are: one 16-byte load per k step instead of an 8-byte one,
 // four conversions and two selects), then 16 zero bytes that the lanes of tokens >= M read; more rows as the codes
@@ -156,7 +142,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
     if constexpr (SM == kScale128) d.sc[0] = __ldg(lsc);
     if constexpr (SM == kFp4) {
       d.sc[0] = __ldg(reinterpret_cast<const uint32_t*>(lsc));
-      d.sc[SM == kFp4 ? 1 : 0] = __ldg(reinterpret_cast<const uint32_t*>(lsc1));
+      d.sc[1] = __ldg(reinterpret_cast<const uint32_t*>(lsc1));
     }
     ls += nw;
     if (ls < S) {
@@ -262,8 +248,8 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
         cnt = 0;
         float s0, s1;
         if constexpr (SM == kFp4) {
-          s0 = e8m0_sel((cur.sc[0] >> (8 * j)) & 0xffu);
-          s1 = e8m0_sel((cur.sc[SM == kFp4 ? 1 : 0] >> (8 * j)) & 0xffu);
+          s0 = e8m0_f32((cur.sc[0] >> (8 * j)) & 0xffu);
+          s1 = e8m0_f32((cur.sc[1] >> (8 * j)) & 0xffu);
         } else {
           uint32_t code;
           if constexpr (SM == kScale32)
@@ -272,7 +258,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
             code = cur.sc[0];
           else
             code = __ldg(SC + static_cast<int64_t>((u0 + cu) * 16 / p.B) * p.lds + (k0 + 32 * j) / p.B);
-          s0 = s1 = e8m0_sel(code);
+          s0 = s1 = e8m0_f32(code);
         }
         const float2 sxv = *reinterpret_cast<const float2*>(sxt + (k0 / 32 + j) * 8);
         tot[0] = __fmaf_rn(acc[0], __fmul_rn(s0, sxv.x), tot[0]);
@@ -363,7 +349,7 @@ void tc_gemv_into(const TcGemvArgs& a, CUstream_st* stream) {
   const dim3 grid(static_cast<unsigned>((units + sh.U - 1) / sh.U), static_cast<unsigned>(grouped ? a.M : 1));
   const int rows = grouped ? 1 : a.M;
   launch_pdl(kernels[rows <= kX16Rows ? 1 : 0][sh.nw == 8 ? 0 : 1][mode], grid, 32 * sh.nw,
-             tc_gemv_smem(grouped ? 1 : a.M, a.K, sh.U), stream, a, sh.U);
+             tc_gemv_smem(rows, a.K, sh.U), stream, a, sh.U);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
