@@ -22,10 +22,13 @@
 // (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it).
 // BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after
 // the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
+// BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table
+// comes right away (with BENCH_SKIP_BATCHED=1).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
-// copies totalling >= 512 MiB (L2 is 50-60 MB), so the weights stream from HBM; x and y stay the same.
+// copies totalling >= 512 MiB (L2 is 50-60 MB), so the weights stream from HBM; x and y stay the same (BENCH_L2=1:
+// one copy, the weights then L2-resident where they fit).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -164,7 +167,11 @@ ShapeSetup setup_shape(int fmt, int64_t N, int64_t K, int64_t rows) {
   ShapeSetup su;
   su.ws.push_back(make_weight(fmt, N, K));
   su.wbytes = qbytes(su.ws[0]);
-  const int copies = static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / su.wbytes)));
+  // BENCH_L2=1: one copy, so that every call after the first reads the weight from L2 where it fits (what a GEMV
+  // whose weight was prefetched into L2 would take).
+  const int copies = std::getenv("BENCH_L2") != nullptr
+                         ? 1
+                         : static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / su.wbytes)));
   for (int i = 1; i < copies; ++i) su.ws.push_back(make_weight(fmt, N, K));
   su.x = dev_act({rows, K});
   su.y = di::Tensor::empty({rows, N}, di::DType::kF32, di::Device::kCUDA);
@@ -265,9 +272,10 @@ void run() {
       {"shared w2", kFp8, 5120, 2304}, {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120},
       {"expert w2", kFp4, 5120, 2304}, {"gate", kBf16, 384, 5120},         {"head", kBf16, 129280, 5120},
   };
-  const char* dense_only = std::getenv("BENCH_DENSE_SHAPE");  // a shape name: that row alone, then stop
+  const char* dense_only = std::getenv("BENCH_DENSE_SHAPE");          // a shape name: that row alone, then stop
+  const bool fp4_only = std::getenv("BENCH_GROUPED_FP4") != nullptr;  // the grouped FP4 table alone
   for (const Shape& s : shapes) {
-    if (dense_only != nullptr && std::string(dense_only) != s.name) continue;
+    if (fp4_only || (dense_only != nullptr && std::string(dense_only) != s.name)) continue;
     ShapeSetup su = setup_shape(s.fmt, s.N, s.K, 4);
     const std::vector<di::ops::QWeight>& ws = su.ws;  // (lambdas capture these: no structured bindings in C++17)
     const di::ops::LinearOpts& o = su.o;
@@ -351,7 +359,7 @@ void run() {
   }
 
   // ---- grouped E4M3, as wo_a: 8 groups [1024, 4096], x row g against group g's weight (x_rows 8) ---------
-  {
+  if (!fp4_only) {
     constexpr int kGroups = 8;
     constexpr int64_t kN = 1024, kK = 4096;
     const di::ops::QWeight g0 = make_weight(kFp8, kN, kK);
@@ -406,7 +414,7 @@ void run() {
   // ---- grouped E4M3 at decode batches with a known row period (GemvArgs::row_period), as the model calls them:
   // wo_a (row t * 8 + g against group g, period 8, no act quant) and the shared expert's w1 + w3 (2 lists of one
   // matrix each, every row against it: period 1, act quant 32); fp8_walk_gemv against fp8_rows_gemv ------------
-  {
+  if (!fp4_only) {
     struct GShape {
       const char* name;
       int64_t N, K;
