@@ -155,8 +155,16 @@ double time_calls(cudaStream_t st, int copies, F body) {
   return deepinfer::bench::time_graph(st, calls, [&](int i) { body(i % copies); });
 }
 
-// A shape's weight copies (>= 512 MiB in all, so that calls rotating over them read HBM), x [rows, K] and y
-// [rows, N] on the GPU, and the options of its rows (act_quant_block 32 for FP8 / FP4, 0 for BF16; bf16 output).
+// How many copies of a call's weights (`bytes` per copy) the calls rotate over: >= 512 MiB in all (at most 64), so
+// that they read HBM; BENCH_L2=1: one, so that every call after the first reads the weights from L2 where they fit
+// (what a GEMV whose weights were prefetched into L2 would take).
+int weight_copies(double bytes) {
+  if (std::getenv("BENCH_L2") != nullptr) return 1;
+  return static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / bytes)));
+}
+
+// A shape's weight copies (weight_copies), x [rows, K] and y [rows, N] on the GPU, and the options of its rows
+// (act_quant_block 32 for FP8 / FP4, 0 for BF16; bf16 output).
 struct ShapeSetup {
   std::vector<di::ops::QWeight> ws;
   double wbytes = 0.0;  // of one copy
@@ -167,11 +175,7 @@ ShapeSetup setup_shape(int fmt, int64_t N, int64_t K, int64_t rows) {
   ShapeSetup su;
   su.ws.push_back(make_weight(fmt, N, K));
   su.wbytes = qbytes(su.ws[0]);
-  // BENCH_L2=1: one copy, so that every call after the first reads the weight from L2 where it fits (what a GEMV
-  // whose weight was prefetched into L2 would take).
-  const int copies = std::getenv("BENCH_L2") != nullptr
-                         ? 1
-                         : static_cast<int>(std::min<double>(64, std::max(2.0, (512.0 * (1 << 20)) / su.wbytes)));
+  const int copies = weight_copies(su.wbytes);
   for (int i = 1; i < copies; ++i) su.ws.push_back(make_weight(fmt, N, K));
   su.x = dev_act({rows, K});
   su.y = di::Tensor::empty({rows, N}, di::DType::kF32, di::Device::kCUDA);
@@ -364,7 +368,7 @@ void run() {
     constexpr int64_t kN = 1024, kK = 4096;
     const di::ops::QWeight g0 = make_weight(kFp8, kN, kK);
     const double bytes = kGroups * qbytes(g0);
-    const int copies = static_cast<int>(std::max(2.0, (512.0 * (1 << 20)) / bytes));
+    const int copies = weight_copies(bytes);
     std::vector<di::ops::QWeight> gw{g0};
     for (int i = 1; i < copies * kGroups; ++i) gw.push_back(make_weight(kFp8, kN, kK));
     const DeviceTables tables(gw);  // copy c: tables of groups [c * 8, c * 8 + 8)
@@ -428,7 +432,7 @@ void run() {
       const int mats = g.lists * g.period;  // distinct matrices of one call
       const di::ops::QWeight w0 = make_weight(kFp8, g.N, g.K);
       const double bytes = mats * qbytes(w0);
-      const int copies = static_cast<int>(std::max(2.0, (512.0 * (1 << 20)) / bytes));
+      const int copies = weight_copies(bytes);
       std::vector<di::ops::QWeight> gw{w0};
       for (int i = 1; i < copies * mats; ++i) gw.push_back(make_weight(kFp8, g.N, g.K));
       // Copy c: tables of matrices [c * mats, c * mats + mats): list l's entries at l * period.
