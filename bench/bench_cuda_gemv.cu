@@ -28,7 +28,7 @@
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
 // copies totalling >= 512 MiB (L2 is 50-60 MB), so the weights stream from HBM; x and y stay the same (BENCH_L2=1:
-// one copy, the weights then L2-resident where they fit).
+// one copy, the weights then L2-resident where they fit; the grouped FP4 table keeps rotating over its 384 experts).
 #include <cuda_runtime.h>
 
 #include <algorithm>
