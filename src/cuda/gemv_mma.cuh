@@ -1,5 +1,5 @@
 // Pieces shared by the tensor-core decode GEMVs (fp4_mma_gemv, fp8_mma_gemv): the launch shape and shared-memory
-// layout, the parameter block, a block's rows,
+// layout, the parameter block (with fp4_mma_gemv's x pre-pass scratch and its layout), a block's rows,
 // the prologue's flags and walk over x, the exact one-product-per-output mma, a 16-byte shared-memory load at a
 // shared-space address, and on the host the slow-path counter read and the launch.
 #pragma once
@@ -47,9 +47,25 @@ __host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes
 
 // Kernel parameters, by value (copy_gemv_args fills the call's fields).
 struct MmaParams : GemvCall {
-  int mtiles;  // x rows served: M (dense: each against the one weight)
-  int steps;   // ceil(N / rows per step)
+  int mtiles;                       // x rows served: M (dense: each against the one weight)
+  int steps;                        // ceil(N / rows per step)
+  const uint8_t* images = nullptr;  // fp4_mma_gemv: the x pre-pass's scratch (fp4_mma_images_layout)
+  int64_t x_count = 0;              // fp4_mma_gemv: x rows in it
 };
+
+// fp4_mma_gemv's x pre-pass scratch, byte offsets: per x row its B images (K * 4 bytes, the kernel's shared-memory
+// layout), then per x row its kx words [K / 32], then per x row and chunk kx where the chunk qualifies, else INT_MIN.
+struct MmaImagesLayout {
+  int64_t img, kxs, rec, total;
+};
+__host__ __device__ inline MmaImagesLayout fp4_mma_images_layout(int64_t rows, int K) {
+  MmaImagesLayout m;
+  m.img = 0;
+  m.kxs = rows * K * 4;
+  m.rec = m.kxs + rows * (K / 32) * 4;
+  m.total = m.rec + rows * (K / 32) * 4;
+  return m;
+}
 
 #ifdef __CUDACC__
 // A block's x row and, in grouped mode, its expert's weight and scale rows (read after pdl_wait: the ids and tables
@@ -152,11 +168,13 @@ inline int64_t mma_read_counter(const void* symbol, bool reset) {
 // Host: launches an mma GEMV kernel for the call a (threads per block, rows per step, dynamic shared memory smem):
 // one x row per block (grouped: against its expert's weight; dense: all against the one weight; the x row is the
 // fastest index of the block number, so the blocks that read the same weight rows run side by side and L2 serves all
-// but the first), launch_persistent's grid.
+// but the first), launch_persistent's grid; images / x_count: fp4_mma_gemv's x pre-pass scratch, if any.
 inline void mma_launch(void (*kernel)(MmaParams), const GemvArgs& a, int threads, int rows_per_step, int64_t smem,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const uint8_t* images = nullptr, int64_t x_count = 0) {
   MmaParams p = {};
   copy_gemv_args(a, p);
+  p.images = images;
+  p.x_count = x_count;
   p.mtiles = a.M;
   p.steps = (a.N + rows_per_step - 1) / rows_per_step;
   launch_persistent(kernel, p, threads, smem, stream);

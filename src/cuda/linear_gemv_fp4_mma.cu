@@ -27,7 +27,8 @@
 // lane (g', t') holds B[2t'][g'], B[2t'+1][g'], so only the 8 lanes with t' = g' / 2 hold a nonzero half (k = g').
 // A block writes, from its x row, those lanes' 16 words per segment (one per A-tile) to shared memory once (512
 // bytes per segment); in the main loop each of those lanes reads its 64 bytes per segment (4 x 16-byte loads) and
-// every other lane reads a shared zero block (no selects).
+// every other lane reads a shared zero block (no selects). For calls of few x rows a pre-pass kernel (fp4_mma_images)
+// builds every row's images once and the blocks copy theirs in (cp.async) instead of building them.
 // x qualifies ("x_ok") when every chunk of it is exactly X * 2^kx with kx = E(amax) - 15 (-127 <= kx <= 112): what
 // the model's grouped expert calls pass (x fake-quantised by gather_rows / swiglu) and most bf16 rows. A warp takes
 // the fast path for its 16 rows when x qualifies and every scale code e of its rows keeps S normal
@@ -69,6 +70,45 @@ __device__ __forceinline__ bool codes_in(uint32_t e, int lo, int hi) {
     ok = ok && v >= lo && v <= hi;
   }
   return ok;
+}
+
+// The x images of one 32-column chunk c of an x row (a lane per column, v = x[32 c + lane]): the lane's B image half
+// into img (the row's [K / 128 segments][8 lanes][16 words]), the chunk's (kx + 14) << 23 into kxs[c] and whether it
+// qualifies with its kx (MmaChunk; warp-uniform).
+__device__ __forceinline__ MmaChunk fp4_chunk_image(int c, float v, int lane, uint32_t* img, int* kxs) {
+  const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
+  const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;  // the largest X in [2^15, 2^16)
+  bool cok = amax < 0x7f800000u && kx >= -127 && kx <= 112;                 // finite; 2^-kx a normal float
+  uint32_t bits = 0u;
+  if (cok) {  // warp-uniform
+    const float q = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
+    const __half hq = __float2half_rn(q);
+    bits = __half_as_ushort(hq);
+    cok = __half2float(hq) == q && ((q == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
+  }
+  // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half e.
+  const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
+  img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = bits << (16 * e);
+  if (lane == 0) kxs[c] = (kx + 14) * (1 << 23);
+  return MmaChunk{kx, __all_sync(0xffffffffu, cok) != 0};
+}
+
+// The x pre-pass (one launch per call, before fp4_mma_gemv): every x row's B images, kx words and per-chunk record
+// (kx where the chunk qualifies, INT_MIN where not) into the call's scratch (fp4_mma_images_layout), a warp per chunk.
+// Built once per x row here instead of once per block in the GEMV's prologue, which at batch 1 was about a third of
+// the GEMV's instructions (432 blocks, each over all 160 chunks of K = 5,120).
+__global__ void __launch_bounds__(256) fp4_mma_images(const float* x, int64_t ldx, int64_t rows, int K, uint8_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int nch = K / 32, lane = static_cast<int>(threadIdx.x) & 31;
+  const int c = static_cast<int>(blockIdx.x) * 8 + (static_cast<int>(threadIdx.x) >> 5);
+  const int64_t r = blockIdx.y;
+  if (c >= nch) return;  // warp-uniform
+  const MmaImagesLayout L = fp4_mma_images_layout(rows, K);
+  uint32_t* img = reinterpret_cast<uint32_t*>(out + L.img + r * K * 4);
+  int* kxs = reinterpret_cast<int*>(out + L.kxs) + r * nch;
+  const MmaChunk m = fp4_chunk_image(c, __ldg(x + r * ldx + 32 * c + lane), lane, img, kxs);
+  if (lane == 0) reinterpret_cast<int*>(out + L.rec)[r * nch + c] = m.ok ? m.kx : INT_MIN;
 }
 
 __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
@@ -121,24 +161,39 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   };
   if (first < p.steps) begin(first);
 
-  // The B images of x (a warp per chunk, a lane per column), kx per chunk, and whether x qualifies.
-  mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) {
-    const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
-    const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;  // the largest X in [2^15, 2^16)
-    bool cok = amax < 0x7f800000u && kx >= -127 && kx <= 112;                 // finite; 2^-kx a normal float
-    uint32_t bits = 0u;
-    if (cok) {  // warp-uniform
-      const float q = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
-      const __half hq = __float2half_rn(q);
-      bits = __half_as_ushort(hq);
-      cok = __half2float(hq) == q && ((q == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
+  // The row's B images and kx words from the pre-pass (cp.async into this block's shared memory), and whether x
+  // qualifies with its kx range (each thread folds a few chunk records, a warp's fold goes to the flags); without a
+  // pre-pass the block builds them itself (a warp per chunk, a lane per column).
+  if (p.images == nullptr) {
+    mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) { return fp4_chunk_image(c, v, lane, img, kxs); });
+  } else {
+    const MmaImagesLayout L = fp4_mma_images_layout(p.x_count, K);
+    const int64_t xrow = p.x_rows > 0 ? mt % p.x_rows : mt;
+    const uint8_t* gimg = p.images + L.img + xrow * K * 4;
+    const uint8_t* gkxs = p.images + L.kxs + xrow * nch * 4;
+    const int tid = static_cast<int>(threadIdx.x), nthr = static_cast<int>(blockDim.x);
+    for (int i = tid; i < K / 4; i += nthr) cp_async16(smem_b + sm.img + 16 * i, gimg + 16 * i);
+    for (int i = tid; i < nch / 4; i += nthr) cp_async16(smem_b + sm.kxs + 16 * i, gkxs + 16 * i);
+    cp_async_commit();
+    const int* rec = reinterpret_cast<const int*>(p.images + L.rec) + xrow * nch;
+    bool ok = true;
+    int kmin = INT_MAX, kmax = INT_MIN;
+    for (int c = tid; c < nch; c += nthr) {
+      const int k = __ldg(rec + c);
+      ok = ok && k != INT_MIN;
+      kmin = k != INT_MIN ? min(kmin, k) : kmin;
+      kmax = max(kmax, k);
     }
-    // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half e.
-    const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
-    img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = bits << (16 * e);
-    if (lane == 0) kxs[c] = (kx + 14) * (1 << 23);
-    return MmaChunk{kx, __all_sync(0xffffffffu, cok) != 0};
-  });
+    ok = __all_sync(0xffffffffu, ok) != 0;
+    kmin = __reduce_min_sync(0xffffffffu, kmin);
+    kmax = __reduce_max_sync(0xffffffffu, kmax);
+    if (lane == 0) {
+      if (!ok) atomicAnd(&flags[0], 0);
+      atomicMin(&flags[1], kmin);
+      atomicMax(&flags[2], kmax);
+    }
+    cp_async_wait_all();  // also the first step's scale codes (begin's group)
+  }
   __syncthreads();  // images, kx, flags complete
   const bool x_ok = flags[0] != 0;
   const int lo = max(0, -13 - flags[1]), hi = min(252, 240 - flags[2]);  // e + kx + 14 in [1, 254], e <= 252
@@ -277,7 +332,24 @@ int64_t gemv_fp4_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_wa
 void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp4_mma_supported(a), "cuda::gemv: fp4_mma_gemv does not take this call (N {}, K {}, M {})", a.N, a.K,
            a.M);
-  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
+  // The x pre-pass for calls of few distinct x rows, where each row's images would otherwise be built by many blocks
+  // (batch 1: 6 rows, 36 blocks each for w1 + w3). Measured on the H200 (bench/RESULTS.md, eighteenth session):
+  // bench_cuda_gemv's grouped table at one token, w1 + w3 38.5 us against 42.3, w2 20.2 against 21.5;
+  // bench_cuda_model on the V4.1 flash shape, batch 1, 1.205 ms against 1.235 (means of four alternated runs). With
+  // more rows (the table's 4 tokens: 24 rows, 11 blocks each) it lost, w1 + w3 146 us against 130 (back to back in
+  // the bench's graph, a GEMV's prologue overlaps the previous call's tail; behind the pre-pass it cannot). Both
+  // prologues build the same images, so the choice never changes a bit.
+  constexpr int64_t kPrepassMaxRows = 8;
+  const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M, nch = a.K / 32;
+  if (xrows > kPrepassMaxRows) {
+    mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
+    return;
+  }
+  const Tensor scratch = call_scratch(static_cast<size_t>(fp4_mma_images_layout(xrows, a.K).total));
+  uint8_t* images = static_cast<uint8_t*>(scratch.raw());
+  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
+             a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images);
+  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images, xrows);
 }
 
 }  // namespace deepinfer::cuda
