@@ -95,8 +95,8 @@ __device__ __forceinline__ MmaChunk fp4_chunk_image(int c, float v, int lane, ui
 
 // The x pre-pass (one launch per call, before fp4_mma_gemv): every x row's B images, kx words and per-chunk record
 // (kx where the chunk qualifies, INT_MIN where not) into the call's scratch (fp4_mma_images_layout), a warp per chunk.
-// Built once per x row here instead of once per block in the GEMV's prologue, which at batch 1 was about a third of
-// the GEMV's instructions (432 blocks, each over all 160 chunks of K = 5,120).
+// Built once per x row here instead of once per block in the GEMV's prologue: at batch 1, 432 blocks each over all
+// 160 chunks of K = 5,120, a sixth to a fifth of the GEMV's instructions (bench/RESULTS.md, eighteenth session).
 __global__ void __launch_bounds__(256) fp4_mma_images(const float* x, int64_t ldx, int64_t rows, int K, uint8_t* out) {
   pdl_wait();
   pdl_launch_dependents();
