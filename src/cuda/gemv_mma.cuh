@@ -104,9 +104,18 @@ struct MmaChunk {
   bool ok;
 };
 
+// A warp's fold of its chunks into the block's flags (mma_block_flags'): x_ok, kx min, kx max (warp-uniform values).
+__device__ __forceinline__ void mma_fold_flags(int* flags, int lane, bool ok, int kmin, int kmax) {
+  if (lane == 0) {
+    if (!ok) atomicAnd(&flags[0], 0);
+    atomicMin(&flags[1], kmin);
+    atomicMax(&flags[2], kmax);
+  }
+}
+
 // The x walk of an mma GEMV's prologue: warp w takes chunks w, w + kMmaWarps, ... of x row xr (nch chunks of 32
 // columns), a lane per column, 16 chunks' loads in flight; chunk(c, v) (v: column 32 c + lane) builds the chunk's B
-// images and returns its MmaChunk. The warps then fold x_ok, kx min and kx max into flags (mma_block_flags'); the
+// images and returns its MmaChunk. The warps then fold x_ok, kx min and kx max into flags (mma_fold_flags); the
 // caller's barrier completes them.
 template <typename ChunkFn>
 __device__ __forceinline__ void mma_x_chunks(const float* xr, int nch, int warp, int lane, int* flags,
@@ -131,11 +140,7 @@ __device__ __forceinline__ void mma_x_chunks(const float* xr, int nch, int warp,
       kmax = max(kmax, m.kx);
     }
   }
-  if (lane == 0) {
-    if (!ok) atomicAnd(&flags[0], 0);
-    atomicMin(&flags[1], kmin);
-    atomicMax(&flags[2], kmax);
-  }
+  mma_fold_flags(flags, lane, ok, kmin, kmax);
 }
 
 // D = A diag(B): with B's only nonzeros on its diagonal, d0 / d1 are rows g, columns 2t / 2t + 1 (the lane's own a0

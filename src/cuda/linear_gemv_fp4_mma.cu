@@ -180,18 +180,12 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
     int kmin = INT_MAX, kmax = INT_MIN;
     for (int c = tid; c < nch; c += nthr) {
       const int k = __ldg(rec + c);
-      ok = ok && k != INT_MIN;
-      kmin = k != INT_MIN ? min(kmin, k) : kmin;
+      ok = ok && k != INT_MIN;  // kmin / kmax then do not matter: x_ok is false
+      kmin = min(kmin, k);
       kmax = max(kmax, k);
     }
-    ok = __all_sync(0xffffffffu, ok) != 0;
-    kmin = __reduce_min_sync(0xffffffffu, kmin);
-    kmax = __reduce_max_sync(0xffffffffu, kmax);
-    if (lane == 0) {
-      if (!ok) atomicAnd(&flags[0], 0);
-      atomicMin(&flags[1], kmin);
-      atomicMax(&flags[2], kmax);
-    }
+    mma_fold_flags(flags, lane, __all_sync(0xffffffffu, ok) != 0, __reduce_min_sync(0xffffffffu, kmin),
+                   __reduce_max_sync(0xffffffffu, kmax));
     cp_async_wait_all();  // also the first step's scale codes (begin's group)
   }
   __syncthreads();  // images, kx, flags complete
