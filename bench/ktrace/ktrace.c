@@ -3,8 +3,11 @@
 // writes them as CSV (start_ns,end_ns,stream,correlation,graph_node,name) to $KTRACE_OUT (default ktrace.csv) at exit.
 // Why: a decode step's time is its kernels plus the gaps between them (launch latency, graph boundaries, joins), and
 // only a real timeline separates the two. Built on the GPU machine by bench/ktrace/build.sh against that machine's
-// CUPTI; bench/ktrace/report.py turns the CSV into per-kernel and per-gap tables.
+// CUPTI; bench/ktrace/report.py turns the CSV into per-kernel and per-gap tables. KTRACE_API=1 adds the host's CUDA
+// runtime calls (stream "api", name "api:<function>"; host start and end on the same clock): which launch the host was
+// issuing while the GPU sat idle.
 #include <cupti_activity.h>
+#include <cupti_callbacks.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,6 +41,14 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
               m->streamId, m->correlationId, (unsigned long long)m->graphNodeId, (unsigned long long)m->bytes);
       continue;
     }
+    if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const CUpti_ActivityAPI* a = (const CUpti_ActivityAPI*)rec;
+      const char* fn = NULL;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &fn) != CUPTI_SUCCESS || !fn) fn = "?";
+      fprintf(out, "%llu,%llu,api,%u,0,api:%s\n", (unsigned long long)a->start, (unsigned long long)a->end,
+              a->correlationId, fn);
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const KTRACE_RECORD* k = (const KTRACE_RECORD*)rec;
     fprintf(out, "%llu,%llu,%u,%u,%llu,%s\n", (unsigned long long)k->start, (unsigned long long)k->end, k->streamId,
@@ -67,6 +78,9 @@ int InitializeInjection(void) {
     fprintf(stderr, "ktrace: could not enable CUPTI kernel activity\n");
     return 0;
   }
+  const char* api = getenv("KTRACE_API");
+  if (api && api[0] == '1' && cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS)
+    fprintf(stderr, "ktrace: could not enable CUPTI runtime API activity\n");
   atexit(flush_at_exit);
   return 1;
 }

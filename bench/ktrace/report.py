@@ -3,7 +3,10 @@
 idle gap before it (no kernel running on any stream), then the step's span, busy time and idle time, and the time per
 kernel name. A step runs from one embedding_kernel to the next; --step -2 (default) takes the last complete one.
 
-  python3 bench/ktrace/report.py trace.csv [--step -2] [--marker embedding_kernel] [--top 40]
+  python3 bench/ktrace/report.py trace.csv [--step -2] [--marker embedding_kernel] [--top 40] [--api]
+
+--api (a trace taken with KTRACE_API=1): the host's CUDA runtime calls inside the step too, each with its host start
+offset and the host time since the previous call ended, so a GPU gap can be matched to what the host was doing.
 """
 import argparse
 import csv
@@ -33,12 +36,17 @@ def main():
     ap.add_argument("--marker", default="embedding_kernel")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--quiet", action="store_true", help="only the summary and the per-name table")
+    ap.add_argument("--api", action="store_true", help="list the host's runtime calls (KTRACE_API=1 traces)")
     a = ap.parse_args()
-    rows = []
+    rows, api = [], []
     with open(a.csv) as f:
         for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["name"]))
+            if r["stream"] == "api":
+                api.append((int(r["start_ns"]), int(r["end_ns"]), r["name"][4:]))
+            else:
+                rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["name"]))
     rows.sort()
+    api.sort()
     plain = demangle(sorted({r[3] for r in rows}))
     rows = [(s, e, st, plain[n]) for s, e, st, n in rows]
     marks = [i for i, r in enumerate(rows) if a.marker in r[3]]
@@ -64,6 +72,17 @@ def main():
         if not a.quiet:
             print(f"{(s - t0) / 1e3:9.1f} {(e - t0) / 1e3:8.1f} {(e - s) / 1e3:7.1f} {gap / 1e3:7.1f} {adds / 1e3:7.1f} "
                   f"{streams[st]}  {short(name)}")
+    if a.api:
+        # The host's calls from the step's first kernel's start to its last kernel's end, with the host time between
+        # one call's end and the next call's start ("host us": the host's own work, not the driver's).
+        print(f"\n{'host start us':>13} {'call us':>8} {'host us':>8}  runtime call")
+        prev_end = None
+        for s, e, name in api:
+            if s < t0 - 100_000 or s > busy_until:
+                continue
+            host = 0.0 if prev_end is None else max(0, s - prev_end) / 1e3
+            prev_end = e
+            print(f"{(s - t0) / 1e3:13.1f} {(e - s) / 1e3:8.1f} {host:8.1f}  {name}")
     span = (busy_until - t0) / 1e3
     print(f"\nstep: {len(step)} kernels, span {span:.1f} us, idle (no kernel on any stream) {idle / 1e3:.1f} us, "
           f"busy {span - idle / 1e3:.1f} us")

@@ -12,10 +12,38 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/rope.cuh"
 
 namespace deepinfer::cuda {
 
 namespace {
+
+// The output's inverse RoPE (ops::AttnDerotate) as the kernels take it; rope_dim 0: none.
+struct Derot {
+  RopeRows rows;
+  int rope_dim = 0;
+};
+
+// The rotation of output column d (of D) of query row t: its pair's cos and negated sine (1, 0 outside the last
+// rope_dim columns). Loaded at the kernel's start, so that the table's latency is not at its end.
+__device__ __forceinline__ float2 derot_factors(int d, int D, int64_t t, const Derot& r) {
+  const int r0 = D - r.rope_dim;
+  if (r.rope_dim == 0 || d < r0 || d >= D) return make_float2(1.0f, 0.0f);
+  const int64_t half = r.rope_dim / 2, i = (d - r0) >> 1;
+  const int64_t p = rope_position(r.rows, t);
+  return make_float2(r.rows.cs[p * half + i], -r.rows.sn[p * half + i]);
+}
+
+// Output column d (of D), value v as it would be stored, cs its derot_factors: the de-rotated value (columns outside
+// the last rope_dim come back unchanged). Every lane of the warp calls it: the pair's other column is in lane ^ 1.
+__device__ __forceinline__ float derotate(float v, int d, int D, const Derot& r, float2 cs, bool round) {
+  const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+  const int r0 = D - r.rope_dim;
+  if (d < r0 || d >= D) return v;
+  const bool odd = ((d - r0) & 1) != 0;
+  const float2 y = odd ? rope_rotate(other, v, cs.x, cs.y, round) : rope_rotate(v, other, cs.x, cs.y, round);
+  return odd ? y.y : y.x;
+}
 
 constexpr int kTile = 64;      // entries per online-softmax tile (the CPU's)
 constexpr int kThreads = 256;  // 8 warps
@@ -33,9 +61,14 @@ template <int HG>
 __global__ void __launch_bounds__(kThreads)
     sparse_attn_kernel(const float* __restrict__ q, const float* __restrict__ kv, const int32_t* __restrict__ idx,
                        const float* __restrict__ sink, float* __restrict__ out, int H, int D, int N, int K, float scale,
-                       bool bf16_probs, bool round) {
+                       bool bf16_probs, bool round, Derot derot) {
   pdl_wait();
   pdl_launch_dependents();
+  float2 rot0 = make_float2(1.0f, 0.0f), rot1 = rot0;  // the de-rotation of this thread's two output columns
+  if (derot.rope_dim > 0) {
+    rot0 = derot_factors(static_cast<int>(threadIdx.x), D, blockIdx.y, derot);
+    rot1 = derot_factors(static_cast<int>(threadIdx.x) + kThreads, D, blockIdx.y, derot);
+  }
   static_assert(HG == 4 || HG == 8 || HG == 16, "heads per CTA");
   constexpr int R = HG / 4;  // heads per thread in the score phase (64 entries x HG heads over 256 threads)
   extern __shared__ __align__(16) float smem[];
@@ -187,23 +220,23 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll
   for (int h = 0; h < HG; ++h) {
-    if (h >= nh) continue;
+    if (h >= nh) continue;  // uniform over the CTA (as m below)
     const float m = m_s[h];
     float* o = out + (t * H + h0 + h) * D;
-    if (m == -INFINITY) {
-      if (d0 < D) o[d0] = 0.0f;
-      if (d1 < D) o[d1] = 0.0f;
-      continue;
+    float v0 = 0.0f, v1 = 0.0f;
+    if (m != -INFINITY) {
+      const float l = __fadd_rn(l_s[h], exp_f(__fsub_rn(sink[h0 + h], m)));
+      v0 = __fdiv_rn(__double2float_rn(acc[h][0]), l);
+      v1 = __fdiv_rn(__double2float_rn(acc[h][1]), l);
+      v0 = round ? round_to_bf16(v0) : v0;
+      v1 = round ? round_to_bf16(v1) : v1;
     }
-    const float l = __fadd_rn(l_s[h], exp_f(__fsub_rn(sink[h0 + h], m)));
-    if (d0 < D) {
-      const float v = __fdiv_rn(__double2float_rn(acc[h][0]), l);
-      o[d0] = round ? round_to_bf16(v) : v;
+    if (derot.rope_dim > 0) {
+      v0 = derotate(v0, d0, D, derot, rot0, round);
+      v1 = derotate(v1, d1, D, derot, rot1, round);
     }
-    if (d1 < D) {
-      const float v = __fdiv_rn(__double2float_rn(acc[h][1]), l);
-      o[d1] = round ? round_to_bf16(v) : v;
-    }
+    if (d0 < D) o[d0] = v0;
+    if (d1 < D) o[d1] = v1;
   }
 }
 
@@ -354,9 +387,15 @@ template <int HG>
 __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 ? 1 : 2)
     sparse_attn_split_kernel(const float* __restrict__ q, const float* __restrict__ kv, const int32_t* __restrict__ idx,
                              const float* __restrict__ sink, float* __restrict__ out, int H, int D, int N, int K,
-                             float scale, bool bf16_probs, bool round, SplitLayout L) {
+                             float scale, bool bf16_probs, bool round, SplitLayout L, Derot derot) {
   pdl_wait();
   pdl_launch_dependents();
+  // The de-rotation of this thread's P.V output column (step 5: c0 + cl), loaded now (derot_factors).
+  const float2 rot =
+      derot.rope_dim > 0
+          ? derot_factors(static_cast<int>(blockIdx.x % kC) * L.DC + static_cast<int>(threadIdx.x) % L.DC, D,
+                          blockIdx.y, derot)
+          : make_float2(1.0f, 0.0f);
   static_assert(HG == 4 || HG == 8 || HG == 16, "heads per cluster");
   constexpr int HPT = SplitCfg<HG>::kPvHeads;
   constexpr int MC = SplitCfg<HG>::kSlots;
@@ -663,20 +702,20 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   }
   if (nnt == 0) __syncthreads();  // MF, LF
 
-  if (col_ok) {
-    const int d = c0 + cl;
+  // Every thread goes through the stores (the de-rotation's shuffle pairs columns d, d ^ 1: lanes l, l ^ 1, since DC
+  // and c0 are even); only P.V threads of real heads store.
+  const int d = c0 + cl;
 #pragma unroll
-    for (int u = 0; u < HPT; ++u) {
-      const int h = hq * HPT + u;
-      if (h >= nh) continue;
-      float* o = out + (t * H + h0 + h) * D + d;
-      if (MF[h] == -INFINITY) {
-        *o = 0.0f;
-        continue;
-      }
-      const float v = __fdiv_rn(__double2float_rn(acc[u]), LF[h]);
-      *o = round ? round_to_bf16(v) : v;
+  for (int u = 0; u < HPT; ++u) {
+    const int h = hq * HPT + u;
+    const bool store = col_ok && h < nh;
+    float v = 0.0f;
+    if (store && MF[h] != -INFINITY) {
+      v = __fdiv_rn(__double2float_rn(acc[u]), LF[h]);
+      v = round ? round_to_bf16(v) : v;
     }
+    if (derot.rope_dim > 0) v = derotate(v, d, D, derot, rot, round);
+    if (store) out[(t * H + h0 + h) * D + d] = v;
   }
 }
 
@@ -688,7 +727,7 @@ void check_dev(const Tensor& t, DType dt, const char* what) {
 
 template <int HG>
 void launch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale, bool bf16_probs,
-            bool round, Tensor& out, cudaStream_t stream) {
+            bool round, Tensor& out, cudaStream_t stream, const Derot& derot) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const size_t smem = static_cast<size_t>(smem_floats(D, HG)) * sizeof(float);
   static const bool configured = [] {  // per instantiation, once, for the largest D
@@ -700,7 +739,7 @@ void launch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& 
   const dim3 grid(static_cast<unsigned>((H + HG - 1) / HG), static_cast<unsigned>(T));
   launch_pdl(sparse_attn_kernel<HG>, grid, kThreads, smem, stream, q.data<float>(), kv.data<float>(),
              idx.data<int32_t>(), sink.data<float>(), out.data<float>(), static_cast<int>(H), static_cast<int>(D),
-             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round);
+             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round, derot);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -749,7 +788,8 @@ SplitLayout split_plan(int64_t T, int64_t H, int64_t D, int64_t K, int hg) {
 
 template <int HG>
 void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                  bool bf16_probs, bool round, Tensor& out, cudaStream_t stream, const SplitLayout& L) {
+                  bool bf16_probs, bool round, Tensor& out, cudaStream_t stream, const SplitLayout& L,
+                  const Derot& derot) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   static const bool configured = [] {
     DI_CUDA_CHECK(
@@ -761,7 +801,7 @@ void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Te
   const dim3 grid(static_cast<unsigned>((H + HG - 1) / HG * kC), static_cast<unsigned>(T));
   launch_pdl(sparse_attn_split_kernel<HG>, grid, kThreads, smem, stream, q.data<float>(), kv.data<float>(),
              idx.data<int32_t>(), sink.data<float>(), out.data<float>(), static_cast<int>(H), static_cast<int>(D),
-             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round, L);
+             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round, L, derot);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -786,10 +826,55 @@ int auto_split_hg(int64_t T, int64_t H, int64_t D, int64_t K, SplitLayout* layou
   return 0;
 }
 
+// The launch of one call after sparse_attention_into's checks: the kernel and its heads per CTA / cluster.
+void dispatch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale, bool bf16_probs,
+              bool round, Tensor& out, CUstream_st* stream, int heads_per_cta, const Derot& derot) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  int split_hg = heads_per_cta < 0 ? -heads_per_cta : 0;
+  SplitLayout L{};
+  if (heads_per_cta == 0) split_hg = auto_split_hg(T, H, D, idx.size(1), &L);
+  if (split_hg != 0) {
+    const int64_t K = idx.size(1);
+    DI_CHECK(split_hg == 4 || split_hg == 8 || split_hg == 16,
+             "cuda::sparse_attention: heads per cluster must be 4, 8 or 16, got {}", split_hg);
+    DI_CHECK(K >= 1 && K <= kSplitMaxK,
+             "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}", kSplitMaxK, K);
+    if (heads_per_cta != 0) L = split_plan(T, H, D, K, split_hg);  // forced heads: auto_split_hg did not plan
+    DI_CHECK(static_cast<int64_t>(L.words) * 4 <= smem_optin(),
+             "cuda::sparse_attention: the split kernel needs {} bytes of shared memory for K {} D {} heads {}",
+             static_cast<int64_t>(L.words) * 4, K, D, split_hg);
+    if (split_hg == 4)
+      launch_split<4>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L, derot);
+    else if (split_hg == 8)
+      launch_split<8>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L, derot);
+    else
+      launch_split<16>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L, derot);
+    return;
+  }
+  int hg = heads_per_cta;
+  if (hg == 0) {
+    // Enough CTAs to fill the GPU (one 512-wide CTA per SM) with the most heads per CTA; the bar is the
+    // SM count rounded down to a multiple of 32 (128 on the H200: measured best at H = 64 is 4 heads
+    // for T = 8, 8 for T = 16, 16 from T = 32).
+    const int64_t target = sm_count() / 32 * 32;
+    hg = T * ((H + 15) / 16) >= target ? 16 : (T * ((H + 7) / 8) >= target ? 8 : 4);
+  }
+  if (hg == 16)
+    launch<16>(q, kv, idx, sink, scale, bf16_probs, round, out, s, derot);
+  else if (hg == 8)
+    launch<8>(q, kv, idx, sink, scale, bf16_probs, round, out, s, derot);
+  else if (hg == 4)
+    launch<4>(q, kv, idx, sink, scale, bf16_probs, round, out, s, derot);
+  else
+    fail("cuda::sparse_attention: heads per CTA must be 4, 8 or 16, got {}", hg);
+}
+
 }  // namespace
 
 void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                           bool bf16_probs, bool round, Tensor& out, CUstream_st* stream, int heads_per_cta) {
+                           bool bf16_probs, bool round, Tensor& out, CUstream_st* stream, int heads_per_cta,
+                           const ops::AttnDerotate* derotate) {
   check_dev(q, DType::kF32, "q");
   check_dev(kv, DType::kF32, "kv");
   check_dev(idx, DType::kI32, "idx");
@@ -807,51 +892,30 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
            "cuda::sparse_attention: too large: q {} kv {} idx {}", q.describe(), kv.describe(), idx.describe());
   DI_CHECK(reinterpret_cast<uintptr_t>(kv.raw()) % 16 == 0, "cuda::sparse_attention: kv rows must be 16-byte aligned");
   if (T == 0 || H == 0) return;
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  int split_hg = heads_per_cta < 0 ? -heads_per_cta : 0;
-  SplitLayout L{};
-  if (heads_per_cta == 0) split_hg = auto_split_hg(T, H, D, idx.size(1), &L);
-  if (split_hg != 0) {
-    const int64_t K = idx.size(1);
-    DI_CHECK(split_hg == 4 || split_hg == 8 || split_hg == 16,
-             "cuda::sparse_attention: heads per cluster must be 4, 8 or 16, got {}", split_hg);
-    DI_CHECK(K >= 1 && K <= kSplitMaxK,
-             "cuda::sparse_attention: the split kernel takes 1 to {} indices per row, got {}", kSplitMaxK, K);
-    if (heads_per_cta != 0) L = split_plan(T, H, D, K, split_hg);  // forced heads: auto_split_hg did not plan
-    DI_CHECK(static_cast<int64_t>(L.words) * 4 <= smem_optin(),
-             "cuda::sparse_attention: the split kernel needs {} bytes of shared memory for K {} D {} heads {}",
-             static_cast<int64_t>(L.words) * 4, K, D, split_hg);
-    if (split_hg == 4)
-      launch_split<4>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L);
-    else if (split_hg == 8)
-      launch_split<8>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L);
-    else
-      launch_split<16>(q, kv, idx, sink, scale, bf16_probs, round, out, s, L);
+  if (derotate) {
+    DI_CHECK(derotate->freqs && derotate->positions && derotate->rope_dim > 0 && derotate->rope_dim % 2 == 0 &&
+                 derotate->rope_dim <= D &&
+                 static_cast<int64_t>(derotate->freqs->freq.size()) * 2 == derotate->rope_dim,
+             "cuda::sparse_attention: the de-rotation needs positions and a table of rope_dim / 2 frequencies, an even "
+             "rope_dim in (0, {}], got {}",
+             D, derotate->rope_dim);
+    // The table and the rows' positions as apply_rope finds them; the launch is queued under the table's lock.
+    with_rope_rows(*derotate->freqs, derotate->positions, T, "cuda::sparse_attention", [&](const RopeRows& rows) {
+      Derot d;
+      d.rows = rows;
+      d.rope_dim = static_cast<int>(derotate->rope_dim);
+      dispatch(q, kv, idx, sink, scale, bf16_probs, round, out, stream, heads_per_cta, d);
+    });
     return;
   }
-  int hg = heads_per_cta;
-  if (hg == 0) {
-    // Enough CTAs to fill the GPU (one 512-wide CTA per SM) with the most heads per CTA; the bar is the
-    // SM count rounded down to a multiple of 32 (128 on the H200: measured best at H = 64 is 4 heads
-    // for T = 8, 8 for T = 16, 16 from T = 32).
-    const int64_t target = sm_count() / 32 * 32;
-    hg = T * ((H + 15) / 16) >= target ? 16 : (T * ((H + 7) / 8) >= target ? 8 : 4);
-  }
-  if (hg == 16)
-    launch<16>(q, kv, idx, sink, scale, bf16_probs, round, out, s);
-  else if (hg == 8)
-    launch<8>(q, kv, idx, sink, scale, bf16_probs, round, out, s);
-  else if (hg == 4)
-    launch<4>(q, kv, idx, sink, scale, bf16_probs, round, out, s);
-  else
-    fail("cuda::sparse_attention: heads per CTA must be 4, 8 or 16, got {}", hg);
+  dispatch(q, kv, idx, sink, scale, bf16_probs, round, out, stream, heads_per_cta, Derot{});
 }
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round) {
+                        bool bf16_probs, bool round, const ops::AttnDerotate* derotate) {
   DI_CHECK(q.defined() && q.dim() == 3, "cuda::sparse_attention: q must be [T, H, D]");
   Tensor out = Tensor::empty(q.shape(), DType::kF32, Device::kCUDA);
-  sparse_attention_into(q, kv, idx, sink, scale, bf16_probs, round, out);
+  sparse_attention_into(q, kv, idx, sink, scale, bf16_probs, round, out, nullptr, 0, derotate);
   return out;
 }
 

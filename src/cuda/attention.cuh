@@ -27,6 +27,9 @@
 //   memory (two cluster barriers); every CTA then redoes the tile sums / rescales / l for its heads
 //   and runs P.V tile by tile for its own D / 8 output columns (the rows' column slices come from L2).
 // Entries with idx < 0 or >= N are skipped (empty).
+// De-rotation (ops::AttnDerotate): both kernels apply the inverse RoPE to their own output before storing it: the
+// columns (2i, 2i + 1) of a pair sit in lanes l, l ^ 1 of one warp (one shuffle), and the rotation is rope.cuh's
+// rope_rotate on the rounded values, so o is the bits that apply_rope(o, ..., inverse) would give.
 // Requirements: D % 4 == 0, D <= 512; q [T, H, D], kv [N, D], idx [T, K] int32, sink [H] float32,
 // all contiguous on kCUDA.
 #pragma once
@@ -34,19 +37,20 @@
 #include <cstdint>
 
 #include "deepinfer/tensor.h"
+#include "ops/ops.h"
 
 struct CUstream_st;
 
 namespace deepinfer::cuda {
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round);
+                        bool bf16_probs, bool round, const ops::AttnDerotate* derotate = nullptr);
 
 // As sparse_attention into a preallocated contiguous float32 [T, H, D] CUDA tensor on `stream`;
 // heads_per_cta 0 picks the kernel and HG automatically; 4, 8 or 16 force the tiled kernel and -4, -8
 // or -16 the split kernel with that many heads per CTA / cluster (benchmarks, tests).
 void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                            bool bf16_probs, bool round, Tensor& out, CUstream_st* stream = nullptr,
-                           int heads_per_cta = 0);
+                           int heads_per_cta = 0, const ops::AttnDerotate* derotate = nullptr);
 
 }  // namespace deepinfer::cuda

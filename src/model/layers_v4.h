@@ -48,7 +48,8 @@ std::pair<Tensor, Tensor> linear_q_pair(const Tensor& x, const ops::QWeight& a, 
 //                     positions[T] each row's position),
 //   attention_seq_*   per sequence, on its rows (AttnRows::rows): compressors, indexer and the state they
 //                     update; returns the chunk's AttnChunk (its KV table's parts, its index-list layout),
-//   attend_chunks     every chunk's table and lists stacked, one sparse attention, the window rings,
+//   attend_chunks     every chunk's table and lists stacked, one sparse attention (o de-rotated), the window
+//                     rings,
 //   attention_output  the stacked o back to [T, dim].
 // The per-token projections of one layer's attention. V4: qr, q (re-normed, RoPE), kv (window KV),
 // ckv / cscore (the compressor's FP32 projections), ikv / iscore (the indexer compressor's), iq / iw
@@ -90,8 +91,11 @@ inline AttnChunk attn_chunk(const Tensor& kv, int64_t start_pos, int64_t wstart,
 // to the widest chunk's, then one sparse attention of q [sum T, H*D] (the chunks' rows stacked in their
 // order) with the per-head sink, and each chunk's window KV is written into its ring. A row's lists name
 // the same KV rows as alone, and the padding only adds empty slots, so every row's result is the one it
-// gets alone (batch invariance); one launch per layer instead of one per sequence. Returns o [sum T, H*D].
-Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c);
+// gets alone (batch invariance); one launch per layer instead of one per sequence. Returns o [sum T, H*D], already
+// through the conjugate RoPE (§2.4) at the rows' positions[sum T] (ops::AttnDerotate: on CUDA the attention kernel
+// applies it to its own output).
+Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,
+                     const ops::RopeFreqs& rope, const LayerCtx& c);
 
 // An index source's scoring of one sequence's chunk, deferred so that a layer scores every sequence at once: the
 // chunk's rows [row0, row0 + T) of the batch's stacked rows (set by the caller, with `chunk`, the AttnChunk's index in
@@ -119,10 +123,9 @@ AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t
 // followed by -1 (its kcols set to k). One job: the sequence's own indexer, unchanged.
 void index_batch_v4(const std::vector<IndexJob>& jobs, std::vector<AttnChunk>& chunks, const Tensor& iq,
                     const Tensor& iw, const LayerCtx& c);
-// The output of both families (§2.4) over stacked rows: conjugate RoPE of o (in place) at the rows'
-// positions, the grouped BF16 wo_a, then wo_b. Returns [T, dim].
-Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
-                        const ops::RopeFreqs& rope, const LayerCtx& c);
+// The output of both families (§2.4) over stacked rows: o already de-rotated (attend_chunks), the grouped BF16 wo_a,
+// then wo_b. Returns [T, dim].
+Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const LayerCtx& c);
 
 // The compressors' pooling over a chunk (both families): kv / score [T, width] are the chunk's FP32
 // projections (score without the position bias); the state's pending rows and, with overlap, the

@@ -81,7 +81,8 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
   return ops::index_scores(iq.slice(0, lo, hi).view({R, nh, hd}), table, iw.slice(0, lo, hi), vis, round);
 }
 
-Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const LayerCtx& c) {
+Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,
+                     const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -122,7 +123,7 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   ops::sparse_index_many(lists, dev, idx);  // written in place: no copy
   ops::gather_segments(segs, table);
   // Slide each window ring forward over its chunk (after its rows were copied into the table): one copy_rows for the
-  // batch.
+  // batch. (Not in the gather's launch: measured on the H200, the attention that follows ran 3-6 us longer per layer.)
   std::vector<ops::RowCopy> writes;
   for (AttnChunk& k : chunks) {
     const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
@@ -136,8 +137,13 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(host.data<int32_t>()[i]);
     dump("idx", c.layer, fi);
   }
-  return ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf)
-      .view({rows, H * D});
+  const ops::AttnDerotate derotate{positions, &rope, cfg.rope_head_dim};
+  const Tensor o =
+      ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf,
+                            cfg.rope_head_dim > 0 ? &derotate : nullptr)
+          .view({rows, H * D});
+  dump("o_derot", c.layer, o);
+  return o;
 }
 
 namespace {
@@ -161,14 +167,10 @@ const Tensor& group_rows(int64_t n, int64_t G, Device device) {
 
 }  // namespace
 
-Tensor attention_output(Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const int64_t* positions,
-                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = o.size(0), H = cfg.n_heads, D = cfg.head_dim;
   const bool bf = c.num.bf16;
-  dump("o", c.layer, o);
-  ops::apply_rope(o, D, cfg.rope_head_dim, positions, rope, true, bf);
-  dump("o_derot", c.layer, o);
   // wo_a is block-diagonal over groups: group g projects only its own heads' outputs.
   const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
   std::vector<ops::QWeight> parts(G, wo_a);

@@ -58,8 +58,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
       const LayerWeights& L = w_.layers[l];
       const LayerCtx ctx{cfg, num, l, opts.trace};
       const ops::DevicePositions on_device(positions.data(), T, in[2]);
-      Tensor o_rows = in[0];  // de-rotated in place
-      Tensor y = attention_output(o_rows, L.attn.wo_a, L.attn.wo_b, positions.data(), rope_[l], ctx);
+      Tensor y = attention_output(in[0], L.attn.wo_a, L.attn.wo_b, ctx);
       dump("attn_out", l, y);
       Tensor s = ops::hc_expand(y, in[1], in[3], in[4], num.bf16);
       const ops::HcMix mix = ops::hc_mixes(s, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters,
@@ -100,7 +99,9 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
       if (jobs.size() > before) jobs.back().row0 = offset[b], jobs.back().chunk = chunks.size() - 1;
     }
     index_batch_v4(jobs, chunks, rows.iq, rows.iw, ctx);
-    const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, ctx);  // every sequence's rows in one call
+    // Every sequence's rows in one call; o comes back de-rotated at the rows' positions (read from pos_dev on CUDA).
+    const ops::DevicePositions on_device(positions.data(), T, pos_dev);
+    const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, positions.data(), rope_[l], ctx);
 
     const std::vector<Tensor> b_in{o, stream, pos_dev, io[2], io[3], token_ids};
     if (graphs && l + 1 < cfg.n_layers) {

@@ -548,13 +548,19 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 }
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round) {
+                        bool bf16_probs, bool round, const AttnDerotate* derotate) {
   const OpScope scope("sparse_attention", q);
+  DI_CHECK(!derotate || (derotate->freqs && derotate->positions && q.defined() && q.dim() == 3 &&
+                         derotate->rope_dim > 0 && derotate->rope_dim % 2 == 0 && derotate->rope_dim <= q.size(2)),
+           "sparse_attention: the de-rotation needs positions, a table and an even rope_dim in (0, {}]",
+           q.defined() && q.dim() == 3 ? q.size(2) : 0);
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(q)) return cuda::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
+  if (on_cuda(q)) return cuda::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round, derotate);
 #endif
   if (on_cuda(q)) no_kernel("sparse_attention", q);
-  return cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
+  Tensor o = cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
+  if (derotate) cpu::apply_rope(o, q.size(2), derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
+  return o;
 }
 
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) { return cpu::topk(scores, n, k, out); }

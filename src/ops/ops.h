@@ -216,8 +216,16 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 // Per (t, h): online softmax over idx in tiles of 64 (FP32 scores times `scale`), the sink adds
 // exp(sink - m) to the denominator only. bf16_probs: each tile's probabilities are rounded to bf16
 // (relative to the running max) before P.V, as the reference kernel does. Output rounded if `round`.
+// derotate (optional): then the inverse RoPE of each head's last rope_dim columns, exactly
+// apply_rope(o, D, rope_dim, positions, *freqs, true, round) on the output (the attention output's de-rotation, one
+// kernel fewer on CUDA, where the attention kernels apply it to their own output).
+struct AttnDerotate {
+  const int64_t* positions = nullptr;  // [T] host positions of q's rows
+  const RopeFreqs* freqs = nullptr;
+  int64_t rope_dim = 0;
+};
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round);
+                        bool bf16_probs, bool round, const AttnDerotate* derotate = nullptr);
 
 // Indices of the k largest of scores[0..n) ordered by (score desc, index asc). -inf entries are
 // never returned: fewer than k finite scores give fewer results. Returns the count written.

@@ -98,6 +98,28 @@ TEST(Ops, SparseAttentionAllEmptyRowIsZeroAndBadIndexThrows) {
   EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 1.0f, true, true), Error);
 }
 
+// The de-rotation fused into sparse_attention (ops::AttnDerotate) is the output's inverse RoPE at each row's position:
+// rotating back by the forward RoPE gives the plain output; a bad rope_dim is an error, not a silent mis-rotation.
+TEST(Ops, SparseAttentionDerotatesItsOutput) {
+  const int64_t T = 3, H = 2, D = 16, N = 20;
+  Tensor q = randn({T, H, D}, 11), kv = randn({N, D}, 12), sink = randn({H}, 13);
+  Tensor idx = Tensor::empty({T, 5}, DType::kI32);
+  for (int64_t i = 0; i < idx.numel(); ++i) idx.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % N);
+  const ops::RopeFreqs f = ops::rope_freqs(8, 10000.0, 1.0, 0, 32, 1);
+  const std::vector<int64_t> pos = {5, 900, 17};
+  const ops::AttnDerotate derot{pos.data(), &f, 8};
+  const Tensor plain = ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false);
+  Tensor o = ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &derot);
+  int64_t moved = 0;
+  for (int64_t i = 0; i < o.numel(); ++i) moved += o.data<float>()[i] != plain.data<float>()[i];
+  EXPECT_GT(moved, 0);  // the rope dims changed
+  ops::apply_rope(o, D, 8, pos.data(), f, false, false);
+  for (int64_t i = 0; i < o.numel(); ++i) EXPECT_NEAR(o.data<float>()[i], plain.data<float>()[i], 1e-5) << i;
+  const ops::AttnDerotate odd{pos.data(), &f, 7}, wide{pos.data(), &f, 18};
+  EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &odd), Error);
+  EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &wide), Error);
+}
+
 // YaRN table for compress_rope_theta 160000, factor 16, original 65536: dims i <= 15 keep their
 // frequency, i >= 25 are divided by 16, 16..24 blend with ramp (i - 15) / 10 (spec §2.1).
 TEST(Ops, RopeYarnCorrectionRange) {

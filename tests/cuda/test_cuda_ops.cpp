@@ -233,6 +233,8 @@ void test_linear() {
       {"fp8 no act quant", di::DType::kE4M3, 5120, 1280, 128, 0, false},
       {"bf16", di::DType::kBF16, 5120, 1280, 0, 0, false},
       {"bf16 rounded", di::DType::kBF16, 1280, 4096, 0, 0, true},
+      // Wider than bf16_lane_gemv takes: at one row the slab kernel stages x from the row itself (the head's path).
+      {"bf16 wide", di::DType::kBF16, 1024, 8300, 0, 0, false},
       {"fp8 ragged N", di::DType::kE4M3, 4160, 1000, 128, 128, false},
       {"fp8 block 64, ragged slabs and N", di::DType::kE4M3, 2112, 333, 64, 128, true},
       {"fp8 block 32, short K, ragged N", di::DType::kE4M3, 96, 37, 32, 0, false},
@@ -855,7 +857,33 @@ void test_sparse_attention() {
         di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got,
                                         nullptr, c.hg);
       }
-      return attention_close(want, got, c.D);
+      std::string err = attention_close(want, got, c.D);
+      if (!err.empty()) return err;
+      // The fused de-rotation (ops::AttnDerotate, the model's o): bit for bit the same kernel's output followed by
+      // apply_rope(inverse), and the CPU op's within the tolerance. Positions a progression (odd seeds) or scattered.
+      const int64_t rd = c.D >= 128 ? 64 : c.D / 4 * 2;
+      const di::ops::RopeFreqs f = di::ops::rope_freqs(rd, 10000.0, 1.0, 0, 32.0, 1.0);
+      std::vector<int64_t> pos(static_cast<size_t>(c.T));
+      std::mt19937 prng(seed++);
+      const bool progression = (seed & 1) != 0;
+      for (int64_t t = 0; t < c.T; ++t) pos[t] = progression ? 700 + t : static_cast<int64_t>(prng() % 9000);
+      const di::ops::AttnDerotate derot{pos.data(), &f, rd};
+      const di::Tensor want_d = di::ops::sparse_attention(q, kv, idx_ref, sink, scale, c.bf16_probs, c.round, &derot);
+      di::Tensor got_d;
+      if (c.hg == 0) {
+        got_d = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, &derot);
+      } else {
+        got_d = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
+        di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got_d,
+                                        nullptr, c.hg, &derot);
+      }
+      di::ops::apply_rope(got, c.D, rd, pos.data(), f, true, c.round);
+      std::printf("     de-rotated (rope dims %lld, %s positions) against the kernel then apply_rope:\n",
+                  static_cast<long long>(rd), progression ? "progression" : "scattered");
+      err = exact(got, got_d);
+      if (!err.empty()) return "de-rotated: " + err;
+      err = attention_close(want_d, got_d, c.D);
+      return err.empty() ? err : "de-rotated against the CPU: " + err;
     });
   }
 }
