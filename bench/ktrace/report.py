@@ -3,9 +3,11 @@
 idle gap before it (no kernel running on any stream), then the step's span, busy time and idle time, and the time per
 kernel name. A step runs from one embedding_kernel to the next; --step -2 (default) takes the last complete one.
 
-  python3 bench/ktrace/report.py trace.csv [--step -2] [--marker embedding_kernel] [--top 40] [--api]
+  python3 bench/ktrace/report.py trace.csv [--step -2] [--marker embedding_kernel] [--top 40] [--api] [--segments NAME]
 
---api (a trace taken with KTRACE_API=1): the host's CUDA runtime calls inside the step too, each with its host start
+--segments NAME: the step cut at every start of a kernel whose name contains NAME (e.g. 'fp8_walk_gemv<1, 1, 2>',
+a V4.1 layer's first projection), each segment's span and the kernels that added most to it: an A / B of two traces
+per layer. --api (a trace taken with KTRACE_API=1): the host's CUDA runtime calls inside the step too, each with its host start
 offset and the host time since the previous call ended, so a GPU gap can be matched to what the host was doing.
 """
 import argparse
@@ -37,6 +39,7 @@ def main():
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--quiet", action="store_true", help="only the summary and the per-name table")
     ap.add_argument("--api", action="store_true", help="list the host's runtime calls (KTRACE_API=1 traces)")
+    ap.add_argument("--segments", default="", help="cut the step at each kernel whose name contains this")
     a = ap.parse_args()
     rows, api = [], []
     with open(a.csv) as f:
@@ -62,6 +65,7 @@ def main():
     per = defaultdict(lambda: [0, 0.0])
     if not a.quiet:
         print(f"{'start us':>9} {'end us':>8} {'dur us':>7} {'gap us':>7} {'adds us':>7} s  kernel")
+    segs = []  # [start ns, {kernel: adds ns}] per segment (--segments)
     for s, e, st, name in step:
         gap = max(0, s - busy_until)
         idle += gap
@@ -69,6 +73,10 @@ def main():
         busy_until = max(busy_until, e)
         per[short(name)][0] += 1
         per[short(name)][1] += adds / 1e3
+        if a.segments and (a.segments in name or not segs):
+            segs.append([s if a.segments in name else t0, defaultdict(int)])
+        if segs:
+            segs[-1][1][short(name)] += adds
         if not a.quiet:
             print(f"{(s - t0) / 1e3:9.1f} {(e - t0) / 1e3:8.1f} {(e - s) / 1e3:7.1f} {gap / 1e3:7.1f} {adds / 1e3:7.1f} "
                   f"{streams[st]}  {short(name)}")
@@ -83,6 +91,12 @@ def main():
             host = 0.0 if prev_end is None else max(0, s - prev_end) / 1e3
             prev_end = e
             print(f"{(s - t0) / 1e3:13.1f} {(e - s) / 1e3:8.1f} {host:8.1f}  {name}")
+    if a.segments:
+        print(f"\nsegments at '{a.segments}' (span: to the next segment's start, the last to the step's end)")
+        for k, (s0, adds) in enumerate(segs):
+            s1 = segs[k + 1][0] if k + 1 < len(segs) else busy_until
+            top = ", ".join(f"{n} {v / 1e3:.1f}" for n, v in sorted(adds.items(), key=lambda kv: -kv[1])[:4])
+            print(f"{k:3d} {(s0 - t0) / 1e3:9.1f} us  span {(s1 - s0) / 1e3:7.1f} us  ({top})")
     span = (busy_until - t0) / 1e3
     print(f"\nstep: {len(step)} kernels, span {span:.1f} us, idle (no kernel on any stream) {idle / 1e3:.1f} us, "
           f"busy {span - idle / 1e3:.1f} us")
