@@ -57,7 +57,6 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
     return [&, l](const std::vector<Tensor>& in) {
       const LayerWeights& L = w_.layers[l];
       const LayerCtx ctx{cfg, num, l, opts.trace};
-      const ops::DevicePositions on_device(positions.data(), T, in[2]);
       Tensor y = attention_output(in[0], L.attn.wo_a, L.attn.wo_b, ctx);
       dump("attn_out", l, y);
       Tensor s = ops::hc_expand(y, in[1], in[3], in[4], num.bf16);

@@ -155,8 +155,6 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     return [&, l](const std::vector<Tensor>& in) {
       const LayerWeightsV41& L = w_.layers[l];
       const LayerCtx ctx{cfg, num, l, opts.trace};
-      const int64_t T = offset.back();
-      const ops::DevicePositions on_device(positions.data(), T, in[2]);
       Tensor y = attention_output(in[0], L.attn.wo_a, L.attn.wo_b, ctx);
       dump("attn_out", l, y);
       Tensor s = ops::hc_expand(y, in[1], in[4], in[5], num.bf16);
