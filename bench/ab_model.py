@@ -59,8 +59,7 @@ def main():
     se = math.sqrt(sa * sa / na + sb * sb / nb)
     # Welch-Satterthwaite degrees of freedom.
     df = se ** 4 / ((sa * sa / na) ** 2 / (na - 1) + (sb * sb / nb) ** 2 / (nb - 1)) if se > 0 else float(na + nb - 2)
-    t = T975[min(int(df), len(T975)) - 1] if df >= 1 else T975[0]
-    t = t if df <= len(T975) else 1.96
+    t = 1.96 if df > len(T975) else T975[max(1, int(df)) - 1]
     d = mb - ma
     print(f"\nA {ma:.1f} tokens/s (sd {sa:.1f}), B {mb:.1f} (sd {sb:.1f}), n = {na} each")
     print(f"B - A = {d:+.1f} tokens/s ({100 * d / ma:+.2f}%), 95% interval [{d - t * se:+.1f}, {d + t * se:+.1f}]"

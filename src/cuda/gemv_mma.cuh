@@ -49,8 +49,8 @@ __host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes
 struct MmaParams : GemvCall {
   int mtiles;                       // x rows served: M (dense: each against the one weight)
   int steps;                        // ceil(N / rows per step)
-  const uint8_t* images = nullptr;  // fp4_mma_gemv: the x pre-pass's scratch (fp4_mma_images_layout)
-  int64_t x_count = 0;              // fp4_mma_gemv: x rows in it
+  const uint8_t* images = nullptr;  // fp4_mma_gemv: the x pre-pass's scratch (fp4_mma_images_layout of its x rows:
+                                    // x_rows if > 0, else M)
 };
 
 // fp4_mma_gemv's x pre-pass scratch, byte offsets: per x row its B images (K * 4 bytes, the kernel's shared-memory
@@ -173,13 +173,12 @@ inline int64_t mma_read_counter(const void* symbol, bool reset) {
 // Host: launches an mma GEMV kernel for the call a (threads per block, rows per step, dynamic shared memory smem):
 // one x row per block (grouped: against its expert's weight; dense: all against the one weight; the x row is the
 // fastest index of the block number, so the blocks that read the same weight rows run side by side and L2 serves all
-// but the first), launch_persistent's grid; images / x_count: fp4_mma_gemv's x pre-pass scratch, if any.
+// but the first), launch_persistent's grid; images: fp4_mma_gemv's x pre-pass scratch, if any.
 inline void mma_launch(void (*kernel)(MmaParams), const GemvArgs& a, int threads, int rows_per_step, int64_t smem,
-                       cudaStream_t stream, const uint8_t* images = nullptr, int64_t x_count = 0) {
+                       cudaStream_t stream, const uint8_t* images = nullptr) {
   MmaParams p = {};
   copy_gemv_args(a, p);
   p.images = images;
-  p.x_count = x_count;
   p.mtiles = a.M;
   p.steps = (a.N + rows_per_step - 1) / rows_per_step;
   launch_persistent(kernel, p, threads, smem, stream);

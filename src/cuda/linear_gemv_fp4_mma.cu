@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   if (p.images == nullptr) {
     mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) { return fp4_chunk_image(c, v, lane, img, kxs); });
   } else {
-    const MmaImagesLayout L = fp4_mma_images_layout(p.x_count, K);
+    const MmaImagesLayout L = fp4_mma_images_layout(p.x_rows > 0 ? p.x_rows : p.M, K);  // the host's xrows
     const int64_t xrow = p.x_rows > 0 ? mt % p.x_rows : mt;
     const uint8_t* gimg = p.images + L.img + xrow * K * 4;
     const uint8_t* gkxs = p.images + L.kxs + xrow * nch * 4;
@@ -343,7 +343,7 @@ void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   uint8_t* images = static_cast<uint8_t*>(scratch.raw());
   launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
              a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images);
-  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images, xrows);
+  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images);
 }
 
 }  // namespace deepinfer::cuda
