@@ -2,12 +2,12 @@
 // logits the CPU sampler needs plus sample() on every row. Needs a CUDA GPU (prints SKIP and exits 0 without one).
 //   ./build/bench/bench_cuda_sampler [REPS]
 //
-// V = 129,280 (DeepSeek-V4), R = 1 .. 256 rows of lm-like logits (N(0, 3^2), every row different), two modes:
-// greedy, and top_p 0.9 with temperature 0.7. GPU columns: the whole call (H2D of the params, the kernels, the
-// D2H of the results and the host's final step), timed by CUDA events around the call (ev ms: the GPU
-// timeline from the first to the last event, host packing included since the GPU waits for it) and by the host
-// clock (wall). CPU column: cudaMemcpy of the [R, V] logits to pageable host memory + sample() per row, wall
-// clock, single thread (as EngineCore::sample_rows). Median over REPS calls after a warm-up.
+// V = 129,280 (DeepSeek-V4), R = 1 .. 256 rows of lm-like logits (N(0, 3^2), every row different), three modes:
+// greedy, top_p 0.9 with temperature 0.7, and temperature 1.0 alone (the APIs' default: the split race). GPU columns:
+// the whole call (H2D of the params, the kernels, the D2H of the results and the host's final step), timed by CUDA
+// events around the call (ev ms: the GPU timeline from the first to the last event, host packing included since the GPU
+// waits for it) and by the host clock (wall). CPU column: cudaMemcpy of the [R, V] logits to pageable host memory +
+// sample() per row, wall clock, single thread (as EngineCore::sample_rows). Median over REPS calls after a warm-up.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,15 +55,18 @@ void run(int reps) {
   std::printf("cuda::sample_rows vs CPU sample(), V = %lld, median of %d calls (ms per call)\n",
               static_cast<long long>(V), reps);
   std::printf("%-22s %5s %10s %10s %12s %8s\n", "mode", "R", "gpu ev", "gpu wall", "cpu (+D2H)", "cpu/gpu");
-  for (int mode = 0; mode < 2; ++mode) {
+  const char* names[] = {"greedy", "top_p 0.9 T 0.7", "T 1.0"};
+  for (int mode = 0; mode < 3; ++mode) {
     di::SamplingParams p;
     if (mode == 0) {
       p.temperature = 0.0f;
-    } else {
+    } else if (mode == 1) {
       p.temperature = 0.7f;
       p.top_p = 0.9f;
+    } else {
+      p.temperature = 1.0f;
     }
-    for (int64_t R : {1, 8, 32, 128, 256}) {
+    for (int64_t R : {1, 8, 32, 64, 128, 256}) {
       const di::Tensor logits = dev.slice(0, 0, R);
       std::vector<di::SampleInput> rows(static_cast<size_t>(R));
       for (int64_t r = 0; r < R; ++r) {
@@ -100,8 +103,8 @@ void run(int reps) {
         cpu_ms.push_back(c1 - c0);
       }
       const double ge = median(ev_ms), gw = median(wall_ms), c = median(cpu_ms);
-      std::printf("%-22s %5lld %10.3f %10.3f %12.3f %7.1fx\n", mode == 0 ? "greedy" : "top_p 0.9 T 0.7",
-                  static_cast<long long>(R), ge, gw, c, c / gw);
+      std::printf("%-22s %5lld %10.3f %10.3f %12.3f %7.1fx\n", names[mode], static_cast<long long>(R), ge, gw, c,
+                  c / gw);
       std::fflush(stdout);
     }
   }

@@ -66,6 +66,7 @@ Runner add_bench(CLI::App& app) {
   struct Opts {
     std::string model;
     int input_len = 64, output_len = 32, num_prompts = 16, concurrency = 0;
+    float temperature = 1.0f;
     EngineFlags eng;
   };
   auto o = std::make_shared<Opts>();
@@ -76,6 +77,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--num-prompts", o->num_prompts, "number of requests")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--concurrency", o->concurrency, "at most this many requests in flight (default: all at once)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", o->temperature, "sampling temperature of every request (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
   o->eng.add(cmd);
   return [o] {
     EngineArgs args = o->eng.args(o->model);
@@ -95,6 +98,7 @@ Runner add_bench(CLI::App& app) {
     SamplingParams sp;
     sp.max_tokens = o->output_len;
     sp.ignore_eos = true;
+    sp.temperature = o->temperature;
 
     using clock = std::chrono::steady_clock;
     struct Timing {

@@ -49,6 +49,18 @@ constexpr uint32_t kGreedy = 1, kHasMask = 2, kSkip = 4;
 // strided load after another per thread took ~0.1 ms, most of a batch-1 greedy step's sampling.
 constexpr uint32_t kPlain = 8;
 constexpr int kSlices = 32;
+// kRace: a sampled row with no penalty, mask, top_k, top_p or logprobs (temperature and min_p only: the default of
+// the OpenAI and DeepSeek APIs). Its pass 1 is row_scan_kernel's, and its race (step 8) is split over kRaceSlices
+// blocks (race_kernel, then race_cand_kernel for the near-tied keys): in sample_kernel's one block per row the race
+// over a 129,280-token row took ~0.3 ms (two passes of a Philox block, 4 weights and a bound per 4 tokens, 63 of them
+// per thread), a fifth of a batch-1 engine step (ktrace, bench/RESULTS.md).
+constexpr uint32_t kRace = 16;
+constexpr int kRaceSlices = 64;
+// Calls of more rows keep the race in sample_kernel: their blocks fill the GPU, and the split's extra passes cost as
+// much as they save or more (bench_cuda_sampler, T 1.0, ms: 1 row 0.06 against 0.26, 32 rows 0.17-0.20 against
+// 0.28-0.30, 64 rows 0.29 against 0.30, 256 rows 1.02 against 0.72).
+constexpr int64_t kRaceMaxRows = 32;
+constexpr int kRaceThreads = 256;
 // Penalty list flags (SpecialEntry::flags).
 constexpr uint32_t kRep = 1, kFreqPres = 2, kMaskTok = 4;
 // RowCore::status.
@@ -111,6 +123,10 @@ struct KernelArgs {
   float* overlay;       // [R, V], only the marked tokens are touched
   int32_t* part_bad;    // [R, kSlices]: row_scan_kernel's first non-finite index per slice (INT_MAX: none)
   uint64_t* part_best;  // [R, kSlices]: its best rank_key per slice (0: no finite logit)
+  double* race_key;     // [R, kRaceSlices]: race_kernel's smallest key per slice (inf: none)
+  int32_t* race_id;     // [R, kRaceSlices]: the lowest id with that key
+  int32_t* cand_n;      // [R]: race_cand_kernel's near-tied keys (only the first kMaxCand stored)
+  Candidate* cand;      // [R, kMaxCand]
   RowCore* core;
   RowLogprobs* lp;
 };
@@ -425,13 +441,158 @@ struct RowView {
   }
 };
 
+// ---- step 8, the race (shared by sample_kernel and the split race kernels) -------------------------------
+
+// The race weights of tokens 4g .. 4g+3 (one Philox block each); false when none can win.
+__device__ __forceinline__ bool group_weights(const RowView& rv, int g, float (&w)[4]) {
+  bool any = false;
+  for (int j = 0; j < 4; ++j) {
+    const int i = 4 * g + j;
+    w[j] = i < rv.V ? rv.w_of(i, rv.raw[i]) : 0.0f;
+    any |= w[j] > 0.0f;
+  }
+  return any;
+}
+
+// The race's seed: the key of the max token `arg`, as on the CPU.
+__device__ __forceinline__ double arg_key(const RowView& rv, uint64_t seed, uint64_t pos, int arg) {
+  const uint4 r_arg = philox_block(seed, pos, static_cast<uint64_t>(arg) >> 2);
+  return -log(open01(philox_word(r_arg, arg & 3))) / static_cast<double>(rv.w_of(arg, rv.raw[arg]));
+}
+
+// The race over groups g0 + t, g0 + t + stride, ... below g1 (arg itself skipped: it is the seed): the smallest key
+// into my_best and the lowest id with it into my_id. A token is skipped when 1 - u > bound * w proves its key above
+// the thread's best so far (E = -log u >= 1 - u; 1e-9 covers every rounding), so the result is the same for any split
+// of the groups and any order.
+__device__ __forceinline__ void race_groups(const RowView& rv, uint64_t seed, uint64_t pos, int arg, int g0, int g1,
+                                            int t, int stride, double& my_best, int& my_id) {
+  for (int g = g0 + t; g < g1; g += stride) {
+    float w[4];
+    if (!group_weights(rv, g, w)) continue;
+    const uint4 r4 = philox_block(seed, pos, static_cast<uint64_t>(g));
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * g + j;
+      if (!(w[j] > 0.0f) || i == arg) continue;
+      const double u = open01(philox_word(r4, j)), wd = static_cast<double>(w[j]);
+      if (1.0 - u > my_best * (1.0 + 1e-9) * wd) continue;
+      const double key = -log(u) / wd;
+      if (key < my_best || (key == my_best && i < my_id)) {
+        my_best = key;
+        my_id = i;
+      }
+    }
+  }
+}
+
+// Every token of the same groups whose key is within thr (the near-tied keys the host settles with glibc's log):
+// add(Candidate) for each.
+template <typename Add>
+__device__ __forceinline__ void race_near(const RowView& rv, uint64_t seed, uint64_t pos, double thr, int g0, int g1,
+                                          int t, int stride, Add add) {
+  for (int g = g0 + t; g < g1; g += stride) {
+    float w[4];
+    if (!group_weights(rv, g, w)) continue;
+    const uint4 r4 = philox_block(seed, pos, static_cast<uint64_t>(g));
+    for (int j = 0; j < 4; ++j) {
+      if (!(w[j] > 0.0f)) continue;
+      const double u = open01(philox_word(r4, j)), wd = static_cast<double>(w[j]);
+      if (1.0 - u > thr * (1.0 + 1e-9) * wd) continue;
+      if (-log(u) / wd <= thr) add(Candidate{4 * g + j, philox_word(r4, j), w[j]});
+    }
+  }
+}
+
+// A kRace row's pass 1 from row_scan_kernel's slices and its view for the race (every thread of the block calls it):
+// false when the row has a bad logit, no finite one, or its max overflows at its temperature (sample_kernel reports
+// those rows; the race kernels leave them).
+__device__ bool race_row(const KernelArgs& a, int row, const RowParams& p, RowView& rv, int& arg) {
+  int bad = INT_MAX;
+  uint64_t best = 0;
+  for (int s = threadIdx.x; s < kSlices; s += blockDim.x) {
+    bad = min(bad, a.part_bad[row * kSlices + s]);
+    best = max(best, a.part_best[row * kSlices + s]);
+  }
+  bad = block_reduce(bad, MinOp{}, INT_MAX);
+  best = block_reduce(best, MaxOp{}, uint64_t{0});
+  rv = RowView{};
+  rv.raw = a.logits + static_cast<int64_t>(row) * a.row_stride;
+  rv.V = a.V;
+  rv.t = p.temperature;
+  rv.div_t = p.temperature != 1.0f;
+  rv.minp = p.min_p > 0.0f;
+  rv.min_p = p.min_p;
+  if (bad != INT_MAX || best == 0) return false;
+  arg = a.V - 1 - static_cast<int>(static_cast<uint32_t>(best));
+  rv.mx_t = rv.xt_of(arg, rv.raw[arg]);
+  return rv.mx_t < INFINITY;
+}
+
+// The groups of race slice s: [g0, g1).
+__device__ __forceinline__ void race_slice(int V, int s, int& g0, int& g1) {
+  const int groups = (V + 3) / 4, per = (groups + kRaceSlices - 1) / kRaceSlices;
+  g0 = min(groups, s * per);
+  g1 = min(groups, g0 + per);
+}
+
+// The race of the kRace rows over slice blockIdx.x of row blockIdx.y: the slice's smallest key (seeded with the max
+// token's) and the lowest id with it; sample_kernel reduces the slices.
+__global__ void __launch_bounds__(kRaceThreads) race_kernel(KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int row = blockIdx.y, s = blockIdx.x;
+  const RowParams p = a.params[row];
+  if ((p.flags & kRace) == 0) return;
+  if (s == 0 && threadIdx.x == 0) a.cand_n[row] = 0;  // race_cand_kernel counts from here
+  RowView rv;
+  int arg = 0;
+  double my_best = INFINITY;
+  int my_id = INT_MAX;
+  if (race_row(a, row, p, rv, arg)) {
+    my_best = arg_key(rv, p.seed, p.position, arg);
+    my_id = arg;
+    int g0, g1;
+    race_slice(a.V, s, g0, g1);
+    race_groups(rv, p.seed, p.position, arg, g0, g1, static_cast<int>(threadIdx.x), kRaceThreads, my_best, my_id);
+  }
+  const double m = block_reduce(my_best, MinOp{}, static_cast<double>(INFINITY));
+  const int id = block_reduce(my_best == m ? my_id : INT_MAX, MinOp{}, INT_MAX);
+  if (threadIdx.x == 0) {
+    a.race_key[row * kRaceSlices + s] = m;
+    a.race_id[row * kRaceSlices + s] = id;
+  }
+}
+
+// The near-tied keys of the kRace rows over the same slices, against the row's minimum from race_kernel: appended to
+// the row's candidate list (any order: the host takes the lowest (key, id) among them).
+__global__ void __launch_bounds__(kRaceThreads) race_cand_kernel(KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int row = blockIdx.y, s = blockIdx.x;
+  const RowParams p = a.params[row];
+  if ((p.flags & kRace) == 0) return;
+  RowView rv;
+  int arg = 0;
+  const bool ok = race_row(a, row, p, rv, arg);
+  double m = INFINITY;
+  for (int j = threadIdx.x; j < kRaceSlices; j += kRaceThreads) m = MinOp{}(m, a.race_key[row * kRaceSlices + j]);
+  const double gmin = block_reduce(m, MinOp{}, static_cast<double>(INFINITY));
+  if (!ok || !(gmin < INFINITY)) return;
+  int g0, g1;
+  race_slice(a.V, s, g0, g1);
+  race_near(rv, p.seed, p.position, gmin * (1.0 + kCandMargin), g0, g1, static_cast<int>(threadIdx.x), kRaceThreads,
+            [&](const Candidate& c) {
+              const int slot = atomicAdd(&a.cand_n[row], 1);
+              if (slot < kMaxCand) a.cand[row * kMaxCand + slot] = c;
+            });
+}
+
 // Pass 1 of the kPlain rows over slice blockIdx.x of row blockIdx.y: what sample_kernel's first loop computes
 // for such a row (x = the raw logit), reduced per slice; sample_kernel reduces the slices.
 __global__ void __launch_bounds__(256) row_scan_kernel(KernelArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   const int row = blockIdx.y, s = blockIdx.x, V = a.V;
-  if ((a.params[row].flags & kPlain) == 0) return;
+  if ((a.params[row].flags & (kPlain | kRace)) == 0) return;
   const float* raw = a.logits + static_cast<int64_t>(row) * a.row_stride;
   const int per = (V + kSlices - 1) / kSlices, i0 = s * per, i1 = min(V, i0 + per);
   int bad = INT_MAX;
@@ -503,7 +664,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
   const bool count_t = !greedy && p.top_k > 0;
   int bad = INT_MAX, allowed = 0, n_fin_t = 0, n_fin_raw = 0;
   uint64_t best = 0, raw_best = 0;  // 0: no finite value (every real key is larger)
-  const bool plain = (p.flags & kPlain) != 0;
+  const bool plain = (p.flags & (kPlain | kRace)) != 0;
   if (plain) {  // row_scan_kernel's slices
     for (int s = tid; s < kSlices; s += kThreads) {
       bad = min(bad, a.part_bad[row * kSlices + s]);
@@ -630,65 +791,48 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
     rv.minp = p.min_p > 0.0f;
     rv.min_p = p.min_p;
 
-    // Step 8: the race. Seeded with the max token as on the CPU; a token is skipped when 1 - u > bound * w
-    // proves its key above the thread's best so far (E = -log u >= 1 - u; 1e-9 covers every rounding).
+    // Step 8: the race (race_groups), seeded with the max token as on the CPU; kRace rows ran it in race_kernel.
     const uint64_t pos = p.position;
-    const uint4 r_arg = philox_block(p.seed, pos, static_cast<uint64_t>(arg) >> 2);
-    const double key_arg = -log(open01(philox_word(r_arg, arg & 3))) / static_cast<double>(rv.w_of(arg, raw[arg]));
-    double my_best = key_arg;
-    int my_id = arg;
+    const bool race = (p.flags & kRace) != 0;
     const int groups = (V + 3) / 4;
-    // The race weights of tokens 4g .. 4g+3 (one Philox block each); false when none can win.
-    auto group_weights = [&](int g, float(&w)[4]) {
-      bool any = false;
-      for (int j = 0; j < 4; ++j) {
-        const int i = 4 * g + j;
-        w[j] = i < V ? rv.w_of(i, raw[i]) : 0.0f;
-        any |= w[j] > 0.0f;
-      }
-      return any;
-    };
-    for (int g = tid; g < groups; g += kThreads) {
-      float w[4];
-      if (!group_weights(g, w)) continue;
-      const uint4 r4 = philox_block(p.seed, pos, static_cast<uint64_t>(g));
-      for (int j = 0; j < 4; ++j) {
-        const int i = 4 * g + j;
-        if (!(w[j] > 0.0f) || i == arg) continue;
-        const double u = open01(philox_word(r4, j)), wd = static_cast<double>(w[j]);
-        if (1.0 - u > my_best * (1.0 + 1e-9) * wd) continue;
-        const double key = -log(u) / wd;
-        if (key < my_best || (key == my_best && i < my_id)) {
-          my_best = key;
-          my_id = i;
+    double my_best = INFINITY;
+    int my_id = INT_MAX;
+    if (race) {  // race_kernel's slices
+      for (int s = tid; s < kRaceSlices; s += kThreads) {
+        const double k = a.race_key[row * kRaceSlices + s];
+        const int id = a.race_id[row * kRaceSlices + s];
+        if (k < my_best || (k == my_best && id < my_id)) {
+          my_best = k;
+          my_id = id;
         }
       }
+    } else {
+      my_best = arg_key(rv, p.seed, pos, arg);
+      my_id = arg;
+      race_groups(rv, p.seed, pos, arg, 0, groups, tid, kThreads, my_best, my_id);
     }
     const double gmin = block_reduce(my_best, MinOp{}, static_cast<double>(INFINITY));
     token = block_reduce(my_best == gmin ? my_id : INT_MAX, MinOp{}, INT_MAX);
     // Every token within kCandMargin of the min: the CPU's winner (glibc log) is among them.
     if (gmin < INFINITY) {
-      if (tid == 0) bv.n_cand = 0;
-      __syncthreads();
-      const double thr = gmin * (1.0 + kCandMargin);
-      for (int g = tid; g < groups; g += kThreads) {
-        float w[4];
-        if (!group_weights(g, w)) continue;
-        const uint4 r4 = philox_block(p.seed, pos, static_cast<uint64_t>(g));
-        for (int j = 0; j < 4; ++j) {
-          if (!(w[j] > 0.0f)) continue;
-          const double u = open01(philox_word(r4, j)), wd = static_cast<double>(w[j]);
-          if (1.0 - u > thr * (1.0 + 1e-9) * wd) continue;
-          if (-log(u) / wd <= thr) {
-            const int slot = atomicAdd(&bv.n_cand, 1);
-            if (slot < kMaxCand) bv.cand[slot] = Candidate{4 * g + j, philox_word(r4, j), w[j]};
-          }
+      if (race) {  // race_cand_kernel's list
+        if (tid == 0) {
+          const int n = a.cand_n[row];
+          out.n_cand = n;
+          for (int c = 0; c < kMaxCand && c < n; ++c) out.cand[c] = a.cand[row * kMaxCand + c];
         }
-      }
-      __syncthreads();
-      if (tid == 0) {
-        out.n_cand = bv.n_cand;
-        for (int c = 0; c < kMaxCand && c < bv.n_cand; ++c) out.cand[c] = bv.cand[c];
+      } else {
+        if (tid == 0) bv.n_cand = 0;
+        __syncthreads();
+        race_near(rv, p.seed, pos, gmin * (1.0 + kCandMargin), 0, groups, tid, kThreads, [&](const Candidate& c) {
+          const int slot = atomicAdd(&bv.n_cand, 1);
+          if (slot < kMaxCand) bv.cand[slot] = c;
+        });
+        __syncthreads();
+        if (tid == 0) {
+          out.n_cand = bv.n_cand;
+          for (int c = 0; c < kMaxCand && c < bv.n_cand; ++c) out.cand[c] = bv.cand[c];
+        }
       }
     }
   }
@@ -878,7 +1022,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   std::vector<uint32_t> masks;
   std::vector<std::string> host_error(rows.size());
   std::vector<char> on_host(rows.size(), 0);  // sampled by the CPU on a host copy
-  bool any_special = false, any_lp = false, any_plain = false;
+  bool any_special = false, any_lp = false, any_plain = false, any_race = false;
   for (size_t r = 0; r < rows.size(); ++r) {
     const SampleInput& in = rows[r];
     const SamplingParams& p = *in.params;
@@ -955,6 +1099,11 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
       rp.flags |= kPlain;
       any_plain = true;
     }
+    if (!(rp.flags & kGreedy) && !(rp.flags & kHasMask) && rp.spec_count == 0 && p.logprobs < 0 && p.top_k <= 0 &&
+        !(p.top_p < 1.0f) && R <= kRaceMaxRows) {
+      rp.flags |= kRace;
+      any_race = true;
+    }
   }
 
   const size_t off_entries = align16(params.size() * sizeof(RowParams));
@@ -987,10 +1136,17 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   ka.entries = reinterpret_cast<const SpecialEntry*>(d_up + off_entries);
   ka.masks = reinterpret_cast<const uint32_t*>(d_up + off_masks);
   ka.overlay = d_overlay;
-  if (any_plain) {
-    char* d_part = static_cast<char*>(ws.d_part.get(static_cast<size_t>(R) * kSlices * (sizeof(int32_t) + 8)));
+  if (any_plain || any_race) {  // [R, kSlices] best, bad; [R, kRaceSlices] key, id; [R, kMaxCand] cand; [R] cand_n
+    const size_t r = static_cast<size_t>(R), scan = r * kSlices * (sizeof(uint64_t) + sizeof(int32_t));
+    const size_t race = r * kRaceSlices * (sizeof(double) + sizeof(int32_t));
+    const size_t cand = r * kMaxCand * sizeof(Candidate);
+    char* d_part = static_cast<char*>(ws.d_part.get(scan + race + cand + r * sizeof(int32_t)));
     ka.part_best = reinterpret_cast<uint64_t*>(d_part);
-    ka.part_bad = reinterpret_cast<int32_t*>(d_part + static_cast<size_t>(R) * kSlices * sizeof(uint64_t));
+    ka.part_bad = reinterpret_cast<int32_t*>(d_part + r * kSlices * sizeof(uint64_t));
+    ka.race_key = reinterpret_cast<double*>(d_part + scan);
+    ka.race_id = reinterpret_cast<int32_t*>(d_part + scan + r * kRaceSlices * sizeof(double));
+    ka.cand = reinterpret_cast<Candidate*>(d_part + scan + race);
+    ka.cand_n = reinterpret_cast<int32_t*>(d_part + scan + race + cand);
   }
   // Without logprobs the sampler writes its results straight into the pinned host buffer (cudaMallocHost memory is
   // mapped into the device's address space under unified addressing), so no device -> host copy follows the kernel:
@@ -1008,8 +1164,14 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
         cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     ws.smem_set = smem;
   }
-  if (any_plain) {
+  if (any_plain || any_race) {
     launch_pdl(row_scan_kernel, dim3(kSlices, static_cast<unsigned>(R)), 256, 0, nullptr, ka);
+    DI_CUDA_CHECK(cudaGetLastError());
+  }
+  if (any_race) {
+    launch_pdl(race_kernel, dim3(kRaceSlices, static_cast<unsigned>(R)), kRaceThreads, 0, nullptr, ka);
+    DI_CUDA_CHECK(cudaGetLastError());
+    launch_pdl(race_cand_kernel, dim3(kRaceSlices, static_cast<unsigned>(R)), kRaceThreads, 0, nullptr, ka);
     DI_CUDA_CHECK(cudaGetLastError());
   }
   launch_pdl(sample_kernel, static_cast<unsigned>(R), kThreads, smem, nullptr, ka);

@@ -178,6 +178,53 @@ void EngineCore::record_prompt_logprobs(const ModelRunnerOutput& ro) {
 // ops::sample_rows in one call, with the same results bit for bit. Either way a row sample() rejects
 // (e.g. a grammar mask that allows nothing) throws out of step() with sample()'s message, the first bad
 // row in row order, and no token of the step is kept.
+SampleInput EngineCore::sample_input(const Sequence& seq) const {
+  SampleInput in;
+  in.vocab = config_.vocab_size;
+  in.params = &seq.request->params;
+  in.seed = seq.seed;
+  in.position = seq.num_output_tokens();
+  in.prompt_ids = &seq.prompt();
+  in.output_ids = &seq.output_token_ids;
+  in.eos_id = static_cast<int32_t>(config_.eos_token_id);
+  auto m = so_masks_.find(seq.seq_id);
+  if (m != so_masks_.end()) in.allowed_mask = &m->second;
+  return in;
+}
+
+EngineCore::SamplePlan EngineCore::plan_sampling(const SchedulerOutput& so) const {
+  SamplePlan plan;
+  for (const ScheduledSeq& s : so.seqs) {
+    if (!s.want_logits) continue;
+    const Sequence* seq = scheduler_->sequence(s.seq_id);
+    DI_CHECK(seq != nullptr, "engine: scheduled sequence {} is not live (internal error)", s.seq_id);
+    plan.inputs.push_back(sample_input(*seq));
+    plan.seq_ids.push_back(s.seq_id);
+  }
+  return plan;
+}
+
+std::vector<SampledToken> EngineCore::sample_planned(const ModelRunnerOutput& ro, SamplePlan& plan) const {
+  DI_CHECK(ro.seq_ids == plan.seq_ids, "engine: the model returned logits for other rows than the step planned");
+  for (SampleInput& in : plan.inputs) in.vocab = ro.vocab;
+  std::vector<SampleResult> results;
+  if (ro.device_logits.defined()) {
+    if (!plan.inputs.empty()) results = ops::sample_rows(ro.device_logits, plan.inputs);
+  } else {
+    for (size_t i = 0; i < plan.inputs.size(); ++i) {
+      plan.inputs[i].logits = ro.row(i);
+      results.push_back(sample(plan.inputs[i]));
+    }
+  }
+  std::vector<SampledToken> sampled;
+  sampled.reserve(results.size());
+  for (size_t k = 0; k < results.size(); ++k) {
+    SampleResult& r = results[k];
+    sampled.push_back(SampledToken{plan.seq_ids[k], r.token, r.logprob, std::move(r.top_logprobs)});
+  }
+  return sampled;
+}
+
 std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) const {
   const bool on_device = ro.device_logits.defined();
   std::vector<SampleInput> inputs;
@@ -187,17 +234,9 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
   for (size_t i = 0; i < ro.seq_ids.size(); ++i) {
     const Sequence* seq = scheduler_->sequence(ro.seq_ids[i]);
     if (!seq) continue;
-    SampleInput in;
+    SampleInput in = sample_input(*seq);
     in.logits = on_device ? nullptr : ro.row(i);
     in.vocab = ro.vocab;
-    in.params = &seq->request->params;
-    in.seed = seq->seed;
-    in.position = seq->num_output_tokens();
-    in.prompt_ids = &seq->prompt();
-    in.output_ids = &seq->output_token_ids;
-    in.eos_id = static_cast<int32_t>(config_.eos_token_id);
-    auto m = so_masks_.find(seq->seq_id);
-    if (m != so_masks_.end()) in.allowed_mask = &m->second;
     inputs.push_back(in);
     live.push_back(static_cast<int32_t>(i));
     seq_ids.push_back(seq->seq_id);
@@ -325,8 +364,29 @@ std::vector<RequestOutput> EngineCore::step() {
     std::vector<int64_t> stopped_before;  // by a stop string in the previous step's tokens
     double overlap_s = 0;
     std::optional<std::string> failure;  // the model step threw: its requests fail, the engine goes on
+    // Without structured outputs every sampler input is known before the model runs (no mask to wait for), so the
+    // sampler is queued right behind the model in the same job: one device wait for both, and under async scheduling
+    // no thread handoff between them (measured on the H200, bench/RESULTS.md). A sampling error there is not a model
+    // failure: the step samples again below as it otherwise does, on the rows still live, and throws from there.
+    const bool fused = so_requests_.empty();
+    SamplePlan plan;
+    if (fused) plan = plan_sampling(so);
+    std::vector<SampledToken> sampled;
+    bool sample_again = !fused;
+    auto run_model = [&] {
+      if (!fused) {
+        ro = runner_->execute(so);
+        return;
+      }
+      ro = runner_->execute_queued(so);
+      try {
+        sampled = sample_planned(ro, plan);
+      } catch (const std::exception&) {
+        sample_again = true;
+      }
+    };
     if (async_) {
-      worker_->submit([&] { ro = runner_->execute(so); });
+      worker_->submit(run_model);
       prepare_masks(so);  // overlaps the model
       try {
         if (unprocessed_) {  // overlaps the model
@@ -348,7 +408,7 @@ std::vector<RequestOutput> EngineCore::step() {
       }
     } else {
       try {
-        ro = runner_->execute(so);
+        run_model();
       } catch (const std::exception& e) {
         failure = e.what();
       }
@@ -363,7 +423,7 @@ std::vector<RequestOutput> EngineCore::step() {
     record_prompt_logprobs(ro);
     // A sequence that a stop string ended has run one step too many: finishing it first drops the token.
     for (int64_t id : stopped_before) scheduler_->finish_sequence(id, FinishReason::kStop);
-    const std::vector<SampledToken> sampled = sample_rows(ro);
+    if (sample_again) sampled = sample_rows(ro);
     const auto t3 = clock::now();
     std::vector<SeqUpdate> updates = scheduler_->update_from_output(so, sampled);
     accept_structured(updates);

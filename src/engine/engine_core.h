@@ -42,12 +42,14 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/step_worker.h"
+#include "sampling/sampler.h"
 #include "structured/token_matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 
-// Where a step's time goes (seconds, summed over steps): for the scheduling-overhead benchmark.
+// Where a step's time goes (seconds, summed over steps): for the scheduling-overhead benchmark. A step without
+// structured outputs queues its sampling behind the model in one job: its sampling time is part of model_s then.
 struct EngineStats {
   double schedule_s = 0, model_s = 0, sample_s = 0, output_s = 0;
   int64_t steps = 0, tokens = 0;
@@ -94,7 +96,17 @@ class EngineCore {
 
  private:
   void init(const EngineArgs& args);
+  SampleInput sample_input(const Sequence& seq) const;  // logits unset
   std::vector<SampledToken> sample_rows(const ModelRunnerOutput& ro) const;
+  // The sampling of a step planned before its model runs: one input per row of the SchedulerOutput that wants logits
+  // (ModelRunnerOutput::seq_ids' order). It points into the sequences, which nothing changes before the step's
+  // update_from_output; a row whose sequence a stop string ends meanwhile is sampled too, and its token dropped there.
+  struct SamplePlan {
+    std::vector<SampleInput> inputs;
+    std::vector<int64_t> seq_ids;
+  };
+  SamplePlan plan_sampling(const SchedulerOutput& so) const;
+  std::vector<SampledToken> sample_planned(const ModelRunnerOutput& ro, SamplePlan& plan) const;
   void record_prompt_logprobs(const ModelRunnerOutput& ro);
   // Structured outputs.
   struct SoRequest {

@@ -31,7 +31,7 @@ const SequenceState* LocalModelRunner::state(int64_t seq_id) const {
   return it == states_.end() ? nullptr : it->second.get();
 }
 
-ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
+ModelRunnerOutput LocalModelRunner::run(const SchedulerOutput& out, bool wait) {
   for (int64_t id : out.freed_seq_ids) states_.erase(id);
   ModelRunnerOutput result;
   result.vocab = model_->config().vocab_size;
@@ -91,9 +91,9 @@ ModelRunnerOutput LocalModelRunner::execute(const SchedulerOutput& out) {
       std::copy(wanted.begin(), wanted.end(), ids.data<int32_t>());
       result.device_logits = ops::gather_rows(logits, ids.to(logits.device()));
     }
-    // The model's queued GPU work is waited for here rather than inside the sampler, which would wait for it
-    // anyway: EngineStats keeps model and sampling time apart.
-    ops::synchronize(logits.device());
+    // execute waits here for the model's queued GPU work, so that EngineStats keeps model and sampling time apart;
+    // execute_queued leaves it to the sampler queued behind it (one wait for both: the engine's usual step).
+    if (wait) ops::synchronize(logits.device());
     return result;
   }
   const float* p = logits.data<float>();

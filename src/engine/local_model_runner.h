@@ -22,7 +22,8 @@ class LocalModelRunner final : public ModelRunner {
                    int64_t state_budget_bytes = 0);
   const StatePools& pools() const { return pools_; }
 
-  ModelRunnerOutput execute(const SchedulerOutput& out) override;
+  ModelRunnerOutput execute(const SchedulerOutput& out) override { return run(out, true); }
+  ModelRunnerOutput execute_queued(const SchedulerOutput& out) override { return run(out, false); }
   void free(int64_t seq_id) override { states_.erase(seq_id); }
   int64_t num_states() const override { return static_cast<int64_t>(states_.size()); }
 
@@ -36,6 +37,8 @@ class LocalModelRunner final : public ModelRunner {
   const SequenceState* state(int64_t seq_id) const;
 
  private:
+  ModelRunnerOutput run(const SchedulerOutput& out, bool wait);
+
   std::unique_ptr<Model> model_;
   ForwardOptions opts_;
   int64_t replay_keep_ = 0;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -264,6 +265,57 @@ TEST(Engine, AFailedStepAbortsItsRequestsAndTheEngineGoesOn) {
     EXPECT_EQ(outs[2].outputs[0].token_ids, healthy.generate({prompts[2]}, {p})[0].outputs[0].token_ids) << async;
     EXPECT_EQ(engine.runner().num_states(), 0);
     EXPECT_EQ(engine.kv_cache().usage().used_bytes, 0);
+  }
+}
+
+// A runner whose `poison_at`-th step returns a NaN logit in its first row (a model that produced garbage).
+class NanRunner final : public ModelRunner {
+ public:
+  NanRunner(std::unique_ptr<ModelRunner> inner, int poison_at) : inner_(std::move(inner)), poison_at_(poison_at) {}
+  ModelRunnerOutput execute(const SchedulerOutput& out) override { return poison(inner_->execute(out)); }
+  ModelRunnerOutput execute_queued(const SchedulerOutput& out) override { return poison(inner_->execute_queued(out)); }
+  void free(int64_t seq_id) override { inner_->free(seq_id); }
+  int64_t num_states() const override { return inner_->num_states(); }
+
+ private:
+  ModelRunnerOutput poison(ModelRunnerOutput ro) {
+    if (++calls_ == poison_at_ && !ro.logits.empty()) ro.logits[7] = std::nanf("");
+    return ro;
+  }
+  std::unique_ptr<ModelRunner> inner_;
+  int poison_at_, calls_ = 0;
+};
+
+// The sampler runs in the model's job when no request has structured outputs (EngineCore::sample_planned); a row it
+// rejects still throws out of step() with sample()'s message, in both scheduling modes, and the steps before it gave
+// the healthy engine's tokens.
+TEST(Engine, ASamplingErrorThrowsFromStepInBothModes) {
+  REQUIRE_CHECKPOINT();
+  for (const bool async : {false, true}) {
+    EngineArgs args = tiny_args("v41");
+    args.async_scheduling = async;
+    const ModelConfig cfg = load_model_config(args.model);
+    auto inner = std::make_unique<LocalModelRunner>(Model::load(args.model), args.numerics());
+    EngineCore engine(args, cfg, std::make_unique<NanRunner>(std::move(inner), 4));
+    EngineCore healthy(args);
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.seed = 9;
+    p.max_tokens = 8;
+    p.ignore_eos = true;
+    engine.add_request("r", {5, 6, 7}, p);
+    healthy.add_request("r", {5, 6, 7}, p);
+    for (int step = 1; step < 4; ++step) {
+      const std::vector<RequestOutput> a = engine.step(), b = healthy.step();
+      ASSERT_EQ(a.size(), b.size()) << async << " step " << step;
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].outputs[0].token_ids, b[i].outputs[0].token_ids) << async;
+    }
+    try {
+      engine.step();
+      ADD_FAILURE() << "no error from the poisoned step (async " << async << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("logit of token 7 is nan"), std::string::npos) << e.what();
+    }
   }
 }
 

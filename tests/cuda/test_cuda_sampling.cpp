@@ -249,6 +249,25 @@ Batch plain_batch(int64_t R, int64_t V, uint64_t seed) {
   return b;
 }
 
+// A batch of `R` race rows (temperature t and min_p only, the split race of sample_rows: every row its own seed and
+// position) over `random_batch`'s logits shapes.
+Batch race_batch(int64_t R, int64_t V, uint64_t seed, float t, float min_p) {
+  Batch b = random_batch(R, V, seed);
+  std::fill(b.has_mask.begin(), b.has_mask.end(), 0);
+  std::vector<uint64_t> seeds(static_cast<size_t>(R));
+  std::vector<int64_t> pos(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    di::SamplingParams& p = b.params[static_cast<size_t>(r)];
+    p = di::SamplingParams{};
+    p.temperature = t;
+    p.min_p = min_p;
+    seeds[static_cast<size_t>(r)] = seed * 1000003 + static_cast<uint64_t>(r);
+    pos[static_cast<size_t>(r)] = r * 7;
+  }
+  b.finish(seeds, pos, static_cast<int32_t>(V > 2 ? V - 2 : 0));
+  return b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -328,6 +347,41 @@ int main(int argc, char** argv) {
         pos[static_cast<size_t>(i)] = i;
       b.finish(seeds, pos, static_cast<int32_t>(kV - 2));
       return check_batch(b);
+    });
+
+    // The split race (temperature / min_p rows: race_kernel and race_cand_kernel over slices of the row).
+    run_case("race T 1.0 (R 32, V 129280)", [&] { return check_batch(race_batch(32, kV, 31, 1.0f, 0.0f)); });
+    run_case("race T 0.6 min_p 0.05 (R 8, V 129280)", [&] { return check_batch(race_batch(8, kV, 32, 0.6f, 0.05f)); });
+    run_case("race T 1.5 (R 5, V 37)", [&] { return check_batch(race_batch(5, 37, 33, 1.5f, 0.0f)); });
+    run_case("race T 1.0 (R 3, V 1)", [&] { return check_batch(race_batch(3, 1, 34, 1.0f, 0.0f)); });
+    run_case("race, one row, 256 seeds", [&] {
+      Batch b = race_batch(256, kV, 35, 1.0f, 0.0f);
+      for (int64_t r = 1; r < b.R; ++r) std::copy(b.logits.begin(), b.logits.begin() + kV, b.logits.begin() + r * kV);
+      return check_batch(b);
+    });
+    run_case("race mixed with greedy and top_p rows (R 12, V 129280)", [&] {
+      Batch b = race_batch(12, kV, 36, 0.9f, 0.0f);
+      for (int64_t r = 0; r < b.R; r += 3) b.params[static_cast<size_t>(r)].temperature = 0.0f;
+      for (int64_t r = 1; r < b.R; r += 3) b.params[static_cast<size_t>(r)].top_p = 0.8f;
+      return check_batch(b);
+    });
+    run_case("race whose max overflows at T 1e-4 (the host samples it)", [&] {
+      Batch b = race_batch(4, 3000, 37, 1e-4f, 0.0f);
+      for (int64_t i = 0; i < 40; ++i) b.logits[static_cast<size_t>(2 * b.V + i * 7)] = 1e35f;
+      return check_batch(b);
+    });
+    run_case("error: race NaN logit, then race rows again", [&] {
+      Batch bad = race_batch(6, 3000, 38, 1.0f, 0.0f);
+      bad.logits[static_cast<size_t>(4 * bad.V + 9)] = std::nanf("");
+      const std::string e = expect_error(bad, "logit of token 9 is nan");
+      if (!e.empty()) return e;
+      return check_batch(race_batch(6, 3000, 39, 1.0f, 0.0f));
+    });
+
+    run_case("error: race row of -inf logits", [&] {
+      Batch bad = race_batch(3, 3000, 40, 1.0f, 0.0f);
+      std::fill(bad.logits.begin() + bad.V, bad.logits.begin() + 2 * bad.V, kNegInf);
+      return expect_error(bad, "no token can be sampled");
     });
 
     // Errors: a clear message, nothing corrupted (the next call matches the CPU again).
