@@ -178,7 +178,7 @@ void EngineCore::record_prompt_logprobs(const ModelRunnerOutput& ro) {
 // ops::sample_rows in one call, with the same results bit for bit. Either way a row sample() rejects
 // (e.g. a grammar mask that allows nothing) throws out of step() with sample()'s message, the first bad
 // row in row order, and no token of the step is kept.
-SampleInput EngineCore::sample_input(const Sequence& seq) const {
+SampleInput EngineCore::sample_input(const Sequence& seq, bool masks) const {
   SampleInput in;
   in.vocab = config_.vocab_size;
   in.params = &seq.request->params;
@@ -187,6 +187,7 @@ SampleInput EngineCore::sample_input(const Sequence& seq) const {
   in.prompt_ids = &seq.prompt();
   in.output_ids = &seq.output_token_ids;
   in.eos_id = static_cast<int32_t>(config_.eos_token_id);
+  if (!masks) return in;
   auto m = so_masks_.find(seq.seq_id);
   if (m != so_masks_.end()) in.allowed_mask = &m->second;
   return in;
@@ -198,7 +199,7 @@ EngineCore::SamplePlan EngineCore::plan_sampling(const SchedulerOutput& so) cons
     if (!s.want_logits) continue;
     const Sequence* seq = scheduler_->sequence(s.seq_id);
     DI_CHECK(seq != nullptr, "engine: scheduled sequence {} is not live (internal error)", s.seq_id);
-    plan.inputs.push_back(sample_input(*seq));
+    plan.inputs.push_back(sample_input(*seq, false));  // no structured outputs: no masks (so_masks_ is the worker's)
     plan.seq_ids.push_back(s.seq_id);
   }
   return plan;
@@ -234,7 +235,7 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
   for (size_t i = 0; i < ro.seq_ids.size(); ++i) {
     const Sequence* seq = scheduler_->sequence(ro.seq_ids[i]);
     if (!seq) continue;
-    SampleInput in = sample_input(*seq);
+    SampleInput in = sample_input(*seq, true);
     in.logits = on_device ? nullptr : ro.row(i);
     in.vocab = ro.vocab;
     inputs.push_back(in);
@@ -365,9 +366,9 @@ std::vector<RequestOutput> EngineCore::step() {
     double overlap_s = 0;
     std::optional<std::string> failure;  // the model step threw: its requests fail, the engine goes on
     // Without structured outputs every sampler input is known before the model runs (no mask to wait for), so the
-    // sampler is queued right behind the model in the same job: one device wait for both, and under async scheduling
-    // no thread handoff between them (measured on the H200, bench/RESULTS.md). A sampling error there is not a model
-    // failure: the step samples again below as it otherwise does, on the rows still live, and throws from there.
+    // sampler is queued right behind the model: one device wait for both (measured on the H200, bench/RESULTS.md). A
+    // sampling error there is not a model failure: the step samples again below as it otherwise does, on the rows
+    // still live, and throws from there.
     const bool fused = so_requests_.empty();
     SamplePlan plan;
     if (fused) plan = plan_sampling(so);
@@ -386,27 +387,31 @@ std::vector<RequestOutput> EngineCore::step() {
       }
     };
     if (async_) {
-      worker_->submit(run_model);
-      prepare_masks(so);  // overlaps the model
-      try {
-        if (unprocessed_) {  // overlaps the model
+      // The worker computes this step's grammar masks and processes the previous step's outputs while this thread runs
+      // the model: the model, the step's critical path, never waits for a thread to wake. (With the model on the
+      // worker, the two handoffs of a step cost 0.04-0.06 ms at batch 1 on the H200: bench/RESULTS.md.)
+      std::optional<OutputProcessor::Result> processed;
+      worker_->submit([&] {
+        prepare_masks(so);
+        if (unprocessed_) {
           const auto p0 = clock::now();
-          OutputProcessor::Result r = outputs_->process(*unprocessed_);
-          unprocessed_.reset();
-          stopped_before = std::move(r.stopped_seq_ids);
-          for (RequestOutput& o : r.outputs) outputs.push_back(std::move(o));
+          processed = outputs_->process(*unprocessed_);
           overlap_s = std::chrono::duration<double>(clock::now() - p0).count();
         }
-      } catch (...) {
-        worker_->wait();
-        throw;
-      }
+      });
       try {
-        worker_->wait();
+        run_model();
       } catch (const std::exception& e) {
         failure = e.what();
       }
+      worker_->wait();  // rethrows an output processor error, after the model step as before
+      if (processed) {
+        unprocessed_.reset();
+        stopped_before = std::move(processed->stopped_seq_ids);
+        for (RequestOutput& o : processed->outputs) outputs.push_back(std::move(o));
+      }
     } else {
+      prepare_masks(so);
       try {
         run_model();
       } catch (const std::exception& e) {

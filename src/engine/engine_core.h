@@ -12,15 +12,15 @@
 // (ops::sample_rows over the runner's device_logits, one call per step) for a CUDA model, with the
 // same tokens and logprobs bit for bit.
 //
-// Async scheduling (EngineArgs::async_scheduling, on by default): the model executes step N on a
-// worker thread while the engine thread runs the output processor (detokenising, stop strings) on
-// step N-1's tokens; a sequence that a stop string ends there has already been scheduled into step
-// N, and its token from step N is dropped. Outputs are identical either way; each output arrives one
-// step() call later.
+// Async scheduling (EngineArgs::async_scheduling, on by default): a worker thread runs the output
+// processor (detokenising, stop strings) on step N-1's tokens while the engine thread runs step N's
+// model (the model stays on the critical path's thread: no thread has to wake for it); a sequence
+// that a stop string ends there has already been scheduled into step N, and its token from step N is
+// dropped. Outputs are identical either way; each output arrives one step() call later.
 //
 // Structured outputs (SamplingParams::so_args, src/structured): add_request compiles the grammar
 // (errors throw there); each sequence gets a GrammarMatcher; the allowed-token masks of a step are
-// computed before sampling (under async scheduling on the engine thread while the model runs) and
+// computed before sampling (under async scheduling on the worker while the model runs) and
 // passed to the sampler; every sampled token advances its matcher right after update_from_output,
 // and a matcher that accepted EOS (grammar complete) finishes its sequence with "stop". When the
 // prompt ends inside <think> (or so_args "after_think": true) the constraint starts after </think>.
@@ -96,7 +96,7 @@ class EngineCore {
 
  private:
   void init(const EngineArgs& args);
-  SampleInput sample_input(const Sequence& seq) const;  // logits unset
+  SampleInput sample_input(const Sequence& seq, bool masks) const;  // logits unset; masks: the step's grammar mask
   std::vector<SampledToken> sample_rows(const ModelRunnerOutput& ro) const;
   // The sampling of a step planned before its model runs: one input per row of the SchedulerOutput that wants logits
   // (ModelRunnerOutput::seq_ids' order). It points into the sequences, which nothing changes before the step's

@@ -1,7 +1,7 @@
 // StepWorker: one persistent thread that runs a job while the caller does something else (async
-// scheduling: the model executes step N while the engine thread processes step N-1's outputs).
-// Persistent, because the CPU backend's OpenMP team belongs to the thread that starts it: a new
-// thread per step would rebuild it every step. An exception thrown by the job is rethrown by wait().
+// scheduling: it processes step N-1's outputs and computes step N's grammar masks while the engine
+// thread runs step N's model). Persistent, so that no thread is created per step. An exception thrown
+// by the job is rethrown by wait().
 #pragma once
 
 #include <condition_variable>

@@ -268,6 +268,36 @@ TEST(Engine, AFailedStepAbortsItsRequestsAndTheEngineGoesOn) {
   }
 }
 
+// A structured-output request gets its grammar's masks in both scheduling modes: every output is one of the choices,
+// and the two modes give the same text (the masks were once computed only on the async path).
+TEST(Engine, StructuredOutputsAreMaskedInBothModes) {
+  REQUIRE_CHECKPOINT();
+  std::vector<std::string> texts[2];
+  for (const bool async : {false, true}) {
+    EngineArgs args = tiny_args("v41");
+    args.async_scheduling = async;
+    EngineCore engine(args);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> params;
+    for (int i = 0; i < 6; ++i) {
+      SamplingParams p;
+      p.temperature = 1.0f;
+      p.seed = 100 + i;
+      p.max_tokens = 24;
+      p.so_args = {{"type", "choice"}, {"value", {"hello world", "goodbye", "yes"}}};
+      prompts.push_back({5, 6, static_cast<int32_t>(7 + i)});
+      params.push_back(p);
+    }
+    for (const RequestOutput& o : engine.generate(prompts, params)) {
+      ASSERT_FALSE(o.error.has_value()) << *o.error;
+      const std::string& t = o.outputs[0].text;
+      EXPECT_TRUE(t == "hello world" || t == "goodbye" || t == "yes") << "async " << async << ": '" << t << "'";
+      texts[async].push_back(t);
+    }
+  }
+  EXPECT_EQ(texts[0], texts[1]);
+}
+
 // A runner whose `poison_at`-th step returns a NaN logit in its first row (a model that produced garbage).
 class NanRunner final : public ModelRunner {
  public:
