@@ -4,6 +4,9 @@
 // One call = one H2D copy (every row's params, penalty lists and grammar masks packed in one pinned
 // buffer), one kernel with one 512-thread block per row (before it, a scan of the plain greedy rows over 32
 // blocks each; after it, a small kernel only when some row asks for logprobs), one D2H copy of the results.
+// Rows sampled with temperature / min_p only (no penalty, mask, top_k, top_p or logprobs), in calls of up to
+// 32 rows, take the same scan, and their race runs over 64 blocks per row before that kernel (the slices'
+// minima, then the near-tied keys against the row's minimum), which then only reduces them.
 // Per row:
 //   - penalties and min_tokens come as a compact list of distinct (token, output count, flags); the block
 //     marks them in a shared-memory bitmap and writes their processed logits to a per-row overlay, so every

@@ -173,11 +173,6 @@ void EngineCore::record_prompt_logprobs(const ModelRunnerOutput& ro) {
   }
 }
 
-// One token per row whose sequence is still live (a stop string may have ended one since it was
-// scheduled). Host rows go through sample() one by one; rows left on the GPU (ro.device_logits) go through
-// ops::sample_rows in one call, with the same results bit for bit. Either way a row sample() rejects
-// (e.g. a grammar mask that allows nothing) throws out of step() with sample()'s message, the first bad
-// row in row order, and no token of the step is kept.
 SampleInput EngineCore::sample_input(const Sequence& seq, bool masks) const {
   SampleInput in;
   in.vocab = config_.vocab_size;
@@ -226,6 +221,11 @@ std::vector<SampledToken> EngineCore::sample_planned(const ModelRunnerOutput& ro
   return sampled;
 }
 
+// One token per row whose sequence is still live (a stop string may have ended one since it was
+// scheduled). Host rows go through sample() one by one; rows left on the GPU (ro.device_logits) go through
+// ops::sample_rows in one call, with the same results bit for bit. Either way a row sample() rejects
+// (e.g. a grammar mask that allows nothing) throws out of step() with sample()'s message, the first bad
+// row in row order, and no token of the step is kept.
 std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) const {
   const bool on_device = ro.device_logits.defined();
   std::vector<SampleInput> inputs;
