@@ -211,8 +211,18 @@ TEST(SampleRows, ErrorsAreSamplesForTheFirstBadRow) {
 class CountingRunner final : public ModelRunner {
  public:
   explicit CountingRunner(std::unique_ptr<LocalModelRunner> inner) : inner_(std::move(inner)) {}
-  ModelRunnerOutput execute(const SchedulerOutput& out) override {
-    ModelRunnerOutput ro = inner_->execute(out);
+  ModelRunnerOutput execute(const SchedulerOutput& out) override { return count(inner_->execute(out), false); }
+  // The engine's steps without structured outputs queue their sampler behind the model (EngineCore::sample_planned).
+  ModelRunnerOutput execute_queued(const SchedulerOutput& out) override {
+    return count(inner_->execute_queued(out), true);
+  }
+  void free(int64_t seq_id) override { inner_->free(seq_id); }
+  int64_t num_states() const override { return inner_->num_states(); }
+  int device_steps = 0, prompt_steps = 0, gathered_steps = 0, queued_steps = 0, waited_steps = 0;
+
+ private:
+  ModelRunnerOutput count(ModelRunnerOutput ro, bool queued) {
+    (queued ? queued_steps : waited_steps) += 1;
     if (!ro.seq_ids.empty()) {
       EXPECT_TRUE(ro.device_logits.defined() && ro.logits.empty());
       EXPECT_EQ(ro.device_logits.size(0), static_cast<int64_t>(ro.seq_ids.size()));
@@ -222,11 +232,6 @@ class CountingRunner final : public ModelRunner {
     }
     return ro;
   }
-  void free(int64_t seq_id) override { inner_->free(seq_id); }
-  int64_t num_states() const override { return inner_->num_states(); }
-  int device_steps = 0, prompt_steps = 0, gathered_steps = 0;
-
- private:
   std::unique_ptr<LocalModelRunner> inner_;
 };
 
@@ -310,6 +315,9 @@ TEST(SampleRows, EngineOverDeviceLogitsGivesTheSameOutputs) {
     EXPECT_GT(stopped, 0) << family << ": no stop string ended a request (the dropped-row path is not exercised)";
     EXPECT_GT(spy->device_steps, 0) << family;
     EXPECT_GT(spy->gathered_steps, 0) << family << ": no step mixed prompt-logprob rows with rows to sample";
+    // Steps while the structured request lives sample after the model's wait; the others queue the sampler behind it.
+    EXPECT_GT(spy->waited_steps, 0) << family;
+    EXPECT_GT(spy->queued_steps, 0) << family;
     EXPECT_EQ(device.runner().num_states(), 0);
   }
 }
