@@ -454,6 +454,29 @@ __device__ __forceinline__ bool group_weights(const RowView& rv, int g, float (&
   return any;
 }
 
+// The race's order on (key, id): the smaller key wins, the lower id on ties.
+__device__ __forceinline__ void keep_min(double key, int id, double& best, int& best_id) {
+  if (key < best || (key == best && id < best_id)) {
+    best = key;
+    best_id = id;
+  }
+}
+
+// The block's smallest key and the lowest id holding it (every thread gets both).
+__device__ __forceinline__ double block_min_key(double key, int id, int& min_id) {
+  const double m = block_reduce(key, MinOp{}, static_cast<double>(INFINITY));
+  min_id = block_reduce(key == m ? id : INT_MAX, MinOp{}, INT_MAX);
+  return m;
+}
+
+// row_scan_kernel's slices of `row` folded into this thread's bad / best (the caller reduces them over the block).
+__device__ __forceinline__ void fold_scan_slices(const KernelArgs& a, int row, int& bad, uint64_t& best) {
+  for (int s = threadIdx.x; s < kSlices; s += blockDim.x) {
+    bad = min(bad, a.part_bad[row * kSlices + s]);
+    best = max(best, a.part_best[row * kSlices + s]);
+  }
+}
+
 // The race's seed: the key of the max token `arg`, as on the CPU.
 __device__ __forceinline__ double arg_key(const RowView& rv, uint64_t seed, uint64_t pos, int arg) {
   const uint4 r_arg = philox_block(seed, pos, static_cast<uint64_t>(arg) >> 2);
@@ -475,11 +498,7 @@ __device__ __forceinline__ void race_groups(const RowView& rv, uint64_t seed, ui
       if (!(w[j] > 0.0f) || i == arg) continue;
       const double u = open01(philox_word(r4, j)), wd = static_cast<double>(w[j]);
       if (1.0 - u > my_best * (1.0 + 1e-9) * wd) continue;
-      const double key = -log(u) / wd;
-      if (key < my_best || (key == my_best && i < my_id)) {
-        my_best = key;
-        my_id = i;
-      }
+      keep_min(-log(u) / wd, i, my_best, my_id);
     }
   }
 }
@@ -508,10 +527,7 @@ __device__ __forceinline__ void race_near(const RowView& rv, uint64_t seed, uint
 __device__ bool race_row(const KernelArgs& a, int row, const RowParams& p, RowView& rv, int& arg) {
   int bad = INT_MAX;
   uint64_t best = 0;
-  for (int s = threadIdx.x; s < kSlices; s += blockDim.x) {
-    bad = min(bad, a.part_bad[row * kSlices + s]);
-    best = max(best, a.part_best[row * kSlices + s]);
-  }
+  fold_scan_slices(a, row, bad, best);
   bad = block_reduce(bad, MinOp{}, INT_MAX);
   best = block_reduce(best, MaxOp{}, uint64_t{0});
   rv = RowView{};
@@ -554,8 +570,8 @@ __global__ void __launch_bounds__(kRaceThreads) race_kernel(KernelArgs a) {
     race_slice(a.V, s, g0, g1);
     race_groups(rv, p.seed, p.position, arg, g0, g1, static_cast<int>(threadIdx.x), kRaceThreads, my_best, my_id);
   }
-  const double m = block_reduce(my_best, MinOp{}, static_cast<double>(INFINITY));
-  const int id = block_reduce(my_best == m ? my_id : INT_MAX, MinOp{}, INT_MAX);
+  int id;
+  const double m = block_min_key(my_best, my_id, id);
   if (threadIdx.x == 0) {
     a.race_key[row * kRaceSlices + s] = m;
     a.race_id[row * kRaceSlices + s] = id;
@@ -665,12 +681,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
   int bad = INT_MAX, allowed = 0, n_fin_t = 0, n_fin_raw = 0;
   uint64_t best = 0, raw_best = 0;  // 0: no finite value (every real key is larger)
   const bool plain = (p.flags & (kPlain | kRace)) != 0;
-  if (plain) {  // row_scan_kernel's slices
-    for (int s = tid; s < kSlices; s += kThreads) {
-      bad = min(bad, a.part_bad[row * kSlices + s]);
-      best = max(best, a.part_best[row * kSlices + s]);
-    }
-  }
+  if (plain) fold_scan_slices(a, row, bad, best);
   for (int i = plain ? V : tid; i < V; i += kThreads) {
     const float r = raw[i];
     if (!(r < INFINITY)) bad = min(bad, i);
@@ -798,30 +809,17 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
     double my_best = INFINITY;
     int my_id = INT_MAX;
     if (race) {  // race_kernel's slices
-      for (int s = tid; s < kRaceSlices; s += kThreads) {
-        const double k = a.race_key[row * kRaceSlices + s];
-        const int id = a.race_id[row * kRaceSlices + s];
-        if (k < my_best || (k == my_best && id < my_id)) {
-          my_best = k;
-          my_id = id;
-        }
-      }
+      for (int s = tid; s < kRaceSlices; s += kThreads)
+        keep_min(a.race_key[row * kRaceSlices + s], a.race_id[row * kRaceSlices + s], my_best, my_id);
     } else {
       my_best = arg_key(rv, p.seed, pos, arg);
       my_id = arg;
       race_groups(rv, p.seed, pos, arg, 0, groups, tid, kThreads, my_best, my_id);
     }
-    const double gmin = block_reduce(my_best, MinOp{}, static_cast<double>(INFINITY));
-    token = block_reduce(my_best == gmin ? my_id : INT_MAX, MinOp{}, INT_MAX);
+    const double gmin = block_min_key(my_best, my_id, token);
     // Every token within kCandMargin of the min: the CPU's winner (glibc log) is among them.
     if (gmin < INFINITY) {
-      if (race) {  // race_cand_kernel's list
-        if (tid == 0) {
-          const int n = a.cand_n[row];
-          out.n_cand = n;
-          for (int c = 0; c < kMaxCand && c < n; ++c) out.cand[c] = a.cand[row * kMaxCand + c];
-        }
-      } else {
+      if (!race) {  // (kRace rows: race_cand_kernel's list)
         if (tid == 0) bv.n_cand = 0;
         __syncthreads();
         race_near(rv, p.seed, pos, gmin * (1.0 + kCandMargin), 0, groups, tid, kThreads, [&](const Candidate& c) {
@@ -829,10 +827,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(KernelArgs a) {
           if (slot < kMaxCand) bv.cand[slot] = c;
         });
         __syncthreads();
-        if (tid == 0) {
-          out.n_cand = bv.n_cand;
-          for (int c = 0; c < kMaxCand && c < bv.n_cand; ++c) out.cand[c] = bv.cand[c];
-        }
+      }
+      if (tid == 0) {
+        const int n = race ? a.cand_n[row] : bv.n_cand;
+        const Candidate* list = race ? a.cand + row * kMaxCand : bv.cand;
+        out.n_cand = n;
+        for (int c = 0; c < kMaxCand && c < n; ++c) out.cand[c] = list[c];
       }
     }
   }
@@ -1095,12 +1095,12 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
     rp.spec_begin = static_cast<uint32_t>(begin);
     rp.spec_count = static_cast<uint32_t>(entries.size() - begin);
     any_special |= rp.spec_count > 0;
-    if ((rp.flags & kGreedy) && !(rp.flags & kHasMask) && rp.spec_count == 0 && p.logprobs < 0) {
+    // No penalty, mask or logprobs: pass 1 reads the raw row alone (row_scan_kernel).
+    const bool raw_row = !(rp.flags & kHasMask) && rp.spec_count == 0 && p.logprobs < 0;
+    if (raw_row && (rp.flags & kGreedy)) {
       rp.flags |= kPlain;
       any_plain = true;
-    }
-    if (!(rp.flags & kGreedy) && !(rp.flags & kHasMask) && rp.spec_count == 0 && p.logprobs < 0 && p.top_k <= 0 &&
-        !(p.top_p < 1.0f) && R <= kRaceMaxRows) {
+    } else if (raw_row && p.top_k <= 0 && !(p.top_p < 1.0f) && R <= kRaceMaxRows) {
       rp.flags |= kRace;
       any_race = true;
     }

@@ -29,6 +29,17 @@ std::unique_ptr<Tokenizer> load_tokenizer(const EngineArgs& args) {
   }
   return std::make_unique<Tokenizer>(Tokenizer::from_pretrained(dir));
 }
+// The sampler's results as the scheduler takes them: results[k] is sequence seq_ids[k]'s token.
+std::vector<SampledToken> sampled_tokens(std::vector<SampleResult>& results, const std::vector<int64_t>& seq_ids) {
+  std::vector<SampledToken> sampled;
+  sampled.reserve(results.size());
+  for (size_t k = 0; k < results.size(); ++k) {
+    SampleResult& r = results[k];
+    sampled.push_back(SampledToken{seq_ids[k], r.token, r.logprob, std::move(r.top_logprobs)});
+  }
+  return sampled;
+}
+
 }  // namespace
 
 EngineCore::EngineCore(const EngineArgs& args) {
@@ -212,13 +223,7 @@ std::vector<SampledToken> EngineCore::sample_planned(const ModelRunnerOutput& ro
       results.push_back(sample(plan.inputs[i]));
     }
   }
-  std::vector<SampledToken> sampled;
-  sampled.reserve(results.size());
-  for (size_t k = 0; k < results.size(); ++k) {
-    SampleResult& r = results[k];
-    sampled.push_back(SampledToken{plan.seq_ids[k], r.token, r.logprob, std::move(r.top_logprobs)});
-  }
-  return sampled;
+  return sampled_tokens(results, plan.seq_ids);
 }
 
 // One token per row whose sequence is still live (a stop string may have ended one since it was
@@ -256,13 +261,7 @@ std::vector<SampledToken> EngineCore::sample_rows(const ModelRunnerOutput& ro) c
     results.reserve(inputs.size());
     for (const SampleInput& in : inputs) results.push_back(sample(in));
   }
-  std::vector<SampledToken> sampled;
-  sampled.reserve(results.size());
-  for (size_t k = 0; k < results.size(); ++k) {
-    SampleResult& r = results[k];
-    sampled.push_back(SampledToken{seq_ids[k], r.token, r.logprob, std::move(r.top_logprobs)});
-  }
-  return sampled;
+  return sampled_tokens(results, seq_ids);
 }
 
 // A model step that throws leaves the states of its sequences half advanced: their requests end
