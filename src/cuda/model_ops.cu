@@ -632,6 +632,41 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const f
   out[t * dim + d] = round ? round_to_bf16(v) : v;
 }
 
+// moe_combine_kernel's value, then hc_expand_kernel's copies of it (hc.cu: acc = 0; acc += comb[j][k] * stream_j for
+// j ascending; post_k * y + acc; rounded when `round`) in the same thread: one launch, no round trip of y.
+__global__ void moe_combine_expand_kernel(const float* y, const int32_t* slots, const float* shared, int k, int64_t dim,
+                                          bool round, const float* stream, const float* post, const float* comb, int hc,
+                                          float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.y;
+  const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (d >= dim) return;
+  int32_t s[kCombineMaxK];
+  int n = 0;
+  for (int j = 0; j < k; ++j) {
+    const int32_t v = slots[t * k + j];
+    if (v < 0) continue;
+    int at = n++;
+    while (at > 0 && s[at - 1] > v) {
+      s[at] = s[at - 1];
+      --at;
+    }
+    s[at] = v;
+  }
+  float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, y[static_cast<int64_t>(s[i]) * dim + d]);
+  float v = __fadd_rn(acc, shared[t * dim + d]);
+  if (round) v = round_to_bf16(v);
+  for (int c = 0; c < hc; ++c) {
+    float a = 0.0f;
+    for (int j = 0; j < hc; ++j)
+      a = __fadd_rn(a, __fmul_rn(comb[(t * hc + j) * hc + c], stream[(t * hc + j) * dim + d]));
+    const float o = __fadd_rn(__fmul_rn(post[t * hc + c], v), a);
+    out[(t * hc + c) * dim + d] = round ? round_to_bf16(o) : o;
+  }
+}
+
 // ---- compressor pooling ----------------------------------------------------------------------------
 // One thread per (group, channel): three passes over the group's rows (max, exp sum, weighted sum),
 // each in the CPU's row order; exp recomputed identically in each pass.
@@ -997,6 +1032,39 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
   const dim3 grid(grid_for(dim, 256), static_cast<unsigned>(T));
   launch_pdl(moe_combine_kernel, grid, 256, 0, nullptr, expert_out.data<float>(), slots.data<int32_t>(),
              shared.data<float>(), static_cast<int>(k), dim, round, out.data<float>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
+Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const Tensor& stream,
+                          const Tensor& post, const Tensor& comb, bool round) {
+  const char* op = "cuda::moe_combine_expand";
+  check_f32(expert_out, op, "expert_out");
+  check_f32(shared, op, "shared");
+  check_f32(stream, op, "stream");
+  check_f32(post, op, "post");
+  check_f32(comb, op, "comb");
+  DI_CHECK(slots.defined() && slots.device() == Device::kCUDA && slots.dtype() == DType::kI32 && slots.dim() == 2 &&
+               slots.is_contiguous(),
+           "{}: slots must be int32 [T, k] on CUDA, got {}", op, desc(slots));
+  DI_CHECK(shared.dim() == 2 && shared.size(0) == slots.size(0) && expert_out.dim() == 2 &&
+               expert_out.size(1) == shared.size(1),
+           "{}: expert_out {}, slots {}, shared {} do not match", op, expert_out.describe(), slots.describe(),
+           shared.describe());
+  const int64_t T = shared.size(0), dim = shared.size(1), k = slots.size(1);
+  DI_CHECK(stream.dim() == 3 && stream.size(0) == T && stream.size(2) == dim, "{}: stream {} for [{}, hc, {}]", op,
+           stream.describe(), T, dim);
+  const int64_t hc = stream.size(1);
+  DI_CHECK(post.numel() == T * hc && comb.numel() == T * hc * hc, "{}: post {} comb {} vs stream {}", op,
+           post.describe(), comb.describe(), stream.describe());
+  DI_CHECK(k <= kCombineMaxK && T < (int64_t{1} << 31), "{}: k = {} (at most {}), T = {}", op, k, kCombineMaxK, T);
+  Tensor out = Tensor::empty({T, hc, dim}, DType::kF32, Device::kCUDA);
+  if (out.numel() == 0) return out;
+  side_join();  // the shared expert and the mixes (post, comb) may come from the side stream
+  const dim3 grid(grid_for(dim, 256), static_cast<unsigned>(T));
+  launch_pdl(moe_combine_expand_kernel, grid, 256, 0, nullptr, expert_out.data<float>(), slots.data<int32_t>(),
+             shared.data<float>(), static_cast<int>(k), dim, round, stream.data<float>(), post.data<float>(),
+             comb.data<float>(), static_cast<int>(hc), out.data<float>());
   DI_CUDA_CHECK(cudaGetLastError());
   return out;
 }

@@ -33,6 +33,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
 Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block = 0);
 ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
+Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const Tensor& stream,
+                          const Tensor& post, const Tensor& comb, bool round);
 void copy_into(const Tensor& dst, const Tensor& src);
 // ops::copy_rows (and so ops::gather_segments): every run on the device.
 void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width);

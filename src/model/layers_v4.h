@@ -150,8 +150,11 @@ Tensor ids_tensor(const std::vector<I>& ids, Device device = Device::kCPU) {
   return t.to(device);
 }
 
-// MoE of one layer (both families, §2.8). token_ids: the rows' token ids, int32 [T] on x's device, read by
-// hash-routed layers only (undefined otherwise). Returns [T, dim].
-Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const LayerCtx& c);
+// The FFN sublayer (both families, §2.8), from the stream [T, hc, dim] to the next: x = hc_collapse_norm(stream, pre,
+// norm) (dumped and teacher-forced as "ffn_in"), y = the MoE of x (dumped as "ffn_out"), then hc_expand(y, stream,
+// post, comb). token_ids: the rows' token ids, int32 [T] on the stream's device, read by hash-routed layers only
+// (undefined otherwise).
+Tensor ffn_moe(const MoeWeights& w, const Tensor& stream, const Tensor& pre, const Tensor& norm, const Tensor& post,
+               const Tensor& comb, const Tensor& token_ids, const LayerCtx& c);
 
 }  // namespace deepinfer

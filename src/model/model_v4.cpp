@@ -62,11 +62,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
       Tensor s = ops::hc_expand(y, in[1], in[3], in[4], num.bf16);
       const ops::HcMix mix = ops::hc_mixes(s, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, hc, cfg.hc_sinkhorn_iters,
                                            cfg.hc_eps, cfg.norm_eps);
-      Tensor x = ops::hc_collapse_norm(s, mix.pre, L.ffn_norm, cfg.norm_eps, num.bf16);
-      dump("ffn_in", l, x);
-      y = moe(L.ffn, x, in[5], ctx);
-      dump("ffn_out", l, y);
-      s = ops::hc_expand(y, s, mix.post, mix.comb, num.bf16);
+      s = ffn_moe(L.ffn, s, mix.pre, L.ffn_norm, mix.post, mix.comb, in[5], ctx);
       dump("stream", l, s);
       return std::vector<Tensor>{s, in[5]};
     };

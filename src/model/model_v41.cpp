@@ -164,12 +164,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
       force("attn_stream", l, s);
       dump("ffn_post", l, ffn_mix.post);
       dump("ffn_comb", l, ffn_mix.comb);
-      Tensor x = ops::hc_collapse_norm(s, in[3], L.ffn_norm, cfg.norm_eps, num.bf16);
-      dump("ffn_in", l, x);
-      force("ffn_in", l, x);
-      y = moe(L.ffn, x, in[6], ctx);
-      dump("ffn_out", l, y);
-      s = ops::hc_expand(y, s, ffn_mix.post, ffn_mix.comb, num.bf16);
+      s = ffn_moe(L.ffn, s, in[3], L.ffn_norm, ffn_mix.post, ffn_mix.comb, in[6], ctx);
       dump("stream", l, s);
       force("stream", l, s);
       return std::vector<Tensor>{s, ffn_mix.pre, in[6]};

@@ -66,9 +66,15 @@ Tensor shared_expert_forward(const MoeWeights& w, const Tensor& x, const LayerCt
   return linear_q(h, e.w2, c);
 }
 
-}  // namespace
+// What the MoE's combine adds: the routed experts' outputs in the grouped order, each pair's slot, the shared expert's
+// output.
+struct MoeOut {
+  Tensor expert_out, slots, shared;
+};
 
-Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const LayerCtx& c) {
+// The MoE of one layer up to the combine (§2.8). token_ids: the rows' token ids, int32 [T] on x's device, read by
+// hash-routed layers only (undefined otherwise).
+MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t T = x.size(0), E = cfg.n_routed_experts, K = cfg.n_activated_experts, dim = cfg.dim;
   DI_CHECK(cfg.score_func == "sqrtsoftplus", "score_func '{}' is not supported (V4 uses sqrtsoftplus)", cfg.score_func);
@@ -112,8 +118,8 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const 
     }
   }
 
-  // Dispatch by expert (ops::moe_group), each expert's FFN on its rows, then the FP32 combine in
-  // ascending expert order plus the shared expert (ops::moe_combine).
+  // Dispatch by expert (ops::moe_group), each expert's FFN on its rows (the FP32 combine in ascending expert order
+  // plus the shared expert follows: ffn_moe).
   const bool grouped = run_grouped(T * K, x.device());
   const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E, /*host_offsets=*/!grouped);
   Tensor yg;
@@ -129,8 +135,21 @@ Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, const 
     }
   }
   dump("shared_out", c.layer, ys);
-  Tensor out = ops::moe_combine(yg, groups.slots, ys, c.num.bf16);
-  return out;
+  return {yg, groups.slots, ys};
+}
+
+}  // namespace
+
+Tensor ffn_moe(const MoeWeights& w, const Tensor& stream, const Tensor& pre, const Tensor& norm, const Tensor& post,
+               const Tensor& comb, const Tensor& token_ids, const LayerCtx& c) {
+  const bool bf = c.num.bf16;
+  Tensor x = ops::hc_collapse_norm(stream, pre, norm, c.cfg.norm_eps, bf);
+  dump("ffn_in", c.layer, x);
+  force("ffn_in", c.layer, x);
+  const MoeOut m = moe_experts(w, x, token_ids, c);
+  if (dump_enabled()) dump("ffn_out", c.layer, ops::moe_combine(m.expert_out, m.slots, m.shared, bf));
+  // The combine and the expand in one op (one kernel on CUDA: a launch and a round trip of y fewer per layer).
+  return ops::moe_combine_expand(m.expert_out, m.slots, m.shared, stream, post, comb, bf);
 }
 
 }  // namespace deepinfer

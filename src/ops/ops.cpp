@@ -721,6 +721,16 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts,
   return cpu::moe_group(ids, weights, n_experts);
 }
 
+Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const Tensor& stream,
+                          const Tensor& post, const Tensor& comb, bool round) {
+  const OpScope scope("moe_combine_expand", stream);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(stream)) return cuda::moe_combine_expand(expert_out, slots, shared, stream, post, comb, round);
+#endif
+  if (on_cuda(stream)) no_kernel("moe_combine_expand", stream);
+  return cpu::hc_expand(cpu::moe_combine(expert_out, slots, shared, round), stream, post, comb, round);
+}
+
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
   const OpScope scope("moe_combine", shared);
 #if DEEPINFER_HAS_CUDA

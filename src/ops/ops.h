@@ -368,6 +368,10 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts,
 // in fp32 over t's slots in ascending grouped position (= ascending expert), rd = bf16 rounding when
 // `round`. Returns float32 [T, dim] (exact: one fixed order of fp32 adds).
 Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round);
+// hc_expand(moe_combine(expert_out, slots, shared, round), stream, post, comb, round): the FFN's output back into the
+// stream [T, hc, dim], bit for bit (CUDA: one kernel).
+Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const Tensor& stream,
+                          const Tensor& post, const Tensor& comb, bool round);
 
 // Compressor pooling (§2.5, §2.6): the gated pooling of G complete groups of `ratio` rows.
 // kv, score float32 [lead + G*ratio, width] on one device, rows in position order from a group

@@ -18,6 +18,7 @@
 // The model-level ops: index_scores, embedding, gather_rows bit for bit; moe_route ids exact and
 //   weights 1e-6 relative, swiglu 1e-6 relative (one bf16 step when rounded): exp / log1p as
 //   fp32(exp/log1p(double)) vs glibc expf / log1pf. moe_group, moe_combine, copy_into, renorm_heads bit for bit;
+//   moe_combine_expand bit for bit against the CPU's hc_expand(moe_combine(...));
 //   compress_pool 1e-5 relative + 1e-6 absolute (exp as fp32(exp(double)) vs glibc expf).
 // The index lists: candidate_blocks, mask_to_blocks, topk_rows by index and sparse_index bit for bit.
 #include <cmath>
@@ -1246,6 +1247,22 @@ void test_moe_dispatch() {
         const di::Tensor shared = normal_tensor({c.T, c.dim}, 0.5f, seed++, round);
         const di::Tensor want = di::ops::moe_combine(y, g.slots, shared, round);
         return exact(want, di::ops::moe_combine(dev(y), dev(g.slots), dev(shared), round));
+      });
+      if (c.T > 600) continue;
+      std::snprintf(name, sizeof name, "moe_combine_expand %s T=%lld k=%lld dim=%lld round=%d", c.what,
+                    static_cast<long long>(c.T), static_cast<long long>(c.k), static_cast<long long>(c.dim),
+                    round ? 1 : 0);
+      run_case(name, [&] {  // against the CPU's hc_expand(moe_combine(...)) (ops.cpp), bit for bit
+        const di::ops::MoeGroups g = di::ops::moe_group(ids, w, c.E);
+        const di::Tensor y = normal_tensor({c.T * c.k, c.dim}, 0.5f, seed++, round);
+        const di::Tensor shared = normal_tensor({c.T, c.dim}, 0.5f, seed++, round);
+        const di::Tensor stream = normal_tensor({c.T, 4, c.dim}, 1.0f, seed++, round);
+        const di::Tensor post = normal_tensor({c.T, 4}, 0.8f, seed++, false);
+        const di::Tensor comb = normal_tensor({c.T, 4, 4}, 0.4f, seed++, false);
+        const di::Tensor want = di::ops::moe_combine_expand(y, g.slots, shared, stream, post, comb, round);
+        const di::Tensor got =
+            di::ops::moe_combine_expand(dev(y), dev(g.slots), dev(shared), dev(stream), dev(post), dev(comb), round);
+        return exact(want, got);
       });
     }
   }
