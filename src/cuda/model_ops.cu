@@ -606,14 +606,9 @@ __global__ void __launch_bounds__(kGroupSmallMax)
 
 constexpr int kCombineMaxK = 64;
 
-// One thread per (token, column): the token's slots sorted ascending, then 0 + y[s1] + y[s2] + ... + shared.
-__global__ void moe_combine_kernel(const float* y, const int32_t* slots, const float* shared, int k, int64_t dim,
-                                   bool round, float* out) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t t = blockIdx.y;
-  const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (d >= dim) return;
+// Token t's column d of the combine, unrounded: its slots sorted ascending, then 0 + y[s1] + y[s2] + ... + shared.
+__device__ __forceinline__ float combine_value(const float* y, const int32_t* slots, const float* shared, int k,
+                                               int64_t dim, int64_t t, int64_t d) {
   int32_t s[kCombineMaxK];
   int n = 0;
   for (int j = 0; j < k; ++j) {
@@ -628,7 +623,18 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const f
   }
   float acc = 0.0f;
   for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, y[static_cast<int64_t>(s[i]) * dim + d]);
-  const float v = __fadd_rn(acc, shared[t * dim + d]);
+  return __fadd_rn(acc, shared[t * dim + d]);
+}
+
+// One thread per (token, column).
+__global__ void moe_combine_kernel(const float* y, const int32_t* slots, const float* shared, int k, int64_t dim,
+                                   bool round, float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.y;
+  const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (d >= dim) return;
+  const float v = combine_value(y, slots, shared, k, dim, t, d);
   out[t * dim + d] = round ? round_to_bf16(v) : v;
 }
 
@@ -642,21 +648,7 @@ __global__ void moe_combine_expand_kernel(const float* y, const int32_t* slots, 
   const int64_t t = blockIdx.y;
   const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (d >= dim) return;
-  int32_t s[kCombineMaxK];
-  int n = 0;
-  for (int j = 0; j < k; ++j) {
-    const int32_t v = slots[t * k + j];
-    if (v < 0) continue;
-    int at = n++;
-    while (at > 0 && s[at - 1] > v) {
-      s[at] = s[at - 1];
-      --at;
-    }
-    s[at] = v;
-  }
-  float acc = 0.0f;
-  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, y[static_cast<int64_t>(s[i]) * dim + d]);
-  float v = __fadd_rn(acc, shared[t * dim + d]);
+  float v = combine_value(y, slots, shared, k, dim, t, d);
   if (round) v = round_to_bf16(v);
   for (int c = 0; c < hc; ++c) {
     float a = 0.0f;
@@ -1013,8 +1005,10 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   return g;
 }
 
-Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
-  const char* op = "cuda::moe_combine";
+namespace {
+
+// moe_combine's argument checks (op names the caller).
+void check_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const char* op) {
   check_f32(expert_out, op, "expert_out");
   check_f32(shared, op, "shared");
   DI_CHECK(slots.defined() && slots.device() == Device::kCUDA && slots.dtype() == DType::kI32 && slots.dim() == 2 &&
@@ -1024,9 +1018,16 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
                expert_out.size(1) == shared.size(1),
            "{}: expert_out {}, slots {}, shared {} do not match", op, expert_out.describe(), slots.describe(),
            shared.describe());
+  const int64_t T = shared.size(0), k = slots.size(1);
+  DI_CHECK(k <= kCombineMaxK && T < (int64_t{1} << 31), "{}: k = {} (at most {}), T = {}", op, k, kCombineMaxK, T);
+}
+
+}  // namespace
+
+Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, bool round) {
+  check_combine(expert_out, slots, shared, "cuda::moe_combine");
   const int64_t T = shared.size(0), dim = shared.size(1), k = slots.size(1);
   side_join_if_reads(shared.raw(), shared.nbytes());  // the shared expert may run beside the routed ones
-  DI_CHECK(k <= kCombineMaxK && T < (int64_t{1} << 31), "{}: k = {} (at most {}), T = {}", op, k, kCombineMaxK, T);
   Tensor out = Tensor::empty({T, dim}, DType::kF32, Device::kCUDA);
   if (T * dim == 0) return out;
   const dim3 grid(grid_for(dim, 256), static_cast<unsigned>(T));
@@ -1039,25 +1040,16 @@ Tensor moe_combine(const Tensor& expert_out, const Tensor& slots, const Tensor& 
 Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const Tensor& stream,
                           const Tensor& post, const Tensor& comb, bool round) {
   const char* op = "cuda::moe_combine_expand";
-  check_f32(expert_out, op, "expert_out");
-  check_f32(shared, op, "shared");
+  check_combine(expert_out, slots, shared, op);
   check_f32(stream, op, "stream");
   check_f32(post, op, "post");
   check_f32(comb, op, "comb");
-  DI_CHECK(slots.defined() && slots.device() == Device::kCUDA && slots.dtype() == DType::kI32 && slots.dim() == 2 &&
-               slots.is_contiguous(),
-           "{}: slots must be int32 [T, k] on CUDA, got {}", op, desc(slots));
-  DI_CHECK(shared.dim() == 2 && shared.size(0) == slots.size(0) && expert_out.dim() == 2 &&
-               expert_out.size(1) == shared.size(1),
-           "{}: expert_out {}, slots {}, shared {} do not match", op, expert_out.describe(), slots.describe(),
-           shared.describe());
   const int64_t T = shared.size(0), dim = shared.size(1), k = slots.size(1);
   DI_CHECK(stream.dim() == 3 && stream.size(0) == T && stream.size(2) == dim, "{}: stream {} for [{}, hc, {}]", op,
            stream.describe(), T, dim);
   const int64_t hc = stream.size(1);
   DI_CHECK(post.numel() == T * hc && comb.numel() == T * hc * hc, "{}: post {} comb {} vs stream {}", op,
            post.describe(), comb.describe(), stream.describe());
-  DI_CHECK(k <= kCombineMaxK && T < (int64_t{1} << 31), "{}: k = {} (at most {}), T = {}", op, k, kCombineMaxK, T);
   Tensor out = Tensor::empty({T, hc, dim}, DType::kF32, Device::kCUDA);
   if (out.numel() == 0) return out;
   side_join();  // the shared expert and the mixes (post, comb) may come from the side stream
