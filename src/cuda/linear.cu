@@ -502,9 +502,10 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   // 1.34x, wq_a [1280, 5120] 1.21x); on wider weights and on FP4 / BF16 single rows the slab kernel
   // is as fast or faster (its grouped mode is what the routed experts use: linear_grouped.cu).
   constexpr int64_t kGemvMaxRows = 2048;
-  // Single-row E4M3 calls on the weights where fp8_walk_gemv measured fastest (gemv_fp8_uses_walk: from 1,280
-  // rows, so wq_a + wkv, wq_b, wo_b, the shared expert's w1 / w3 and w2, the indexer's wq_b) also go to the GEMV,
-  // which needs no prep_x launch; under variant 2 (forced) every single-row E4M3 call does.
+  // Single-row E4M3 calls on the weights where fp8_walk_gemv measured fastest (gemv_fp8_uses_walk: from 2,048
+  // rows, so wq_b, wo_b, the shared expert's w1 / w3 and w2, the indexer's wq_b; narrower ones, wq_a + wkv among them,
+  // take the GEMV's fp8_gemv by the row limit above) also go to the GEMV, which needs no prep_x launch; under variant 2
+  // (forced) every single-row E4M3 call does.
   const bool walk = fmt == kFp8 && M == 1 && gemv_fp8_uses_walk(false, N);
   // Calls of 2 <= M <= gemv_rows_max() rows (decode batches, prefill chunks) on the shapes where
   // bench_cuda_gemv's batched table (M = 2..64, V4.1 shapes) and bench_cuda_model measured the GEMV faster: the
