@@ -269,11 +269,7 @@ __global__ void hc_expand_kernel(const float* y, const float* stream, const floa
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = e % dim, k = (e / dim) % hc, t = e / (dim * hc);
-    float acc = 0.0f;
-    for (int j = 0; j < hc; ++j)
-      acc = __fadd_rn(acc, __fmul_rn(comb[(t * hc + j) * hc + k], stream[(t * hc + j) * dim + d]));
-    const float v = __fadd_rn(__fmul_rn(post[t * hc + k], y[t * dim + d]), acc);
-    out[e] = round ? round_to_bf16(v) : v;
+    out[e] = hc_expand_value(y[t * dim + d], stream, post, comb, t, hc, k, dim, d, round);
   }
 }
 

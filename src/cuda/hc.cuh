@@ -37,3 +37,23 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
                float norm_eps, bool round);
 
 }  // namespace deepinfer::cuda
+
+#ifdef __CUDACC__
+#include "cuda/common.cuh"
+
+namespace deepinfer::cuda {
+
+// hc_expand's value of copy k, column d of token t (y_td = y[t, d]): acc = 0; acc += comb[t, j, k] * stream[t, j, d]
+// for j ascending; post[t, k] * y_td + acc, rounded when `round`. Shared with moe_combine_expand (model_ops.cu), which
+// must give these bits.
+__device__ __forceinline__ float hc_expand_value(float y_td, const float* stream, const float* post, const float* comb,
+                                                 int64_t t, int hc, int64_t k, int64_t dim, int64_t d, bool round) {
+  float acc = 0.0f;
+  for (int j = 0; j < hc; ++j)
+    acc = __fadd_rn(acc, __fmul_rn(comb[(t * hc + j) * hc + k], stream[(t * hc + j) * dim + d]));
+  const float v = __fadd_rn(__fmul_rn(post[t * hc + k], y_td), acc);
+  return round ? round_to_bf16(v) : v;
+}
+
+}  // namespace deepinfer::cuda
+#endif  // __CUDACC__

@@ -9,6 +9,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/hc.cuh"
 #include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/topk.cuh"
@@ -638,8 +639,8 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const f
   out[t * dim + d] = round ? round_to_bf16(v) : v;
 }
 
-// moe_combine_kernel's value, then hc_expand_kernel's copies of it (hc.cu: acc = 0; acc += comb[j][k] * stream_j for
-// j ascending; post_k * y + acc; rounded when `round`) in the same thread: one launch, no round trip of y.
+// moe_combine_kernel's value, then hc_expand_kernel's copies of it (hc_expand_value) in the same thread: one launch, no
+// round trip of y.
 __global__ void moe_combine_expand_kernel(const float* y, const int32_t* slots, const float* shared, int k, int64_t dim,
                                           bool round, const float* stream, const float* post, const float* comb, int hc,
                                           float* out) {
@@ -650,13 +651,8 @@ __global__ void moe_combine_expand_kernel(const float* y, const int32_t* slots, 
   if (d >= dim) return;
   float v = combine_value(y, slots, shared, k, dim, t, d);
   if (round) v = round_to_bf16(v);
-  for (int c = 0; c < hc; ++c) {
-    float a = 0.0f;
-    for (int j = 0; j < hc; ++j)
-      a = __fadd_rn(a, __fmul_rn(comb[(t * hc + j) * hc + c], stream[(t * hc + j) * dim + d]));
-    const float o = __fadd_rn(__fmul_rn(post[t * hc + c], v), a);
-    out[(t * hc + c) * dim + d] = round ? round_to_bf16(o) : o;
-  }
+  for (int c = 0; c < hc; ++c)
+    out[(t * hc + c) * dim + d] = hc_expand_value(v, stream, post, comb, t, hc, c, dim, d, round);
 }
 
 // ---- compressor pooling ----------------------------------------------------------------------------
