@@ -4,7 +4,7 @@
 // it reads) divided by the device-to-device copy bandwidth measured in the same run.
 //
 //   ./bench_cuda_model CKPT_DIR [--batches 1,8,32,128,256] [--context 128] [--steps 8] [--prefill 4096] [--eager]
-//                     [--gemv-fp4 1|2|3|4] [--gemv-fp8 1..6] [--gemv-bf16 1|2|3]
+//                     [--gemv-fp4 1|2|3|4] [--gemv-fp8 1..6] [--gemv-bf16 1|2|3] [--queued]
 //
 // Decode steps replay CUDA graphs (captured at each batch size's second untimed step) unless --eager. --gemv-fp4
 // picks the FP4 decode GEMV kernel (cuda::gemv_set_fp4_variant: 1 chain_gemv, 2 fp4_pair_gemv, 3 fp4_mma_gemv up to
@@ -24,7 +24,10 @@
 // "head ms": the head alone at the batch's rows; "layers' fraction": (roofline bytes less the head's) / bandwidth
 // against the step less the head, i.e. how the layers alone fare (a whole model has 43 of them). "host ms / step": the
 // time until forward_batch returns (its kernels queued, not run): when it nears the step's time, the host and not the
-// GPU sets the pace. Prints SKIP and exits 0 without a GPU.
+// GPU sets the pace. --queued adds, per batch size, the same number of steps queued back to back with one wait at the
+// end (the tokens fixed, no sampler): the step the GPU would take if the host never waited for a sampled token, the
+// bound of feeding the sampled token back on the device (the overlap schedulers of vLLM and SGLang); the gap between
+// the two is the round trip through the host per step. Prints SKIP and exits 0 without a GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -167,18 +170,18 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N] [--eager] "
-                 "[--gemv-fp4 1|2|3|4] [--gemv-fp8 1..6] [--gemv-bf16 1|2|3]\n",
+                 "[--gemv-fp4 1|2|3|4] [--gemv-fp8 1..6] [--gemv-bf16 1|2|3] [--queued]\n",
                  argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   std::vector<int64_t> batches = {1, 8, 32, 128, 256};
   int64_t context = 128, steps = 8, prefill = 4096;
-  bool eager = false;
+  bool eager = false, queued = false;
   for (int a = 2; a < argc; a += 2) {
     const std::string k = argv[a];
-    if (k == "--eager") {  // a flag: no value
-      eager = true;
+    if (k == "--eager" || k == "--queued") {  // flags: no value
+      (k == "--eager" ? eager : queued) = true;
       --a;
       continue;
     }
@@ -289,6 +292,19 @@ int main(int argc, char** argv) {
       std::printf("| %lld | %lld | %.2f | %.1f | %.1f | %.3f | %.3f | %.1f%% | %.2f | %.3f | %.1f%% |\n",
                   static_cast<long long>(B), static_cast<long long>(context), ms, 1e3 / ms, B * 1e3 / ms, bytes / 1e9,
                   roof_ms, 100.0 * roof_ms / ms, host / steps * 1e3, h_ms, 100.0 * layers_frac);
+      if (queued) {  // the same steps with no round trip through the host (see the header)
+        const double q0 = now_s();
+        for (int64_t s = 0; s < steps; ++s) {
+          std::vector<di::SeqChunk> batch;
+          for (int64_t b = 0; b < B; ++b) batch.push_back({seqs[b].get(), {next[b]}, true, false});
+          model->forward_batch(batch, fo);
+        }
+        di::ops::synchronize(di::Device::kCUDA);
+        const double q_ms = (now_s() - q0) / steps * 1e3;
+        std::printf("|   queued: %lld steps back to back, no sampler | %lld | %.2f | %.1f | %.1f | | | %.1f%% | | | |\n",
+                    static_cast<long long>(steps), static_cast<long long>(context), q_ms, 1e3 / q_ms, B * 1e3 / q_ms,
+                    100.0 * roof_ms / q_ms);
+      }
       std::fflush(stdout);
     }
     const di::ops::SegmentGraphs::Stats gs = model->graph_stats();
