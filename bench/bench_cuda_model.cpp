@@ -301,9 +301,10 @@ int main(int argc, char** argv) {
         }
         di::ops::synchronize(di::Device::kCUDA);
         const double q_ms = (now_s() - q0) / steps * 1e3;
-        std::printf("|   queued: %lld steps back to back, no sampler | %lld | %.2f | %.1f | %.1f | | | %.1f%% | | | |\n",
-                    static_cast<long long>(steps), static_cast<long long>(context), q_ms, 1e3 / q_ms, B * 1e3 / q_ms,
-                    100.0 * roof_ms / q_ms);
+        std::printf(
+            "|   queued: %lld steps back to back, no sampler | %lld | %.2f | %.1f | %.1f | | | %.1f%% | | | |\n",
+            static_cast<long long>(steps), static_cast<long long>(context), q_ms, 1e3 / q_ms, B * 1e3 / q_ms,
+            100.0 * roof_ms / q_ms);
       }
       std::fflush(stdout);
     }
