@@ -254,13 +254,18 @@ int main(int argc, char** argv) {
       std::vector<int32_t> next(B, 1);
       std::vector<di::SampleInput> greedy_rows(static_cast<size_t>(B));
       for (di::SampleInput& in : greedy_rows) in.params = &greedy, in.vocab = cfg.vocab_size;
+      // One decode row per sequence, fed `next`: the timed loop's step and --queued's.
+      auto decode_batch = [&] {
+        std::vector<di::SeqChunk> batch;
+        for (int64_t b = 0; b < B; ++b) batch.push_back({seqs[b].get(), {next[b]}, true, false});
+        return batch;
+      };
       double total = 0, host = 0, bytes = 0;
       // 4 warm-up steps: 2 traced (the step's bytes), then the batch size's first untraced step (eager) and its second,
       // which captures the CUDA graphs (later steps replay them).
       constexpr int64_t kWarm = 4;
       for (int64_t s = 0; s < steps + kWarm; ++s) {
-        std::vector<di::SeqChunk> batch;
-        for (int64_t b = 0; b < B; ++b) batch.push_back({seqs[b].get(), {next[b]}, true, false});
+        const std::vector<di::SeqChunk> batch = decode_batch();
         di::Trace trace;
         di::ForwardOptions f2 = fo;
         f2.trace = &trace;
@@ -294,11 +299,7 @@ int main(int argc, char** argv) {
                   roof_ms, 100.0 * roof_ms / ms, host / steps * 1e3, h_ms, 100.0 * layers_frac);
       if (queued) {  // the same steps with no round trip through the host (see the header)
         const double q0 = now_s();
-        for (int64_t s = 0; s < steps; ++s) {
-          std::vector<di::SeqChunk> batch;
-          for (int64_t b = 0; b < B; ++b) batch.push_back({seqs[b].get(), {next[b]}, true, false});
-          model->forward_batch(batch, fo);
-        }
+        for (int64_t s = 0; s < steps; ++s) model->forward_batch(decode_batch(), fo);
         di::ops::synchronize(di::Device::kCUDA);
         const double q_ms = (now_s() - q0) / steps * 1e3;
         std::printf(
