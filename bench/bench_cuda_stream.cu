@@ -22,25 +22,19 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda_bench_util.cuh"
 
 namespace {
 
 using deepinfer::DType;
 using deepinfer::Tensor;
+using deepinfer::cuda::ldg_stream;  // the walk's streaming 16-byte load
 namespace bench = deepinfer::bench;
 
 constexpr int kWarps = 16;   // warps per block, one block per SM (the walk's launch)
 constexpr int kGroup = 4;    // rows per warp group (the walk's R at one x row)
 constexpr int kPiece = 512;  // bytes per warp load (32 lanes x 16)
-
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // I rows of the group interleaved per item, P consecutive 512-byte pieces of each per item (I * P = 4 loads per lane
 // per item at I = 4, P = 1), a ring of D items; the group's kGroup rows in kGroup / I passes over K.
