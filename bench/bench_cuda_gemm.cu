@@ -6,6 +6,9 @@
 // "ours" is cuda::linear_into (cuda::linear into a preallocated output: the same kernels, and no allocation
 // inside the graph capture). "tc" is cuda::linear_tc_into (src/cuda/linear_tc.cu: the tensor-core kernel,
 // within tolerance of the CPU op rather than bit-exact), timed the same way on the same data.
+// Part 0: the BF16 vocabulary head [129280, 5120] (no input site, float32 logits) at M = 1 .. 1024: the exact kernel,
+//   the tensor-core one (linear_tc_bf16.cuh) and cuBLASLt BF16 (x as one bf16 piece: a speed anchor) in TFLOP/s and
+//   the weight's GB/s against the read ceiling (BENCH_GEMM_HEAD=1: this table alone).
 // Part 1: dense E4M3 weights with 32x32 E8M0 block scales (V4.1), FP8 input site (act_quant_block 32),
 //   BF16-rounded output, vs cuBLASLt E4M3 x E4M3 -> BF16 ("TN", FP32 compute, fast accumulation off) with
 //   per-tensor scales (Hopper cuBLASLt has no 32x32 block scaling: a speed anchor, not the same numerics).
@@ -38,6 +41,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_tc.cuh"
+#include "cuda/linear_tc_bf16.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -144,17 +148,21 @@ struct LtPlan {
 };
 
 // block_scaled: A (the weight) with 128x128 FP32 block scales, B (x) with 1x128 FP32 scales (Hopper only).
-std::unique_ptr<LtPlan> lt_plan(const Lt& lt, int64_t N, int64_t M, int64_t K, bool block_scaled) {
+// ab: the operands' type (E4M3 with per-tensor scales of 1, or BF16 without scales).
+std::unique_ptr<LtPlan> lt_plan(const Lt& lt, int64_t N, int64_t M, int64_t K, bool block_scaled,
+                                cudaDataType_t ab = CUDA_R_8F_E4M3) {
   auto p = std::make_unique<LtPlan>();
   CL(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  const int8_t fast = 0;
-  CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-  const void* sp = lt.ones;
-  CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sp, sizeof sp));
-  CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sp, sizeof sp));
+  if (ab == CUDA_R_8F_E4M3) {
+    const int8_t fast = 0;
+    CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    const void* sp = lt.ones;
+    CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sp, sizeof sp));
+    CL(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sp, sizeof sp));
+  }
   if (block_scaled) {
     const int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma) !=
@@ -163,8 +171,8 @@ std::unique_ptr<LtPlan> lt_plan(const Lt& lt, int64_t N, int64_t M, int64_t K, b
             CUBLAS_STATUS_SUCCESS)
       return p;
   }
-  CL(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
-  CL(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K));
+  CL(cublasLtMatrixLayoutCreate(&p->a, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
+  CL(cublasLtMatrixLayoutCreate(&p->b, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K));
   CL(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N));
   cublasLtMatmulPreference_t pref = nullptr;
   CL(cublasLtMatmulPreferenceCreate(&pref));
@@ -247,6 +255,63 @@ void run() {
   di::ops::LinearOpts o;
   o.act_quant_block = 32;  // the V4.1 FP8 / FP4 GEMM input site
   o.round_out_bf16 = true;
+
+  // ---- part 0: the BF16 vocabulary head ----------------------------------------------------------------------
+  {
+    constexpr int64_t kVocab = 129280, kHidden = 5120;
+    const double wbytes = static_cast<double>(kVocab * kHidden * 2);
+    std::vector<di::ops::QWeight> ws(2);  // two copies (2.6 GB): consecutive calls read HBM
+    for (di::ops::QWeight& w : ws) w.w = deepinfer::bench::dev_bf16({kVocab, kHidden});
+    const int64_t Mmax = 1024;
+    const di::Tensor x = dev_act({Mmax, kHidden});
+    const di::Tensor xb = dev_bytes({Mmax, kHidden}, di::DType::kBF16, 0, 0);  // cuBLASLt's x (values do not matter)
+    di::Tensor y = di::Tensor::empty({Mmax, kVocab}, di::DType::kF32, di::Device::kCUDA);
+    di::Tensor d = di::Tensor::empty({Mmax, kVocab}, di::DType::kBF16, di::Device::kCUDA);
+    CK(cudaDeviceSynchronize());
+    di::ops::LinearOpts ho;  // the head: no input site, float32 logits
+    std::printf(
+        "\n## BF16 head [%lld, %lld]: exact (cuda::linear_into) and tc (cuda::linear_tc_bf16_into: x in three bf16 "
+        "pieces) vs cuBLASLt BF16\n",
+        static_cast<long long>(kVocab), static_cast<long long>(kHidden));
+    std::printf(
+        "cuBLASLt: BF16 x BF16 -> BF16, TN, FP32 compute, x one bf16 piece (a third of tc's MMAs): a speed anchor.\n"
+        "TFLOP/s count 2 M N K (tc issues 3x that); %% of read: the weight's bytes over the read ceiling.\n\n");
+    std::printf(
+        "| M | exact us | exact TFLOP/s | tc us | tc TFLOP/s | tc weight GB/s (%% of read) | cuBLASLt us | "
+        "cuBLASLt TFLOP/s | tc / cuBLASLt | exact / tc |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    std::fflush(stdout);
+    for (const int64_t M : {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}) {
+      const di::Tensor xs = x.slice(0, 0, M);
+      di::Tensor ys = y.slice(0, 0, M);
+      const double flop = 2.0 * static_cast<double>(M) * kVocab * kHidden;
+      const Timed te = time_calls(
+          st, 8, [&](int i) { di::cuda::linear_into(xs, ws[i % 2], ho, ys, st); }, 20.0);
+      const Timed tt = time_calls(
+          st, 8, [&](int i) { di::cuda::linear_tc_bf16_into(xs, ws[i % 2], ho, ys, st); }, 20.0);
+      const std::unique_ptr<LtPlan> pl = lt_plan(lt, kVocab, M, kHidden, false, CUDA_R_16BF);
+      char lt_us[32] = "n/a", lt_tf[32] = "n/a", ratio[32] = "n/a";
+      if (lt_probe(lt, *pl, ws[0].w.raw(), xb.raw(), d.raw(), st)) {
+        const Timed t = time_calls(
+            st, 8, [&](int i) { CL(lt_run(lt, *pl, ws[i % 2].w.raw(), xb.raw(), d.raw(), st)); }, 20.0);
+        std::snprintf(lt_us, sizeof lt_us, "%.1f", t.ms * 1e3);
+        std::snprintf(lt_tf, sizeof lt_tf, "%.1f", flop / t.ms / 1e9);
+        std::snprintf(ratio, sizeof ratio, "%.2f", tt.ms / t.ms);
+      }
+      const double gbs = wbytes / tt.ms / 1e6;
+      std::printf("| %lld | %.1f | %.1f | %.1f | %.1f | %.0f (%.0f%%) | %s | %s | %s | %.2f |\n",
+                  static_cast<long long>(M), te.ms * 1e3, flop / te.ms / 1e9, tt.ms * 1e3, flop / tt.ms / 1e9, gbs,
+                  100.0 * gbs / read_gbs, lt_us, lt_tf, ratio, te.ms / tt.ms);
+      std::fflush(stdout);
+    }
+  }
+  if (std::getenv("BENCH_GEMM_HEAD") != nullptr) {  // the head table alone
+    CK(cudaFree(lt.ws));
+    CK(cudaFree(lt.ones));
+    CL(cublasLtDestroy(lt.h));
+    CK(cudaStreamDestroy(st));
+    return;
+  }
 
   // ---- part 1: dense FP8 GEMMs ------------------------------------------------------------------------------
   struct Dense {

@@ -23,7 +23,7 @@
 // BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after
 // the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
 // BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table
-// comes right away (with BENCH_SKIP_BATCHED=1).
+// comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table.
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -59,17 +59,6 @@ namespace {
 
 using deepinfer::bench::dev_act;
 using deepinfer::bench::dev_bytes;
-using deepinfer::bench::hash_u32;
-using deepinfer::bench::next_fill_seed;
-
-// BF16 weights: random sign and mantissa, magnitudes 2^-12 .. 2^-1.
-__global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint32_t v = hash_u32(i, seed);
-    p[i] = static_cast<uint16_t>((v & 0x8000u) | ((115u + (v >> 16) % 12u) << 7) | (v & 0x7fu));
-  }
-}
 
 enum Fmt : int { kFp8 = 0, kFp4 = 1, kBf16 = 2 };
 
@@ -85,9 +74,7 @@ di::ops::QWeight make_weight(int fmt, int64_t N, int64_t K) {
     w.w = dev_bytes({N, K}, di::DType::kE2M1x2, 0, 255);
     w.scale = dev_bytes({N, K / 32}, di::DType::kE8M0, 120, 126);
   } else {
-    w.w = di::Tensor::empty({N, K}, di::DType::kBF16, di::Device::kCUDA);
-    fill_bf16_kernel<<<1024, 256>>>(static_cast<uint16_t*>(w.w.raw()), static_cast<size_t>(N * K), next_fill_seed());
-    CK(cudaGetLastError());
+    w.w = deepinfer::bench::dev_bf16({N, K});
   }
   return w;
 }
@@ -142,6 +129,26 @@ di::cuda::GemvArgs args_of(int fmt, const di::ops::QWeight& w, const di::Tensor&
   a.act_quant_block = o.act_quant_block;
   a.round = o.round_out_bf16;
   a.y = y.data<float>();
+  return a;
+}
+
+// The grouped FP4 call of the expert tables: `lists` lists of n_experts matrices (w0's shape), x's rows through
+// expert ids[r] of each list, no act quant (x pre-quantised as the model passes it), bf16-rounded output.
+di::cuda::GemvArgs grouped_fp4_args(const di::ops::QWeight& w0, const di::Tensor& x, di::Tensor& y, int lists,
+                                    const uint8_t* const* w_table, const uint8_t* const* s_table, const int32_t* ids,
+                                    int n_experts) {
+  di::ops::LinearOpts o;
+  o.act_quant_block = 0;
+  o.round_out_bf16 = true;
+  di::cuda::GemvArgs a = args_of(kFp4, w0, x, y, o);
+  a.w = nullptr;
+  a.scale = nullptr;
+  a.M = lists * static_cast<int>(x.size(0));
+  a.w_table = w_table;
+  a.s_table = s_table;
+  a.row_expert = ids;
+  a.x_rows = static_cast<int>(x.size(0));
+  a.n_experts = n_experts;
   return a;
 }
 
@@ -518,7 +525,10 @@ void run() {
   const uint8_t* const* w13s = table({&w1, &w3}, true);
   const uint8_t* const* w2t = table({&w2}, false);
   const uint8_t* const* w2s = table({&w2}, true);
+  // BENCH_GROUPED_LARGE=1: the large-batch table alone.
+  const bool large_only = std::getenv("BENCH_GROUPED_LARGE") != nullptr;
   for (const int tokens : {1, 4}) {
+    if (large_only) break;
     const int rows = tokens * kTopK;
     // Steps of fresh routing: each call of the graph uses the next step's ids (distinct experts per token).
     constexpr int kRoutings = 64;
@@ -554,18 +564,8 @@ void run() {
       di::ops::fake_quant_fp8(xh, 0, K, 128);
       const di::Tensor x = di::cuda::copy_to_device(xh);
       di::Tensor y = di::Tensor::empty({lists * rows, N}, di::DType::kF32, di::Device::kCUDA);
-      di::ops::LinearOpts o;
-      o.act_quant_block = 0;
-      o.round_out_bf16 = true;
-      di::cuda::GemvArgs a = args_of(kFp4, second ? w2[0] : w1[0], x, y, o);
-      a.w = nullptr;
-      a.scale = nullptr;
-      a.M = lists * rows;
-      a.w_table = second ? w2t : w13t;
-      a.s_table = second ? w2s : w13s;
-      a.row_expert = ids_d;
-      a.x_rows = rows;
-      a.n_experts = kExperts;
+      di::cuda::GemvArgs a = grouped_fp4_args(second ? w2[0] : w1[0], x, y, lists, second ? w2t : w13t,
+                                              second ? w2s : w13s, ids_d, kExperts);
       DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
       double ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
       for (const int variant : {1, 2, 4}) {
@@ -579,8 +579,9 @@ void run() {
       di::cuda::gemv_set_fp4_variant(0);
       // The tensor-core contract's grouped GEMV on the same call (x quantised per 32 in the kernel: act 32).
       {
-        di::ops::LinearOpts ot = o;
+        di::ops::LinearOpts ot;
         ot.act_quant_block = 32;
+        ot.round_out_bf16 = true;
         const std::vector<const std::vector<di::ops::QWeight>*> tl =
             second ? std::vector<const std::vector<di::ops::QWeight>*>{&w2}
                    : std::vector<const std::vector<di::ops::QWeight>*>{&w1, &w3};
@@ -601,6 +602,86 @@ void run() {
           distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
           100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[2] / ms[4], ms[3] * 1e3,
           100.0 * bytes / ms[3] / 1e6 / read_gbs);
+      std::fflush(stdout);
+    }
+  }
+
+  // ---- the same experts at large decode batches: rows sorted by expert, as moe_group leaves them ------------------
+  std::printf(
+      "\n## Grouped FP4 experts at large decode batches (top-%d of %d, uniform routing, rows sorted by expert; exact: "
+      "the GEMV with tiles of up to 4 rows of one expert, x quantised per 128 beforehand; tc GEMV: linear_tc_grouped, "
+      "a pass over the expert per row; tc GEMM: linear_tc_grouped_gemm, a pass per tile of the expert's rows; both tc "
+      "quantise x per 32 themselves)\n\n",
+      kTopK, kExperts);
+  std::printf(
+      "| call | tokens | rows | distinct experts / list | weight MB / call | exact us | %% of read | tc GEMV us | %% "
+      "of "
+      "read | tc GEMM us | %% of read | GEMV / GEMM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  for (const int tokens : {32, 128, 256}) {
+    const int rows = tokens * kTopK;
+    constexpr int kRoutings = 16;
+    std::mt19937 rng(2000u + static_cast<unsigned>(tokens));
+    std::uniform_int_distribution<int> pick(0, kExperts - 1);
+    std::vector<int32_t> ids(static_cast<size_t>(kRoutings * rows));
+    double distinct = 0;
+    for (int r = 0; r < kRoutings; ++r) {
+      std::set<int> used;
+      for (int t = 0; t < tokens; ++t) {
+        std::set<int> mine;
+        while (static_cast<int>(mine.size()) < kTopK) mine.insert(pick(rng));
+        int k = 0;
+        for (const int e : mine) ids[static_cast<size_t>(r * rows + t * kTopK + k++)] = e, used.insert(e);
+      }
+      std::sort(ids.begin() + static_cast<int64_t>(r) * rows, ids.begin() + static_cast<int64_t>(r + 1) * rows);
+      distinct += static_cast<double>(used.size());
+    }
+    distinct /= kRoutings;
+    di::Tensor ids_h = di::Tensor::empty({static_cast<int64_t>(ids.size())}, di::DType::kI32);
+    std::memcpy(ids_h.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+    const di::Tensor ids_t = di::cuda::copy_to_device(ids_h);
+    for (const bool second : {false, true}) {
+      const int lists = second ? 1 : 2;
+      const int64_t N = second ? kDim : kInter, K = second ? kInter : kDim;
+      const std::vector<const std::vector<di::ops::QWeight>*> tl =
+          second ? std::vector<const std::vector<di::ops::QWeight>*>{&w2}
+                 : std::vector<const std::vector<di::ops::QWeight>*>{&w1, &w3};
+      di::Tensor xh = di::cuda::copy_to_host(dev_act({rows, K}));
+      di::Tensor xq = xh.clone();
+      di::ops::fake_quant_fp8(xq, 0, K, 128);
+      const di::Tensor x = di::cuda::copy_to_device(xh), xqd = di::cuda::copy_to_device(xq);
+      di::Tensor y = di::Tensor::empty({lists * rows, N}, di::DType::kF32, di::Device::kCUDA);
+      di::cuda::GemvArgs a = grouped_fp4_args(second ? w2[0] : w1[0], xqd, y, lists, second ? w2t : w13t,
+                                              second ? w2s : w13s, ids_t.data<int32_t>(), kExperts);
+      a.tile_rows = 4;
+      DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
+      const double exact_ms = time_calls(st, kRoutings, [&](int i) {
+        di::cuda::GemvArgs ai = a;
+        ai.row_expert = ids_t.data<int32_t>() + static_cast<int64_t>(i) * rows;
+        di::cuda::gemv_into(ai, st);
+      });
+      di::ops::LinearOpts ot;
+      ot.act_quant_block = 32;
+      ot.round_out_bf16 = true;
+      di::cuda::linear_tc_grouped_into(x, ids_t.slice(0, 0, rows), tl, ot, y);  // builds its expert table (eager)
+      CK(cudaDeviceSynchronize());
+      const double gemv_ms = time_calls(st, kRoutings, [&](int i) {
+        di::cuda::StreamScope on(st);
+        di::cuda::linear_tc_grouped_into(x, ids_t.slice(0, static_cast<int64_t>(i) * rows, (i + 1) * rows), tl, ot, y);
+      });
+      const double gemm_ms = time_calls(st, kRoutings, [&](int i) {
+        di::cuda::StreamScope on(st);
+        di::cuda::linear_tc_grouped_gemm_into(x, ids_t.slice(0, static_cast<int64_t>(i) * rows, (i + 1) * rows),
+                                              second ? w2t : w13t, second ? w2s : w13s, lists, kExperts,
+                                              second ? w2[0] : w1[0], ot, y);
+      });
+      const double bytes = lists * distinct * qbytes(second ? w2[0] : w1[0]);
+      auto pct = [&](double ms) { return 100.0 * bytes / ms / 1e6 / read_gbs; };
+      std::printf(
+          "| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.1f | %.0f%% | %.1f | %.0f%% | %.1f | %.0f%% | %.2fx |\n",
+          second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
+          distinct, bytes / 1e6, exact_ms * 1e3, pct(exact_ms), gemv_ms * 1e3, pct(gemv_ms), gemm_ms * 1e3,
+          pct(gemm_ms), gemv_ms / gemm_ms);
       std::fflush(stdout);
     }
   }

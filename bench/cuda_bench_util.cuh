@@ -54,6 +54,15 @@ inline __global__ void fill_act_kernel(float* p, size_t n, uint32_t seed) {
   }
 }
 
+// BF16 weights: random sign and mantissa, magnitudes 2^-12 .. 2^-1.
+inline __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t v = hash_u32(i, seed);
+    p[i] = static_cast<uint16_t>((v & 0x8000u) | ((115u + (v >> 16) % 12u) << 7) | (v & 0x7fu));
+  }
+}
+
 // The seed of the next fill (each tensor gets its own stream of values).
 inline uint32_t next_fill_seed() {
   static uint32_t seed = 1;
@@ -64,6 +73,14 @@ inline uint32_t next_fill_seed() {
 inline Tensor dev_bytes(const std::vector<int64_t>& shape, DType dt, int lo, int hi, bool no_fp8_nan = false) {
   Tensor t = Tensor::empty(shape, dt, Device::kCUDA);
   fill_bytes_kernel<<<1024, 256>>>(static_cast<uint8_t*>(t.raw()), t.nbytes(), next_fill_seed(), lo, hi, no_fp8_nan);
+  DI_CUDA_CHECK(cudaGetLastError());
+  return t;
+}
+
+// A BF16 CUDA tensor of weights (fill_bf16_kernel).
+inline Tensor dev_bf16(const std::vector<int64_t>& shape) {
+  Tensor t = Tensor::empty(shape, DType::kBF16, Device::kCUDA);
+  fill_bf16_kernel<<<1024, 256>>>(static_cast<uint16_t*>(t.raw()), static_cast<size_t>(t.numel()), next_fill_seed());
   DI_CUDA_CHECK(cudaGetLastError());
   return t;
 }

@@ -20,8 +20,14 @@ const std::vector<EnvVar>& env_vars() {
        "batches use OpenBLAS",
        true},
       {"DEEPINFER_CUDA_GEMM", "exact",
-       "CUDA linear kernel for FP8/FP4 weights: exact (bit-identical to the CPU op), tc (tensor cores, within "
+       "CUDA linear kernel for FP8/FP4 weights and the BF16 vocabulary head: exact (bit-identical to the CPU op), tc "
+       "(tensor cores, within "
        "tolerance) or auto (tc from 64 rows up; not batch-invariant)",
+       true},
+      {"DEEPINFER_CUDA_TC_GROUPED_ROWS", "64",
+       "tuning: under DEEPINFER_CUDA_GEMM=tc, from how many grouped rows (the routed experts' (token, expert) pairs) "
+       "the tensor-core GEMM reads each expert once per tile of its rows instead of the GEMV once per row; same bits "
+       "either way",
        true},
       {"DEEPINFER_CUDA_GEMV_ROWS", "4096",
        "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "

@@ -63,6 +63,14 @@ class GrowingBuffer {
   size_t bytes_ = 0;
 };
 
+// Checks a linear's output: a contiguous float32 CUDA tensor [rows, cols] (`op` names the caller in the error).
+inline void check_linear_out(const Tensor& y, int64_t rows, int64_t cols, const char* op) {
+  DI_CHECK(y.defined() && y.device() == Device::kCUDA && y.dtype() == DType::kF32 && y.is_contiguous() &&
+               y.dim() == 2 && y.size(0) == rows && y.size(1) == cols,
+           "{}: output {} is not a contiguous float32 CUDA [{}, {}]", op, y.defined() ? y.describe() : "undefined",
+           rows, cols);
+}
+
 // A float32 tensor on kCUDA seen as `rows` rows of `cols` contiguous values, `row_stride`
 // elements apart. Accepts 1-D tensors (one row), 2-D tensors whose last dimension is dense (so
 // column slices work) and contiguous tensors of higher rank (flattened to [-1, last]).

@@ -18,6 +18,7 @@
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_bf16.cuh"
 #include "cuda/linear_tc.cuh"
+#include "cuda/linear_tc_bf16.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -480,9 +481,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const int64_t M = x.size(0), N = w.size(0), K = w.size(1);
   DI_CHECK(x.size(1) == K, "{}: input {} has K = {} but weight {} has in = {}", op, x.describe(), x.size(1),
            w.describe(), K);
-  DI_CHECK(y.defined() && y.device() == Device::kCUDA && y.dtype() == DType::kF32 && y.is_contiguous() &&
-               y.dim() == 2 && y.size(0) == M && y.size(1) == N,
-           "{}: output {} is not a contiguous float32 CUDA [{}, {}]", op, y.describe(), M, N);
+  check_linear_out(y, M, N, op);
   DI_CHECK(opts.act_quant_block >= 0, "{}: act_quant_block must be >= 0, got {}", op, opts.act_quant_block);
   DI_CHECK(K % 32 == 0, "{}: the CUDA kernel needs in % 32 == 0, got {}", op, w.describe());
   DI_CHECK(N < (int64_t{1} << 31) && K < (int64_t{1} << 30) && M < (int64_t{1} << 30), "{}: {} is too large", op,
@@ -662,8 +661,11 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
   // the quantised weights at the FP8 input site; "exact" (default): this file's bit-exact kernel;
   // "auto": tc from kAutoTcRows rows of x up, exact below (fast decode and fast prefill, but a row's
   // result then depends on how many rows share the call: not batch-invariant).
+  // The BF16 vocabulary heads take their own tensor-core kernel under the same switch (linear_tc_bf16.cuh).
   if (x.size(0) >= tc_from_rows() && linear_tc_supported(x, w, opts))
     linear_tc_into(x, w, opts, y);
+  else if (x.size(0) >= tc_from_rows() && linear_tc_bf16_takes(x, w, opts))
+    linear_tc_bf16_into(x, w, opts, y);
   else
     linear_exact(x, w, opts, y, nullptr, true);
   return y;

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
@@ -121,6 +123,34 @@ bool tc_grouped_into(const Tensor& x, const Tensor& row_expert,
   return true;
 }
 
+// From how many grouped rows (sorted by expert) the tensor-core contract takes its GEMM kernel instead of the
+// row-by-row GEMV: each expert's weight is then read once per tile of its rows (DEEPINFER_CUDA_TC_GROUPED_ROWS).
+int64_t tc_grouped_gemm_rows() {
+  static const int64_t rows = [] {
+    const std::string v = env_value("DEEPINFER_CUDA_TC_GROUPED_ROWS");
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    DI_CHECK(end != v.c_str() && *end == '\0' && n >= 1,
+             "DEEPINFER_CUDA_TC_GROUPED_ROWS must be a positive integer (got '{}')", v);
+    return static_cast<int64_t>(n);
+  }();
+  return rows;
+}
+
+// Whether the GEMM kernel takes grouped rows on these lists: linear_tc's layout for the first expert (the others
+// share it) and 4-byte aligned FP4 scale rows in every expert (its 4-byte copies).
+bool tc_grouped_gemm_takes(const Tensor& x, const std::vector<const std::vector<ops::QWeight>*>& lists,
+                           const ops::LinearOpts& opts) {
+  const ops::QWeight& w0 = (*lists[0])[0];
+  if (static_cast<int64_t>(lists.size()) * x.size(0) >= (int64_t{1} << 30) || !linear_tc_supported(x, w0, opts))
+    return false;
+  if (w0.w.dtype() != DType::kE2M1x2) return true;
+  for (const std::vector<ops::QWeight>* list : lists)
+    for (const ops::QWeight& w : *list)
+      if (reinterpret_cast<uintptr_t>(w.scale.raw()) % 4 != 0) return false;
+  return true;
+}
+
 void check_grouped_args(const Tensor& x, const Tensor& row_expert,
                         const std::vector<const std::vector<ops::QWeight>*>& lists, const char* op) {
   DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.dim() == 2 && x.is_contiguous(),
@@ -144,10 +174,7 @@ void linear_tc_grouped_into(const Tensor& x, const Tensor& row_expert,
   const uint8_t* const* table = expert_table(lists);
   const ops::QWeight& w0 = (*lists[0])[0];
   const int64_t rows = static_cast<int64_t>(lists.size()) * x.size(0);
-  DI_CHECK(y.defined() && y.device() == Device::kCUDA && y.dtype() == DType::kF32 && y.is_contiguous() &&
-               y.dim() == 2 && y.size(0) == rows && y.size(1) == w0.out(),
-           "{}: output {} is not a contiguous float32 CUDA [{}, {}]", op, y.defined() ? y.describe() : "undefined",
-           rows, w0.out());
+  check_linear_out(y, rows, w0.out(), op);
   if (x.size(0) == 0 || w0.out() == 0) return;
   DI_CHECK(tc_grouped_into(x, row_expert, lists, table, opts, y),
            "{}: the tensor-core GEMV does not take x {}, experts {}", op, x.describe(), w0.w.describe());
@@ -160,6 +187,21 @@ Tensor linear_tc_grouped(const Tensor& x, const Tensor& row_expert,
   Tensor y =
       Tensor::empty({static_cast<int64_t>(lists.size()) * x.size(0), (*lists[0])[0].out()}, DType::kF32, Device::kCUDA);
   linear_tc_grouped_into(x, row_expert, lists, opts, y);
+  return y;
+}
+
+Tensor linear_tc_grouped_gemm(const Tensor& x, const Tensor& row_expert,
+                              const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts) {
+  const char* op = "cuda::linear_tc_grouped_gemm";
+  check_grouped_args(x, row_expert, lists, op);
+  const uint8_t* const* table = expert_table(lists);
+  const ops::QWeight& w0 = (*lists[0])[0];
+  const int64_t L = static_cast<int64_t>(lists.size()), E = static_cast<int64_t>(lists[0]->size());
+  DI_CHECK(tc_grouped_gemm_takes(x, lists, opts), "{}: the tensor-core GEMM does not take x {}, experts {}", op,
+           x.describe(), w0.w.describe());
+  Tensor y = Tensor::empty({L * x.size(0), w0.out()}, DType::kF32, Device::kCUDA);
+  linear_tc_grouped_gemm_into(x, row_expert, table, table + L * E, static_cast<int>(L), static_cast<int>(E), w0, opts,
+                              y);
   return y;
 }
 
@@ -185,6 +227,11 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
         Tensor yl = y.slice(0, l * R, (l + 1) * R);
         linear_tc_into(x, (*lists[static_cast<size_t>(l)])[0], opts, yl);
       }
+      return y;
+    }
+    if (E > 1 && tile_rows > 0 && R >= tc_grouped_gemm_rows() && tc_grouped_gemm_takes(x, lists, opts)) {
+      linear_tc_grouped_gemm_into(x, row_expert, table, table + L * E, static_cast<int>(L), static_cast<int>(E), w0,
+                                  opts, y);
       return y;
     }
     if (E > 1 && tc_grouped_into(x, row_expert, lists, table, opts, y)) return y;

@@ -45,6 +45,8 @@
 // Decode (E4M3 or FP4, M <= 8, act_quant_block 32 / 64 / 128; and grouped rows, linear_tc_grouped below):
 // linear_tc_gemv.cu instead, one launch that quantises x in every block and splits K by stages over the warps (wo_b
 // [5120, 8192] at M = 1: 84 us in the GEMM kernel).
+// Grouped rows sorted by expert (linear_tc_grouped_gemm_into, large decode batches): the GEMM kernel again, a block per
+// (128 weight rows, expert, list) walking the expert's rows in tiles of 8 tokens.
 // Requirements (else linear_tc_supported is false): x float32 [M, K] on kCUDA with dense rows,
 // act_quant_block > 0 and a multiple of 32, K % 128 == 0, gcd(act_quant_block, block) dividing 128, E4M3 block a
 // multiple of 32 (or E2M1x2 with scale [N, K/32]), 16-byte aligned weight rows, 4-byte aligned scale rows.
@@ -77,6 +79,20 @@ Tensor linear_tc(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& 
 // of all lists share one format and layout that linear_tc supports, with 4-byte aligned FP4 scale rows; act_quant_block
 // 32, 64 or 128; lists * R <= 65535. Throws where the GEMV does not take the call. cuda::linear_grouped uses it
 // under DEEPINFER_CUDA_GEMM=tc.
+// The grouped rows of a large decode batch through the GEMM kernel: x [R, K] sorted by expert (row_expert ascending,
+// moe_group's order), y [lists R, N] row l R + r = linear_tc(x[r], matrix l E + row_expert[r] of the tables) bit for
+// bit, each expert's weight read once per tile of its rows instead of once per row (linear_grouped.cu takes it under
+// DEEPINFER_CUDA_GEMM=tc from DEEPINFER_CUDA_TC_GROUPED_ROWS rows). w_table / s_table: device arrays of lists x
+// n_experts weight and scale pointers sharing w0's layout (linear_tc_supported on x and w0). One x pre-pass, one
+// launch.
+void linear_tc_grouped_gemm_into(const Tensor& x, const Tensor& row_expert, const uint8_t* const* w_table,
+                                 const uint8_t* const* s_table, int lists, int n_experts, const ops::QWeight& w0,
+                                 const ops::LinearOpts& opts, Tensor& y);
+
+// As linear_tc_grouped_into's tables built from the lists (linear_grouped.cu); x's rows sorted by expert.
+Tensor linear_tc_grouped_gemm(const Tensor& x, const Tensor& row_expert,
+                              const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts);
+
 Tensor linear_tc_grouped(const Tensor& x, const Tensor& row_expert,
                          const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts);
 void linear_tc_grouped_into(const Tensor& x, const Tensor& row_expert,

@@ -44,7 +44,9 @@ Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x_tokens, cons
   // 128 (~1.3 and ~2.3 rows per expert) slower, where the 4-row blocks' shared memory costs more occupancy
   // than the shared passes save.
   constexpr int64_t kTileFromRows = 1536;
-  const int64_t tile = R >= kTileFromRows ? 4 : 0;
+  // Under the tensor-core contract the promise of sorted rows lets linear_grouped take its grouped GEMM (the same
+  // bits).
+  const int64_t tile = R >= kTileFromRows || ops::linear_tc_mode(x.device()) ? 4 : 0;
   const Tensor gu = ops::linear_grouped(x, groups.row_expert, w13, o, tile);  // [2R, inter]: w1 rows, then w3 rows
   Tensor h = ops::swiglu(gu.slice(0, 0, R), gu.slice(0, R, 2 * R), groups.weights, c.cfg.swiglu_limit, c.num.bf16, qb);
   return ops::linear_grouped(h, groups.row_expert, w.routed_w2, o, tile);

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_tc.cuh"
+#include "cuda/linear_tc_bf16.cuh"
 #include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -52,23 +54,24 @@ di::ops::QWeight abs_weight_bf16(const di::ops::QWeight& wh) {
   return q;
 }
 
-// S[m, n] = sum_k |xq[m, k] W[n, k]| (host copy), xq the CPU's FP8 quantisation of x.
+// S[m, n] = sum_k |xq[m, k] W[n, k]| (host copy), xq the CPU's FP8 quantisation of x (act > 0) or x itself (act 0).
 di::Tensor abs_sums(const di::Tensor& x, int64_t act, const di::ops::QWeight& absw) {
   di::Tensor xq = x.clone();
-  di::ops::fake_quant_fp8(xq, 0, xq.size(1), act);
+  if (act > 0) di::ops::fake_quant_fp8(xq, 0, xq.size(1), act);
   float* p = xq.data<float>();
   for (int64_t i = 0; i < xq.numel(); ++i) p[i] = std::fabs(p[i]);
   return di::cuda::copy_to_host(di::cuda::linear(di::cuda::copy_to_device(xq), absw, di::ops::LinearOpts{}));
 }
 
-std::string compare_tol(const di::Tensor& want, const di::Tensor& got, const di::Tensor& S, int64_t K, bool round,
+// `depth`: the summation depth of the bound, depth 2^-24 S (K/16 + 64 for linear_tc).
+std::string compare_tol(const di::Tensor& want, const di::Tensor& got, const di::Tensor& S, int64_t depth, bool round,
                         std::string& stats) {
   const int64_t n = want.numel();
   if (got.numel() != n || S.numel() != n) return "size mismatch";
   const float* a = want.data<float>();
   const float* b = got.data<float>();
   const float* s = S.data<float>();
-  const double rel = static_cast<double>(K / 16 + 64) * std::ldexp(1.0, -24);
+  const double rel = static_cast<double>(depth) * std::ldexp(1.0, -24);
   int64_t differ = 0, bad = 0, first = -1;
   double max_ratio = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -146,7 +149,7 @@ void test_against_cpu() {
         const di::Tensor got = di::cuda::copy_to_host(di::cuda::linear_tc(xd, wd, o));
         const di::Tensor S = abs_sums(x, c.act, absw);
         std::string stats;
-        const std::string r = compare_tol(want, got, S, c.K, run.round, stats);
+        const std::string r = compare_tol(want, got, S, c.K / 16 + 64, run.round, stats);
         std::printf("     %s\n", stats.c_str());
         return r;
       });
@@ -261,6 +264,31 @@ void test_batch_invariance() {
   }
 }
 
+// Row l R + r of a grouped result y (host copy, R = x's rows) against linear_tc of x row r alone through expert ids[r]
+// of list l, bit for bit: "" or the first difference (`what` names the grouped call).
+std::string grouped_equals_per_row(const di::Tensor& y, const di::Tensor& x, const std::vector<int32_t>& ids,
+                                   const std::vector<std::vector<di::ops::QWeight>>& lists,
+                                   const di::ops::LinearOpts& o, const char* what) {
+  const int64_t R = x.size(0), N = y.size(1);
+  for (size_t l = 0; l < lists.size(); ++l)
+    for (int64_t r = 0; r < R; ++r) {
+      const di::ops::QWeight& w = lists[l][static_cast<size_t>(ids[static_cast<size_t>(r)])];
+      const di::Tensor want = di::cuda::copy_to_host(
+          di::cuda::linear_tc(di::cuda::copy_to_device(x.slice(0, r, r + 1).contiguous()), w, o));
+      const float* a = want.data<float>();
+      const float* b = y.data<float>() + (static_cast<int64_t>(l) * R + r) * N;
+      for (int64_t n = 0; n < N; ++n)
+        if (bits(a[n]) != bits(b[n])) {
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "round=%d list %zu row %lld col %lld: %s %.9g, alone %.9g",
+                        o.round_out_bf16 ? 1 : 0, l, static_cast<long long>(r), static_cast<long long>(n), what, b[n],
+                        a[n]);
+          return std::string(buf);
+        }
+    }
+  return std::string();
+}
+
 // Grouped rows (linear_tc_grouped, the decode GEMV's grouped mode): row l R + r equals linear_tc of x row r through
 // expert ids[r] of list l, bit for bit.
 void test_grouped() {
@@ -295,23 +323,61 @@ void test_grouped() {
           o.round_out_bf16 = round;
           const di::Tensor y =
               di::cuda::copy_to_host(di::cuda::linear_tc_grouped(xd, di::cuda::copy_to_device(ih), ptrs, o));
-          for (int64_t l = 0; l < L; ++l)
-            for (int64_t r = 0; r < kR; ++r) {
-              const di::ops::QWeight& w =
-                  lists[static_cast<size_t>(l)][static_cast<size_t>(ids[static_cast<size_t>(r)])];
-              const di::Tensor want = di::cuda::copy_to_host(
-                  di::cuda::linear_tc(di::cuda::copy_to_device(x.slice(0, r, r + 1).contiguous()), w, o));
-              const float* a = want.data<float>();
-              const float* b = y.data<float>() + (l * kR + r) * c.N;
-              for (int64_t n = 0; n < c.N; ++n)
-                if (bits(a[n]) != bits(b[n])) {
-                  char buf[200];
-                  std::snprintf(buf, sizeof buf, "round=%d list %lld row %lld col %lld: grouped %.9g, alone %.9g",
-                                round ? 1 : 0, static_cast<long long>(l), static_cast<long long>(r),
-                                static_cast<long long>(n), b[n], a[n]);
-                  return std::string(buf);
-                }
-            }
+          const std::string r = grouped_equals_per_row(y, x, ids, lists, o, "grouped");
+          if (!r.empty()) return r;
+        }
+        return std::string();
+      });
+    }
+  }
+}
+
+// Grouped rows sorted by expert through the GEMM kernel (linear_tc_grouped_gemm, large decode batches): row l R + r
+// equals linear_tc of x row r alone through expert ids[r] of list l, bit for bit; experts with no rows, one row, and
+// many tiles of 8 rows, with an expert's first row anywhere (its tiles start there).
+void test_grouped_gemm() {
+  const Case cases[] = {
+      {"v4.1 fp4 experts [2304,5120]", di::DType::kE2M1x2, 2304, 5120, 0, 32},
+      {"v4.1 fp4 experts [5120,2304]", di::DType::kE2M1x2, 5120, 2304, 0, 32},
+      {"v4.1 fp8 experts [1024,4096]", di::DType::kE4M3, 1024, 4096, 32, 32},
+      {"v4 fp8 block 128 experts [640,2048]", di::DType::kE4M3, 640, 2048, 128, 128},
+      {"fp8 block 64 ragged N experts [333,2176]", di::DType::kE4M3, 333, 2176, 64, 64},
+  };
+  // Rows per expert: 12 experts, 0 / 1 / 37 rows among them (R = 150, two lists), 10 experts with 5 on average
+  // (R = 49) and 16 experts with at most 3 rows (R = 21).
+  const std::vector<std::vector<int>> counts = {{5, 0, 1, 37, 9, 14, 0, 22, 3, 31, 17, 11},
+                                                {4, 7, 0, 5, 9, 2, 6, 5, 3, 8},
+                                                {2, 0, 3, 1, 1, 0, 2, 3, 1, 1, 0, 2, 1, 3, 0, 1}};
+  uint32_t seed = 15000;
+  for (const Case& c : cases) {
+    for (const auto& cnt : counts) {
+      const int64_t E = static_cast<int64_t>(cnt.size()), L = E == 12 ? 2 : 1;
+      std::vector<int32_t> ids;
+      for (int64_t e = 0; e < E; ++e)
+        for (int i = 0; i < cnt[static_cast<size_t>(e)]; ++i) ids.push_back(static_cast<int32_t>(e));
+      const int64_t R = static_cast<int64_t>(ids.size());
+      char name[240];
+      std::snprintf(name, sizeof name,
+                    "linear_tc_grouped_gemm %s lists=%lld (R = %lld sorted over %lld experts) equals linear_tc per row",
+                    c.what, static_cast<long long>(L), static_cast<long long>(R), static_cast<long long>(E));
+      run_case(name, [&] {
+        std::vector<std::vector<di::ops::QWeight>> lists(static_cast<size_t>(L));
+        for (auto& list : lists)
+          for (int64_t e = 0; e < E; ++e) list.push_back(to_device(random_weight(c.dt, c.N, c.K, c.block, seed++)));
+        std::vector<const std::vector<di::ops::QWeight>*> ptrs;
+        for (const auto& list : lists) ptrs.push_back(&list);
+        di::Tensor ih = di::Tensor::empty({R}, di::DType::kI32);
+        std::memcpy(ih.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+        const di::Tensor x = random_rows(R, c.K, seed++);
+        const di::Tensor xd = di::cuda::copy_to_device(x);
+        for (const bool round : {false, true}) {
+          di::ops::LinearOpts o;
+          o.act_quant_block = c.act;
+          o.round_out_bf16 = round;
+          const di::Tensor y =
+              di::cuda::copy_to_host(di::cuda::linear_tc_grouped_gemm(xd, di::cuda::copy_to_device(ih), ptrs, o));
+          const std::string r = grouped_equals_per_row(y, x, ids, lists, o, "gemm");
+          if (!r.empty()) return r;
         }
         return std::string();
       });
@@ -321,11 +387,107 @@ void test_grouped() {
 
 }  // namespace
 
+// The BF16 tensor-core linear (linear_tc_bf16.cuh): against the CPU op within (3 K/16 + 64) 2^-24 S, with
+// non-finite x, a finite x past bf16's range and rows of every magnitude; and batch invariance bit for bit (a row of
+// an M = 100 call equals the same row in calls of 1, 8, 16 and 40 rows at other positions: every tile configuration).
+void test_bf16() {
+  struct B {
+    const char* what;
+    int64_t N, K;
+  };
+  const B cases[] = {{"[1000,448]", 1000, 448},
+                     {"[16421,1024]", 16421, 1024},
+                     {"head-like [20000,5120]", 20000, 5120},
+                     {"short K, N 37 [37,64]", 37, 64}};
+  uint32_t seed = 16000;
+  for (const B& c : cases) {
+    const di::ops::QWeight wh = random_weight(di::DType::kBF16, c.N, c.K, 0, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    const di::ops::QWeight absw = abs_weight_bf16(wh);
+    for (const bool round : {false, true}) {
+      di::ops::LinearOpts o;
+      o.round_out_bf16 = round;
+      for (const int64_t M : {int64_t{1}, int64_t{5}, int64_t{9}, int64_t{33}, int64_t{100}}) {
+        char name[240];
+        std::snprintf(name, sizeof name, "linear_tc_bf16 vs cpu %s M=%lld round=%d", c.what, static_cast<long long>(M),
+                      round ? 1 : 0);
+        run_case(name, [&] {
+          di::Tensor x = random_rows(M, c.K, seed++);
+          if (M >= 5) {  // NaN, inf, -inf and a finite value that rounds to inf in bf16
+            x.data<float>()[1 * c.K + 3] = std::numeric_limits<float>::quiet_NaN();
+            x.data<float>()[2 * c.K + 5] = std::numeric_limits<float>::infinity();
+            x.data<float>()[3 * c.K + 7] = -std::numeric_limits<float>::infinity();
+            x.data<float>()[4 * c.K + 1] = 3.395e38f;
+          }
+          const di::Tensor want = di::ops::linear(x, wh, o);
+          const di::Tensor got = di::cuda::copy_to_host(di::cuda::linear_tc_bf16(di::cuda::copy_to_device(x), wd, o));
+          const di::Tensor S = abs_sums(x, 0, absw);
+          std::string stats;
+          const std::string r = compare_tol(want, got, S, 3 * c.K / 16 + 64, round, stats);
+          std::printf("     %s\n", stats.c_str());
+          return r;
+        });
+      }
+      char name[240];
+      std::snprintf(name, sizeof name, "linear_tc_bf16 batch invariance %s round=%d (M = 1, 8, 16, 40, 100)", c.what,
+                    round ? 1 : 0);
+      run_case(name, [&] {
+        const di::Tensor big = random_rows(100, c.K, seed++);
+        const di::Tensor other = random_rows(40, c.K, seed++);
+        const di::Tensor y100 = di::cuda::copy_to_host(di::cuda::linear_tc_bf16(di::cuda::copy_to_device(big), wd, o));
+        const int64_t K = c.K, N = c.N;
+        for (const int64_t r : {int64_t{0}, int64_t{7}, int64_t{38}, int64_t{99}}) {
+          const float* a = y100.data<float>() + r * N;
+          for (const int64_t M : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}}) {
+            di::Tensor xm = other.slice(0, 0, M).contiguous();
+            const int64_t pos = (r * 7 + 3) % M;
+            std::memcpy(xm.data<float>() + pos * K, big.data<float>() + r * K, static_cast<size_t>(K) * sizeof(float));
+            const di::Tensor ym = di::cuda::copy_to_host(di::cuda::linear_tc_bf16(di::cuda::copy_to_device(xm), wd, o));
+            const float* b = ym.data<float>() + pos * N;
+            for (int64_t n = 0; n < N; ++n)
+              if (bits(a[n]) != bits(b[n])) {
+                char buf[200];
+                std::snprintf(buf, sizeof buf, "row %lld col %lld: M=100 %.9g, M=%lld (pos %lld) %.9g",
+                              static_cast<long long>(r), static_cast<long long>(n), a[n], static_cast<long long>(M),
+                              static_cast<long long>(pos), b[n]);
+                return std::string(buf);
+              }
+          }
+        }
+        return std::string();
+      });
+    }
+  }
+  run_case("linear_tc_bf16 refuses what it cannot take", [] {
+    const di::ops::QWeight wd = to_device(random_weight(di::DType::kBF16, 64, 96, 0, 1));
+    const di::Tensor x = di::cuda::copy_to_device(random_rows(2, 96, 2));
+    di::ops::LinearOpts o;
+    if (di::cuda::linear_tc_bf16_supported(x, wd, o)) return std::string("K = 96 accepted");
+    bool threw = false;
+    try {
+      (void)di::cuda::linear_tc_bf16(x, wd, o);
+    } catch (const di::Error&) {
+      threw = true;
+    }
+    if (!threw) return std::string("K = 96 did not throw");
+    const di::ops::QWeight w128 = to_device(random_weight(di::DType::kBF16, 64, 128, 0, 3));
+    const di::Tensor x128 = di::cuda::copy_to_device(random_rows(2, 128, 4));
+    o.act_quant_block = 32;
+    if (di::cuda::linear_tc_bf16_supported(x128, w128, o)) return std::string("act_quant_block 32 accepted");
+    o.act_quant_block = 0;
+    if (!di::cuda::linear_tc_bf16_supported(x128, w128, o)) return std::string("a plain call refused");
+    if (di::cuda::linear_tc_bf16_takes(x128, w128, o)) return std::string("a 64-row weight taken as a head");
+    return std::string();
+  });
+}
+
 int main() {
   return cuda_test::run_test_program([] {
+    test_bf16();
     test_unsupported();
     test_batch_invariance();
     test_grouped();
+    test_grouped_gemm();
     test_against_cpu();
   });
 }
