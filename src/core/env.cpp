@@ -24,7 +24,7 @@ const std::vector<EnvVar>& env_vars() {
        "(tensor cores, within "
        "tolerance) or auto (tc from 64 rows up; not batch-invariant)",
        true},
-      {"DEEPINFER_CUDA_TC_GROUPED_ROWS", "64",
+      {"DEEPINFER_CUDA_TC_GROUPED_ROWS", "32",
        "tuning: under DEEPINFER_CUDA_GEMM=tc, from how many grouped rows (the routed experts' (token, expert) pairs) "
        "the tensor-core GEMM reads each expert once per tile of its rows instead of the GEMV once per row; same bits "
        "either way",
