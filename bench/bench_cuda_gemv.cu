@@ -23,7 +23,8 @@
 // BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after
 // the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
 // BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table
-// comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table.
+// comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table,
+// BENCH_GROUPED_PREFILL=1 to the prefill-sized one (grouped_prefill_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -193,6 +194,108 @@ ShapeSetup setup_shape(int fmt, int64_t N, int64_t K, int64_t rows) {
 }
 
 const char* fmt_name(int fmt) { return fmt == kFp8 ? "fp8 B32" : fmt == kFp4 ? "fp4" : "bf16"; }
+
+// ---- the routed experts of a prefill chunk (BENCH_GROUPED_PREFILL=1) ---------------------------------------------
+// Rows sorted by expert, tens to hundreds per expert. Under DEEPINFER_CUDA_GEMM=tc the MoE ran a prefill chunk as a
+// loop of linear_tc calls, one per expert and matrix; now it runs the grouped GEMM (one launch per call) at a token
+// tile chosen by rows per expert (linear_tc_set_grouped_variant: 1-4 = tiles of 8 / 16 / 32 / 64 tokens). Both give
+// every row linear_tc's bits. Eager calls (the loop is 384 launches per list), events around 3 repeats after a
+// warm-up, the median of 5; TFLOP/s as 2 x rows x N x K per list.
+void grouped_prefill_table(cudaStream_t st, const std::vector<di::ops::QWeight>& w1,
+                           const std::vector<di::ops::QWeight>& w3, const std::vector<di::ops::QWeight>& w2,
+                           const uint8_t* const* w13t, const uint8_t* const* w13s, const uint8_t* const* w2t,
+                           const uint8_t* const* w2s, int experts, int topk) {
+  std::printf(
+      "\n## Grouped FP4 experts at prefill (top-%d of %d, uniform routing, rows sorted by expert; tc contract, x "
+      "quantised per 32 by the call): the per-expert loop of linear_tc against the grouped GEMM at each token tile, ms "
+      "(TFLOP/s)\n\n| call | tokens | rows / expert | per-expert loop | tile 8 | tile 16 | tile 32 | tile 64 | default "
+      "|\n|---|---|---|---|---|---|---|---|---|\n",
+      topk, experts);
+  std::fflush(stdout);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto timed = [&](const auto& body) {
+    body();
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> v;
+    for (int rep = 0; rep < 5; ++rep) {
+      CK(cudaEventRecord(e0, st));
+      for (int k = 0; k < 3; ++k) body();
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      v.push_back(ms / 3.0f);
+    }
+    std::sort(v.begin(), v.end());
+    return static_cast<double>(v[2]);
+  };
+  di::cuda::StreamScope on(st);
+  for (const int tokens : {512, 1024, 4096}) {
+    const int rows = tokens * topk;
+    std::mt19937 rng(3000u + static_cast<unsigned>(tokens));
+    std::uniform_int_distribution<int> pick(0, experts - 1);
+    std::vector<int32_t> ids;
+    for (int t = 0; t < tokens; ++t) {
+      std::set<int> mine;
+      while (static_cast<int>(mine.size()) < topk) mine.insert(pick(rng));
+      ids.insert(ids.end(), mine.begin(), mine.end());
+    }
+    std::sort(ids.begin(), ids.end());
+    std::vector<int64_t> off(static_cast<size_t>(experts) + 1, 0);
+    for (const int32_t e : ids) ++off[static_cast<size_t>(e) + 1];
+    for (int e = 0; e < experts; ++e) off[static_cast<size_t>(e) + 1] += off[static_cast<size_t>(e)];
+    di::Tensor ids_h = di::Tensor::empty({rows}, di::DType::kI32);
+    std::memcpy(ids_h.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+    const di::Tensor ids_d = di::cuda::copy_to_device(ids_h);
+    for (const bool second : {false, true}) {
+      const int lists = second ? 1 : 2;
+      const std::vector<const std::vector<di::ops::QWeight>*> tl =
+          second ? std::vector<const std::vector<di::ops::QWeight>*>{&w2}
+                 : std::vector<const std::vector<di::ops::QWeight>*>{&w1, &w3};
+      const di::ops::QWeight& w0 = (*tl[0])[0];
+      const int64_t N = w0.out(), K = w0.in();
+      const di::Tensor x = dev_act({rows, K});
+      di::Tensor y = di::Tensor::empty({lists * rows, N}, di::DType::kF32, di::Device::kCUDA);
+      di::ops::LinearOpts ot;
+      ot.act_quant_block = 32;
+      ot.round_out_bf16 = true;
+      const double loop_ms = timed([&] {
+        for (int l = 0; l < lists; ++l)
+          for (int e = 0; e < experts; ++e) {
+            const int64_t a = off[static_cast<size_t>(e)], b = off[static_cast<size_t>(e) + 1];
+            if (a == b) continue;
+            di::Tensor ye = y.slice(0, l * rows + a, l * rows + b);
+            di::cuda::linear_tc_into(x.slice(0, a, b), (*tl[static_cast<size_t>(l)])[static_cast<size_t>(e)], ot, ye,
+                                     st);
+          }
+      });
+      double tile_ms[5];
+      for (int v = 0; v <= 4; ++v) {
+        const int prev = di::cuda::linear_tc_set_grouped_variant(v);
+        tile_ms[v] = timed([&] {
+          di::cuda::linear_tc_grouped_gemm_into(x, ids_d, second ? w2t : w13t, second ? w2s : w13s, lists, experts, w0,
+                                                ot, y);
+        });
+        di::cuda::linear_tc_set_grouped_variant(prev);
+      }
+      const double flop = 2.0 * lists * rows * static_cast<double>(N) * static_cast<double>(K);
+      auto cell = [&](double ms) {
+        char b[48];
+        std::snprintf(b, sizeof b, "%.2f (%.0f)", ms, flop / ms / 1e9);
+        return std::string(b);
+      };
+      std::printf("| %s [%lld, %lld] | %d | %.0f | %s |", second ? "w2" : "w1 + w3", static_cast<long long>(N),
+                  static_cast<long long>(K), tokens, static_cast<double>(rows) / experts, cell(loop_ms).c_str());
+      for (int v = 1; v <= 4; ++v) std::printf(" %s |", cell(tile_ms[v]).c_str());
+      std::printf(" %s |\n", cell(tile_ms[0]).c_str());
+      std::fflush(stdout);
+    }
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+}
 
 void run() {
   di::cuda::init();
@@ -527,8 +630,9 @@ void run() {
   const uint8_t* const* w2s = table({&w2}, true);
   // BENCH_GROUPED_LARGE=1: the large-batch table alone.
   const bool large_only = std::getenv("BENCH_GROUPED_LARGE") != nullptr;
+  const bool prefill_only = std::getenv("BENCH_GROUPED_PREFILL") != nullptr;
   for (const int tokens : {1, 4}) {
-    if (large_only) break;
+    if (large_only || prefill_only) break;
     const int rows = tokens * kTopK;
     // Steps of fresh routing: each call of the graph uses the next step's ids (distinct experts per token).
     constexpr int kRoutings = 64;
@@ -619,6 +723,7 @@ void run() {
       "read | tc GEMM us | %% of read | GEMV / GEMM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   for (const int tokens : {32, 128, 256}) {
+    if (prefill_only) break;
     const int rows = tokens * kTopK;
     constexpr int kRoutings = 16;
     std::mt19937 rng(2000u + static_cast<unsigned>(tokens));
@@ -685,6 +790,7 @@ void run() {
       std::fflush(stdout);
     }
   }
+  if (prefill_only) grouped_prefill_table(st, w1, w3, w2, w13t, w13s, w2t, w2s, kExperts, kTopK);
   for (void* p : tables) CK(cudaFree(p));
   CK(cudaStreamDestroy(st));
 }

@@ -55,8 +55,9 @@ def main():
     marks = [i for i, r in enumerate(rows) if a.marker in r[3]]
     if len(marks) < 2:
         raise SystemExit(f"fewer than two {a.marker} launches in {a.csv}")
-    i0 = marks[a.step]
-    i1 = marks[a.step + 1] if a.step + 1 < 0 or a.step + 1 < len(marks) else len(rows)
+    k = a.step % len(marks)  # --step -1: the last marker to the trace's end (e.g. a prefill forward)
+    i0 = marks[k]
+    i1 = marks[k + 1] if k + 1 < len(marks) else len(rows)
     step = rows[i0:i1]
     t0 = step[0][0]
     streams = {s: k for k, s in enumerate(sorted({r[2] for r in step}))}

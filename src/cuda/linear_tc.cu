@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -314,13 +315,40 @@ void launch(const Args& a, cudaStream_t stream) {
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
-// Grouped rows: 128 weight rows per block (four warps of two m16 tiles each), tiles of 8 tokens (NI = 1) that
-// walk an expert's rows, and four stages. Measured on the H200 against one m16 tile per warp, NI = 2 and 4,
-// three stages and two warps (bench/RESULTS.md, twenty-fifth session): this one wins at 32, 128 and 256 tokens;
-// an expert's token groups are few, and a wider group only adds shared memory, so fewer blocks fit an SM.
+// The grouped GEMM's tile in force (linear_tc_set_grouped_variant): 0 = by rows per expert (the default), 1-4 = the
+// tiles of grouped_tile() below wherever (tests, benchmarks). Every tile gives the same bits (each output's MMA chain
+// is its own row's and token's).
+std::atomic<int> g_grouped_variant{0};
+
+// Grouped rows: 128 weight rows per block (four warps of two m16 tiles each) in four stages, tiles of 8, 16, 32 or 64
+// tokens that walk an expert's rows (variants 1-4). Measured on the H200 (bench/RESULTS.md, twenty-fifth and
+// twenty-sixth sessions; bench_cuda_gemv's grouped tables, FP4 experts of the V4.1-Flash shape): below 8 rows per
+// expert (decode batches) tiles of 8 win (one m16 tile per warp, three stages and two warps lose too); at 8-16 rows
+// tiles of 16 (9-20% faster than 8); from 32 rows (prefill chunks) tiles of 32 (33% faster than 8 at 64 rows); tiles
+// of 64 lose everywhere (twice the shared memory: fewer blocks per SM).
+int grouped_tile(const Args& a) {
+  const int v = g_grouped_variant.load(std::memory_order_relaxed);
+  if (v != 0) return v;
+  const int64_t per_expert = a.M / std::max(1, a.grp.E);  // rows per expert, on average
+  return per_expert >= 32 ? 3 : per_expert >= 8 ? 2 : 1;
+}
+
 template <int FMT>
 void dispatch_grouped(const Args& a, cudaStream_t stream) {
-  launch<FMT, 2, 1, 4, 1, 4>(a, stream);
+  switch (grouped_tile(a)) {
+    case 1:
+      launch<FMT, 2, 1, 4, 1, 4>(a, stream);
+      break;
+    case 2:
+      launch<FMT, 2, 2, 4, 1, 4>(a, stream);
+      break;
+    case 3:
+      launch<FMT, 2, 4, 4, 1, 4>(a, stream);
+      break;
+    default:
+      launch<FMT, 2, 4, 4, 2, 4>(a, stream);  // 8 warps: 128 rows x 64 tokens
+      break;
+  }
 }
 
 // Decode pipelines: as many stages as fit about 96 KiB (deep, to keep enough weight bytes in flight with few
@@ -508,6 +536,11 @@ void linear_tc_grouped_gemm_into(const Tensor& x, const Tensor& row_expert, cons
   grp.w_table = w_table, grp.s_table = s_table;
   grp.R = static_cast<int>(R), grp.E = n_experts;
   run_gemm(x, w0, opts, y, grp, lists, nullptr);
+}
+
+int linear_tc_set_grouped_variant(int v) {
+  DI_CHECK(v >= 0 && v <= 4, "linear_tc_set_grouped_variant: {} is not 0 .. 4", v);
+  return g_grouped_variant.exchange(v, std::memory_order_relaxed);
 }
 
 Tensor linear_tc(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts) {

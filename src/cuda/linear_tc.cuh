@@ -89,6 +89,10 @@ void linear_tc_grouped_gemm_into(const Tensor& x, const Tensor& row_expert, cons
                                  const uint8_t* const* s_table, int lists, int n_experts, const ops::QWeight& w0,
                                  const ops::LinearOpts& opts, Tensor& y);
 
+// The grouped GEMM's token tile: 0 = chosen by rows per expert (the default), 1 / 2 / 3 / 4 = tiles of 8 / 16 / 32 /
+// 64 tokens for every call (tests, benchmarks: the same bits either way). Returns the previous setting.
+int linear_tc_set_grouped_variant(int v);
+
 // As linear_tc_grouped_into's tables built from the lists (linear_grouped.cu); x's rows sorted by expert.
 Tensor linear_tc_grouped_gemm(const Tensor& x, const Tensor& row_expert,
                               const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts);

@@ -1,6 +1,7 @@
-// Tensor-core CUDA linear for BF16 weights without an input site (act_quant_block 0): the vocabulary head under
-// DEEPINFER_CUDA_GEMM=tc. An alternative implementation of the ops::linear contract (src/ops/ops.h) that is
-// numerically close to the CPU op, not bit-exact, like linear_tc.cuh for the quantised weights.
+// Tensor-core CUDA linear without an input site (act_quant_block 0) under DEEPINFER_CUDA_GEMM=tc: BF16 weights (the
+// vocabulary head), and E4M3 weights with E8M0 block scales in the block-diagonal form of wo_a's groups
+// (linear_tc_groups). An alternative implementation of the ops::linear contract (src/ops/ops.h) that is numerically
+// close to the CPU op, not bit-exact, like linear_tc.cuh for the weights at the FP8 input site.
 //
 // Numerics. A pre-pass splits each float32 x into three bf16 pieces, x = hi + mid + lo with hi = bf16(x) toward
 // zero (so a finite x never gives an infinite piece), mid = bf16(x - hi), lo = bf16(x - hi - mid) (nearest even; each
@@ -11,6 +12,16 @@
 // so what differs from the CPU op is only the order (and the tensor core's internal alignment) of the FP32
 // additions, as for linear_tc. Error bound used by the test: |y - y_cpu| <= (3 K/16 + 64) 2^-24 S with
 // S = sum_k |x_k w_k|. round_out_bf16 rounds the final y to bf16 once.
+// E4M3 weights: each code is turned into the bf16 of its value (exact: e4m3 has 3 mantissa bits); within each B x B
+// scale block the k steps' MMAs of piece q sum into acc_q (from 0; three chains, so that a decode call, one m16 tile
+// per warp over all of K, waits a third as long on the tensor core), and the blocks are folded in K order,
+// tot = fma((acc_hi + acc_mid) + acc_lo, scale, tot) from tot = 0, the scale E8M0 (a power of two or NaN), within
+// each of 4 contiguous K segments; the segment totals are added in K order, y = ((((0 + t0) + t1) + t2) + t3) (so that
+// a decode call can walk the segments with four warps, one each: at one token wo_a has only 512 m16 tiles); bound
+// (3 K/16 + K/B + 64) 2^-24 S. Requires K a multiple of 256 whose quarters are whole scale blocks.
+// linear_tc_groups: G groups side by side, x [M, G K] and W [G N, K] (G blocks of N rows, N and K whole scale
+// blocks): y [M, G N] with y[:, g N + n] = x[:, g K : (g + 1) K] . W[g N + n], one launch (a grid dimension per group),
+// each group under the numerics above. The model's wo_a (o_groups blocks of o_lora_rank rows over the heads' outputs).
 // Batch invariance: an output's MMA chain reads only its row of x and its row of W, in the same order whatever the
 // tile configuration (chosen from M), so a row's result does not depend on M or on its position in the batch.
 //
@@ -43,5 +54,10 @@ bool linear_tc_bf16_takes(const Tensor& x, const ops::QWeight& w, const ops::Lin
 void linear_tc_bf16_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
                          CUstream_st* stream = nullptr);
 Tensor linear_tc_bf16(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts);
+
+// The grouped form above for BF16 or E4M3 weights (E4M3: block a multiple of 32 that divides 64 or that 64 divides,
+// each group's rows and columns whole blocks, scale [G N / B, K / B] with dense rows, 16-byte aligned weight rows).
+bool linear_tc_groups_supported(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts);
+Tensor linear_tc_groups(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts);
 
 }  // namespace deepinfer::cuda

@@ -178,12 +178,13 @@ Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QW
     parts[g].w = wo_a.w.slice(0, g * R, (g + 1) * R);
     if (wo_a.scale.defined()) parts[g].scale = wo_a.scale.slice(0, g * R / wo_a.block, (g + 1) * R / wo_a.block);
   }
-  Tensor z;
-  if (run_grouped(T * G, o.device())) {
+  // Under the tensor-core contract one launch over the groups (ops::linear_groups_tc); else the exact linear.
+  Tensor z = ops::linear_groups_tc(o, wo_a, G, {0, bf});
+  if (!z.defined() && run_grouped(T * G, o.device())) {
     // o [T, H*D] is [T*G, gin] row by row: row (t, g) through group g gives z[t, g*R:(g+1)*R] in place.
     z = ops::linear_grouped(o.view({T * G, gin}), group_rows(T * G, G, o.device()), parts, {0, bf}, 0, G)
             .view({T, G * R});
-  } else {
+  } else if (!z.defined()) {
     z = Tensor::empty({T, G * R}, DType::kF32, o.device());
     for (int64_t g = 0; g < G; ++g)
       copy_tensor(z.view({T, G, R}).select(1, g),

@@ -121,8 +121,10 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
   }
 
   // Dispatch by expert (ops::moe_group), each expert's FFN on its rows (the FP32 combine in ascending expert order
-  // plus the shared expert follows: ffn_moe).
-  const bool grouped = run_grouped(T * K, x.device());
+  // plus the shared expert follows: ffn_moe). Under the tensor-core contract every call is grouped, prefill chunks too:
+  // the grouped GEMM gives each row linear_tc's bits, like the per-expert loop, in one launch per matrix instead of one
+  // per expert (a 4,096-token prefill's ~64 rows per expert left the GPU mostly idle in 384 small GEMMs per matrix).
+  const bool grouped = run_grouped(T * K, x.device()) || ops::linear_tc_mode(x.device());
   const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E, /*host_offsets=*/!grouped);
   Tensor yg;
   if (grouped) {

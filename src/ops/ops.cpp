@@ -22,6 +22,7 @@
 #include "cuda/graph.h"
 #include "cuda/hc.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/linear_tc_bf16.cuh"
 #include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
@@ -342,6 +343,16 @@ bool linear_tc_mode(Device d) {
   (void)d;
   return false;
 #endif
+}
+
+Tensor linear_groups_tc(const Tensor& x, const QWeight& w, int64_t groups, const LinearOpts& opts) {
+#if DEEPINFER_HAS_CUDA
+  if (linear_tc_mode(x.device()) && cuda::linear_tc_groups_supported(x, w, groups, opts))
+    return cuda::linear_tc_groups(x, w, groups, opts);
+#else
+  (void)w, (void)groups, (void)opts;
+#endif
+  return Tensor();
 }
 
 void side_join(Device d) {

@@ -150,6 +150,12 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vect
 Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vector<const std::vector<QWeight>*>& lists,
                       const LinearOpts& opts, int64_t tile_rows = 0, int64_t row_period = 0);
 
+// Under linear_tc_mode, the block-diagonal projection of wo_a's groups through the tensor-core contract for x without
+// an input site (src/cuda/linear_tc_bf16.cuh): x [M, groups K], w E4M3 [groups N, K] with block scales, y [M, groups N]
+// with y[:, g N + n] = x[:, g K : (g + 1) K] . w[g N + n], one launch. An undefined tensor where it does not apply (the
+// CPU, the other modes, a layout the kernel does not take): the caller then runs the exact path.
+Tensor linear_groups_tc(const Tensor& x, const QWeight& w, int64_t groups, const LinearOpts& opts);
+
 // Dequantises a weight to a dense float32 [out, in] tensor (exact: every format fits fp32).
 Tensor dequantize(const QWeight& w);
 

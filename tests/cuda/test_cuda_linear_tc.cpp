@@ -344,10 +344,12 @@ void test_grouped_gemm() {
       {"fp8 block 64 ragged N experts [333,2176]", di::DType::kE4M3, 333, 2176, 64, 64},
   };
   // Rows per expert: 12 experts, 0 / 1 / 37 rows among them (R = 150, two lists), 10 experts with 5 on average
-  // (R = 49) and 16 experts with at most 3 rows (R = 21).
+  // (R = 49), 16 experts with at most 3 rows (R = 21), and 4 experts of prefill's tens of rows (R = 215, where the
+  // default takes wider token tiles). Every layout runs at every token tile (linear_tc_set_grouped_variant).
   const std::vector<std::vector<int>> counts = {{5, 0, 1, 37, 9, 14, 0, 22, 3, 31, 17, 11},
                                                 {4, 7, 0, 5, 9, 2, 6, 5, 3, 8},
-                                                {2, 0, 3, 1, 1, 0, 2, 3, 1, 1, 0, 2, 1, 3, 0, 1}};
+                                                {2, 0, 3, 1, 1, 0, 2, 3, 1, 1, 0, 2, 1, 3, 0, 1},
+                                                {70, 0, 64, 81}};
   uint32_t seed = 15000;
   for (const Case& c : cases) {
     for (const auto& cnt : counts) {
@@ -374,10 +376,15 @@ void test_grouped_gemm() {
           di::ops::LinearOpts o;
           o.act_quant_block = c.act;
           o.round_out_bf16 = round;
-          const di::Tensor y =
-              di::cuda::copy_to_host(di::cuda::linear_tc_grouped_gemm(xd, di::cuda::copy_to_device(ih), ptrs, o));
-          const std::string r = grouped_equals_per_row(y, x, ids, lists, o, "gemm");
-          if (!r.empty()) return r;
+          for (int tile = 0; tile <= 4; ++tile) {
+            const int prev = di::cuda::linear_tc_set_grouped_variant(tile);
+            const di::Tensor y =
+                di::cuda::copy_to_host(di::cuda::linear_tc_grouped_gemm(xd, di::cuda::copy_to_device(ih), ptrs, o));
+            di::cuda::linear_tc_set_grouped_variant(prev);
+            const std::string what = "gemm, token tile variant " + std::to_string(tile);
+            const std::string r = grouped_equals_per_row(y, x, ids, lists, o, what.c_str());
+            if (!r.empty()) return r;
+          }
         }
         return std::string();
       });
@@ -481,9 +488,120 @@ void test_bf16() {
   });
 }
 
+// The grouped form (linear_tc_groups, wo_a's groups under tc): each group of an M-row call against the CPU op on its
+// columns of x and its rows of W, within (3 K/16 + K/B + 64) 2^-24 S (E4M3) or (3 K/16 + 64) 2^-24 S (BF16), NaN in x
+// included; a row's bits the same in calls of 1, 8, 16, 40 and 100 rows; and the refusals.
+void test_groups() {
+  struct G {
+    const char* what;
+    di::DType dt;
+    int64_t groups, N, K, block;
+  };
+  const G cases[] = {{"v4.1 wo_a e4m3 8 x [1024, 4096] block 32", di::DType::kE4M3, 8, 1024, 4096, 32},
+                     {"v4 e4m3 4 x [256, 512] block 128", di::DType::kE4M3, 4, 256, 512, 128},
+                     {"e4m3 3 x [96, 256] block 32 (ragged tiles)", di::DType::kE4M3, 3, 96, 256, 32},
+                     {"bf16 2 x [40, 128]", di::DType::kBF16, 2, 40, 128, 0}};
+  uint32_t seed = 17000;
+  for (const G& c : cases) {
+    const di::ops::QWeight wh = random_weight(c.dt, c.groups * c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    std::vector<di::ops::QWeight> parts, absw;
+    for (int64_t g = 0; g < c.groups; ++g) {
+      di::ops::QWeight q = wh;
+      q.w = wh.w.slice(0, g * c.N, (g + 1) * c.N).contiguous();
+      if (wh.scale.defined()) q.scale = wh.scale.slice(0, g * c.N / c.block, (g + 1) * c.N / c.block).contiguous();
+      parts.push_back(q);
+      absw.push_back(abs_weight_bf16(q));
+    }
+    const int64_t depth = 3 * c.K / 16 + (c.block > 0 ? c.K / c.block : 0) + 64, KX = c.groups * c.K;
+    for (const bool round : {false, true}) {
+      di::ops::LinearOpts o;
+      o.round_out_bf16 = round;
+      for (const int64_t M : {int64_t{1}, int64_t{9}, int64_t{40}}) {
+        char name[240];
+        std::snprintf(name, sizeof name, "linear_tc_groups vs cpu %s M=%lld round=%d", c.what,
+                      static_cast<long long>(M), round ? 1 : 0);
+        run_case(name, [&] {
+          di::Tensor x = random_rows(M, KX, seed++);
+          if (M >= 9) x.data<float>()[3 * KX + c.K + 2] = std::numeric_limits<float>::quiet_NaN();  // group 1, row 3
+          const di::Tensor got =
+              di::cuda::copy_to_host(di::cuda::linear_tc_groups(di::cuda::copy_to_device(x), wd, c.groups, o));
+          std::string all_stats;
+          for (int64_t g = 0; g < c.groups; ++g) {
+            const di::Tensor xg = x.slice(1, g * c.K, (g + 1) * c.K).contiguous();
+            const di::Tensor want = di::ops::linear(xg, parts[static_cast<size_t>(g)], o);
+            const di::Tensor gotg = got.slice(1, g * c.N, (g + 1) * c.N).contiguous();
+            std::string stats;
+            const std::string r =
+                compare_tol(want, gotg, abs_sums(xg, 0, absw[static_cast<size_t>(g)]), depth, round, stats);
+            if (!r.empty()) return "group " + std::to_string(g) + ": " + r;
+            if (g == 0) all_stats = stats;
+          }
+          std::printf("     group 0: %s\n", all_stats.c_str());
+          return std::string();
+        });
+      }
+      char name[240];
+      std::snprintf(name, sizeof name, "linear_tc_groups batch invariance %s round=%d (M = 1, 8, 16, 40, 100)", c.what,
+                    round ? 1 : 0);
+      run_case(name, [&] {
+        const di::Tensor big = random_rows(100, KX, seed++);
+        const di::Tensor other = random_rows(40, KX, seed++);
+        const int64_t NY = c.groups * c.N;
+        const di::Tensor y100 =
+            di::cuda::copy_to_host(di::cuda::linear_tc_groups(di::cuda::copy_to_device(big), wd, c.groups, o));
+        for (const int64_t r : {int64_t{0}, int64_t{7}, int64_t{38}, int64_t{99}}) {
+          const float* a = y100.data<float>() + r * NY;
+          for (const int64_t M : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}}) {
+            di::Tensor xm = other.slice(0, 0, M).contiguous();
+            const int64_t pos = (r * 7 + 3) % M;
+            std::memcpy(xm.data<float>() + pos * KX, big.data<float>() + r * KX,
+                        static_cast<size_t>(KX) * sizeof(float));
+            const di::Tensor ym =
+                di::cuda::copy_to_host(di::cuda::linear_tc_groups(di::cuda::copy_to_device(xm), wd, c.groups, o));
+            const float* b = ym.data<float>() + pos * NY;
+            for (int64_t n = 0; n < NY; ++n)
+              if (bits(a[n]) != bits(b[n]))
+                return "row " + std::to_string(r) + " col " + std::to_string(n) + ": M=100 and M=" + std::to_string(M) +
+                       " differ";
+          }
+        }
+        return std::string();
+      });
+    }
+  }
+  run_case("linear_tc_groups refuses what it cannot take", [] {
+    const di::ops::QWeight w = to_device(random_weight(di::DType::kE4M3, 4 * 64, 256, 32, 5));
+    const di::Tensor x = di::cuda::copy_to_device(random_rows(2, 4 * 256, 6));
+    di::ops::LinearOpts o;
+    if (!di::cuda::linear_tc_groups_supported(x, w, 4, o)) return std::string("a plain grouped call refused");
+    if (di::cuda::linear_tc_groups_supported(x, w, 3, o)) return std::string("3 groups of 256 rows accepted");
+    if (di::cuda::linear_tc_groups_supported(x.slice(1, 0, 512), w, 4, o))
+      return std::string("x of 512 columns accepted");
+    const di::ops::QWeight w192 = to_device(random_weight(di::DType::kE4M3, 4 * 64, 192, 32, 8));
+    if (di::cuda::linear_tc_groups_supported(di::cuda::copy_to_device(random_rows(2, 4 * 192, 9)), w192, 4, o))
+      return std::string("K = 192 (quarters of 48 columns) accepted");
+    o.act_quant_block = 32;
+    if (di::cuda::linear_tc_groups_supported(x, w, 4, o)) return std::string("act_quant_block 32 accepted");
+    o.act_quant_block = 0;
+    const di::ops::QWeight w96 = to_device(random_weight(di::DType::kE4M3, 4 * 48, 256, 32, 7));
+    if (di::cuda::linear_tc_groups_supported(x, w96, 4, o)) return std::string("groups of 48 rows (block 32) accepted");
+    bool threw = false;
+    try {
+      (void)di::cuda::linear_tc_groups(x, w, 3, o);
+    } catch (const di::Error&) {
+      threw = true;
+    }
+    if (!threw) return std::string("3 groups did not throw");
+    if (di::cuda::linear_tc_bf16_supported(x, w, o)) return std::string("an E4M3 weight taken by the BF16 head path");
+    return std::string();
+  });
+}
+
 int main() {
   return cuda_test::run_test_program([] {
     test_bf16();
+    test_groups();
     test_unsupported();
     test_batch_invariance();
     test_grouped();
