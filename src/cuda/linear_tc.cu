@@ -251,15 +251,7 @@ __global__ void __launch_bounds__(WR* WT * 32)
         }
       }
       // End of a stage (a whole number of fold blocks: KS divides kBK): run += the stage's total, in K order.
-#pragma unroll
-      for (int a = 0; a < MI; ++a)
-#pragma unroll
-        for (int b = 0; b < NI; ++b)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            run[a][b][c] = __fadd_rn(run[a][b][c], tot[a][b][c]);
-            tot[a][b][c] = 0.0f;
-          }
+      tc::add_total(run, tot);
     }
     cp_async_wait<0>();
 

@@ -12,6 +12,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear_tc_bf16.cuh"
+#include "cuda/tc_mma.cuh"
 
 namespace deepinfer::cuda {
 
@@ -250,17 +251,7 @@ __global__ void __launch_bounds__(WR* WK * 32) tc_bf16_kernel(Bf16Problem p) {
       }
     }
     if constexpr (W8) {
-      if ((it + 1) % seg_stages == 0) {  // end of a K segment: run += its total, in K order
-#pragma unroll
-        for (int a = 0; a < MI; ++a)
-#pragma unroll
-          for (int b = 0; b < NI; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              run[a][b][c] = __fadd_rn(run[a][b][c], tot[a][b][c]);
-              tot[a][b][c] = 0.0f;
-            }
-      }
+      if ((it + 1) % seg_stages == 0) tc::add_total(run, tot);  // end of a K segment: run += its total, in K order
     }
   }
   cp_async_wait<0>();

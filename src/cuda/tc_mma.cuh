@@ -56,6 +56,21 @@ __device__ __forceinline__ void kstep(float (&acc)[4], uint32_t lo0, uint32_t lo
   mma_f16(acc, a1, b1);
 }
 
+// run += tot, then tot = 0, fragment by fragment: a stage's or a K segment's total added to the running sum, in K order
+// (linear_tc.cu, linear_tc_bf16.cu).
+template <int MI, int NI>
+__device__ __forceinline__ void add_total(float (&run)[MI][NI][4], float (&tot)[MI][NI][4]) {
+#pragma unroll
+  for (int a = 0; a < MI; ++a)
+#pragma unroll
+    for (int b = 0; b < NI; ++b)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        run[a][b][c] = __fadd_rn(run[a][b][c], tot[a][b][c]);
+        tot[a][b][c] = 0.0f;
+      }
+}
+
 // x's codes for one token and k step (8 bytes as (x0, x1)) -> the B fragments of the two k16 halves.
 __device__ __forceinline__ void b_frags(uint32_t x0, uint32_t x1, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
   b0[0] = e4m3x2_lo(x0), b0[1] = e4m3x2_hi(x0);
