@@ -195,6 +195,40 @@ ShapeSetup setup_shape(int fmt, int64_t N, int64_t K, int64_t rows) {
 
 const char* fmt_name(int fmt) { return fmt == kFp8 ? "fp8 B32" : fmt == kFp4 ? "fp4" : "bf16"; }
 
+// `routings` routings of `tokens` tokens, each token top-k distinct experts of `experts` (uniform, from `seed`), each
+// routing's rows sorted by expert (moe_group's order), one after the other; with the mean number of distinct experts
+// a routing uses.
+struct Routings {
+  std::vector<int32_t> ids;
+  double distinct = 0.0;
+};
+Routings sorted_routings(int tokens, int topk, int experts, int routings, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, experts - 1);
+  const int64_t rows = static_cast<int64_t>(tokens) * topk;
+  Routings out;
+  for (int r = 0; r < routings; ++r) {
+    std::set<int> used;
+    for (int t = 0; t < tokens; ++t) {
+      std::set<int> mine;
+      while (static_cast<int>(mine.size()) < topk) mine.insert(pick(rng));
+      out.ids.insert(out.ids.end(), mine.begin(), mine.end());
+      used.insert(mine.begin(), mine.end());
+    }
+    std::sort(out.ids.end() - rows, out.ids.end());
+    out.distinct += static_cast<double>(used.size());
+  }
+  out.distinct /= routings;
+  return out;
+}
+
+// Host ids as an int32 CUDA tensor.
+di::Tensor device_ids(const std::vector<int32_t>& ids) {
+  di::Tensor h = di::Tensor::empty({static_cast<int64_t>(ids.size())}, di::DType::kI32);
+  std::memcpy(h.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+  return di::cuda::copy_to_device(h);
+}
+
 // ---- the routed experts of a prefill chunk (BENCH_GROUPED_PREFILL=1) ---------------------------------------------
 // Rows sorted by expert, tens to hundreds per expert. Under DEEPINFER_CUDA_GEMM=tc the MoE ran a prefill chunk as a
 // loop of linear_tc calls, one per expert and matrix; now it runs the grouped GEMM (one launch per call) at a token
@@ -234,21 +268,12 @@ void grouped_prefill_table(cudaStream_t st, const std::vector<di::ops::QWeight>&
   di::cuda::StreamScope on(st);
   for (const int tokens : {512, 1024, 4096}) {
     const int rows = tokens * topk;
-    std::mt19937 rng(3000u + static_cast<unsigned>(tokens));
-    std::uniform_int_distribution<int> pick(0, experts - 1);
-    std::vector<int32_t> ids;
-    for (int t = 0; t < tokens; ++t) {
-      std::set<int> mine;
-      while (static_cast<int>(mine.size()) < topk) mine.insert(pick(rng));
-      ids.insert(ids.end(), mine.begin(), mine.end());
-    }
-    std::sort(ids.begin(), ids.end());
+    const std::vector<int32_t> ids =
+        sorted_routings(tokens, topk, experts, 1, 3000u + static_cast<unsigned>(tokens)).ids;
     std::vector<int64_t> off(static_cast<size_t>(experts) + 1, 0);
     for (const int32_t e : ids) ++off[static_cast<size_t>(e) + 1];
     for (int e = 0; e < experts; ++e) off[static_cast<size_t>(e) + 1] += off[static_cast<size_t>(e)];
-    di::Tensor ids_h = di::Tensor::empty({rows}, di::DType::kI32);
-    std::memcpy(ids_h.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
-    const di::Tensor ids_d = di::cuda::copy_to_device(ids_h);
+    const di::Tensor ids_d = device_ids(ids);
     for (const bool second : {false, true}) {
       const int lists = second ? 1 : 2;
       const std::vector<const std::vector<di::ops::QWeight>*> tl =
@@ -726,25 +751,9 @@ void run() {
     if (prefill_only) break;
     const int rows = tokens * kTopK;
     constexpr int kRoutings = 16;
-    std::mt19937 rng(2000u + static_cast<unsigned>(tokens));
-    std::uniform_int_distribution<int> pick(0, kExperts - 1);
-    std::vector<int32_t> ids(static_cast<size_t>(kRoutings * rows));
-    double distinct = 0;
-    for (int r = 0; r < kRoutings; ++r) {
-      std::set<int> used;
-      for (int t = 0; t < tokens; ++t) {
-        std::set<int> mine;
-        while (static_cast<int>(mine.size()) < kTopK) mine.insert(pick(rng));
-        int k = 0;
-        for (const int e : mine) ids[static_cast<size_t>(r * rows + t * kTopK + k++)] = e, used.insert(e);
-      }
-      std::sort(ids.begin() + static_cast<int64_t>(r) * rows, ids.begin() + static_cast<int64_t>(r + 1) * rows);
-      distinct += static_cast<double>(used.size());
-    }
-    distinct /= kRoutings;
-    di::Tensor ids_h = di::Tensor::empty({static_cast<int64_t>(ids.size())}, di::DType::kI32);
-    std::memcpy(ids_h.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
-    const di::Tensor ids_t = di::cuda::copy_to_device(ids_h);
+    const Routings rt = sorted_routings(tokens, kTopK, kExperts, kRoutings, 2000u + static_cast<unsigned>(tokens));
+    const double distinct = rt.distinct;
+    const di::Tensor ids_t = device_ids(rt.ids);
     for (const bool second : {false, true}) {
       const int lists = second ? 1 : 2;
       const int64_t N = second ? kDim : kInter, K = second ? kInter : kDim;

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "core/logging.h"
+#include "deepinfer/error.h"
 
 extern char** environ;
 
@@ -73,6 +74,15 @@ std::string env_value(const char* name) {
   for (const EnvVar& v : env_vars())
     if (std::strcmp(v.name, name) == 0) return v.default_value;
   throw std::logic_error(std::string("env_value: ") + name + " is not in the DEEPINFER_* table");
+}
+
+int64_t env_int(const char* name, int64_t min_value) {
+  const std::string v = env_value(name);
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  DI_CHECK(end != v.c_str() && *end == '\0' && n >= min_value, "{} must be a whole number >= {} (got '{}')", name,
+           min_value, v);
+  return static_cast<int64_t>(n);
 }
 
 void check_env() {

@@ -4,6 +4,7 @@
 // about unknown DEEPINFER_* names (typos); `deepinfer env` prints the table.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,5 +22,7 @@ void check_env();
 std::string env_table();  // the table as text, with each variable's current value
 // The variable's value when set, else its default from the table (name must be in the table).
 std::string env_value(const char* name);
+// env_value as a whole number >= min_value; a clear error otherwise (the tuning row counts).
+int64_t env_int(const char* name, int64_t min_value);
 
 }  // namespace deepinfer

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "deepinfer/error.h"
 #include "deepinfer/tensor.h"
@@ -69,6 +70,17 @@ inline void check_linear_out(const Tensor& y, int64_t rows, int64_t cols, const 
                y.dim() == 2 && y.size(0) == rows && y.size(1) == cols,
            "{}: output {} is not a contiguous float32 CUDA [{}, {}]", op, y.defined() ? y.describe() : "undefined",
            rows, cols);
+}
+
+// Why a linear's operands are not x a 2-D float32 CUDA tensor and w a 2-D CUDA tensor, each with dense rows ("" when
+// they are): what the tensor-core kernels (linear_tc.cu, linear_tc_bf16.cu) check first.
+inline std::string dense_operands_why(const Tensor& x, const Tensor& w) {
+  if (!x.defined() || x.device() != Device::kCUDA || x.dtype() != DType::kF32 || x.dim() != 2)
+    return "x must be a 2-D float32 CUDA tensor";
+  if (x.size(1) > 1 && x.strides()[1] != 1) return "x's rows must be dense";
+  if (!w.defined() || w.device() != Device::kCUDA || w.dim() != 2) return "the weight must be a 2-D CUDA tensor";
+  if (w.size(1) > 1 && w.strides()[1] != 1) return "the weight's rows must be dense";
+  return "";
 }
 
 // A float32 tensor on kCUDA seen as `rows` rows of `cols` contiguous values, `row_stride`

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -455,14 +454,7 @@ void launch_chain(dim3 grid, const uint8_t* w, int64_t ldw, const uint8_t* s, in
 // The most rows of x that linear_exact sends to the decode GEMV (DEEPINFER_CUDA_GEMV_ROWS, its default in the env
 // table; 1 keeps every call of 2+ rows on the slab kernels).
 int64_t gemv_rows_max() {
-  static const int64_t v = [] {
-    const std::string s = env_value("DEEPINFER_CUDA_GEMV_ROWS");
-    char* end = nullptr;
-    const long long n = std::strtoll(s.c_str(), &end, 10);
-    DI_CHECK(end != s.c_str() && *end == '\0' && n >= 1, "DEEPINFER_CUDA_GEMV_ROWS must be a row count >= 1 (got '{}')",
-             s);
-    return static_cast<int64_t>(n);
-  }();
+  static const int64_t v = env_int("DEEPINFER_CUDA_GEMV_ROWS", 1);
   return v;
 }
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -126,14 +125,7 @@ bool tc_grouped_into(const Tensor& x, const Tensor& row_expert,
 // From how many grouped rows (sorted by expert) the tensor-core contract takes its GEMM kernel instead of the
 // row-by-row GEMV: each expert's weight is then read once per tile of its rows (DEEPINFER_CUDA_TC_GROUPED_ROWS).
 int64_t tc_grouped_gemm_rows() {
-  static const int64_t rows = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_TC_GROUPED_ROWS");
-    char* end = nullptr;
-    const long long n = std::strtoll(v.c_str(), &end, 10);
-    DI_CHECK(end != v.c_str() && *end == '\0' && n >= 1,
-             "DEEPINFER_CUDA_TC_GROUPED_ROWS must be a positive integer (got '{}')", v);
-    return static_cast<int64_t>(n);
-  }();
+  static const int64_t rows = env_int("DEEPINFER_CUDA_TC_GROUPED_ROWS", 1);
   return rows;
 }
 

@@ -383,12 +383,9 @@ void dispatch(const Args& a, cudaStream_t stream) {
 
 // Why linear_tc cannot take this call ("" when it can).
 std::string unsupported(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts) {
-  if (!x.defined() || x.device() != Device::kCUDA || x.dtype() != DType::kF32 || x.dim() != 2)
-    return "x must be a 2-D float32 CUDA tensor";
-  if (x.size(1) > 1 && x.strides()[1] != 1) return "x's rows must be dense";
+  const std::string why = dense_operands_why(x, qw.w);
+  if (!why.empty()) return why;
   const Tensor& w = qw.w;
-  if (!w.defined() || w.device() != Device::kCUDA || w.dim() != 2) return "the weight must be a 2-D CUDA tensor";
-  if (w.size(1) > 1 && w.strides()[1] != 1) return "the weight's rows must be dense";
   const int64_t M = x.size(0), N = w.size(0), K = w.size(1);
   if (x.size(1) != K) return "x and the weight disagree on K";
   if (opts.act_quant_block <= 0 || opts.act_quant_block % 32 != 0)

@@ -343,12 +343,9 @@ void dispatch(const Bf16Problem& p, int groups, cudaStream_t stream) {
 }
 
 std::string unsupported(const Tensor& x, const ops::QWeight& qw, int64_t groups, const ops::LinearOpts& opts) {
-  if (!x.defined() || x.device() != Device::kCUDA || x.dtype() != DType::kF32 || x.dim() != 2)
-    return "x must be a 2-D float32 CUDA tensor";
-  if (x.size(1) > 1 && x.strides()[1] != 1) return "x's rows must be dense";
+  const std::string why = dense_operands_why(x, qw.w);
+  if (!why.empty()) return why;
   const Tensor& w = qw.w;
-  if (!w.defined() || w.device() != Device::kCUDA || w.dim() != 2) return "the weight must be a 2-D CUDA tensor";
-  if (w.size(1) > 1 && w.strides()[1] != 1) return "the weight's rows must be dense";
   if (opts.act_quant_block != 0) return "takes no input site (act_quant_block 0)";
   if (groups < 1 || groups > 65535 || w.size(0) % groups != 0) return "the weight's rows do not split into the groups";
   const int64_t M = x.size(0), N = w.size(0) / groups, K = w.size(1);

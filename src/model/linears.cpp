@@ -165,31 +165,35 @@ const Tensor& group_rows(int64_t n, int64_t G, Device device) {
   return t;
 }
 
-}  // namespace
-
-Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const LayerCtx& c) {
+// wo_a on the exact linear: o [T, H*D] through its G block-diagonal groups, z [T, G*R].
+Tensor wo_a_exact(const Tensor& o, const ops::QWeight& wo_a, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = o.size(0), H = cfg.n_heads, D = cfg.head_dim;
+  const int64_t T = o.size(0), G = cfg.o_groups, gin = cfg.n_heads * cfg.head_dim / G, R = cfg.o_lora_rank;
   const bool bf = c.num.bf16;
-  // wo_a is block-diagonal over groups: group g projects only its own heads' outputs.
-  const int64_t G = cfg.o_groups, gin = H * D / G, R = cfg.o_lora_rank;
   std::vector<ops::QWeight> parts(G, wo_a);
   for (int64_t g = 0; g < G; ++g) {
     parts[g].w = wo_a.w.slice(0, g * R, (g + 1) * R);
     if (wo_a.scale.defined()) parts[g].scale = wo_a.scale.slice(0, g * R / wo_a.block, (g + 1) * R / wo_a.block);
   }
-  // Under the tensor-core contract one launch over the groups (ops::linear_groups_tc); else the exact linear.
-  Tensor z = ops::linear_groups_tc(o, wo_a, G, {0, bf});
-  if (!z.defined() && run_grouped(T * G, o.device())) {
+  if (run_grouped(T * G, o.device())) {
     // o [T, H*D] is [T*G, gin] row by row: row (t, g) through group g gives z[t, g*R:(g+1)*R] in place.
-    z = ops::linear_grouped(o.view({T * G, gin}), group_rows(T * G, G, o.device()), parts, {0, bf}, 0, G)
-            .view({T, G * R});
-  } else if (!z.defined()) {
-    z = Tensor::empty({T, G * R}, DType::kF32, o.device());
-    for (int64_t g = 0; g < G; ++g)
-      copy_tensor(z.view({T, G, R}).select(1, g),
-                  linear_bf16(o.view({T, G, gin}).select(1, g).contiguous(), parts[g], c));
+    return ops::linear_grouped(o.view({T * G, gin}), group_rows(T * G, G, o.device()), parts, {0, bf}, 0, G)
+        .view({T, G * R});
   }
+  Tensor z = Tensor::empty({T, G * R}, DType::kF32, o.device());
+  for (int64_t g = 0; g < G; ++g)
+    copy_tensor(z.view({T, G, R}).select(1, g),
+                linear_bf16(o.view({T, G, gin}).select(1, g).contiguous(), parts[g], c));
+  return z;
+}
+
+}  // namespace
+
+Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const LayerCtx& c) {
+  // wo_a is block-diagonal over groups: group g projects only its own heads' outputs. Under the tensor-core contract
+  // one launch over the groups (ops::linear_groups_tc); else the exact linear.
+  Tensor z = ops::linear_groups_tc(o, wo_a, c.cfg.o_groups, {0, c.num.bf16});
+  if (!z.defined()) z = wo_a_exact(o, wo_a, c);
   dump("z", c.layer, z);
   return linear_q(z, wo_b, c);
 }

@@ -237,14 +237,7 @@ bool graphs_enabled(Device d, int64_t rows) {
     DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_GRAPHS must be '0' or '1' (got '{}')", v);
     return v == "1";
   }();
-  static const int64_t max_rows = [] {
-    const std::string s = env_value("DEEPINFER_CUDA_GRAPH_MAX_BATCH");
-    char* end = nullptr;
-    const long long n = std::strtoll(s.c_str(), &end, 10);
-    DI_CHECK(end != s.c_str() && *end == '\0' && n >= 0,
-             "DEEPINFER_CUDA_GRAPH_MAX_BATCH must be a row count >= 0 (got '{}')", s);
-    return static_cast<int64_t>(n);
-  }();
+  static const int64_t max_rows = env_int("DEEPINFER_CUDA_GRAPH_MAX_BATCH", 0);
   return on && rows >= 1 && rows <= max_rows;
 }
 

@@ -392,6 +392,34 @@ void test_grouped_gemm() {
   }
 }
 
+// Batch invariance of a call on x [M, K] (host in, host out [M, N]): rows 0, 7, 38 and 99 of a 100-row call against
+// the same rows at other positions of calls of 1, 8, 16 and 40 rows, bit for bit (every tile configuration).
+std::string rows_batch_invariant(int64_t K, int64_t N, uint32_t& seed,
+                                 const std::function<di::Tensor(const di::Tensor&)>& call) {
+  const di::Tensor big = random_rows(100, K, seed++);
+  const di::Tensor other = random_rows(40, K, seed++);
+  const di::Tensor y100 = call(big);
+  for (const int64_t r : {int64_t{0}, int64_t{7}, int64_t{38}, int64_t{99}}) {
+    const float* a = y100.data<float>() + r * N;
+    for (const int64_t M : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}}) {
+      di::Tensor xm = other.slice(0, 0, M).contiguous();
+      const int64_t pos = (r * 7 + 3) % M;
+      std::memcpy(xm.data<float>() + pos * K, big.data<float>() + r * K, static_cast<size_t>(K) * sizeof(float));
+      const di::Tensor ym = call(xm);
+      const float* b = ym.data<float>() + pos * N;
+      for (int64_t n = 0; n < N; ++n)
+        if (bits(a[n]) != bits(b[n])) {
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "row %lld col %lld: M=100 %.9g, M=%lld (pos %lld) %.9g",
+                        static_cast<long long>(r), static_cast<long long>(n), a[n], static_cast<long long>(M),
+                        static_cast<long long>(pos), b[n]);
+          return std::string(buf);
+        }
+    }
+  }
+  return std::string();
+}
+
 }  // namespace
 
 // The BF16 tensor-core linear (linear_tc_bf16.cuh): against the CPU op within (3 K/16 + 64) 2^-24 S, with
@@ -439,29 +467,9 @@ void test_bf16() {
       std::snprintf(name, sizeof name, "linear_tc_bf16 batch invariance %s round=%d (M = 1, 8, 16, 40, 100)", c.what,
                     round ? 1 : 0);
       run_case(name, [&] {
-        const di::Tensor big = random_rows(100, c.K, seed++);
-        const di::Tensor other = random_rows(40, c.K, seed++);
-        const di::Tensor y100 = di::cuda::copy_to_host(di::cuda::linear_tc_bf16(di::cuda::copy_to_device(big), wd, o));
-        const int64_t K = c.K, N = c.N;
-        for (const int64_t r : {int64_t{0}, int64_t{7}, int64_t{38}, int64_t{99}}) {
-          const float* a = y100.data<float>() + r * N;
-          for (const int64_t M : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}}) {
-            di::Tensor xm = other.slice(0, 0, M).contiguous();
-            const int64_t pos = (r * 7 + 3) % M;
-            std::memcpy(xm.data<float>() + pos * K, big.data<float>() + r * K, static_cast<size_t>(K) * sizeof(float));
-            const di::Tensor ym = di::cuda::copy_to_host(di::cuda::linear_tc_bf16(di::cuda::copy_to_device(xm), wd, o));
-            const float* b = ym.data<float>() + pos * N;
-            for (int64_t n = 0; n < N; ++n)
-              if (bits(a[n]) != bits(b[n])) {
-                char buf[200];
-                std::snprintf(buf, sizeof buf, "row %lld col %lld: M=100 %.9g, M=%lld (pos %lld) %.9g",
-                              static_cast<long long>(r), static_cast<long long>(n), a[n], static_cast<long long>(M),
-                              static_cast<long long>(pos), b[n]);
-                return std::string(buf);
-              }
-          }
-        }
-        return std::string();
+        return rows_batch_invariant(c.K, c.N, seed, [&](const di::Tensor& x) {
+          return di::cuda::copy_to_host(di::cuda::linear_tc_bf16(di::cuda::copy_to_device(x), wd, o));
+        });
       });
     }
   }
@@ -545,28 +553,9 @@ void test_groups() {
       std::snprintf(name, sizeof name, "linear_tc_groups batch invariance %s round=%d (M = 1, 8, 16, 40, 100)", c.what,
                     round ? 1 : 0);
       run_case(name, [&] {
-        const di::Tensor big = random_rows(100, KX, seed++);
-        const di::Tensor other = random_rows(40, KX, seed++);
-        const int64_t NY = c.groups * c.N;
-        const di::Tensor y100 =
-            di::cuda::copy_to_host(di::cuda::linear_tc_groups(di::cuda::copy_to_device(big), wd, c.groups, o));
-        for (const int64_t r : {int64_t{0}, int64_t{7}, int64_t{38}, int64_t{99}}) {
-          const float* a = y100.data<float>() + r * NY;
-          for (const int64_t M : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}}) {
-            di::Tensor xm = other.slice(0, 0, M).contiguous();
-            const int64_t pos = (r * 7 + 3) % M;
-            std::memcpy(xm.data<float>() + pos * KX, big.data<float>() + r * KX,
-                        static_cast<size_t>(KX) * sizeof(float));
-            const di::Tensor ym =
-                di::cuda::copy_to_host(di::cuda::linear_tc_groups(di::cuda::copy_to_device(xm), wd, c.groups, o));
-            const float* b = ym.data<float>() + pos * NY;
-            for (int64_t n = 0; n < NY; ++n)
-              if (bits(a[n]) != bits(b[n]))
-                return "row " + std::to_string(r) + " col " + std::to_string(n) + ": M=100 and M=" + std::to_string(M) +
-                       " differ";
-          }
-        }
-        return std::string();
+        return rows_batch_invariant(KX, c.groups * c.N, seed, [&](const di::Tensor& x) {
+          return di::cuda::copy_to_host(di::cuda::linear_tc_groups(di::cuda::copy_to_device(x), wd, c.groups, o));
+        });
       });
     }
   }
