@@ -23,8 +23,9 @@
 // BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after
 // the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
 // BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table
-// comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table,
-// BENCH_GROUPED_PREFILL=1 to the prefill-sized one (grouped_prefill_table).
+// comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
+// (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
+// (grouped_prefill_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -747,8 +748,10 @@ void run() {
       "of "
       "read | tc GEMM us | %% of read | GEMV / GEMM |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
+  const char* only_tokens = std::getenv("BENCH_GROUPED_TOKENS");  // one batch of the table (for ncu)
   for (const int tokens : {32, 128, 256}) {
     if (prefill_only) break;
+    if (only_tokens != nullptr && std::atoi(only_tokens) != tokens) continue;
     const int rows = tokens * kTopK;
     constexpr int kRoutings = 16;
     const Routings rt = sorted_routings(tokens, kTopK, kExperts, kRoutings, 2000u + static_cast<unsigned>(tokens));

@@ -19,13 +19,15 @@ namespace deepinfer {
 
 namespace {
 
-// Runs a compressor over the chunk from its FP32 projections kv / score [T, c*d] (attention_rows_v4);
-// returns the latents (after norm, before RoPE) of every group the chunk completes, [n_new, d], and
-// their group ids in `groups`.
-Tensor compressor(const CompressorWeights& w, CompressorState& st, const Tensor& kv, const Tensor& score,
-                  int64_t start_pos, std::vector<int64_t>& groups, const LayerCtx& c) {
-  DI_CHECK(st.ratio == w.ratio, "compressor: state ratio {} for weights of ratio {}", st.ratio, w.ratio);
-  Tensor lat = compressor_pool_chunk(st, kv, score, w.ape, w.head_dim, w.overlap, start_pos, groups);
+// Runs a compressor over every sequence's chunk (compressor_pool_batch) from the forward's FP32 projections kv / score
+// [rows, c*d] (attention_rows_v4); returns the latents (after norm, before RoPE) of every group the chunks complete,
+// [n_new, d], sequence by sequence, with their group ids in `groups` and each sequence's count in `counts`.
+Tensor compressor(const CompressorWeights& w, const std::vector<CompressorState*>& states, const Tensor& kv,
+                  const Tensor& score, const std::vector<int64_t>& offset, const std::vector<int64_t>& start,
+                  std::vector<int64_t>& groups, std::vector<int64_t>& counts, const LayerCtx& c) {
+  DI_CHECK(states.front()->ratio == w.ratio, "compressor: state ratio {} for weights of ratio {}",
+           states.front()->ratio, w.ratio);
+  Tensor lat = compressor_pool_batch(states, kv, score, w.ape, w.head_dim, w.overlap, offset, start, groups, counts);
   if (lat.size(0) == 0) return lat;
   ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
   return ops::rms_norm(lat, w.norm, c.cfg.norm_eps, c.num.bf16);
@@ -33,58 +35,87 @@ Tensor compressor(const CompressorWeights& w, CompressorState& st, const Tensor&
 
 }  // namespace
 
-Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t d,
-                             bool overlap, int64_t start_pos, std::vector<int64_t>& groups) {
-  const int64_t T = kv.size(0), r = st.ratio, width = st.width;
-  DI_CHECK(kv.dim() == 2 && kv.size(1) == width && score.shape() == kv.shape(),
-           "compressor: projections {} / {} for a state of width {}", kv.describe(), score.describe(), width);
-  // The rows to pool, from the group boundary at or before start_pos: with overlap the previous
-  // group first, then the state's pending rows of the open group, then the chunk's rows.
-  const int64_t lead = overlap ? r : 0, cur = start_pos % r, rows = cur + T, G = rows / r;
+Tensor compressor_pool_batch(const std::vector<CompressorState*>& states, const Tensor& kv, const Tensor& score,
+                             const Tensor& ape, int64_t d, bool overlap, const std::vector<int64_t>& offset,
+                             const std::vector<int64_t>& start, std::vector<int64_t>& groups,
+                             std::vector<int64_t>& counts) {
+  const size_t B = states.size();
+  DI_CHECK(B > 0 && offset.size() == B + 1 && start.size() == B && offset.front() == 0,
+           "compressor: {} offsets and {} starts for {} sequences", offset.size(), start.size(), B);
+  DI_CHECK(kv.dim() == 2 && score.shape() == kv.shape() && kv.is_contiguous() && score.is_contiguous() &&
+               kv.dtype() == DType::kF32 && score.dtype() == DType::kF32 && kv.size(0) == offset.back(),
+           "compressor: projections {} / {} for {} stacked rows", kv.describe(), score.describe(), offset.back());
+  const int64_t r = states[0]->ratio, width = kv.size(1), lead = overlap ? r : 0;
   const Device dev = kv.device();
-  Tensor kvb = Tensor::empty({lead + rows, width}, DType::kF32, dev);
-  Tensor scb = Tensor::empty({lead + rows, width}, DType::kF32, dev);
-  // The copies in and out of the state go as one batch each (ops::copy_rows: one launch on CUDA instead of a copy per
-  // piece, 2-3 us each on a decode step's path); non-contiguous projections (a view) are copied on their own.
-  std::vector<ops::RowCopy> batch;
-  auto add = [&](const Tensor& dst, const Tensor& src) {
-    if (src.is_contiguous() && dst.is_contiguous() && src.dtype() == DType::kF32 && dst.dtype() == DType::kF32 &&
-        src.shape() == dst.shape())
-      batch.push_back({dst.data<float>(), src.data<float>(), src.size(0)});
-    else
-      copy_tensor(dst, src);
-  };
-  auto flush = [&] {
-    ops::copy_rows(batch, width, dev);
-    batch.clear();
-  };
-  if (overlap) {
-    add(kvb.slice(0, 0, r), st.prev_kv);
-    add(scb.slice(0, 0, r), st.prev_score);
+  // Sequence b's section of the rows to pool (only when its chunk completes a group): with overlap its previous group
+  // first, then its pending rows, then its chunk's rows up to its last complete group.
+  int64_t rows = 0;
+  for (size_t b = 0; b < B; ++b) {
+    const CompressorState& st = *states[b];
+    DI_CHECK(st.ratio == r && st.width == width, "compressor: state [{}, {}] in a batch of ratio {} and width {}",
+             st.ratio, st.width, r, width);
+    const int64_t T = offset[b + 1] - offset[b], G = (start[b] % r + T) / r;
+    if (T > 0 && G > 0) rows += lead + G * r;
   }
-  add(kvb.slice(0, lead, lead + cur), st.cur_kv.slice(0, 0, cur));
-  add(scb.slice(0, lead, lead + cur), st.cur_score.slice(0, 0, cur));
-  add(kvb.slice(0, lead + cur, lead + rows), kv);
-  add(scb.slice(0, lead + cur, lead + rows), score);
-  flush();
-  Tensor lat = Tensor::empty({0, d}, DType::kF32, dev);
-  if (G > 0) {
-    lat = ops::compress_pool(kvb.slice(0, 0, lead + G * r), scb.slice(0, 0, lead + G * r), ape, r, d, overlap,
-                             st.has_prev);
-    for (int64_t g = 0; g < G; ++g) groups.push_back((start_pos - cur) / r + g);
-    if (overlap) {  // the last complete group becomes the next one's previous group
-      add(st.prev_kv, kvb.slice(0, lead + (G - 1) * r, lead + G * r));
-      add(st.prev_score, scb.slice(0, lead + (G - 1) * r, lead + G * r));
-      st.has_prev = true;
+  Tensor kvb = Tensor::empty({rows, width}, DType::kF32, dev), scb = Tensor::empty({rows, width}, DType::kF32, dev);
+  std::vector<ops::RowCopy> in, out;  // into the sections; into the states (after `in`: it overwrites what `in` reads)
+  std::vector<int32_t> keep;          // overlap: the pooled groups that are real (see below)
+  int64_t row = 0, pooled = 0;        // the next section's first row; groups pooled before it
+  for (size_t b = 0; b < B; ++b) {
+    CompressorState& st = *states[b];
+    const int64_t T = offset[b + 1] - offset[b], cur = start[b] % r, G = (cur + T) / r, used = G * r - cur;
+    counts.push_back(T > 0 ? G : 0);
+    if (T == 0) continue;  // every row of this chunk skipped (bounded replay): its state stays as it is
+    const float* kv_rows = kv.data<float>() + offset[b] * width;
+    const float* sc_rows = score.data<float>() + offset[b] * width;
+    if (G > 0) {
+      float* kd = kvb.data<float>() + row * width;
+      float* sd = scb.data<float>() + row * width;
+      if (overlap) {  // (a state without a previous group holds kv 0 / score -inf there: an empty half)
+        in.push_back({kd, st.prev_kv.data<float>(), r});
+        in.push_back({sd, st.prev_score.data<float>(), r});
+        // One compress_pool over every section with overlap also pools each later section's previous group (as a
+        // group after the section before it): those outputs are dropped.
+        if (row > 0) ++pooled;
+        for (int64_t g = 0; g < G; ++g) keep.push_back(static_cast<int32_t>(pooled + g));
+        // The last complete group becomes the next one's previous group.
+        out.push_back({st.prev_kv.data<float>(), kd + (lead + (G - 1) * r) * width, r});
+        out.push_back({st.prev_score.data<float>(), sd + (lead + (G - 1) * r) * width, r});
+      }
+      in.push_back({kd + lead * width, st.cur_kv.data<float>(), cur});
+      in.push_back({sd + lead * width, st.cur_score.data<float>(), cur});
+      in.push_back({kd + (lead + cur) * width, kv_rows, used});
+      in.push_back({sd + (lead + cur) * width, sc_rows, used});
+      for (int64_t g = 0; g < G; ++g) groups.push_back((start[b] - cur) / r + g);
+      pooled += G;
+      row += lead + G * r;
     }
+    // The open group's rows stay pending: the chunk's rows past its last complete group, after the pending rows when
+    // it completed none (scores without the position bias: compress_pool adds it).
+    const int64_t kept = G > 0 ? 0 : cur, rest = T - std::max<int64_t>(used, 0);
+    out.push_back({st.cur_kv.data<float>() + kept * width, kv_rows + (T - rest) * width, rest});
+    out.push_back({st.cur_score.data<float>() + kept * width, sc_rows + (T - rest) * width, rest});
+    st.cur_count = kept + rest;
   }
-  // The open group's rows stay pending (scores without the position bias: compress_pool adds it).
-  const int64_t left = rows - G * r;
-  add(st.cur_kv.slice(0, 0, left), kvb.slice(0, lead + G * r, lead + rows));
-  add(st.cur_score.slice(0, 0, left), scb.slice(0, lead + G * r, lead + rows));
-  st.cur_count = left;
-  flush();
+  ops::copy_rows(in, width, dev);
+  Tensor lat = Tensor::empty({0, d}, DType::kF32, dev);
+  if (rows > 0) {
+    lat = ops::compress_pool(kvb, scb, ape, r, d, overlap, /*has_prev=*/true);
+    if (overlap && pooled > static_cast<int64_t>(keep.size())) lat = ops::gather_rows(lat, ids_tensor(keep, dev));
+  }
+  ops::copy_rows(out, width, dev);
   return lat;
+}
+
+void append_rows_batch(const Tensor& t, const std::vector<int64_t>& counts, const std::vector<RowPages*>& stores) {
+  DI_CHECK(counts.size() == stores.size() && t.dim() == 2, "append_rows_batch: {} counts for {} stores, rows {}",
+           counts.size(), stores.size(), t.describe());
+  std::vector<ops::RowCopy> copies;
+  int64_t r = 0;
+  for (size_t b = 0; b < stores.size(); r += counts[b], ++b)
+    stores[b]->append_copies(t.slice(0, r, r + counts[b]), copies);
+  DI_CHECK(r == t.size(0), "append_rows_batch: {} rows counted for {}", r, t.describe());
+  ops::copy_rows(copies, t.size(1), t.device());
 }
 
 namespace {
@@ -178,38 +209,50 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
   return r;
 }
 
-AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
-                           const ops::RopeFreqs& rope, const LayerCtx& c, std::vector<IndexJob>* jobs) {
+void compress_batch_v4(const AttentionWeights& w, const AttnRows& rows, const std::vector<int64_t>& offset,
+                       const std::vector<int64_t>& start, const std::vector<LayerState*>& states,
+                       const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = r.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
+  const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
-  const Tensor& kv = r.kv;
-
-  // Compressors (indexer's first, §2.5 order; both run before any scoring or attention).
+  // The states' compressors and stores of one kind, sequence by sequence.
+  auto each = [&](auto member) {
+    std::vector<std::remove_reference_t<decltype(states[0]->*member)>*> out;
+    for (LayerState* st : states) out.push_back(&(st->*member));
+    return out;
+  };
+  // The indexer's compressor first (§2.5 order; both run before any scoring or attention).
   if (w.has_indexer) {
-    std::vector<int64_t> groups;
-    Tensor keys = compressor(w.indexer.compressor, st.index_compressor, r.ikv, r.iscore, start_pos, groups, c);
-    std::vector<int64_t> kpos(groups.size());
-    for (size_t i = 0; i < groups.size(); ++i) kpos[i] = groups[i] * 4;
+    std::vector<int64_t> groups, counts;
+    Tensor keys = compressor(w.indexer.compressor, each(&LayerState::index_compressor), rows.ikv, rows.iscore, offset,
+                             start, groups, counts, c);
     if (!groups.empty()) {
-      ops::apply_rope(keys, cfg.index_head_dim, rd, kpos.data(), rope, false, bf);
+      for (int64_t& g : groups) g *= 4;  // each key stands at its group's first token
+      ops::apply_rope(keys, cfg.index_head_dim, rd, groups.data(), rope, false, bf);
       ops::hadamard(keys, cfg.index_head_dim, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp4(keys, 32);
-      st.index_keys.append_rows(keys);
+      append_rows_batch(keys, counts, each(&LayerState::index_keys));
     }
   }
-  const int64_t ratio = w.has_compressor ? w.compressor.ratio : 0;
   if (w.has_compressor) {
-    std::vector<int64_t> groups;
-    Tensor lat = compressor(w.compressor, st.compressor, r.ckv, r.cscore, start_pos, groups, c);
+    std::vector<int64_t> groups, counts;
+    Tensor lat = compressor(w.compressor, each(&LayerState::compressor), rows.ckv, rows.cscore, offset, start, groups,
+                            counts, c);
     if (!groups.empty()) {
-      std::vector<int64_t> gpos(groups.size());
-      for (size_t i = 0; i < groups.size(); ++i) gpos[i] = groups[i] * ratio;
-      ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
+      for (int64_t& g : groups) g *= w.compressor.ratio;
+      ops::apply_rope(lat, D, rd, groups.data(), rope, false, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp8(lat, 0, D - rd, 64);
-      st.compressed.append_rows(lat);
+      append_rows_batch(lat, counts, each(&LayerState::compressed));
     }
   }
+}
+
+AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
+                           const LayerCtx& c, std::vector<IndexJob>* jobs) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t T = r.q.size(0), W = cfg.window_size;
+  const Tensor& kv = r.kv;
+  const int64_t ratio = w.has_compressor ? w.compressor.ratio : 0;  // (compress_batch_v4 ran the compressors)
 
   // The KV table: window rows for positions wstart..start_pos+T-1, then every compressed entry.
   const int64_t wstart = std::max<int64_t>(0, start_pos - W + 1);

@@ -20,27 +20,6 @@ namespace deepinfer {
 
 namespace {
 
-// The compressor of a kv source over the chunk's rows (attention_rows_v41): latents (after norm,
-// before RoPE) of the groups the chunk completes, [n, head_dim], with their group ids.
-Tensor compressor_v41(const CompressorWeightsV41& w, CompressorState& st, const AttnRows& rows, int64_t start_pos,
-                      std::vector<int64_t>& groups, const LayerCtx& c) {
-  const ModelConfig& cfg = c.cfg;
-  const int64_t T = rows.q.size(0), r = w.ratio, D = cfg.head_dim;
-  if (r == 1) {  // every token is its own entry: the normed BF16 projection
-    for (int64_t i = 0; i < T; ++i) groups.push_back(start_pos + i);
-    return rows.ckv;
-  }
-  // Ratio 2: FP32 projections; each complete pair is pooled per channel by a softmax over its gates.
-  const Tensor& kv = rows.ckv;
-  const Tensor& score = rows.cscore;
-  DI_CHECK(st.ratio == r && st.width == D, "compressor: state [{}, {}] for ratio {} and width {}", st.ratio, st.width,
-           r, D);
-  Tensor lat = compressor_pool_chunk(st, kv, score, Tensor(), D, false, start_pos, groups);
-  if (lat.size(0) == 0) return lat;
-  ops::round_bf16(lat, c.num.bf16);  // kv.to(bf16) before the norm
-  return ops::rms_norm(lat, w.norm, cfg.norm_eps, c.num.bf16);
-}
-
 // The two-level selection's first level on one sequence's scores [T, >= n] (columns past its n keys are -inf: no block
 // there is ever kept, and its newest visible entry lies within them): the candidate source picks its blocks from its
 // unmasked scores; the layers after it mask the scores to those blocks.
@@ -152,33 +131,66 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
   return r;
 }
 
+void compress_batch_v41(const AttentionWeightsV41& w, const AttnRows& rows, const std::vector<int64_t>& offset,
+                        const std::vector<int64_t>& start, const std::vector<SequenceState*>& seqs,
+                        const ops::RopeFreqs& rope, const LayerCtx& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
+  const bool bf = c.num.bf16;
+  DI_CHECK(
+      w.kv_source && cfg.compress_ratio(c.layer) > 0 && offset.size() == seqs.size() + 1 && start.size() == seqs.size(),
+      "layer {}: compress_batch_v41 for a layer that is no kv source, or {} offsets / {} starts for {} sequences",
+      c.layer, offset.size(), start.size(), seqs.size());
+  std::vector<int64_t> gpos, counts;  // each new entry's position (its group's first token); entries per sequence
+  Tensor lat;
+  if (w.compressor.ratio == 1) {  // every token its own entry: the normed BF16 projection
+    lat = rows.ckv;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      counts.push_back(offset[b + 1] - offset[b]);
+      for (int64_t p = start[b]; p < start[b] + counts.back(); ++p) gpos.push_back(p);
+    }
+  } else {
+    std::vector<CompressorState*> states;
+    for (SequenceState* s : seqs) states.push_back(&s->layers[c.layer].compressor);
+    lat = compressor_pool_batch(states, rows.ckv, rows.cscore, Tensor(), D, false, offset, start, gpos, counts);
+    for (int64_t& g : gpos) g *= w.compressor.ratio;  // entry j stands at its group's first token
+    if (lat.size(0) > 0) {
+      ops::round_bf16(lat, bf);  // kv.to(bf16) before the norm
+      lat = ops::rms_norm(lat, w.compressor.norm, cfg.norm_eps, bf);
+    }
+  }
+  if (gpos.empty()) return;
+  DI_CHECK(lat.dim() == 2 && lat.size(0) == static_cast<int64_t>(gpos.size()) && lat.size(1) == D,
+           "layer {}: {} compressed latents for {} entries", c.layer, lat.describe(), gpos.size());
+  auto stores = [&](RowPages LayerState::*member) {  // the sequences' stores of one kind
+    std::vector<RowPages*> out;
+    for (SequenceState* s : seqs) out.push_back(&(s->layers[c.layer].*member));
+    return out;
+  };
+  if (w.indexer.owns_keys) {  // index keys from the latents before their RoPE
+    Tensor k = ops::rms_norm(linear_bf16(lat, w.indexer.wk, c), w.indexer.k_norm, cfg.norm_eps, bf);
+    ops::apply_rope(k, cfg.index_head_dim, rd, gpos.data(), rope, false, bf);
+    if (c.num.simulate_qat) ops::fake_quant_fp4(k, 32);
+    append_rows_batch(k, counts, stores(&LayerState::index_keys));
+  }
+  ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
+  if (c.num.simulate_qat) ops::fake_quant_fp4_e4m3_scale(lat, 16);
+  append_rows_batch(lat, counts, stores(&LayerState::compressed));
+}
+
 AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
-                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c,
+                            SequenceState& seq, SharedAttnV41& shared, const LayerCtx& c,
                             std::vector<IndexJobV41>* jobs) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t T = rows.q.size(0), D = cfg.head_dim, rd = cfg.rope_head_dim, W = cfg.window_size;
-  const bool bf = c.num.bf16;
+  const int64_t T = rows.q.size(0), W = cfg.window_size;
   LayerState& st = seq.layers[c.layer];
   const Tensor& kv = rows.kv;
 
   const int64_t ratio = cfg.compress_ratio(c.layer);
   bool deferred = false;  // the indexer recorded in jobs: picks and kcols set by index_batch_v41
   const int64_t n_comp = ratio > 0 ? (start_pos + T) / ratio : 0;  // entries visible to the chunk's last query
-  if (ratio > 0) {
+  if (ratio > 0) {  // a kv source's new entries and keys are in already (compress_batch_v41)
     LayerState& src = seq.layers[cfg.kv_source_of(c.layer)];
-    Tensor lat;
-    std::vector<int64_t> gpos;
-    if (w.kv_source) {
-      std::vector<int64_t> groups;
-      lat = compressor_v41(w.compressor, st.compressor, rows, start_pos, groups, c);
-      for (int64_t g : groups) gpos.push_back(g * ratio);  // entry j stands at its group's first token
-      if (!groups.empty() && w.indexer.owns_keys) {
-        Tensor k = ops::rms_norm(linear_bf16(lat, w.indexer.wk, c), w.indexer.k_norm, cfg.norm_eps, bf);
-        ops::apply_rope(k, cfg.index_head_dim, rd, gpos.data(), rope, false, bf);
-        if (c.num.simulate_qat) ops::fake_quant_fp4(k, 32);
-        st.index_keys.append_rows(k);
-      }
-    }
     DI_CHECK(src.index_keys.rows() == n_comp, "layer {}: kv source {} holds {} index keys, expected {}", c.layer,
              cfg.kv_source_of(c.layer), src.index_keys.rows(), n_comp);
     if (w.index_source) {
@@ -193,11 +205,6 @@ AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, 
       } else {
         indexer_v41(rows.iq, rows.iw, src.index_keys, start_pos, ratio, shared, c);
       }
-    }
-    if (w.kv_source && !gpos.empty()) {
-      ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
-      if (c.num.simulate_qat) ops::fake_quant_fp4_e4m3_scale(lat, 16);
-      st.compressed.append_rows(lat);
     }
     DI_CHECK(src.compressed.rows() == n_comp, "layer {}: kv source holds {} compressed entries, expected {}", c.layer,
              src.compressed.rows(), n_comp);

@@ -113,11 +113,19 @@ struct IndexJob {
 Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, const Tensor& iw, int64_t nh, int64_t hd,
                          bool round);
 
-// One sequence's chunk at positions start_pos..start_pos+T-1 (r: its rows); updates the layer's state
-// (compressor, index keys, compressed entries) and returns the chunk for attend_chunks. jobs: when given, the
+// The compressors of a layer for every sequence of the forward at once, before their attention_seq_v4 calls (rows: the
+// forward's stacked AttnRows; sequence b's are offset[b]..offset[b + 1], at positions start[b].., its layer state
+// *states[b]): the indexer's compressor, then the layer's, each one compressor_pool_batch; their new index keys and
+// compressed entries rotated, quantised and appended to each sequence's stores. Every op works row by row, so each
+// sequence gets the bits it gets alone; on CUDA the launches are per layer, not per sequence.
+void compress_batch_v4(const AttentionWeights& w, const AttnRows& rows, const std::vector<int64_t>& offset,
+                       const std::vector<int64_t>& start, const std::vector<LayerState*>& states,
+                       const ops::RopeFreqs& rope, const LayerCtx& c);
+// One sequence's chunk at positions start_pos..start_pos+T-1 (r: its rows; the layer's compressors have run:
+// compress_batch_v4); updates the layer's window and returns the chunk for attend_chunks. jobs: when given, the
 // indexer's top-k is recorded there (IndexJob) and set by index_batch_v4 for every sequence of the layer at once.
 AttnChunk attention_seq_v4(const AttentionWeights& w, const AttnRows& r, int64_t start_pos, LayerState& st,
-                           const ops::RopeFreqs& rope, const LayerCtx& c, std::vector<IndexJob>* jobs = nullptr);
+                           const LayerCtx& c, std::vector<IndexJob>* jobs = nullptr);
 // The deferred indexers of one layer (V4: the top min(index_topk, compressed entries) by score of each row): one
 // index_scores_jobs, one ops::topk_rows with k = the largest of the chunks' kcols; each chunk's picks are its own
 // followed by -1 (its kcols set to k). One job: the sequence's own indexer, unchanged.
@@ -127,13 +135,19 @@ void index_batch_v4(const std::vector<IndexJob>& jobs, std::vector<AttnChunk>& c
 // then wo_b. Returns [T, dim].
 Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const LayerCtx& c);
 
-// The compressors' pooling over a chunk (both families): kv / score [T, width] are the chunk's FP32
-// projections (score without the position bias); the state's pending rows and, with overlap, the
-// previous group complete them. Pools every group the chunk completes (ops::compress_pool, `ape` the
-// V4 position bias or undefined), appends their group ids, updates the state (pending rows and
-// previous group, on the state's device) and returns the pooled latents [G, d] before the bf16 rounding and norm.
-Tensor compressor_pool_chunk(CompressorState& st, const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t d,
-                             bool overlap, int64_t start_pos, std::vector<int64_t>& groups);
+// The compressors' pooling for a batch (both families), one ops::compress_pool for every sequence: sequence b's chunk
+// is rows offset[b]..offset[b + 1] of kv / score [rows, width], the forward's stacked FP32 projections (score without
+// the position bias), at positions start[b]..; the pending rows of its state *states[b] and, with overlap, its previous
+// group complete them. Pools every group each chunk completes (`ape` the V4 position bias or undefined), appends their
+// group ids (sequence by sequence) to `groups` and each sequence's count to `counts`, updates the states (pending rows
+// and previous group, on their device) and returns the pooled latents [sum of counts, d] before the bf16 rounding and
+// norm. Each sequence's latents are the bits it gets alone; the copies in and out of the states are one launch each.
+Tensor compressor_pool_batch(const std::vector<CompressorState*>& states, const Tensor& kv, const Tensor& score,
+                             const Tensor& ape, int64_t d, bool overlap, const std::vector<int64_t>& offset,
+                             const std::vector<int64_t>& start, std::vector<int64_t>& groups,
+                             std::vector<int64_t>& counts);
+// Appends each sequence's rows of t (counts[b] rows, sequence by sequence) to its store: one copy launch for all.
+void append_rows_batch(const Tensor& t, const std::vector<int64_t>& counts, const std::vector<RowPages*>& stores);
 
 // The indexer's head weights of both families (§2.5, §2.6): the BF16 projection of x scaled by
 // (index_head_dim * index_n_heads)^-1/2 (rounded to bf16 in bf16 mode). [T, index_n_heads].

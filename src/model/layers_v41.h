@@ -20,19 +20,29 @@ struct SharedAttnV41 {
 };
 
 // CSA2 attention of one layer, in the three steps of layers_v4.h: attention_rows_v41 projects every
-// stacked row (x [T, dim] collapsed and normalised, positions[T]); attention_seq_v41 runs one
+// stacked row (x [T, dim] collapsed and normalised, positions[T]); compress_batch_v41 has a kv source
+// compress and publish every sequence's compressed KV and index keys; attention_seq_v41 runs one
 // sequence's chunk at positions start_pos..start_pos+T-1 of `seq` (rows: its AttnRows): window KV of
-// this layer; kv sources compress and publish compressed KV and index keys; index sources score and
-// publish top-k lists (the candidate source also its candidate blocks); every compressed layer attends
-// to the latest list; returns the chunk for attend_chunks (layers_v4.h), whose o [T, H*D] goes to
-// attention_output. window_floor: the first position whose window KV this layer holds (bounded replay; else 0).
+// this layer; index sources score and publish top-k lists (the candidate source also its candidate
+// blocks); every compressed layer attends to the latest list; returns the chunk for attend_chunks
+// (layers_v4.h), whose o [T, H*D] goes to attention_output. window_floor: the first position whose
+// window KV this layer holds (bounded replay; else 0).
 AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const int64_t* positions,
                             const ops::RopeFreqs& rope, const LayerCtx& c);
+// The kv source's part of attention_seq_v41 for every sequence of the forward at once, before their attention_seq_v41
+// calls (rows: the forward's stacked AttnRows; sequence b's are offset[b]..offset[b + 1], at positions start[b]..):
+// the groups each chunk completes are pooled (ratio 2; ratio 1: every token its own entry), normed, turned into index
+// keys when the layer owns them, rotated, quantised and appended to each sequence's compressed entries and index keys.
+// Every op works row by row, so each sequence gets the bits it gets alone; on CUDA the launches are per layer, not per
+// sequence (a decode step of 256 sequences spent ~11 ms in per-sequence ones).
+void compress_batch_v41(const AttentionWeightsV41& w, const AttnRows& rows, const std::vector<int64_t>& offset,
+                        const std::vector<int64_t>& start, const std::vector<SequenceState*>& seqs,
+                        const ops::RopeFreqs& rope, const LayerCtx& c);
 // jobs: when given, an index source's indexer is not run here but recorded (the chunk's picks and kcols are then set
 // by index_batch_v41, with the layer's other sequences).
 struct IndexJobV41;
 AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,
-                            SequenceState& seq, SharedAttnV41& shared, const ops::RopeFreqs& rope, const LayerCtx& c,
+                            SequenceState& seq, SharedAttnV41& shared, const LayerCtx& c,
                             std::vector<IndexJobV41>* jobs = nullptr);
 
 // One sequence's deferred indexer (IndexJob: its rows, keys and chunk) and the sequence's shared lists.

@@ -85,12 +85,18 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
     AttnRows rows;
     rows.qr = io[4], rows.q = io[5], rows.kv = io[6], rows.ckv = io[7], rows.cscore = io[8];
     rows.ikv = io[9], rows.iscore = io[10], rows.iq = io[11], rows.iw = io[12];
+    if (L.attn.has_compressor || L.attn.has_indexer) {  // every sequence's new compressed entries and index keys
+      std::vector<int64_t> start;
+      std::vector<LayerState*> states;
+      for (const SeqChunk& sc : batch) start.push_back(sc.state->num_tokens), states.push_back(&sc.state->layers[l]);
+      compress_batch_v4(L.attn, rows, offset, start, states, rope_[l], ctx);
+    }
     std::vector<AttnChunk> chunks;
     std::vector<IndexJob> jobs;                  // the indexers, run for every sequence at once
     for (size_t b = 0; b < batch.size(); ++b) {  // the middle reads and writes each sequence's own state
       const size_t before = jobs.size();
       chunks.push_back(attention_seq_v4(L.attn, rows.rows(offset[b], offset[b + 1]), batch[b].state->num_tokens,
-                                        batch[b].state->layers[l], rope_[l], ctx, &jobs));
+                                        batch[b].state->layers[l], ctx, &jobs));
       if (jobs.size() > before) jobs.back().row0 = offset[b], jobs.back().chunk = chunks.size() - 1;
     }
     index_batch_v4(jobs, chunks, rows.iq, rows.iw, ctx);

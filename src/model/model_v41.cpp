@@ -209,6 +209,11 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     rows.qr = io[5], rows.q = io[6], rows.kv = io[7], rows.ckv = io[8], rows.cscore = io[9];
     rows.ikv = io[10], rows.iscore = io[11], rows.iq = io[12], rows.iw = io[13];
 
+    if (L.attn.kv_source && cfg.compress_ratio(l) > 0) {  // every sequence's new compressed entries and index keys
+      std::vector<SequenceState*> seqs;
+      for (const SeqChunk& sc : batch) seqs.push_back(sc.state);
+      compress_batch_v41(L.attn, rows, offset, start, seqs, rope_[l], ctx);
+    }
     std::vector<AttnChunk> chunks;
     std::vector<IndexJobV41> jobs;               // the index sources' indexers, run for every sequence at once
     for (size_t b = 0; b < B; ++b) {             // the middle reads and writes each sequence's own state
@@ -216,7 +221,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
       const int64_t floor = l > last_source ? batch[b].state->replay_floor : 0;
       const size_t before = jobs.size();
       chunks.push_back(attention_seq_v41(L.attn, rows.rows(offset[b], offset[b + 1]), start[b], floor, *batch[b].state,
-                                         shared[b], rope_[l], ctx, &jobs));
+                                         shared[b], ctx, &jobs));
       if (jobs.size() > before) jobs.back().row0 = offset[b], jobs.back().chunk = chunks.size() - 1;
     }
     index_batch_v41(jobs, chunks, rows.iq, rows.iw, ctx);

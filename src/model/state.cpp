@@ -92,18 +92,35 @@ float* RowPages::append() {
   return row(rows_++);
 }
 
+template <typename RunFn>
+void RowPages::append_runs(int64_t n, RunFn&& run) {
+  for (int64_t i = 0; i < n;) {
+    float* dst = append();  // the first row of a run that stays inside one page
+    const int64_t len = std::min(n - i, kRowsPerPage - (rows_ - 1) % kRowsPerPage);
+    for (int64_t k = 1; k < len; ++k) append();
+    run(dst, i, len);
+    i += len;
+  }
+}
+
 void RowPages::append_rows(const Tensor& src) {
   const int64_t n = src.dim() == 2 ? src.size(0) : 0;
   DI_CHECK(src.dim() == 2 && src.size(1) == width_ && src.dtype() == DType::kF32 && src.is_contiguous(),
            "row pages of width {}: cannot append {}", width_, src.describe());
   const size_t rb = width_ * sizeof(float);
-  for (int64_t i = 0; i < n;) {
-    float* dst = append();  // the first row of a run that stays inside one page
-    const int64_t run = std::min(n - i, kRowsPerPage - (rows_ - 1) % kRowsPerPage);
-    for (int64_t k = 1; k < run; ++k) append();
-    copy_bytes(dst, device_, src.data<float>() + i * width_, src.device(), run * rb);
-    i += run;
-  }
+  append_runs(n, [&](float* dst, int64_t i, int64_t len) {
+    copy_bytes(dst, device_, src.data<float>() + i * width_, src.device(), len * rb);
+  });
+}
+
+void RowPages::append_copies(const Tensor& src, std::vector<ops::RowCopy>& out) {
+  const int64_t n = src.dim() == 2 ? src.size(0) : 0;
+  DI_CHECK(src.dim() == 2 && src.size(1) == width_ && src.dtype() == DType::kF32 && src.is_contiguous() &&
+               src.device() == device_,
+           "row pages of width {} on {}: cannot append {} by copies", width_, device_name(device_), src.describe());
+  append_runs(n, [&](float* dst, int64_t i, int64_t len) {
+    out.push_back({dst, src.data<float>() + i * width_, len});
+  });
 }
 
 void RowPages::copy_to(const Tensor& dst) const {

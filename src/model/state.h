@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -65,6 +66,10 @@ class RowPages {
   Device device() const { return device_; }
   // Appends the rows of `src` (float32 [n, width], any device); page by page.
   void append_rows(const Tensor& src);
+  // Appends the rows of `src` (float32 [n, width] contiguous on this store's device) as copies into `out`, a run per
+  // page (ops::copy_rows: one launch for the appends of many sequences); the rows count from now, their values land
+  // when the copies run.
+  void append_copies(const Tensor& src, std::vector<ops::RowCopy>& out);
   // Copies rows [0, rows()) into dst (float32 [rows(), width] contiguous, any device); page by page.
   void copy_to(const Tensor& dst) const;
   // Rows [0, rows()) as runs of contiguous rows, page by page, appended to `out` (ops::gather_segments).
@@ -72,6 +77,9 @@ class RowPages {
 
  private:
   void clear();
+  // Appends n rows in runs that each stay inside one page: run(first row of the run, its index among the n, rows).
+  template <typename RunFn>
+  void append_runs(int64_t n, RunFn&& run);
   int64_t width_;
   int64_t rows_ = 0;
   std::shared_ptr<PagePool> pool_;
@@ -116,15 +124,16 @@ class WindowRing {
 // position bias `ape`, which compress_pool adds). On the model's device.
 struct CompressorState {
   int64_t ratio = 0, width = 0;  // width = c * d
-  bool has_prev = false;
-  Tensor prev_kv, prev_score;  // [ratio, width]
-  Tensor cur_kv, cur_score;    // [ratio, width], first `cur_count` rows valid
+  Tensor prev_kv, prev_score;    // [ratio, width]
+  Tensor cur_kv, cur_score;      // [ratio, width], first `cur_count` rows valid
   int64_t cur_count = 0;
   void init(int64_t r, int64_t w, Device device) {
     ratio = r;
     width = w;
     prev_kv = Tensor::zeros({r, w}, DType::kF32, device);
-    prev_score = Tensor::zeros({r, w}, DType::kF32, device);
+    // An empty previous group (kv 0, score -inf: what compress_pool reads without one), so that a batch's pooling can
+    // read every state's previous group alike (compressor_pool_batch).
+    prev_score = Tensor::full({r, w}, -std::numeric_limits<float>::infinity()).to(device);
     cur_kv = Tensor::zeros({r, w}, DType::kF32, device);
     cur_score = Tensor::zeros({r, w}, DType::kF32, device);
   }
