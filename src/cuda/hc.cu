@@ -37,6 +37,8 @@ constexpr int kMixThreads = 160;
 constexpr int kMixCols = 1;                            // columns per thread
 constexpr int64_t kMixChunk = kMixThreads * kMixCols;  // columns per block
 constexpr int kSumGroups = 4;                          // threads per mix adding the partials
+constexpr int kMixTokens = 8;  // tokens per block (hc_mix_kernel's TB) for calls of kMixManyRows rows or more
+constexpr int kMixManyRows = 16;
 static_assert(kSumGroups * (kMaxMix + 1) <= kMixThreads, "the last block's adders");
 
 // Sums v[j] (j < 32) over the warp; lane j returns the total of v[j]. Level o: the lanes with bit o
@@ -136,19 +138,25 @@ __device__ void hc_comb_warp(const double* sums, float r, const float* scale, co
   if (lane < hc * hc) comb[lane] = c;
 }
 
-template <int HC>
+// TB: tokens per block (blockIdx.y * TB.. of the launch's rows). Each token's partials, their reduction and its finish
+// are what a block of one token computes (the same operations in the same order), so TB never changes a bit; what it
+// changes is how often fn's columns are loaded and the block's fixed costs paid. At one token a block is latency-bound
+// (above); at many (a decode batch of 256, a prefill chunk) one token per block ran 128 blocks per token at three
+// blocks per SM (the fn and FP64 accumulator registers), ~220 us a call at 256 tokens.
+template <int HC, int TB>
 __global__ void __launch_bounds__(kMixThreads)
-    hc_mix_kernel(const float* stream, int64_t width, const float* fn, int M, int splits, double* part, int* counters,
-                  const float* scale, const float* base, int hc_rt, float hc_eps, float norm_eps, float* pre,
-                  float* post, double* sums_out) {
+    hc_mix_kernel(const float* stream, int64_t width, const float* fn, int64_t rows, int M, int splits, double* part,
+                  int* counters, const float* scale, const float* base, int hc_rt, float hc_eps, float norm_eps,
+                  float* pre, float* post, double* sums_out) {
   pdl_launch_dependents();
   static_assert(kMaxMix == 32, "warp_transpose_sum reduces 32 mixes");
-  __shared__ double warp_sums[kMixThreads / 32][kMaxMix + 1];
+  __shared__ double warp_sums[TB][kMixThreads / 32][kMaxMix + 1];
   __shared__ double group_sums[kSumGroups][kMaxMix + 1];
   __shared__ double sums[kMaxMix + 1];
-  __shared__ int is_last;
+  __shared__ int is_last[TB];
   const int hc = HC > 0 ? HC : hc_rt;
-  const int64_t t = blockIdx.y, s = blockIdx.x;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * TB, s = blockIdx.x;
+  const int nt = TB == 1 ? 1 : static_cast<int>(rows - t0 < TB ? rows - t0 : TB);  // this block's tokens
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   // The projection's columns first: fn is a weight (not written by the previous kernel), so its loads (from HBM:
   // the layer's other weights evicted it) overlap that kernel's tail under programmatic dependent launch.
@@ -163,74 +171,86 @@ __global__ void __launch_bounds__(kMixThreads)
     for (int m = 0; m < kMaxMix; ++m) fv[q][m] = m < M && in[q] ? f[m * width] : 0.0f;
   }
   pdl_wait();
-  double xv[kMixCols];
+  double xv[TB][kMixCols];  // every token's columns loaded at once
 #pragma unroll
-  for (int q = 0; q < kMixCols; ++q)
-    xv[q] = in[q] ? static_cast<double>(stream[t * width + s * kMixChunk + q * kMixThreads + tid]) : 0.0;
-  double acc[kMaxMix];
+  for (int u = 0; u < TB; ++u)
 #pragma unroll
-  for (int q = 0; q < kMixCols; ++q) {
+    for (int q = 0; q < kMixCols; ++q)
+      xv[u][q] =
+          u < nt && in[q] ? static_cast<double>(stream[(t0 + u) * width + s * kMixChunk + q * kMixThreads + tid]) : 0.0;
 #pragma unroll
-    for (int m = 0; m < kMaxMix; ++m) {  // one add per m
-      if (q == 0) acc[m] = 0.0;
-      if (m < M && in[q]) acc[m] += static_cast<double>(fv[q][m]) * xv[q];
-    }
-  }
-  double ss = 0.0;
+  for (int u = 0; u < TB; ++u) {
+    if (u >= nt) break;  // block-uniform
+    double acc[kMaxMix];
 #pragma unroll
-  for (int q = 0; q < kMixCols; ++q) ss += xv[q] * xv[q];  // exact squares, as the CPU's
-  const double mine = warp_transpose_sum(acc);             // lane m: this warp's sum of mix m
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  warp_sums[warp][lane] = mine;
-  if (lane == 0) warp_sums[warp][kMaxMix] = ss;
-  __syncthreads();
-  double* my_part = part + (t * splits + s) * (kMaxMix + 1);
-  if (tid <= kMaxMix && (tid < M || tid == kMaxMix)) {
-    double v = 0.0;
-    for (int w = 0; w < kMixThreads / 32; ++w) v += warp_sums[w][tid];
-    my_part[tid] = v;
-  }
-  // Publish the partials, then count this block in; the last block of the token sees every partial.
-  __syncthreads();
-  if (tid == 0) {
-    const int prev = arrive_acq_rel(counters + t);
-    is_last = prev == splits - 1;
-    if (is_last) counters[t] = 0;  // every block of this token has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!is_last) return;
-  // Thread (g, m) adds splits g, g + kSumGroups, ... of mix m in order (kBatch loads in flight at once: one
-  // L2 round trip for the models' widths); then mix m's groups in order.
-  const double* tok_part = part + t * splits * (kMaxMix + 1);
-  if (tid < kSumGroups * (kMaxMix + 1)) {
-    const int g = tid / (kMaxMix + 1), m = tid % (kMaxMix + 1);
-    double v = 0.0;
-    if (m < M || m == kMaxMix) {
-      constexpr int kBatch = 32;
-      for (int q0 = g; q0 < splits; q0 += kBatch * kSumGroups) {
-        double pv[kBatch];
+    for (int q = 0; q < kMixCols; ++q) {
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int q = q0 + i * kSumGroups;
-          pv[i] = q < splits ? __ldcg(tok_part + static_cast<int64_t>(q) * (kMaxMix + 1) + m) : 0.0;
-        }
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i)
-          if (q0 + i * kSumGroups < splits) v += pv[i];
+      for (int m = 0; m < kMaxMix; ++m) {  // one add per m
+        if (q == 0) acc[m] = 0.0;
+        if (m < M && in[q]) acc[m] += static_cast<double>(fv[q][m]) * xv[u][q];
       }
     }
-    group_sums[g][m] = v;
+    double ss = 0.0;
+#pragma unroll
+    for (int q = 0; q < kMixCols; ++q) ss += xv[u][q] * xv[u][q];  // exact squares, as the CPU's
+    const double mine = warp_transpose_sum(acc);                   // lane m: this warp's sum of mix m
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    warp_sums[u][warp][lane] = mine;
+    if (lane == 0) warp_sums[u][warp][kMaxMix] = ss;
   }
   __syncthreads();
-  if (tid <= kMaxMix) {
-    double v = 0.0;
-    for (int g = 0; g < kSumGroups; ++g) v += group_sums[g][tid];
-    sums[tid] = v;
+  if (tid <= kMaxMix && (tid < M || tid == kMaxMix)) {
+    for (int u = 0; u < nt; ++u) {
+      double v = 0.0;
+      for (int w = 0; w < kMixThreads / 32; ++w) v += warp_sums[u][w][tid];
+      part[((t0 + u) * splits + s) * (kMaxMix + 1) + tid] = v;
+    }
+  }
+  // Publish the partials, then count this block in for each token; the last block of a token sees every partial.
+  __syncthreads();
+  if (tid < nt) {
+    const int prev = arrive_acq_rel(counters + t0 + tid);
+    is_last[tid] = prev == splits - 1;
+    if (is_last[tid]) counters[t0 + tid] = 0;  // every block of this token has arrived: ready for the next launch
   }
   __syncthreads();
-  if (sums_out != nullptr && tid <= kMaxMix) sums_out[t * (kMaxMix + 1) + tid] = sums[tid];  // for hc_comb_kernel
-  if (warp != 0) return;
-  hc_finish_warp<HC>(sums, width, scale, base, hc, hc_eps, norm_eps, pre + t * hc, post ? post + t * hc : nullptr);
+  for (int u = 0; u < nt; ++u) {
+    if (!is_last[u]) continue;  // block-uniform
+    const int64_t t = t0 + u;
+    // Thread (g, m) adds splits g, g + kSumGroups, ... of mix m in order (kBatch loads in flight at once: one
+    // L2 round trip for the models' widths); then mix m's groups in order.
+    const double* tok_part = part + t * splits * (kMaxMix + 1);
+    __syncthreads();  // the previous token's finish has read sums
+    if (tid < kSumGroups * (kMaxMix + 1)) {
+      const int g = tid / (kMaxMix + 1), m = tid % (kMaxMix + 1);
+      double v = 0.0;
+      if (m < M || m == kMaxMix) {
+        constexpr int kBatch = 32;
+        for (int q0 = g; q0 < splits; q0 += kBatch * kSumGroups) {
+          double pv[kBatch];
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {
+            const int q = q0 + i * kSumGroups;
+            pv[i] = q < splits ? __ldcg(tok_part + static_cast<int64_t>(q) * (kMaxMix + 1) + m) : 0.0;
+          }
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i)
+            if (q0 + i * kSumGroups < splits) v += pv[i];
+        }
+      }
+      group_sums[g][m] = v;
+    }
+    __syncthreads();
+    if (tid <= kMaxMix) {
+      double v = 0.0;
+      for (int g = 0; g < kSumGroups; ++g) v += group_sums[g][tid];
+      sums[tid] = v;
+    }
+    __syncthreads();
+    if (sums_out != nullptr && tid <= kMaxMix) sums_out[t * (kMaxMix + 1) + tid] = sums[tid];  // for hc_comb_kernel
+    if (warp == 0)
+      hc_finish_warp<HC>(sums, width, scale, base, hc, hc_eps, norm_eps, pre + t * hc, post ? post + t * hc : nullptr);
+  }
 }
 
 // comb of token blockIdx.x from the sums hc_mix_kernel left, on the side stream: one warp.
@@ -327,11 +347,15 @@ Tensor launch_project(const Tensor& stream, const Tensor& fn, const Tensor& scal
   Tensor part = Tensor::empty({rows * splits * (kMaxMix + 1) * 2}, DType::kF32, Device::kCUDA);  // doubles
   double* p = static_cast<double*>(part.raw());
   int* counters = arrival_counters(rows);
+  // Tokens per block: one at decode's few rows (the blocks of a token then spread over the SMs), kMixTokens from
+  // kMixManyRows up. Either gives the same bits.
+  const int tb = T >= kMixManyRows ? kMixTokens : 1;
   for (int64_t t0 = 0; t0 < T; t0 += kRowsPerLaunch) {
     const int64_t n = std::min(kRowsPerLaunch, T - t0);
-    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
-    auto kernel = hc == 4 ? hc_mix_kernel<4> : hc_mix_kernel<0>;
-    launch_pdl(kernel, grid, kMixThreads, 0, cs, stream.data<float>() + t0 * width, width, fn.data<float>(),
+    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((n + tb - 1) / tb));
+    auto kernel = tb == 1 ? (hc == 4 ? hc_mix_kernel<4, 1> : hc_mix_kernel<0, 1>)
+                          : (hc == 4 ? hc_mix_kernel<4, kMixTokens> : hc_mix_kernel<0, kMixTokens>);
+    launch_pdl(kernel, grid, kMixThreads, 0, cs, stream.data<float>() + t0 * width, width, fn.data<float>(), n,
                static_cast<int>(M), splits, p, counters, scale.data<float>(), base.data<float>(), static_cast<int>(hc),
                hc_eps, norm_eps, pre + t0 * hc, post ? post + t0 * hc : nullptr,
                sums_out ? sums_out + t0 * (kMaxMix + 1) : nullptr);
