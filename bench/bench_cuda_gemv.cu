@@ -24,7 +24,8 @@
 // the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
 // BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table
 // comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
-// (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
+// (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone; BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at
+// those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
 // (grouped_prefill_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
@@ -794,6 +795,24 @@ void run() {
       });
       const double bytes = lists * distinct * qbytes(second ? w2[0] : w1[0]);
       auto pct = [&](double ms) { return 100.0 * bytes / ms / 1e6 / read_gbs; };
+      // BENCH_GROUPED_VARIANTS=v,v,...: the tc GEMM again at those token-tile variants (linear_tc_set_grouped_variant).
+      if (const char* vs = std::getenv("BENCH_GROUPED_VARIANTS")) {
+        for (const char* p = vs; *p != '\0';) {
+          const int v = std::atoi(p);
+          const int prev = di::cuda::linear_tc_set_grouped_variant(v);
+          const double ms = time_calls(st, kRoutings, [&](int i) {
+            di::cuda::StreamScope on(st);
+            di::cuda::linear_tc_grouped_gemm_into(x, ids_t.slice(0, static_cast<int64_t>(i) * rows, (i + 1) * rows),
+                                                  second ? w2t : w13t, second ? w2s : w13s, lists, kExperts,
+                                                  second ? w2[0] : w1[0], ot, y);
+          });
+          di::cuda::linear_tc_set_grouped_variant(prev);
+          std::printf("| %s, %d tokens, tc GEMM variant %d | %.1f us | %.0f%% of read |\n", second ? "w2" : "w1 + w3",
+                      tokens, v, ms * 1e3, pct(ms));
+          while (*p != '\0' && *p != ',') ++p;
+          if (*p == ',') ++p;
+        }
+      }
       std::printf(
           "| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.1f | %.0f%% | %.1f | %.0f%% | %.1f | %.0f%% | %.2fx |\n",
           second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
