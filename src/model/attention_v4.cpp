@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <utility>
 
 #include "core/debug_dump.h"
@@ -216,34 +215,28 @@ void compress_batch_v4(const AttentionWeights& w, const AttnRows& rows, const st
   const ModelConfig& cfg = c.cfg;
   const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
-  // The states' compressors and stores of one kind, sequence by sequence.
-  auto each = [&](auto member) {
-    std::vector<std::remove_reference_t<decltype(states[0]->*member)>*> out;
-    for (LayerState* st : states) out.push_back(&(st->*member));
-    return out;
-  };
   // The indexer's compressor first (§2.5 order; both run before any scoring or attention).
   if (w.has_indexer) {
     std::vector<int64_t> groups, counts;
-    Tensor keys = compressor(w.indexer.compressor, each(&LayerState::index_compressor), rows.ikv, rows.iscore, offset,
-                             start, groups, counts, c);
+    Tensor keys = compressor(w.indexer.compressor, each_state(states, &LayerState::index_compressor), rows.ikv,
+                             rows.iscore, offset, start, groups, counts, c);
     if (!groups.empty()) {
       for (int64_t& g : groups) g *= 4;  // each key stands at its group's first token
       ops::apply_rope(keys, cfg.index_head_dim, rd, groups.data(), rope, false, bf);
       ops::hadamard(keys, cfg.index_head_dim, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp4(keys, 32);
-      append_rows_batch(keys, counts, each(&LayerState::index_keys));
+      append_rows_batch(keys, counts, each_state(states, &LayerState::index_keys));
     }
   }
   if (w.has_compressor) {
     std::vector<int64_t> groups, counts;
-    Tensor lat = compressor(w.compressor, each(&LayerState::compressor), rows.ckv, rows.cscore, offset, start, groups,
-                            counts, c);
+    Tensor lat = compressor(w.compressor, each_state(states, &LayerState::compressor), rows.ckv, rows.cscore, offset,
+                            start, groups, counts, c);
     if (!groups.empty()) {
       for (int64_t& g : groups) g *= w.compressor.ratio;
       ops::apply_rope(lat, D, rd, groups.data(), rope, false, bf);
       if (c.num.simulate_qat) ops::fake_quant_fp8(lat, 0, D - rd, 64);
-      append_rows_batch(lat, counts, each(&LayerState::compressed));
+      append_rows_batch(lat, counts, each_state(states, &LayerState::compressed));
     }
   }
 }

@@ -132,27 +132,26 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
 }
 
 void compress_batch_v41(const AttentionWeightsV41& w, const AttnRows& rows, const std::vector<int64_t>& offset,
-                        const std::vector<int64_t>& start, const std::vector<SequenceState*>& seqs,
+                        const std::vector<int64_t>& start, const std::vector<LayerState*>& states,
                         const ops::RopeFreqs& rope, const LayerCtx& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t D = cfg.head_dim, rd = cfg.rope_head_dim;
   const bool bf = c.num.bf16;
-  DI_CHECK(
-      w.kv_source && cfg.compress_ratio(c.layer) > 0 && offset.size() == seqs.size() + 1 && start.size() == seqs.size(),
-      "layer {}: compress_batch_v41 for a layer that is no kv source, or {} offsets / {} starts for {} sequences",
-      c.layer, offset.size(), start.size(), seqs.size());
+  DI_CHECK(w.kv_source && cfg.compress_ratio(c.layer) > 0 && offset.size() == states.size() + 1 &&
+               start.size() == states.size(),
+           "layer {}: compress_batch_v41 for a layer that is no kv source, or {} offsets / {} starts for {} sequences",
+           c.layer, offset.size(), start.size(), states.size());
   std::vector<int64_t> gpos, counts;  // each new entry's position (its group's first token); entries per sequence
   Tensor lat;
   if (w.compressor.ratio == 1) {  // every token its own entry: the normed BF16 projection
     lat = rows.ckv;
-    for (size_t b = 0; b < seqs.size(); ++b) {
+    for (size_t b = 0; b < states.size(); ++b) {
       counts.push_back(offset[b + 1] - offset[b]);
       for (int64_t p = start[b]; p < start[b] + counts.back(); ++p) gpos.push_back(p);
     }
   } else {
-    std::vector<CompressorState*> states;
-    for (SequenceState* s : seqs) states.push_back(&s->layers[c.layer].compressor);
-    lat = compressor_pool_batch(states, rows.ckv, rows.cscore, Tensor(), D, false, offset, start, gpos, counts);
+    lat = compressor_pool_batch(each_state(states, &LayerState::compressor), rows.ckv, rows.cscore, Tensor(), D, false,
+                                offset, start, gpos, counts);
     for (int64_t& g : gpos) g *= w.compressor.ratio;  // entry j stands at its group's first token
     if (lat.size(0) > 0) {
       ops::round_bf16(lat, bf);  // kv.to(bf16) before the norm
@@ -162,20 +161,15 @@ void compress_batch_v41(const AttentionWeightsV41& w, const AttnRows& rows, cons
   if (gpos.empty()) return;
   DI_CHECK(lat.dim() == 2 && lat.size(0) == static_cast<int64_t>(gpos.size()) && lat.size(1) == D,
            "layer {}: {} compressed latents for {} entries", c.layer, lat.describe(), gpos.size());
-  auto stores = [&](RowPages LayerState::*member) {  // the sequences' stores of one kind
-    std::vector<RowPages*> out;
-    for (SequenceState* s : seqs) out.push_back(&(s->layers[c.layer].*member));
-    return out;
-  };
   if (w.indexer.owns_keys) {  // index keys from the latents before their RoPE
     Tensor k = ops::rms_norm(linear_bf16(lat, w.indexer.wk, c), w.indexer.k_norm, cfg.norm_eps, bf);
     ops::apply_rope(k, cfg.index_head_dim, rd, gpos.data(), rope, false, bf);
     if (c.num.simulate_qat) ops::fake_quant_fp4(k, 32);
-    append_rows_batch(k, counts, stores(&LayerState::index_keys));
+    append_rows_batch(k, counts, each_state(states, &LayerState::index_keys));
   }
   ops::apply_rope(lat, D, rd, gpos.data(), rope, false, bf);
   if (c.num.simulate_qat) ops::fake_quant_fp4_e4m3_scale(lat, 16);
-  append_rows_batch(lat, counts, stores(&LayerState::compressed));
+  append_rows_batch(lat, counts, each_state(states, &LayerState::compressed));
 }
 
 AttnChunk attention_seq_v41(const AttentionWeightsV41& w, const AttnRows& rows, int64_t start_pos, int64_t window_floor,

@@ -148,6 +148,13 @@ Tensor compressor_pool_batch(const std::vector<CompressorState*>& states, const 
                              std::vector<int64_t>& counts);
 // Appends each sequence's rows of t (counts[b] rows, sequence by sequence) to its store: one copy launch for all.
 void append_rows_batch(const Tensor& t, const std::vector<int64_t>& counts, const std::vector<RowPages*>& stores);
+// Member m of each of a batch's layer states, in order (their compressors or paged stores, for the batch functions).
+template <typename M>
+std::vector<M*> each_state(const std::vector<LayerState*>& states, M LayerState::*m) {
+  std::vector<M*> out;
+  for (LayerState* st : states) out.push_back(&(st->*m));
+  return out;
+}
 
 // The indexer's head weights of both families (§2.5, §2.6): the BF16 projection of x scaled by
 // (index_head_dim * index_n_heads)^-1/2 (rounded to bf16 in bf16 mode). [T, index_n_heads].

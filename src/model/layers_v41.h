@@ -30,13 +30,13 @@ struct SharedAttnV41 {
 AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const int64_t* positions,
                             const ops::RopeFreqs& rope, const LayerCtx& c);
 // The kv source's part of attention_seq_v41 for every sequence of the forward at once, before their attention_seq_v41
-// calls (rows: the forward's stacked AttnRows; sequence b's are offset[b]..offset[b + 1], at positions start[b]..):
-// the groups each chunk completes are pooled (ratio 2; ratio 1: every token its own entry), normed, turned into index
-// keys when the layer owns them, rotated, quantised and appended to each sequence's compressed entries and index keys.
-// Every op works row by row, so each sequence gets the bits it gets alone; on CUDA the launches are per layer, not per
-// sequence (a decode step of 256 sequences spent ~11 ms in per-sequence ones).
+// calls (rows: the forward's stacked AttnRows; sequence b's are offset[b]..offset[b + 1], at positions start[b].., its
+// state at this layer *states[b]): the groups each chunk completes are pooled (ratio 2; ratio 1: every token its own
+// entry), normed, turned into index keys when the layer owns them, rotated, quantised and appended to each sequence's
+// compressed entries and index keys. Every op works row by row, so each sequence gets the bits it gets alone; on CUDA
+// the launches are per layer, not per sequence (a decode step of 256 sequences spent ~11 ms in per-sequence ones).
 void compress_batch_v41(const AttentionWeightsV41& w, const AttnRows& rows, const std::vector<int64_t>& offset,
-                        const std::vector<int64_t>& start, const std::vector<SequenceState*>& seqs,
+                        const std::vector<int64_t>& start, const std::vector<LayerState*>& states,
                         const ops::RopeFreqs& rope, const LayerCtx& c);
 // jobs: when given, an index source's indexer is not run here but recorded (the chunk's picks and kcols are then set
 // by index_batch_v41, with the layer's other sequences).

@@ -210,9 +210,9 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     rows.ikv = io[10], rows.iscore = io[11], rows.iq = io[12], rows.iw = io[13];
 
     if (L.attn.kv_source && cfg.compress_ratio(l) > 0) {  // every sequence's new compressed entries and index keys
-      std::vector<SequenceState*> seqs;
-      for (const SeqChunk& sc : batch) seqs.push_back(sc.state);
-      compress_batch_v41(L.attn, rows, offset, start, seqs, rope_[l], ctx);
+      std::vector<LayerState*> states;
+      for (const SeqChunk& sc : batch) states.push_back(&sc.state->layers[l]);
+      compress_batch_v41(L.attn, rows, offset, start, states, rope_[l], ctx);
     }
     std::vector<AttnChunk> chunks;
     std::vector<IndexJobV41> jobs;               // the index sources' indexers, run for every sequence at once
