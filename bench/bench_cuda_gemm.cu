@@ -17,6 +17,9 @@
 // Part 2: FP4 (E2M1 packed, E8M0 per 32 along K) experts w1/w3 [2304, 5120], w2 [5120, 2304] over 384
 //   experts, top-6 uniform random routing with fixed seeds: (a) decode steps vs the HBM read ceiling,
 //   (b) a 4096-token prefill expert loop in TFLOP/s, with the same per-expert GEMMs through cuBLASLt FP8.
+// Part 3 (exact_table; BENCH_GEMM_EXACT=1: this table alone): the exact E4M3 linear at M = 8 .. 4096, the tiled GEMM
+//   against the exact path before it and against cuBLASLt's FP32 SGEMM on the same shape (BENCH_GEMM_EXACT_SHAPE=name,
+//   BENCH_GEMM_EXACT_M=M: that shape or M alone, e.g. for ncu).
 //
 // Timing: every figure is CUDA-event time over a CUDA graph that captures many calls (launch gaps hidden
 // as in a decode graph), after an eager run and a graph warm-up; the median over the replays of the mean
@@ -148,7 +151,7 @@ struct LtPlan {
 };
 
 // block_scaled: A (the weight) with 128x128 FP32 block scales, B (x) with 1x128 FP32 scales (Hopper only).
-// ab: the operands' type (E4M3 with per-tensor scales of 1, or BF16 without scales).
+// ab: the operands' type (E4M3 with per-tensor scales of 1, BF16 without scales, or FP32: an SGEMM with FP32 out).
 std::unique_ptr<LtPlan> lt_plan(const Lt& lt, int64_t N, int64_t M, int64_t K, bool block_scaled,
                                 cudaDataType_t ab = CUDA_R_8F_E4M3) {
   auto p = std::make_unique<LtPlan>();
@@ -173,7 +176,8 @@ std::unique_ptr<LtPlan> lt_plan(const Lt& lt, int64_t N, int64_t M, int64_t K, b
   }
   CL(cublasLtMatrixLayoutCreate(&p->a, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
   CL(cublasLtMatrixLayoutCreate(&p->b, ab, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K));
-  CL(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N));
+  const cudaDataType_t dt = ab == CUDA_R_32F ? CUDA_R_32F : CUDA_R_16BF;  // FP32 SGEMM: FP32 out
+  CL(cublasLtMatrixLayoutCreate(&p->d, dt, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N));
   cublasLtMatmulPreference_t pref = nullptr;
   CL(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t wsb = lt.ws_bytes;
@@ -228,6 +232,76 @@ std::vector<Group> route(int tokens, int experts, int topk, std::mt19937& rng) {
   return g;
 }
 
+// Part 3: the exact E4M3 linear at many rows of x (V4.1 dense shapes, act_quant_block 32, bf16-rounded out): the tiled
+// GEMM (linear_gemm_fp8.cuh) against the exact path before it (the decode GEMV's passes of 4 rows or the slab
+// kernels: cuda::linear_set_fp8_gemm_rows(0)), both through cuda::linear_exact_into, and against cuBLASLt's FP32 SGEMM
+// (FP32 compute, no TF32) on the same M, N, K: the CUDA-core anchor (the exact contract forms one FP32 FMA per weight
+// and row plus a fold FMA per 4, so an SGEMM's rate is about its ceiling).
+void exact_table(const Lt& lt, cudaStream_t st) {
+  struct Dense {
+    const char* name;
+    int64_t N, K;
+  };
+  const Dense dense[] = {{"attn.wq_a + wkv", 1536, 5120},
+                         {"attn.wq_b", 32768, 1024},
+                         {"attn.wo_b", 5120, 8192},
+                         {"shared w2", 5120, 2304},
+                         {"indexer.wq_b", 8192, 1024}};
+  const int64_t Ms[] = {8, 16, 32, 64, 96, 128, 256, 1024, 4096};
+  const int64_t Mmax = 4096;
+  di::ops::LinearOpts o;
+  o.act_quant_block = 32;
+  o.round_out_bf16 = true;
+  std::printf(
+      "\n## Exact E4M3 linear at many rows: the tiled GEMM vs the exact path before it vs cuBLASLt FP32 SGEMM\n"
+      "TFLOP/s count 2 M N K. SGEMM: FP32 x FP32 -> FP32, TN, CUBLAS_COMPUTE_32F (no TF32), same M, N, K.\n\n");
+  std::printf(
+      "| shape [N, K] | M | tiled us | tiled TFLOP/s | before us | before TFLOP/s | SGEMM us | SGEMM TFLOP/s | "
+      "tiled / before (speedup) | tiled / SGEMM (rate) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  const char* only_shape = std::getenv("BENCH_GEMM_EXACT_SHAPE");  // one shape's rows (e.g. for ncu)
+  const char* only_m = std::getenv("BENCH_GEMM_EXACT_M");          // one M
+  for (const Dense& s : dense) {
+    if (only_shape != nullptr && std::string(only_shape) != s.name) continue;
+    const di::ops::QWeight w0 = fp8_weight(s.N, s.K);
+    const int copies = 4;  // the weights are re-read per tile of rows: a few copies, so that L2 holds none whole
+    std::vector<di::ops::QWeight> ws{w0};
+    for (int i = 1; i < copies; ++i) ws.push_back(fp8_weight(s.N, s.K));
+    const di::Tensor x = dev_act({Mmax, s.K});
+    const di::Tensor xf = dev_act({Mmax, s.K}), wf = dev_act({s.N, s.K});  // the SGEMM's operands
+    di::Tensor y = di::Tensor::empty({Mmax, s.N}, di::DType::kF32, di::Device::kCUDA);
+    CK(cudaDeviceSynchronize());
+    for (const int64_t M : Ms) {
+      if (only_m != nullptr && std::atoll(only_m) != M) continue;
+      const di::Tensor xs = x.slice(0, 0, M);
+      di::Tensor ys = y.slice(0, 0, M);
+      const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(s.N) * static_cast<double>(s.K);
+      auto exact = [&](int64_t from) {
+        di::cuda::linear_set_fp8_gemm_rows(from);
+        const Timed t = time_calls(
+            st, 32, [&](int i) { di::cuda::linear_exact_into(xs, ws[i % copies], o, ys, st); }, 10.0);
+        di::cuda::linear_set_fp8_gemm_rows(-1);
+        return t;
+      };
+      const Timed tn = exact(1), tb = exact(0);
+      const std::unique_ptr<LtPlan> pf = lt_plan(lt, s.N, M, s.K, false, CUDA_R_32F);
+      char sg_us[32] = "n/a", sg_tf[32] = "n/a", rate[32] = "n/a";
+      if (lt_probe(lt, *pf, wf.raw(), xf.raw(), y.raw(), st)) {
+        const Timed t = time_calls(
+            st, 32, [&](int) { CL(lt_run(lt, *pf, wf.raw(), xf.raw(), y.raw(), st)); }, 10.0);
+        std::snprintf(sg_us, sizeof sg_us, "%.1f", t.ms * 1e3);
+        std::snprintf(sg_tf, sizeof sg_tf, "%.1f", flop / t.ms / 1e9);
+        std::snprintf(rate, sizeof rate, "%.2f", t.ms / tn.ms);
+      }
+      std::printf("| %s [%lld, %lld] | %lld | %.1f | %.1f | %.1f | %.1f | %s | %s | %.2fx | %s |\n", s.name,
+                  static_cast<long long>(s.N), static_cast<long long>(s.K), static_cast<long long>(M), tn.ms * 1e3,
+                  flop / tn.ms / 1e9, tb.ms * 1e3, flop / tb.ms / 1e9, sg_us, sg_tf, tb.ms / tn.ms, rate);
+      std::fflush(stdout);
+    }
+  }
+}
+
 void run() {
   di::cuda::init();
   cudaDeviceProp prop;
@@ -250,6 +324,15 @@ void run() {
   {
     std::vector<float> h(lt.ones_floats, 1.0f);
     CK(cudaMemcpy(lt.ones, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+
+  if (std::getenv("BENCH_GEMM_EXACT") != nullptr) {  // the exact table alone
+    exact_table(lt, st);
+    CK(cudaFree(lt.ws));
+    CK(cudaFree(lt.ones));
+    CL(cublasLtDestroy(lt.h));
+    CK(cudaStreamDestroy(st));
+    return;
   }
 
   di::ops::LinearOpts o;
@@ -568,6 +651,7 @@ void run() {
     std::fflush(stdout);
   }
 
+  exact_table(lt, st);  // part 3
   CK(cudaFree(lt.ws));
   CK(cudaFree(lt.ones));
   CL(cublasLtDestroy(lt.h));

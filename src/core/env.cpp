@@ -34,6 +34,10 @@ const std::vector<EnvVar>& env_vars() {
        "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "
        "calls of 2+ rows on the slab kernels); same bits either way",
        true},
+      {"DEEPINFER_CUDA_FP8_GEMM_ROWS", "65",
+       "tuning: from how many rows of x the exact CUDA linear takes the tiled E4M3 GEMM (each weight tile decoded once "
+       "for 32 rows of x) instead of the GEMV or the slab kernels; 0 never; same bits either way",
+       true},
       {"DEEPINFER_CUDA_GRAPHS", "1",
        "1 replays the decode step's dense pieces (between two attentions) as CUDA graphs, one set per batch size of "
        "at most DEEPINFER_CUDA_GRAPH_MAX_BATCH rows (captured at its second step); 0 launches every kernel; same bits "

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/linear_gemm_fp8.cuh"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_bf16.cuh"
 #include "cuda/linear_tc.cuh"
@@ -31,16 +33,20 @@ constexpr int kRows = 8;  // weight rows per thread block (divides every E4M3 ti
 // ---- x pre-pass: optional FP8 fake quantisation into the padded x layout ---------------------------------
 // x of rows [t*MT, t*MT + MT) lives at xt + t * tile_floats: groups of gk = 32 * G columns (G = the
 // E4M3 tile in chunks; 1 for FP4 / BF16), each group [gk][MT] floats followed by 4 pad floats, so
-// that threads reading consecutive groups hit different shared-memory banks.
+// that threads reading consecutive groups hit different shared-memory banks. perm (with MT = 1 and gk = xg = K):
+// fp8_gemm's layout instead, each row's 32-column chunks permuted by fp8_gemm_x_pos.
 __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT, int gk, int xg, int64_t tile_floats,
-                              int64_t group, bool quant, float* xt) {
+                              int64_t group, bool quant, bool perm, float* xt) {
   pdl_wait();
   pdl_launch_dependents();
   const int m = blockIdx.y;
   const int64_t c0 = blockIdx.x * group;
   const int64_t c1 = min(c0 + group, static_cast<int64_t>(K));
   float* out = xt + static_cast<int64_t>(m / MT) * tile_floats + m % MT;
-  auto at = [&](int64_t c) -> float& { return out[(c / gk) * xg + (c % gk) * MT]; };
+  auto at = [&](int64_t c) -> float& {
+    if (perm) c = fp8_gemm_x_pos(c);
+    return out[(c / gk) * xg + (c % gk) * MT];
+  };
   if (m >= M) {  // padding rows of the last tile
     for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = 0.0f;
     return;
@@ -458,8 +464,18 @@ int64_t gemv_rows_max() {
   return v;
 }
 
-// The exact linear: the decode GEMV (linear_gemv.cuh) for the few-row calls it takes when `decode_gemv`,
-// else this file's slab kernels. Both replay the CPU op's order, so the choice never changes a bit.
+// The fewest rows of x from which linear_exact sends an E4M3 call to the tiled GEMM (DEEPINFER_CUDA_FP8_GEMM_ROWS, its
+// default in the env table; 0 never).
+std::atomic<int64_t> fp8_gemm_rows_set{-1};  // linear_set_fp8_gemm_rows
+int64_t fp8_gemm_rows_min() {
+  static const int64_t v = env_int("DEEPINFER_CUDA_FP8_GEMM_ROWS", 0);
+  const int64_t set = fp8_gemm_rows_set.load(std::memory_order_relaxed);
+  return set >= 0 ? set : v;
+}
+
+// The exact linear: when `decode_gemv`, the tiled E4M3 GEMM (linear_gemm_fp8.cuh) for calls of many rows and the
+// decode GEMV (linear_gemv.cuh) for the few-row calls it takes; else this file's slab kernels. All replay the CPU op's
+// order, so the choice never changes a bit.
 void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& opts, Tensor& y, cudaStream_t stream,
                   bool decode_gemv) {
   const char* op = "cuda::linear";
@@ -514,6 +530,21 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   // bf16_lane_gemv where it takes them (a warp per row: the gate [384, 5120] took 8.0 us on the slab kernel, plus its
   // x pre-pass's launch).
   const bool bf16_row = fmt == kBf16 && M == 1;
+  const int64_t gemm_rows = fp8_gemm_rows_min();
+  if (decode_gemv && fmt == kFp8 && gemm_rows > 0 && M >= gemm_rows && fp8_gemm_supported(B, K)) {
+    // x act-quantised (as the slab kernels' pre-pass) into fp8_gemm's layout: one block per (row, group).
+    const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
+    const bool quant = opts.act_quant_block > 0;
+    const int64_t group = quant ? opts.act_quant_block : 2048, groups = (K + group - 1) / group;
+    DI_CHECK(groups < (int64_t{1} << 31), "{}: too many activation groups", op);
+    launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(M)), threads_for(group, 256), 0,
+               stream, x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), 1,
+               static_cast<int>(K), static_cast<int>(K), K, group, quant, true, xq.data<float>());
+    DI_CUDA_CHECK(cudaGetLastError());
+    fp8_gemm_into(static_cast<const uint8_t*>(w.raw()), ldw, s, lds, B, static_cast<int>(N), static_cast<int>(K),
+                  xq.data<float>(), static_cast<int>(M), y.data<float>(), opts.round_out_bf16, stream);
+    return;
+  }
   if (decode_gemv && ((fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) || batch || bf16_row)) {
     GemvArgs a;
     a.fmt = fmt, a.w = static_cast<const uint8_t*>(w.raw()), a.ldw = ldw, a.scale = s, a.lds = lds, a.B = B;
@@ -544,7 +575,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   DI_CHECK(groups < (int64_t{1} << 31), "{}: too many activation groups", op);
   launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(tiles * MT)),
              threads_for(group, 256), 0, stream, x.data<float>(), x.strides()[0], static_cast<int>(M),
-             static_cast<int>(K), MT, gk, xg, tile_floats, group, quant, xt);
+             static_cast<int>(K), MT, gk, xg, tile_floats, group, quant, false, xt);
   DI_CUDA_CHECK(cudaGetLastError());
 
   const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows), static_cast<unsigned>(tiles));
@@ -633,6 +664,13 @@ WeightLayout weight_layout(const ops::QWeight& qw, const char* op) {
 void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y, CUstream_st* stream) {
   linear_exact(x, w, opts, y, stream, false);
 }
+
+void linear_exact_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
+                       CUstream_st* stream) {
+  linear_exact(x, w, opts, y, stream, true);
+}
+
+void linear_set_fp8_gemm_rows(int64_t rows) { fp8_gemm_rows_set.store(rows < 0 ? -1 : rows); }
 
 int64_t tc_from_rows() {
   constexpr int64_t kAutoTcRows = 64;

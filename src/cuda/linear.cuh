@@ -53,6 +53,15 @@ int64_t tc_from_rows();
 void linear_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
                  CUstream_st* stream = nullptr);
 
+// The exact linear as cuda::linear runs it (the tiled E4M3 GEMM, the decode GEMV or the slab kernels by shape), into
+// a preallocated float32 [M, N] contiguous CUDA tensor on `stream`: what benches time against the slab kernels alone.
+void linear_exact_into(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opts, Tensor& y,
+                       CUstream_st* stream = nullptr);
+
+// Tests and benches: from how many rows of x the exact linear takes the tiled E4M3 GEMM (linear_gemm_fp8.cuh); 0
+// never, -1 back to DEEPINFER_CUDA_FP8_GEMM_ROWS. Same bits either way.
+void linear_set_fp8_gemm_rows(int64_t rows);
+
 // A weight's layout as the CUDA linear kernels take it, after checking it (format, E4M3 tile, the
 // scale's shape, 16-byte aligned rows; throws deepinfer::Error naming `op` otherwise). fmt: 0 E4M3,
 // 1 packed E2M1, 2 BF16 (GemvArgs::fmt); B: the E4M3 tile (0 otherwise); ldw: bytes between rows;

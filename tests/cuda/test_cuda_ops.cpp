@@ -281,6 +281,73 @@ void test_linear() {
   });
 }
 
+// The tiled E4M3 GEMM (linear_gemm_fp8.cuh), forced from one row: against the CPU op on the V4.1 / V4 dense shapes,
+// ragged rows of x (its tiles of 32 / 16) and of the weight (tiles of 64, odd N), tiles of 32, 64 and 128, no act
+// quant, and a NaN weight code; K a multiple of its 128-column stage (other K keep the other kernels). x on the bf16
+// grid (the model's), raw fp32 x without act quant (the slow path: products not exact), or one value of 3e30 (its
+// group scale beyond the fast path's 2^91: that stage of every block of its row takes the slow path).
+void test_linear_fp8_gemm() {
+  enum XKind { kBf16X, kRawX, kHugeX };
+  struct Case {
+    const char* what;
+    int64_t K, N, block, act;
+    bool round;
+    std::vector<int64_t> Ms;
+    XKind xk = kBf16X;
+  };
+  const Case cases[] = {
+      {"v4.1 wq_a + wkv-like", 5120, 1536, 32, 32, true, {1, 5, 16, 33, 100, 256}},
+      {"v4.1 wq_b-like", 1024, 4096, 32, 32, false, {17, 64, 130}},
+      {"v4.1 wo-like", 8192, 640, 32, 32, false, {40, 256}},
+      {"v4 block 128, ragged N", 4096, 1000, 128, 128, false, {3, 47, 100}},
+      {"block 64, ragged N", 2048, 333, 64, 64, true, {20, 64}},
+      {"no act quant", 1024, 256, 128, 0, false, {33}},
+      {"odd N, one stage", 128, 37, 32, 32, true, {9, 70}},
+      {"raw fp32 x, no act quant", 1024, 320, 32, 0, false, {45}, kRawX},
+      {"one huge x value", 2048, 256, 32, 32, true, {40}, kHugeX},
+  };
+  di::cuda::linear_set_fp8_gemm_rows(1);
+  uint32_t seed = 7000;
+  for (const Case& c : cases) {
+    const di::ops::QWeight wh = random_weight(di::DType::kE4M3, c.N, c.K, c.block, seed++);
+    const di::ops::QWeight wd = to_device(wh);
+    for (int64_t M : c.Ms) {
+      char name[200];
+      std::snprintf(name, sizeof name, "linear fp8_gemm %s K=%lld N=%lld B=%lld act=%lld round=%d M=%lld", c.what,
+                    static_cast<long long>(c.K), static_cast<long long>(c.N), static_cast<long long>(c.block),
+                    static_cast<long long>(c.act), c.round ? 1 : 0, static_cast<long long>(M));
+      run_case(name, [&] {
+        di::Tensor x = random_rows(M, c.K, seed++);
+        if (c.xk != kRawX) di::ops::round_bf16(x, true);
+        if (c.xk == kHugeX) x.data<float>()[(M / 2) * c.K + 300] = 3e30f;
+        di::ops::LinearOpts o;
+        o.act_quant_block = c.act;
+        o.round_out_bf16 = c.round;
+        const di::Tensor want = di::ops::linear(x, wh, o);
+        di::Tensor got = di::ops::linear(di::cuda::copy_to_device(x), wd, o);
+        std::string stats;
+        const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
+        std::printf("     %s\n", stats.c_str());
+        return r;
+      });
+    }
+  }
+  run_case("linear fp8_gemm NaN code", [&] {
+    di::ops::QWeight wh = random_weight(di::DType::kE4M3, 70, 512, 32, seed++);
+    wh.w.data<uint8_t>()[3 * 512 + 100] = 0x7f;
+    wh.w.data<uint8_t>()[66 * 512 + 511] = 0xff;
+    di::Tensor x = random_rows(40, 512, seed++);
+    di::ops::round_bf16(x, true);
+    di::ops::LinearOpts o;
+    o.act_quant_block = 32;
+    std::string stats;
+    return compare_linear(di::ops::linear(x, wh, o),
+                          di::cuda::copy_to_host(di::ops::linear(di::cuda::copy_to_device(x), to_device(wh), o)),
+                          stats);
+  });
+  di::cuda::linear_set_fp8_gemm_rows(-1);
+}
+
 // ops::linear_grouped through the op layer (the expert table, one or two lists in one launch), against
 // the CPU op, on the decode shapes of the routed experts (FP4) and of wo_a's groups (FP8 block 32).
 void test_linear_grouped() {
@@ -1681,6 +1748,7 @@ int main() {
     test_round_bf16();
     test_rms_norm();
     test_linear();
+    test_linear_fp8_gemm();
     test_linear_grouped();
     test_fake_quant_fp4();
     test_dequantize();
