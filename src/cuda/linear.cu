@@ -467,11 +467,6 @@ int64_t gemv_rows_max() {
 // The fewest rows of x from which linear_exact sends an E4M3 call to the tiled GEMM (DEEPINFER_CUDA_FP8_GEMM_ROWS, its
 // default in the env table; 0 never).
 std::atomic<int64_t> fp8_gemm_rows_set{-1};  // linear_set_fp8_gemm_rows
-int64_t fp8_gemm_rows_min() {
-  static const int64_t v = env_int("DEEPINFER_CUDA_FP8_GEMM_ROWS", 0);
-  const int64_t set = fp8_gemm_rows_set.load(std::memory_order_relaxed);
-  return set >= 0 ? set : v;
-}
 
 // The exact linear: when `decode_gemv`, the tiled E4M3 GEMM (linear_gemm_fp8.cuh) for calls of many rows and the
 // decode GEMV (linear_gemv.cuh) for the few-row calls it takes; else this file's slab kernels. All replay the CPU op's
@@ -531,16 +526,8 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   // x pre-pass's launch).
   const bool bf16_row = fmt == kBf16 && M == 1;
   const int64_t gemm_rows = fp8_gemm_rows_min();
-  if (decode_gemv && fmt == kFp8 && gemm_rows > 0 && M >= gemm_rows && fp8_gemm_supported(B, K)) {
-    // x act-quantised (as the slab kernels' pre-pass) into fp8_gemm's layout: one block per (row, group).
-    const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
-    const bool quant = opts.act_quant_block > 0;
-    const int64_t group = quant ? opts.act_quant_block : 2048, groups = (K + group - 1) / group;
-    DI_CHECK(groups < (int64_t{1} << 31), "{}: too many activation groups", op);
-    launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(M)), threads_for(group, 256), 0,
-               stream, x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), 1,
-               static_cast<int>(K), static_cast<int>(K), K, group, quant, true, xq.data<float>());
-    DI_CUDA_CHECK(cudaGetLastError());
+  if (decode_gemv && fmt == kFp8 && gemm_rows > 0 && M >= gemm_rows && M < 65536 && fp8_gemm_supported(B, K)) {
+    const Tensor xq = fp8_gemm_x(x, opts.act_quant_block, stream);
     fp8_gemm_into(static_cast<const uint8_t*>(w.raw()), ldw, s, lds, B, static_cast<int>(N), static_cast<int>(K),
                   xq.data<float>(), static_cast<int>(M), y.data<float>(), opts.round_out_bf16, stream);
     return;
@@ -671,6 +658,25 @@ void linear_exact_into(const Tensor& x, const ops::QWeight& w, const ops::Linear
 }
 
 void linear_set_fp8_gemm_rows(int64_t rows) { fp8_gemm_rows_set.store(rows < 0 ? -1 : rows); }
+
+int64_t fp8_gemm_rows_min() {
+  static const int64_t v = env_int("DEEPINFER_CUDA_FP8_GEMM_ROWS", 0);
+  const int64_t set = fp8_gemm_rows_set.load(std::memory_order_relaxed);
+  return set >= 0 ? set : v;
+}
+
+Tensor fp8_gemm_x(const Tensor& x, int64_t act_quant_block, cudaStream_t stream) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
+  const bool quant = act_quant_block > 0;
+  const int64_t group = quant ? act_quant_block : 2048, groups = (K + group - 1) / group;
+  DI_CHECK(groups < (int64_t{1} << 31) && M < 65536, "cuda::fp8_gemm: x {} is too large", x.describe());
+  launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(M)), threads_for(group, 256), 0,
+             stream, x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), 1, static_cast<int>(K),
+             static_cast<int>(K), K, group, quant, true, xq.data<float>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return xq;
+}
 
 int64_t tc_from_rows() {
   constexpr int64_t kAutoTcRows = 64;

@@ -59,10 +59,12 @@ int64_t gemm_smem_for(int B, int K) {
   return B == 32 ? gemm_smem<1>(K) : (B == 64 ? gemm_smem<2>(K) : gemm_smem<4>(K));
 }
 
+// grp.table null: one matrix (w, sc) on x rows 0..M-1 into y rows 0..M-1. Else matrix blockIdx.z = l P + p of
+// Fp8GemmGroups, M = R / P.
 template <int G>
 __global__ void __launch_bounds__(kThreads, 2)
     fp8_gemm_kernel(const uint8_t* __restrict__ w, int64_t ldw, const uint8_t* __restrict__ sc, int64_t lds, int N,
-                    int K, const float* __restrict__ xp, int M, float* __restrict__ y, bool round) {
+                    int K, const float* __restrict__ xp, int M, float* __restrict__ y, bool round, Fp8GemmGroups grp) {
   using C = GemmCfg<G>;
   constexpr int TM = C::kTM, BM = C::kBM, B = 32 * G, TPS = kKS / B;
   constexpr int XPT = BM * kKS / kThreads;  // x values per thread in a stage (the fast-path test)
@@ -71,6 +73,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int wm = warp % kWarpsM, h = warp / kWarpsM;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * kBN;
   const int T = K / B, nst = K / kKS;
+  int64_t ldx = K, ldy = N;    // between consecutive rows of the matrix's x and y
+  if (grp.table != nullptr) {  // the matrix's expert id may come from the previous kernel: wait first
+    pdl_wait();
+    const int p = static_cast<int>(blockIdx.z) % grp.P, l = static_cast<int>(blockIdx.z) / grp.P;
+    const int e = l * grp.E + grp.row_expert[p];
+    w = grp.table[e], sc = grp.table[grp.L * grp.E + e];
+    xp += static_cast<int64_t>(p) * K, ldx = static_cast<int64_t>(grp.P) * K;
+    y += (static_cast<int64_t>(l) * grp.R + p) * N, ldy = static_cast<int64_t>(grp.P) * N;
+  }
   const int frows = (kBN + B - 1) / B + 1;
   float* ws = reinterpret_cast<float*>(smem + kStages * C::kStageBytes);
   float* fac = ws + kWsFloats;  // [frows][T]: 2^(e-119) of scale rows n0 / B + r
@@ -95,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = 0; i < BM * 32 / kThreads; ++i) {
       const int p = tid + i * kThreads, r = p >> 5, o = (p & 31) * 4;
       const int m = min(m0 + r, M - 1);
-      cp_async16(dst + r * kKS + o, xp + static_cast<int64_t>(m) * K + static_cast<int64_t>(s) * kKS + o);
+      cp_async16(dst + r * kKS + o, xp + m * ldx + static_cast<int64_t>(s) * kKS + o);
     }
   };
 
@@ -261,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     const int mm = m0 + wm * TM + m;
     if (mm >= M) continue;
-    float* yr = y + static_cast<int64_t>(mm) * N;
+    float* yr = y + mm * ldy;
     if (n + 1 < N && (N & 1) == 0) {
       *reinterpret_cast<float2*>(yr + n) = make_float2(o[0], o[1]);
     } else {
@@ -273,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int G>
 void launch(const uint8_t* w, int64_t ldw, const uint8_t* sc, int64_t lds, int N, int K, const float* xp, int M,
-            float* y, bool round, cudaStream_t stream) {
+            float* y, bool round, const Fp8GemmGroups& grp, int Z, cudaStream_t stream) {
   const int64_t smem = gemm_smem<G>(K);
   static std::once_flag once;
   std::call_once(once, [] {
@@ -281,8 +292,8 @@ void launch(const uint8_t* w, int64_t ldw, const uint8_t* sc, int64_t lds, int N
   });
   DI_CHECK(smem <= smem_optin(), "cuda::fp8_gemm: {} bytes of shared memory needed (K = {})", smem, K);
   const dim3 grid(static_cast<unsigned>((M + GemmCfg<G>::kBM - 1) / GemmCfg<G>::kBM),
-                  static_cast<unsigned>((N + kBN - 1) / kBN));
-  launch_pdl(fp8_gemm_kernel<G>, grid, kThreads, smem, stream, w, ldw, sc, lds, N, K, xp, M, y, round);
+                  static_cast<unsigned>((N + kBN - 1) / kBN), static_cast<unsigned>(Z));
+  launch_pdl(fp8_gemm_kernel<G>, grid, kThreads, smem, stream, w, ldw, sc, lds, N, K, xp, M, y, round, grp);
 }
 
 }  // namespace
@@ -295,12 +306,29 @@ void fp8_gemm_into(const uint8_t* w, int64_t ldw, const uint8_t* scale, int64_t 
                    const float* xp, int M, float* y, bool round, cudaStream_t stream) {
   DI_CHECK(fp8_gemm_supported(B, K) && M >= 1 && N >= 1 && (N + kBN - 1) / kBN <= 65535,  // grid.y: weight tiles
            "cuda::fp8_gemm: unsupported call (B = {}, K = {}, M = {}, N = {})", B, K, M, N);
+  const Fp8GemmGroups one;
   if (B == 32)
-    launch<1>(w, ldw, scale, lds, N, K, xp, M, y, round, stream);
+    launch<1>(w, ldw, scale, lds, N, K, xp, M, y, round, one, 1, stream);
   else if (B == 64)
-    launch<2>(w, ldw, scale, lds, N, K, xp, M, y, round, stream);
+    launch<2>(w, ldw, scale, lds, N, K, xp, M, y, round, one, 1, stream);
   else
-    launch<4>(w, ldw, scale, lds, N, K, xp, M, y, round, stream);
+    launch<4>(w, ldw, scale, lds, N, K, xp, M, y, round, one, 1, stream);
+}
+
+void fp8_gemm_grouped_into(const Fp8GemmGroups& g, int64_t ldw, int64_t lds, int B, int N, int K, const float* xp,
+                           float* y, bool round, cudaStream_t stream) {
+  const int64_t Z = int64_t{g.L} * g.P;
+  DI_CHECK(fp8_gemm_supported(B, K) && g.table != nullptr && g.row_expert != nullptr && g.L >= 1 && g.E >= 1 &&
+               g.P >= 1 && g.R >= g.P && g.R % g.P == 0 && Z <= 65535 && N >= 1 && (N + kBN - 1) / kBN <= 65535,
+           "cuda::fp8_gemm_grouped: unsupported call (B = {}, K = {}, N = {}, {} lists of {}, period {} of {} rows)", B,
+           K, N, g.L, g.E, g.P, g.R);
+  const int M = g.R / g.P, z = static_cast<int>(Z);
+  if (B == 32)
+    launch<1>(nullptr, ldw, nullptr, lds, N, K, xp, M, y, round, g, z, stream);
+  else if (B == 64)
+    launch<2>(nullptr, ldw, nullptr, lds, N, K, xp, M, y, round, g, z, stream);
+  else
+    launch<4>(nullptr, ldw, nullptr, lds, N, K, xp, M, y, round, g, z, stream);
 }
 
 }  // namespace deepinfer::cuda

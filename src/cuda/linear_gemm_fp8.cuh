@@ -32,4 +32,17 @@ bool fp8_gemm_supported(int B, int64_t K);
 void fp8_gemm_into(const uint8_t* w, int64_t ldw, const uint8_t* scale, int64_t lds, int B, int N, int K,
                    const float* xp, int M, float* y, bool round, cudaStream_t stream);
 
+// ops::linear_grouped's calls whose rows repeat their matrices with a period P (row_expert[r] == row_expert[r % P]:
+// wo_a's groups, P = 8; the shared expert's w1 / w3, two lists of one matrix, P = 1) as one launch over the L x P
+// matrices: matrix (l, p) is list l's expert row_expert[p] (read on the device) on the x rows p, p + P, ..., into
+// y rows l R + p, l R + p + P, ... (y [L R, N]). table: linear_grouped's device table (L E weight pointers, list by
+// list, then their scales), every expert with the layout ldw / lds.
+struct Fp8GemmGroups {
+  const uint8_t* const* table = nullptr;
+  const int32_t* row_expert = nullptr;
+  int L = 1, E = 1, P = 1, R = 0;
+};
+void fp8_gemm_grouped_into(const Fp8GemmGroups& g, int64_t ldw, int64_t lds, int B, int N, int K, const float* xp,
+                           float* y, bool round, cudaStream_t stream);
+
 }  // namespace deepinfer::cuda

@@ -332,6 +332,46 @@ void test_linear_fp8_gemm() {
       });
     }
   }
+  // Grouped calls with a row period, one launch over the matrices: wo_a's groups (row r through group r % 8), the
+  // shared expert's w1 / w3 (two lists of one matrix), a period whose experts are permuted (row_expert read on the
+  // device), tiles of 128.
+  struct GroupCase {
+    const char* what;
+    int64_t N, K, block, E, P, R, lists, act;
+    bool permuted;
+  };
+  const GroupCase gcases[] = {
+      {"wo_a-like groups", 256, 512, 32, 8, 8, 8 * 70, 1, 0, false},
+      {"shared w1 + w3-like", 320, 1024, 32, 1, 1, 100, 2, 32, false},
+      {"permuted period, block 128", 200, 1024, 128, 4, 4, 4 * 33, 2, 128, true},
+  };
+  for (const GroupCase& c : gcases) {
+    run_case(std::string("linear_grouped fp8_gemm ") + c.what, [&] {
+      std::vector<std::vector<di::ops::QWeight>> host(c.lists), dev(c.lists);
+      for (int64_t l = 0; l < c.lists; ++l)
+        for (int64_t e = 0; e < c.E; ++e) {
+          host[l].push_back(random_weight(di::DType::kE4M3, c.N, c.K, c.block, seed++));
+          dev[l].push_back(to_device(host[l].back()));
+        }
+      std::vector<const std::vector<di::ops::QWeight>*> hl, dl;
+      for (int64_t l = 0; l < c.lists; ++l) hl.push_back(&host[l]), dl.push_back(&dev[l]);
+      di::Tensor ids = di::Tensor::empty({c.R}, di::DType::kI32);
+      for (int64_t r = 0; r < c.R; ++r)
+        ids.data<int32_t>()[r] = static_cast<int32_t>(c.permuted ? (c.E - 1 - r % c.P) : r % c.P);
+      di::Tensor x = random_rows(c.R, c.K, seed++);
+      di::ops::round_bf16(x, true);
+      di::ops::LinearOpts o;
+      o.act_quant_block = c.act;
+      o.round_out_bf16 = true;
+      const di::Tensor want = di::ops::linear_grouped(x, ids, hl, o);
+      const di::Tensor got =
+          di::ops::linear_grouped(di::cuda::copy_to_device(x), di::cuda::copy_to_device(ids), dl, o, 0, c.P);
+      std::string stats;
+      const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
+      std::printf("     %s\n", stats.c_str());
+      return r;
+    });
+  }
   run_case("linear fp8_gemm NaN code", [&] {
     di::ops::QWeight wh = random_weight(di::DType::kE4M3, 70, 512, 32, seed++);
     wh.w.data<uint8_t>()[3 * 512 + 100] = 0x7f;
