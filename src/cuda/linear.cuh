@@ -43,9 +43,10 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
 // (0 for "tc", 64 for "auto", none for "exact"). cuda::linear_grouped follows "tc" too (linear_tc_grouped).
 int64_t tc_from_rows();
 
-// linear() runs single-row calls on narrow E4M3 weights through the decode GEMV of linear_gemv.cuh
-// (the same bits; faster there, see linear_exact in linear.cu) and the rest through the slab kernels
-// below, or the tensor-core kernel when DEEPINFER_CUDA_GEMM asks for it.
+// linear() runs E4M3 calls of DEEPINFER_CUDA_FP8_GEMM_ROWS (65) rows and more through the tiled GEMM of
+// linear_gemm_fp8.cuh, the few-row calls the decode GEMV of linear_gemv.cuh takes through it (the same bits; faster
+// there, see linear_exact in linear.cu) and the rest through the slab kernels below, or the tensor-core kernel when
+// DEEPINFER_CUDA_GEMM asks for it.
 //
 // The slab kernels alone, into a preallocated float32 [M, N] contiguous CUDA tensor, on `stream`
 // (nullptr: the legacy default stream). The x workspace is cached and grows on demand (a grow
