@@ -232,16 +232,18 @@ std::vector<Group> route(int tokens, int experts, int topk, std::mt19937& rng) {
   return g;
 }
 
+// A dense weight shape of the tables (parts 1 and 3).
+struct Dense {
+  const char* name;
+  int64_t N, K;
+};
+
 // Part 3: the exact E4M3 linear at many rows of x (V4.1 dense shapes, act_quant_block 32, bf16-rounded out): the tiled
 // GEMM (linear_gemm_fp8.cuh) against the exact path before it (the decode GEMV's passes of 4 rows or the slab
 // kernels: cuda::linear_set_fp8_gemm_rows(0)), both through cuda::linear_exact_into, and against cuBLASLt's FP32 SGEMM
 // (FP32 compute, no TF32) on the same M, N, K: the CUDA-core anchor (the exact contract forms one FP32 FMA per weight
 // and row plus a fold FMA per 4, so an SGEMM's rate is about its ceiling).
 void exact_table(const Lt& lt, cudaStream_t st) {
-  struct Dense {
-    const char* name;
-    int64_t N, K;
-  };
   const Dense dense[] = {{"attn.wq_a + wkv", 1536, 5120},
                          {"attn.wq_b", 32768, 1024},
                          {"attn.wo_b", 5120, 8192},
@@ -397,10 +399,6 @@ void run() {
   }
 
   // ---- part 1: dense FP8 GEMMs ------------------------------------------------------------------------------
-  struct Dense {
-    const char* name;
-    int64_t N, K;
-  };
   const Dense dense[] = {
       {"attn.wq_a", 1280, 5120},    {"attn.wq_b", 32768, 1280}, {"attn.wkv", 512, 5120},      {"attn.wo_b", 5120, 8192},
       {"shared w1/w3", 2304, 5120}, {"shared w2", 5120, 2304},  {"indexer.wq_b", 4096, 1280},

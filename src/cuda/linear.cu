@@ -63,6 +63,20 @@ __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT,
   for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = e4m3_rne(p[c] / s) * s;
 }
 
+// prep_x_kernel over `rows` rows of x (rows past x's own are the last tile's padding, zeroed), one block per (row,
+// group of act_quant_block columns; act_quant_block 0: x copied as is, in groups of 2,048).
+void launch_prep_x(const Tensor& x, int64_t rows, int MT, int gk, int xg, int64_t tile_floats, int64_t act_quant_block,
+                   bool perm, float* xt, cudaStream_t stream, const char* op) {
+  const int64_t K = x.size(1);
+  const bool quant = act_quant_block > 0;
+  const int64_t group = quant ? act_quant_block : 2048, groups = (K + group - 1) / group;
+  DI_CHECK(groups < (int64_t{1} << 31) && rows < 65536, "{}: x {} is too large for one launch", op, x.describe());
+  launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(rows)), threads_for(group, 256),
+             0, stream, x.data<float>(), x.strides()[0], static_cast<int>(x.size(0)), static_cast<int>(K), MT, gk, xg,
+             tile_floats, group, quant, perm, xt);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
 template <int MT>
 __device__ __forceinline__ void load_x2(const float* p, float (&v)[2 * MT]) {  // 2 * MT consecutive floats
   if constexpr (MT == 1) {
@@ -464,9 +478,7 @@ int64_t gemv_rows_max() {
   return v;
 }
 
-// The fewest rows of x from which linear_exact sends an E4M3 call to the tiled GEMM (DEEPINFER_CUDA_FP8_GEMM_ROWS, its
-// default in the env table; 0 never).
-std::atomic<int64_t> fp8_gemm_rows_set{-1};  // linear_set_fp8_gemm_rows
+std::atomic<int64_t> fp8_gemm_rows_set{-1};  // linear_set_fp8_gemm_rows (-1: DEEPINFER_CUDA_FP8_GEMM_ROWS)
 
 // The exact linear: when `decode_gemv`, the tiled E4M3 GEMM (linear_gemm_fp8.cuh) for calls of many rows and the
 // decode GEMV (linear_gemv.cuh) for the few-row calls it takes; else this file's slab kernels. All replay the CPU op's
@@ -525,8 +537,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   // bf16_lane_gemv where it takes them (a warp per row: the gate [384, 5120] took 8.0 us on the slab kernel, plus its
   // x pre-pass's launch).
   const bool bf16_row = fmt == kBf16 && M == 1;
-  const int64_t gemm_rows = fp8_gemm_rows_min();
-  if (decode_gemv && fmt == kFp8 && gemm_rows > 0 && M >= gemm_rows && M < 65536 && fp8_gemm_supported(B, K)) {
+  if (decode_gemv && fmt == kFp8 && fp8_gemm_takes(M, M, B, K)) {
     const Tensor xq = fp8_gemm_x(x, opts.act_quant_block, stream);
     fp8_gemm_into(static_cast<const uint8_t*>(w.raw()), ldw, s, lds, B, static_cast<int>(N), static_cast<int>(K),
                   xq.data<float>(), static_cast<int>(M), y.data<float>(), opts.round_out_bf16, stream);
@@ -555,15 +566,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const Tensor xt_buf = call_scratch(static_cast<size_t>(tiles * tile_floats) * sizeof(float));
   float* xt = xt_buf.data<float>();
 
-  // x pre-pass: one block per (row, group).
-  const bool quant = opts.act_quant_block > 0;
-  const int64_t group = quant ? opts.act_quant_block : 2048;
-  const int64_t groups = (K + group - 1) / group;
-  DI_CHECK(groups < (int64_t{1} << 31), "{}: too many activation groups", op);
-  launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(tiles * MT)),
-             threads_for(group, 256), 0, stream, x.data<float>(), x.strides()[0], static_cast<int>(M),
-             static_cast<int>(K), MT, gk, xg, tile_floats, group, quant, false, xt);
-  DI_CUDA_CHECK(cudaGetLastError());
+  launch_prep_x(x, tiles * MT, MT, gk, xg, tile_floats, opts.act_quant_block, false, xt, stream, op);
 
   const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows), static_cast<unsigned>(tiles));
   const auto* wp = static_cast<const uint8_t*>(w.raw());
@@ -665,16 +668,16 @@ int64_t fp8_gemm_rows_min() {
   return set >= 0 ? set : v;
 }
 
+bool fp8_gemm_takes(int64_t rows, int64_t x_rows, int B, int64_t K) {
+  const int64_t from = fp8_gemm_rows_min();
+  return from > 0 && rows >= from && x_rows < 65536 && fp8_gemm_supported(B, K);  // x_rows: fp8_gemm_x's grid.y
+}
+
 Tensor fp8_gemm_x(const Tensor& x, int64_t act_quant_block, cudaStream_t stream) {
   const int64_t M = x.size(0), K = x.size(1);
   const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
-  const bool quant = act_quant_block > 0;
-  const int64_t group = quant ? act_quant_block : 2048, groups = (K + group - 1) / group;
-  DI_CHECK(groups < (int64_t{1} << 31) && M < 65536, "cuda::fp8_gemm: x {} is too large", x.describe());
-  launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(M)), threads_for(group, 256), 0,
-             stream, x.data<float>(), x.strides()[0], static_cast<int>(M), static_cast<int>(K), 1, static_cast<int>(K),
-             static_cast<int>(K), K, group, quant, true, xq.data<float>());
-  DI_CUDA_CHECK(cudaGetLastError());
+  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, true, xq.data<float>(), stream,
+                "cuda::fp8_gemm");
   return xq;
 }
 

@@ -62,8 +62,11 @@ void linear_exact_into(const Tensor& x, const ops::QWeight& w, const ops::Linear
 // Tests and benches: from how many rows of x the exact linear takes the tiled E4M3 GEMM (linear_gemm_fp8.cuh); 0
 // never, -1 back to DEEPINFER_CUDA_FP8_GEMM_ROWS. Same bits either way.
 void linear_set_fp8_gemm_rows(int64_t rows);
-// The threshold in force (0: never): the rows of x a dense call has, or a grouped call has per matrix.
+// The threshold in force (0: never): DEEPINFER_CUDA_FP8_GEMM_ROWS (its default in the env table) unless set above.
 int64_t fp8_gemm_rows_min();
+// Whether the exact linear takes the tiled E4M3 GEMM for a call of `rows` rows of x per matrix (a dense call's M, a
+// grouped call's rows per matrix), `x_rows` in all, E4M3 tiles of B and width K.
+bool fp8_gemm_takes(int64_t rows, int64_t x_rows, int B, int64_t K);
 // x [M, K] (float32, dense rows) act-quantised as the slab kernels' pre-pass does (act_quant_block 0: as is) into the
 // tiled GEMM's layout (fp8_gemm_x_pos), in a call scratch, by one launch on `stream`.
 Tensor fp8_gemm_x(const Tensor& x, int64_t act_quant_block, CUstream_st* stream);

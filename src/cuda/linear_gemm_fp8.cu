@@ -127,13 +127,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_commit();
   }
 
-  float tot[TM][2][4];  // [x row][weight row][chain 4h + i]
-#pragma unroll
-  for (int m = 0; m < TM; ++m)
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tot[m][n][i] = 0.0f;
+  float tot[TM][2][4] = {};  // [x row][weight row][chain 4h + i], from +0
   uint32_t nanacc = 0;
   const int dn = tid & (kBN - 1), dp = tid >> 6;  // decode: weight row, first 16-byte piece (then + 4)
   const int nl = 2 * lane;                        // the thread's first weight row in the block

@@ -233,9 +233,8 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
   const WeightLayout wl = weight_layout(w0, op);  // the experts share it (check_experts)
   // Matrices that repeat with a period (wo_a's groups, the shared expert's w1 / w3) with enough rows each: the tiled
   // E4M3 GEMM over all of them in one launch (linear_gemm_fp8.cuh), the same bits as the GEMV.
-  const int64_t gemm_rows = fp8_gemm_rows_min();
-  if (w0.w.dtype() == DType::kE4M3 && row_period > 0 && R % row_period == 0 && gemm_rows > 0 &&
-      R / row_period >= gemm_rows && R < 65536 && L * row_period <= 65535 && fp8_gemm_supported(wl.B, K)) {
+  if (w0.w.dtype() == DType::kE4M3 && row_period > 0 && R % row_period == 0 && L * row_period <= 65535 &&
+      fp8_gemm_takes(R / row_period, R, wl.B, K)) {
     const Tensor xq = fp8_gemm_x(x, opts.act_quant_block, nullptr);
     Fp8GemmGroups g;
     g.table = table, g.row_expert = row_expert.data<int32_t>();
