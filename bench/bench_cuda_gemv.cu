@@ -26,7 +26,7 @@
 // comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
 // (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone; BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at
 // those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
-// (grouped_prefill_table).
+// (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact contract's prefill-sized one (grouped_exact_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -231,6 +231,80 @@ di::Tensor device_ids(const std::vector<int32_t>& ids) {
   return di::cuda::copy_to_device(h);
 }
 
+// Eager calls of `body` on `st`: events around 3 calls after a warm-up, the median of 5; ms per call.
+template <typename F>
+double eager_ms(cudaStream_t st, const F& body) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  body();
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> v;
+  for (int rep = 0; rep < 5; ++rep) {
+    CK(cudaEventRecord(e0, st));
+    for (int k = 0; k < 3; ++k) body();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms / 3.0f);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(v.begin(), v.end());
+  return static_cast<double>(v[2]);
+}
+
+// One prefill-sized call of the routed experts (w1 + w3 as two lists, or w2): rows sorted by expert (uniform routing),
+// each expert's offsets on the host and its ids on the device, x and y, x quantised per 32 by the call.
+struct PrefillCall {
+  int tokens = 0, rows = 0, lists = 0;
+  bool second = false;  // w2
+  std::vector<const std::vector<di::ops::QWeight>*> tl;
+  std::vector<int64_t> off;
+  di::Tensor ids_d, x, y;
+  di::ops::LinearOpts ot;
+  int64_t N = 0, K = 0;
+  // Every expert's rows through `linear(x rows, expert, y rows)`, list by list (the per-expert loop of a prefill).
+  template <typename F>
+  void per_expert(const F& linear) {
+    for (int l = 0; l < lists; ++l)
+      for (size_t e = 0; e + 1 < off.size(); ++e) {
+        if (off[e] == off[e + 1]) continue;
+        di::Tensor ye = y.slice(0, l * rows + off[e], l * rows + off[e + 1]);
+        linear(x.slice(0, off[e], off[e + 1]), (*tl[static_cast<size_t>(l)])[e], ye);
+      }
+  }
+  double flop() const { return 2.0 * lists * rows * static_cast<double>(N) * static_cast<double>(K); }
+};
+
+template <typename F>
+void for_each_prefill_call(const std::vector<int>& token_counts, int topk, int experts,
+                           const std::vector<di::ops::QWeight>& w1, const std::vector<di::ops::QWeight>& w3,
+                           const std::vector<di::ops::QWeight>& w2, const F& body) {
+  for (const int tokens : token_counts) {
+    PrefillCall c;
+    c.tokens = tokens, c.rows = tokens * topk;
+    const std::vector<int32_t> ids =
+        sorted_routings(tokens, topk, experts, 1, 3000u + static_cast<unsigned>(tokens)).ids;
+    c.off.assign(static_cast<size_t>(experts) + 1, 0);
+    for (const int32_t e : ids) ++c.off[static_cast<size_t>(e) + 1];
+    for (int e = 0; e < experts; ++e) c.off[static_cast<size_t>(e) + 1] += c.off[static_cast<size_t>(e)];
+    c.ids_d = device_ids(ids);
+    for (const bool second : {false, true}) {
+      c.second = second, c.lists = second ? 1 : 2;
+      c.tl = second ? std::vector<const std::vector<di::ops::QWeight>*>{&w2}
+                    : std::vector<const std::vector<di::ops::QWeight>*>{&w1, &w3};
+      c.N = (*c.tl[0])[0].out(), c.K = (*c.tl[0])[0].in();
+      c.x = dev_act({c.rows, c.K});
+      c.y = di::Tensor::empty({c.lists * c.rows, c.N}, di::DType::kF32, di::Device::kCUDA);
+      c.ot.act_quant_block = 32;
+      c.ot.round_out_bf16 = true;
+      body(c);
+    }
+  }
+}
+
 // ---- the routed experts of a prefill chunk (BENCH_GROUPED_PREFILL=1) ---------------------------------------------
 // Rows sorted by expert, tens to hundreds per expert. Under DEEPINFER_CUDA_GEMM=tc the MoE ran a prefill chunk as a
 // loop of linear_tc calls, one per expert and matrix; now it runs the grouped GEMM (one launch per call) at a token
@@ -248,80 +322,81 @@ void grouped_prefill_table(cudaStream_t st, const std::vector<di::ops::QWeight>&
       "|\n|---|---|---|---|---|---|---|---|---|\n",
       topk, experts);
   std::fflush(stdout);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  auto timed = [&](const auto& body) {
-    body();
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> v;
-    for (int rep = 0; rep < 5; ++rep) {
-      CK(cudaEventRecord(e0, st));
-      for (int k = 0; k < 3; ++k) body();
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0.0f;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      v.push_back(ms / 3.0f);
-    }
-    std::sort(v.begin(), v.end());
-    return static_cast<double>(v[2]);
-  };
   di::cuda::StreamScope on(st);
-  for (const int tokens : {512, 1024, 4096}) {
-    const int rows = tokens * topk;
-    const std::vector<int32_t> ids =
-        sorted_routings(tokens, topk, experts, 1, 3000u + static_cast<unsigned>(tokens)).ids;
-    std::vector<int64_t> off(static_cast<size_t>(experts) + 1, 0);
-    for (const int32_t e : ids) ++off[static_cast<size_t>(e) + 1];
-    for (int e = 0; e < experts; ++e) off[static_cast<size_t>(e) + 1] += off[static_cast<size_t>(e)];
-    const di::Tensor ids_d = device_ids(ids);
-    for (const bool second : {false, true}) {
-      const int lists = second ? 1 : 2;
-      const std::vector<const std::vector<di::ops::QWeight>*> tl =
-          second ? std::vector<const std::vector<di::ops::QWeight>*>{&w2}
-                 : std::vector<const std::vector<di::ops::QWeight>*>{&w1, &w3};
-      const di::ops::QWeight& w0 = (*tl[0])[0];
-      const int64_t N = w0.out(), K = w0.in();
-      const di::Tensor x = dev_act({rows, K});
-      di::Tensor y = di::Tensor::empty({lists * rows, N}, di::DType::kF32, di::Device::kCUDA);
-      di::ops::LinearOpts ot;
-      ot.act_quant_block = 32;
-      ot.round_out_bf16 = true;
-      const double loop_ms = timed([&] {
-        for (int l = 0; l < lists; ++l)
-          for (int e = 0; e < experts; ++e) {
-            const int64_t a = off[static_cast<size_t>(e)], b = off[static_cast<size_t>(e) + 1];
-            if (a == b) continue;
-            di::Tensor ye = y.slice(0, l * rows + a, l * rows + b);
-            di::cuda::linear_tc_into(x.slice(0, a, b), (*tl[static_cast<size_t>(l)])[static_cast<size_t>(e)], ot, ye,
-                                     st);
-          }
+  for_each_prefill_call({512, 1024, 4096}, topk, experts, w1, w3, w2, [&](PrefillCall& c) {
+    const double loop_ms = eager_ms(st, [&] {
+      c.per_expert([&](const di::Tensor& xe, const di::ops::QWeight& w, di::Tensor& ye) {
+        di::cuda::linear_tc_into(xe, w, c.ot, ye, st);
       });
-      double tile_ms[5];
-      for (int v = 0; v <= 4; ++v) {
-        const int prev = di::cuda::linear_tc_set_grouped_variant(v);
-        tile_ms[v] = timed([&] {
-          di::cuda::linear_tc_grouped_gemm_into(x, ids_d, second ? w2t : w13t, second ? w2s : w13s, lists, experts, w0,
-                                                ot, y);
-        });
-        di::cuda::linear_tc_set_grouped_variant(prev);
-      }
-      const double flop = 2.0 * lists * rows * static_cast<double>(N) * static_cast<double>(K);
-      auto cell = [&](double ms) {
-        char b[48];
-        std::snprintf(b, sizeof b, "%.2f (%.0f)", ms, flop / ms / 1e9);
-        return std::string(b);
-      };
-      std::printf("| %s [%lld, %lld] | %d | %.0f | %s |", second ? "w2" : "w1 + w3", static_cast<long long>(N),
-                  static_cast<long long>(K), tokens, static_cast<double>(rows) / experts, cell(loop_ms).c_str());
-      for (int v = 1; v <= 4; ++v) std::printf(" %s |", cell(tile_ms[v]).c_str());
-      std::printf(" %s |\n", cell(tile_ms[0]).c_str());
-      std::fflush(stdout);
+    });
+    double tile_ms[5];
+    for (int v = 0; v <= 4; ++v) {
+      const int prev = di::cuda::linear_tc_set_grouped_variant(v);
+      tile_ms[v] = eager_ms(st, [&] {
+        di::cuda::linear_tc_grouped_gemm_into(c.x, c.ids_d, c.second ? w2t : w13t, c.second ? w2s : w13s, c.lists,
+                                              experts, (*c.tl[0])[0], c.ot, c.y);
+      });
+      di::cuda::linear_tc_set_grouped_variant(prev);
     }
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+    auto cell = [&](double ms) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%.2f (%.0f)", ms, c.flop() / ms / 1e9);
+      return std::string(b);
+    };
+    std::printf("| %s [%lld, %lld] | %d | %.0f | %s |", c.second ? "w2" : "w1 + w3", static_cast<long long>(c.N),
+                static_cast<long long>(c.K), c.tokens, static_cast<double>(c.rows) / experts, cell(loop_ms).c_str());
+    for (int v = 1; v <= 4; ++v) std::printf(" %s |", cell(tile_ms[v]).c_str());
+    std::printf(" %s |\n", cell(tile_ms[0]).c_str());
+    std::fflush(stdout);
+  });
+}
+
+// ---- the routed experts under the exact contract at prefill and large decode batches (BENCH_GROUPED_EXACT=1) ------
+// The exact prefill ran a chunk's experts as a loop of cuda::linear calls, one per expert and matrix (the FP4 slab
+// kernels, 1-4 x rows per pass over the weight); now rows sorted by expert take the tiled FP4 GEMM over every expert in
+// one launch (linear_gemm_fp4.cuh) from DEEPINFER_CUDA_FP4_GEMM_ROWS rows per expert. Columns: that loop; the loop of
+// the same calls on the tiled GEMM (dense, one expert per launch); the grouped GEMV (linear_grouped's kernel at
+// decode, rows of one expert sharing a pass 4 at a time); the grouped tiled GEMM. Every column gives the same bits
+// (checked here: the grouped GEMM's y against the loop's). Eager calls as above; ms (TFLOP/s).
+void grouped_exact_table(cudaStream_t st, const std::vector<di::ops::QWeight>& w1,
+                         const std::vector<di::ops::QWeight>& w3, const std::vector<di::ops::QWeight>& w2, int experts,
+                         int topk) {
+  std::printf(
+      "\n## Grouped FP4 experts, exact contract (top-%d of %d, uniform routing, rows sorted by expert, x quantised per "
+      "32 by the call), ms (TFLOP/s)\n\n| call | tokens | rows / expert | per-expert loop | loop on fp4_gemm | grouped "
+      "GEMV | grouped fp4_gemm | same bits |\n|---|---|---|---|---|---|---|---|\n",
+      topk, experts);
+  std::fflush(stdout);
+  di::cuda::StreamScope on(st);
+  const int64_t prev_rows = di::cuda::fp4_gemm_rows_min();
+  for_each_prefill_call({256, 512, 1024, 2048, 4096}, topk, experts, w1, w3, w2, [&](PrefillCall& c) {
+    auto loop = [&] {
+      c.per_expert([&](const di::Tensor& xe, const di::ops::QWeight& w, di::Tensor& ye) {
+        di::cuda::linear_exact_into(xe, w, c.ot, ye, st);
+      });
+    };
+    di::Tensor yg;
+    auto grouped = [&] { yg = di::cuda::linear_grouped(c.x, c.ids_d, c.tl, c.ot, 4); };
+    di::cuda::linear_set_fp4_gemm_rows(0);
+    const double loop_ms = eager_ms(st, loop), gemv_ms = eager_ms(st, grouped);
+    di::cuda::linear_set_fp4_gemm_rows(1);
+    const double loop_tiled_ms = eager_ms(st, loop), tiled_ms = eager_ms(st, grouped);
+    di::cuda::linear_set_fp4_gemm_rows(0);
+    loop();
+    const di::Tensor a = di::cuda::copy_to_host(yg), b = di::cuda::copy_to_host(c.y);
+    const bool same = a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), b.nbytes()) == 0;
+    auto cell = [&](double ms) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%.2f (%.1f)", ms, c.flop() / ms / 1e9);
+      return std::string(buf);
+    };
+    std::printf("| %s [%lld, %lld] | %d | %.0f | %s | %s | %s | %s | %s |\n", c.second ? "w2" : "w1 + w3",
+                static_cast<long long>(c.N), static_cast<long long>(c.K), c.tokens,
+                static_cast<double>(c.rows) / experts, cell(loop_ms).c_str(), cell(loop_tiled_ms).c_str(),
+                cell(gemv_ms).c_str(), cell(tiled_ms).c_str(), same ? "yes" : "NO");
+    std::fflush(stdout);
+  });
+  di::cuda::linear_set_fp4_gemm_rows(prev_rows);
 }
 
 void run() {
@@ -657,7 +732,8 @@ void run() {
   const uint8_t* const* w2s = table({&w2}, true);
   // BENCH_GROUPED_LARGE=1: the large-batch table alone.
   const bool large_only = std::getenv("BENCH_GROUPED_LARGE") != nullptr;
-  const bool prefill_only = std::getenv("BENCH_GROUPED_PREFILL") != nullptr;
+  const bool exact_only = std::getenv("BENCH_GROUPED_EXACT") != nullptr;  // grouped_exact_table alone
+  const bool prefill_only = std::getenv("BENCH_GROUPED_PREFILL") != nullptr || exact_only;
   for (const int tokens : {1, 4}) {
     if (large_only || prefill_only) break;
     const int rows = tokens * kTopK;
@@ -821,7 +897,8 @@ void run() {
       std::fflush(stdout);
     }
   }
-  if (prefill_only) grouped_prefill_table(st, w1, w3, w2, w13t, w13s, w2t, w2s, kExperts, kTopK);
+  if (prefill_only && !exact_only) grouped_prefill_table(st, w1, w3, w2, w13t, w13s, w2t, w2s, kExperts, kTopK);
+  if (exact_only) grouped_exact_table(st, w1, w3, w2, kExperts, kTopK);
   for (void* p : tables) CK(cudaFree(p));
   CK(cudaStreamDestroy(st));
 }

@@ -34,6 +34,11 @@ const std::vector<EnvVar>& env_vars() {
        "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "
        "calls of 2+ rows on the slab kernels); same bits either way",
        true},
+      {"DEEPINFER_CUDA_FP4_GEMM_ROWS", "64",
+       "tuning: from how many rows of x per matrix (a dense call's rows; a grouped call's rows per expert on average, "
+       "rows sorted by expert: prefill chunks) the exact CUDA linear takes the tiled FP4 GEMM (each weight stage "
+       "decoded once for 16 rows of x) instead of the grouped GEMV or the slab kernels; 0 never; same bits either way",
+       true},
       {"DEEPINFER_CUDA_FP8_GEMM_ROWS", "65",
        "tuning: from how many rows of x the exact CUDA linear takes the tiled E4M3 GEMM (each weight tile decoded once "
        "for 32 rows of x) instead of the GEMV or the slab kernels; 0 never; same bits either way",

@@ -15,6 +15,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/linear_gemm_fp4.cuh"
 #include "cuda/linear_gemm_fp8.cuh"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_bf16.cuh"
@@ -33,10 +34,12 @@ constexpr int kRows = 8;  // weight rows per thread block (divides every E4M3 ti
 // ---- x pre-pass: optional FP8 fake quantisation into the padded x layout ---------------------------------
 // x of rows [t*MT, t*MT + MT) lives at xt + t * tile_floats: groups of gk = 32 * G columns (G = the
 // E4M3 tile in chunks; 1 for FP4 / BF16), each group [gk][MT] floats followed by 4 pad floats, so
-// that threads reading consecutive groups hit different shared-memory banks. perm (with MT = 1 and gk = xg = K):
-// fp8_gemm's layout instead, each row's 32-column chunks permuted by fp8_gemm_x_pos.
+// that threads reading consecutive groups hit different shared-memory banks. perm (with MT = 1 and gk = xg = K): a
+// tiled GEMM's layout instead, each row's 32-column chunks permuted by fp8_gemm_x_pos (kPermFp8) or fp4_gemm_x_pos
+// (kPermFp4).
+enum XPerm : int { kPermNone = 0, kPermFp8 = 1, kPermFp4 = 2 };
 __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT, int gk, int xg, int64_t tile_floats,
-                              int64_t group, bool quant, bool perm, float* xt) {
+                              int64_t group, bool quant, int perm, float* xt) {
   pdl_wait();
   pdl_launch_dependents();
   const int m = blockIdx.y;
@@ -44,7 +47,8 @@ __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT,
   const int64_t c1 = min(c0 + group, static_cast<int64_t>(K));
   float* out = xt + static_cast<int64_t>(m / MT) * tile_floats + m % MT;
   auto at = [&](int64_t c) -> float& {
-    if (perm) c = fp8_gemm_x_pos(c);
+    if (perm == kPermFp8) c = fp8_gemm_x_pos(c);
+    if (perm == kPermFp4) c = fp4_gemm_x_pos(c);
     return out[(c / gk) * xg + (c % gk) * MT];
   };
   if (m >= M) {  // padding rows of the last tile
@@ -66,14 +70,14 @@ __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT,
 // prep_x_kernel over `rows` rows of x (rows past x's own are the last tile's padding, zeroed), one block per (row,
 // group of act_quant_block columns; act_quant_block 0: x copied as is, in groups of 2,048).
 void launch_prep_x(const Tensor& x, int64_t rows, int MT, int gk, int xg, int64_t tile_floats, int64_t act_quant_block,
-                   bool perm, float* xt, cudaStream_t stream, const char* op) {
+                   XPerm perm, float* xt, cudaStream_t stream, const char* op) {
   const int64_t K = x.size(1);
   const bool quant = act_quant_block > 0;
   const int64_t group = quant ? act_quant_block : 2048, groups = (K + group - 1) / group;
   DI_CHECK(groups < (int64_t{1} << 31) && rows < 65536, "{}: x {} is too large for one launch", op, x.describe());
   launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(rows)), threads_for(group, 256),
              0, stream, x.data<float>(), x.strides()[0], static_cast<int>(x.size(0)), static_cast<int>(K), MT, gk, xg,
-             tile_floats, group, quant, perm, xt);
+             tile_floats, group, quant, static_cast<int>(perm), xt);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -479,6 +483,7 @@ int64_t gemv_rows_max() {
 }
 
 std::atomic<int64_t> fp8_gemm_rows_set{-1};  // linear_set_fp8_gemm_rows (-1: DEEPINFER_CUDA_FP8_GEMM_ROWS)
+std::atomic<int64_t> fp4_gemm_rows_set{-1};  // linear_set_fp4_gemm_rows (-1: DEEPINFER_CUDA_FP4_GEMM_ROWS)
 
 // The exact linear: when `decode_gemv`, the tiled E4M3 GEMM (linear_gemm_fp8.cuh) for calls of many rows and the
 // decode GEMV (linear_gemv.cuh) for the few-row calls it takes; else this file's slab kernels. All replay the CPU op's
@@ -543,6 +548,12 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
                   xq.data<float>(), static_cast<int>(M), y.data<float>(), opts.round_out_bf16, stream);
     return;
   }
+  if (decode_gemv && fmt == kFp4 && fp4_gemm_takes(M, M, K)) {
+    const Tensor xq = fp4_gemm_x(x, opts.act_quant_block, stream);
+    fp4_gemm_into(static_cast<const uint8_t*>(w.raw()), ldw, s, lds, static_cast<int>(N), static_cast<int>(K),
+                  xq.data<float>(), static_cast<int>(M), y.data<float>(), opts.round_out_bf16, stream);
+    return;
+  }
   if (decode_gemv && ((fmt == kFp8 && ((M == 1 && N <= kGemvMaxRows) || walk)) || batch || bf16_row)) {
     GemvArgs a;
     a.fmt = fmt, a.w = static_cast<const uint8_t*>(w.raw()), a.ldw = ldw, a.scale = s, a.lds = lds, a.B = B;
@@ -566,7 +577,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
   const Tensor xt_buf = call_scratch(static_cast<size_t>(tiles * tile_floats) * sizeof(float));
   float* xt = xt_buf.data<float>();
 
-  launch_prep_x(x, tiles * MT, MT, gk, xg, tile_floats, opts.act_quant_block, false, xt, stream, op);
+  launch_prep_x(x, tiles * MT, MT, gk, xg, tile_floats, opts.act_quant_block, kPermNone, xt, stream, op);
 
   const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows), static_cast<unsigned>(tiles));
   const auto* wp = static_cast<const uint8_t*>(w.raw());
@@ -668,6 +679,14 @@ int64_t fp8_gemm_rows_min() {
   return set >= 0 ? set : v;
 }
 
+void linear_set_fp4_gemm_rows(int64_t rows) { fp4_gemm_rows_set.store(rows < 0 ? -1 : rows); }
+
+int64_t fp4_gemm_rows_min() {
+  static const int64_t v = env_int("DEEPINFER_CUDA_FP4_GEMM_ROWS", 0);
+  const int64_t set = fp4_gemm_rows_set.load(std::memory_order_relaxed);
+  return set >= 0 ? set : v;
+}
+
 bool fp8_gemm_takes(int64_t rows, int64_t x_rows, int B, int64_t K) {
   const int64_t from = fp8_gemm_rows_min();
   return from > 0 && rows >= from && x_rows < 65536 && fp8_gemm_supported(B, K);  // x_rows: fp8_gemm_x's grid.y
@@ -676,8 +695,21 @@ bool fp8_gemm_takes(int64_t rows, int64_t x_rows, int B, int64_t K) {
 Tensor fp8_gemm_x(const Tensor& x, int64_t act_quant_block, cudaStream_t stream) {
   const int64_t M = x.size(0), K = x.size(1);
   const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
-  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, true, xq.data<float>(), stream,
-                "cuda::fp8_gemm");
+  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, kPermFp8, xq.data<float>(),
+                stream, "cuda::fp8_gemm");
+  return xq;
+}
+
+bool fp4_gemm_takes(int64_t rows, int64_t x_rows, int64_t K) {
+  const int64_t from = fp4_gemm_rows_min();
+  return from > 0 && rows >= from && x_rows < 65536 && fp4_gemm_supported(K);  // x_rows: fp4_gemm_x's grid.y
+}
+
+Tensor fp4_gemm_x(const Tensor& x, int64_t act_quant_block, cudaStream_t stream) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
+  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, kPermFp4, xq.data<float>(),
+                stream, "cuda::fp4_gemm");
   return xq;
 }
 

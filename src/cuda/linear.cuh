@@ -44,9 +44,10 @@ Tensor linear(const Tensor& x, const ops::QWeight& w, const ops::LinearOpts& opt
 int64_t tc_from_rows();
 
 // linear() runs E4M3 calls of DEEPINFER_CUDA_FP8_GEMM_ROWS (65) rows and more through the tiled GEMM of
-// linear_gemm_fp8.cuh, the few-row calls the decode GEMV of linear_gemv.cuh takes through it (the same bits; faster
-// there, see linear_exact in linear.cu) and the rest through the slab kernels below, or the tensor-core kernel when
-// DEEPINFER_CUDA_GEMM asks for it.
+// linear_gemm_fp8.cuh, FP4 calls of DEEPINFER_CUDA_FP4_GEMM_ROWS and more through that of linear_gemm_fp4.cuh, the
+// few-row calls the decode GEMV of linear_gemv.cuh takes through it (the same bits; faster there, see linear_exact in
+// linear.cu) and the rest through the slab kernels below, or the tensor-core kernel when DEEPINFER_CUDA_GEMM asks for
+// it.
 //
 // The slab kernels alone, into a preallocated float32 [M, N] contiguous CUDA tensor, on `stream`
 // (nullptr: the legacy default stream). The x workspace is cached and grows on demand (a grow
@@ -70,6 +71,19 @@ bool fp8_gemm_takes(int64_t rows, int64_t x_rows, int B, int64_t K);
 // x [M, K] (float32, dense rows) act-quantised as the slab kernels' pre-pass does (act_quant_block 0: as is) into the
 // tiled GEMM's layout (fp8_gemm_x_pos), in a call scratch, by one launch on `stream`.
 Tensor fp8_gemm_x(const Tensor& x, int64_t act_quant_block, CUstream_st* stream);
+
+// The same for the exact FP4 GEMM (linear_gemm_fp4.cuh): DEEPINFER_CUDA_FP4_GEMM_ROWS (its default in the env table;
+// 0 never) rows of x per matrix from which the exact linear takes it, a dense call's M or a grouped call's average rows
+// per expert (rows sorted by expert); the setter for tests and benches (-1: back to the variable); whether it takes a
+// call; x in its layout (fp4_gemm_x_pos). Same bits either way.
+void linear_set_fp4_gemm_rows(int64_t rows);
+int64_t fp4_gemm_rows_min();
+bool fp4_gemm_takes(int64_t rows, int64_t x_rows, int64_t K);
+Tensor fp4_gemm_x(const Tensor& x, int64_t act_quant_block, CUstream_st* stream);
+
+// offsets[e] = the first of the R rows whose expert (ids, ascending: moe_group's order) is >= e, for e in [0, E], by
+// one launch on `stream` (the grouped GEMMs' pre-pass; ids may come from the previous kernel).
+void expert_offsets_into(const int32_t* ids, int R, int E, int32_t* offsets, CUstream_st* stream);
 
 // A weight's layout as the CUDA linear kernels take it, after checking it (format, E4M3 tile, the
 // scale's shape, 16-byte aligned rows; throws deepinfer::Error naming `op` otherwise). fmt: 0 E4M3,

@@ -665,46 +665,6 @@ __global__ void __launch_bounds__(256) chain_gemv(Params p) {
 // kEven (the model's shapes): K % 128 == 0 and 4-byte aligned scale rows, so that a slot's chunks all exist and
 // its 4 codes are one aligned word; the pointers then simply advance. Otherwise chunk and code loads are checked.
 
-// Two fp16 products (exact here) and their fp32 values.
-__device__ __forceinline__ void fp16x2_scaled(uint32_t pat, uint32_t sc, float& w0, float& w1) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(pat), "r"(sc));
-  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\tcvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
-      : "=f"(w0), "=f"(w1)
-      : "r"(d));
-}
-
-// The 16 weights of a lane's half chunk on the fast path: words A = bytes 8h .. 8h+3, B = bytes 8h+4 .. 8h+7,
-// sc = 2^(e-113) in both fp16 halves; w[l] / w[8 + l] = the low / high nibble of byte 8h + l.
-__device__ __forceinline__ void fp4_fast_weights(uint32_t A, uint32_t B, uint32_t sc, float (&w)[16]) {
-  const uint32_t words[2] = {A, B};
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    uint32_t lo[2], hi[2];
-    fp4_half_patterns(words[j], lo, hi);
-    fp16x2_scaled(lo[0], sc, w[4 * j + 0], w[4 * j + 1]);
-    fp16x2_scaled(lo[1], sc, w[4 * j + 2], w[4 * j + 3]);
-    fp16x2_scaled(hi[0], sc, w[8 + 4 * j + 0], w[8 + 4 * j + 1]);
-    fp16x2_scaled(hi[1], sc, w[8 + 4 * j + 2], w[8 + 4 * j + 3]);
-  }
-}
-
-// The same for any scale code e: the fast path for e in [104, 128], else fp4_weight's exact fp32 decode.
-__device__ __forceinline__ void fp4_any_weights(uint32_t A, uint32_t B, uint32_t e, float (&w)[16]) {
-  if (e - 104u <= 24u) {
-    fp4_fast_weights(A, B, (e - 98u) * 0x04000400u, w);  // exponent field e - 98 in [6, 30]
-  } else {
-    const uint32_t words[2] = {A, B};
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[4 * j + i] = fp4_weight(e2m1_top(words[j] << (28 - 8 * i)), e);
-        w[8 + 4 * j + i] = fp4_weight(e2m1_top(words[j] << (24 - 8 * i)), e);
-      }
-  }
-}
-
 // A lane's half chunk into its chains: acc[m][l] += w[l] x[2l], acc[m][8 + l] += w[8 + l] x[2l + 1], with
 // x = xp + m K (columns 16h .. 16h+15 of the chunk).
 template <int MT>

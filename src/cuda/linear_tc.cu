@@ -12,6 +12,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/linear.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/linear_tc_gemv.cuh"
 #include "cuda/quant.cuh"
@@ -438,9 +439,7 @@ void run_gemm(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts& op
   if (grouped) {  // each expert's first row, for the GEMM's blocks
     int32_t* offsets = reinterpret_cast<int32_t*>(ws + code_bytes + sx_bytes);
     a.grp.offsets = offsets;
-    launch_pdl(expert_offsets_kernel, static_cast<unsigned>((M + 1 + 255) / 256), 256, 0, stream, grp.row_expert,
-               static_cast<int>(M), grp.E, offsets);
-    DI_CUDA_CHECK(cudaGetLastError());
+    expert_offsets_into(grp.row_expert, static_cast<int>(M), grp.E, offsets, stream);
   }
 
   const int64_t warps = M * (K / act);
@@ -525,6 +524,11 @@ void linear_tc_grouped_gemm_into(const Tensor& x, const Tensor& row_expert, cons
   grp.w_table = w_table, grp.s_table = s_table;
   grp.R = static_cast<int>(R), grp.E = n_experts;
   run_gemm(x, w0, opts, y, grp, lists, nullptr);
+}
+
+void expert_offsets_into(const int32_t* ids, int R, int E, int32_t* offsets, cudaStream_t stream) {
+  launch_pdl(expert_offsets_kernel, static_cast<unsigned>((R + 1 + 255) / 256), 256, 0, stream, ids, R, E, offsets);
+  DI_CUDA_CHECK(cudaGetLastError());
 }
 
 int linear_tc_set_grouped_variant(int v) {

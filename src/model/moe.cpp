@@ -124,7 +124,11 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
   // plus the shared expert follows: ffn_moe). Under the tensor-core contract every call is grouped, prefill chunks too:
   // the grouped GEMM gives each row linear_tc's bits, like the per-expert loop, in one launch per matrix instead of one
   // per expert (a 4,096-token prefill's ~64 rows per expert left the GPU mostly idle in 384 small GEMMs per matrix).
-  const bool grouped = run_grouped(T * K, x.device()) || ops::linear_tc_mode(x.device());
+  // The other chunks go grouped too where linear_grouped serves sorted rows a tile at a time (CUDA: 4,096 tokens'
+  // experts 3x the loop of one call per expert under the exact contract, whose calls each filled part of the GPU); the
+  // same bits. Such chunks have over kGroupedRowsMax rows, so the tile promise below holds for them.
+  const bool grouped =
+      run_grouped(T * K, x.device()) || ops::linear_tc_mode(x.device()) || ops::linear_grouped_tiled(x.device());
   const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E, /*host_offsets=*/!grouped);
   Tensor yg;
   if (grouped) {

@@ -338,6 +338,8 @@ bool linear_tc_mode(Device d) {
 #endif
 }
 
+bool linear_grouped_tiled(Device d) { return d == Device::kCUDA; }
+
 Tensor linear_groups_tc(const Tensor& x, const QWeight& w, int64_t groups, const LinearOpts& opts) {
 #if DEEPINFER_HAS_CUDA
   if (linear_tc_mode(x.device()) && cuda::linear_tc_groups_supported(x, w, groups, opts))

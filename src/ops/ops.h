@@ -103,6 +103,11 @@ void side_join(Device d);
 // DEEPINFER_CUDA_GEMM=tc; never on the CPU): callers that pre-quantise x for the exact kernels keep the FP8 input
 // site in the call instead, so that the grouped tensor-core GEMV takes it.
 bool linear_tc_mode(Device d);
+// Whether linear_grouped on device d serves rows sorted by expert (the caller's tile_rows promise) a tile of rows at a
+// time, so that the MoE groups a prefill chunk's calls too instead of looping over the experts (CUDA: the grouped
+// GEMV's tiles of up to 4 rows, the exact FP4 GEMM from DEEPINFER_CUDA_FP4_GEMM_ROWS rows per expert; measured 3-5x
+// the loop of 384 calls per matrix, each filling part of the GPU; never on the CPU). The same bits either way.
+bool linear_grouped_tiled(Device d);
 // Makes f's device table cover positions [0, rows) now (a replayed graph's RoPE reads it without growing it; a
 // growth makes the graphs that named the old table capture again). Nothing on the CPU.
 void rope_reserve(const RopeFreqs& f, int64_t rows, Device d);

@@ -215,6 +215,55 @@ std::string compare_linear(const di::Tensor& want, const di::Tensor& got, std::s
   return bad == 0 ? "" : stats;
 }
 
+// ops::linear of x by a weight (wh on the CPU, wd its device copy) on both devices, compared bit for bit.
+std::string check_linear(const di::Tensor& x, const di::ops::QWeight& wh, const di::ops::QWeight& wd, int64_t act,
+                         bool round) {
+  di::ops::LinearOpts o;
+  o.act_quant_block = act;
+  o.round_out_bf16 = round;
+  const di::Tensor want = di::ops::linear(x, wh, o);
+  const di::Tensor got = di::ops::linear(di::cuda::copy_to_device(x), wd, o);
+  std::string stats;
+  const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
+  std::printf("     %s\n", stats.c_str());
+  return r;
+}
+
+// Lists of random expert weights on both devices, with the list pointers ops::linear_grouped takes (which point into
+// the struct: neither copied nor moved).
+struct ExpertLists {
+  std::vector<std::vector<di::ops::QWeight>> host, dev;
+  std::vector<const std::vector<di::ops::QWeight>*> hl, dl;
+  ExpertLists(di::DType dt, int64_t N, int64_t K, int64_t block, int64_t E, int64_t lists, uint32_t& seed)
+      : host(static_cast<size_t>(lists)), dev(static_cast<size_t>(lists)) {
+    for (size_t l = 0; l < host.size(); ++l) {
+      for (int64_t e = 0; e < E; ++e) {
+        host[l].push_back(random_weight(dt, N, K, block, seed++));
+        dev[l].push_back(to_device(host[l].back()));
+      }
+      hl.push_back(&host[l]), dl.push_back(&dev[l]);
+    }
+  }
+  ExpertLists(const ExpertLists&) = delete;
+  ExpertLists& operator=(const ExpertLists&) = delete;
+};
+
+// ops::linear_grouped of x's rows (row r through expert ids[r]) on both devices, the GPU's call with tile_rows and
+// row_period, compared bit for bit; out bf16-rounded.
+std::string check_grouped(const ExpertLists& w, const di::Tensor& x, const di::Tensor& ids, int64_t act,
+                          int64_t tile_rows, int64_t row_period) {
+  di::ops::LinearOpts o;
+  o.act_quant_block = act;
+  o.round_out_bf16 = true;
+  const di::Tensor want = di::ops::linear_grouped(x, ids, w.hl, o);
+  const di::Tensor got = di::ops::linear_grouped(di::cuda::copy_to_device(x), di::cuda::copy_to_device(ids), w.dl, o,
+                                                 tile_rows, row_period);
+  std::string stats;
+  const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
+  std::printf("     %s\n", stats.c_str());
+  return r;
+}
+
 void test_linear() {
   struct Case {
     const char* what;
@@ -320,15 +369,7 @@ void test_linear_fp8_gemm() {
         di::Tensor x = random_rows(M, c.K, seed++);
         if (c.xk != kRawX) di::ops::round_bf16(x, true);
         if (c.xk == kHugeX) x.data<float>()[(M / 2) * c.K + 300] = 3e30f;
-        di::ops::LinearOpts o;
-        o.act_quant_block = c.act;
-        o.round_out_bf16 = c.round;
-        const di::Tensor want = di::ops::linear(x, wh, o);
-        di::Tensor got = di::ops::linear(di::cuda::copy_to_device(x), wd, o);
-        std::string stats;
-        const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
-        std::printf("     %s\n", stats.c_str());
-        return r;
+        return check_linear(x, wh, wd, c.act, c.round);
       });
     }
   }
@@ -347,29 +388,13 @@ void test_linear_fp8_gemm() {
   };
   for (const GroupCase& c : gcases) {
     run_case(std::string("linear_grouped fp8_gemm ") + c.what, [&] {
-      std::vector<std::vector<di::ops::QWeight>> host(c.lists), dev(c.lists);
-      for (int64_t l = 0; l < c.lists; ++l)
-        for (int64_t e = 0; e < c.E; ++e) {
-          host[l].push_back(random_weight(di::DType::kE4M3, c.N, c.K, c.block, seed++));
-          dev[l].push_back(to_device(host[l].back()));
-        }
-      std::vector<const std::vector<di::ops::QWeight>*> hl, dl;
-      for (int64_t l = 0; l < c.lists; ++l) hl.push_back(&host[l]), dl.push_back(&dev[l]);
+      const ExpertLists w(di::DType::kE4M3, c.N, c.K, c.block, c.E, c.lists, seed);
       di::Tensor ids = di::Tensor::empty({c.R}, di::DType::kI32);
       for (int64_t r = 0; r < c.R; ++r)
         ids.data<int32_t>()[r] = static_cast<int32_t>(c.permuted ? (c.E - 1 - r % c.P) : r % c.P);
       di::Tensor x = random_rows(c.R, c.K, seed++);
       di::ops::round_bf16(x, true);
-      di::ops::LinearOpts o;
-      o.act_quant_block = c.act;
-      o.round_out_bf16 = true;
-      const di::Tensor want = di::ops::linear_grouped(x, ids, hl, o);
-      const di::Tensor got =
-          di::ops::linear_grouped(di::cuda::copy_to_device(x), di::cuda::copy_to_device(ids), dl, o, 0, c.P);
-      std::string stats;
-      const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
-      std::printf("     %s\n", stats.c_str());
-      return r;
+      return check_grouped(w, x, ids, c.act, 0, c.P);
     });
   }
   run_case("linear fp8_gemm NaN code", [&] {
@@ -386,6 +411,78 @@ void test_linear_fp8_gemm() {
                           stats);
   });
   di::cuda::linear_set_fp8_gemm_rows(-1);
+}
+
+// The exact tiled FP4 GEMM (linear_gemm_fp4.cuh), forced from one row of x (cuda::linear_set_fp4_gemm_rows): dense
+// calls on the routed experts' shapes and ragged ones (several 16-row passes, a last partial tile of weight rows),
+// with and without act quant, scale codes outside the fast decode's [104, 128] (the exact fp32 decode, 255 = NaN), raw
+// fp32 x; then grouped calls on rows sorted by expert (empty experts, experts of 1 to 40 rows, one or two lists);
+// each bit for bit against the CPU op.
+void test_linear_fp4_gemm() {
+  struct Case {
+    const char* what;
+    int64_t N, K, act;
+    bool round;
+    std::vector<int64_t> Ms;
+    bool raw_x = false;
+    int scale_lo = 0, scale_hi = 0;  // non-zero: the scale codes drawn from [lo, hi] instead of random_weight's
+  };
+  const Case cases[] = {
+      {"w1-like", 2304, 5120, 32, true, {1, 16, 64}},
+      {"w2-like", 5120, 2304, 32, true, {17, 40}},
+      {"ragged N, one stage", 100, 128, 32, false, {3, 33}},
+      {"no act quant", 192, 1024, 0, true, {20}},
+      {"raw fp32 x", 130, 512, 0, false, {18}, true},
+      {"scale codes 1 .. 254", 96, 1024, 32, false, {24}, false, 1, 254},
+      {"scale codes 250 .. 255 (NaN)", 64, 256, 32, false, {9}, false, 250, 255},
+  };
+  di::cuda::linear_set_fp4_gemm_rows(1);
+  uint32_t seed = 7600;
+  for (const Case& c : cases) {
+    di::ops::QWeight wh = random_weight(di::DType::kE2M1x2, c.N, c.K, 32, seed++);
+    if (c.scale_hi > 0) {
+      std::mt19937 rng(seed++);
+      std::uniform_int_distribution<int> e(c.scale_lo, c.scale_hi);
+      for (int64_t i = 0; i < wh.scale.numel(); ++i) wh.scale.data<uint8_t>()[i] = static_cast<uint8_t>(e(rng));
+    }
+    const di::ops::QWeight wd = to_device(wh);
+    for (int64_t M : c.Ms) {
+      char name[200];
+      std::snprintf(name, sizeof name, "linear fp4_gemm %s K=%lld N=%lld act=%lld round=%d M=%lld", c.what,
+                    static_cast<long long>(c.K), static_cast<long long>(c.N), static_cast<long long>(c.act),
+                    c.round ? 1 : 0, static_cast<long long>(M));
+      run_case(name, [&] {
+        di::Tensor x = random_rows(M, c.K, seed++);
+        if (!c.raw_x) di::ops::round_bf16(x, true);
+        return check_linear(x, wh, wd, c.act, c.round);
+      });
+    }
+  }
+  struct GroupCase {
+    const char* what;
+    int64_t N, K, E, lists, act;
+    std::vector<int> rows;  // rows of each expert (sorted order), 0 = empty
+  };
+  const GroupCase gcases[] = {
+      {"w1 + w3-like, 2 lists", 256, 1024, 6, 2, 32, {17, 0, 1, 40, 16, 5}},
+      {"w2-like, ragged N", 300, 512, 5, 1, 32, {0, 33, 2, 0, 20}},
+      {"no act quant", 128, 256, 4, 2, 0, {8, 8, 0, 31}},
+  };
+  for (const GroupCase& c : gcases) {
+    run_case(std::string("linear_grouped fp4_gemm ") + c.what, [&] {
+      const ExpertLists w(di::DType::kE2M1x2, c.N, c.K, 32, c.E, c.lists, seed);
+      std::vector<int32_t> order;
+      for (int64_t e = 0; e < c.E; ++e)
+        order.insert(order.end(), static_cast<size_t>(c.rows[e]), static_cast<int32_t>(e));
+      const int64_t R = static_cast<int64_t>(order.size());
+      di::Tensor ids = di::Tensor::empty({R}, di::DType::kI32);
+      std::copy(order.begin(), order.end(), ids.data<int32_t>());
+      di::Tensor x = random_rows(R, c.K, seed++);
+      di::ops::round_bf16(x, true);
+      return check_grouped(w, x, ids, c.act, 4, 0);
+    });
+  }
+  di::cuda::linear_set_fp4_gemm_rows(-1);
 }
 
 // ops::linear_grouped through the op layer (the expert table, one or two lists in one launch), against
@@ -406,29 +503,14 @@ void test_linear_grouped() {
   uint32_t seed = 9000;
   for (const Case& c : cases) {
     run_case(std::string("linear_grouped ") + c.what, [&] {
-      std::vector<std::vector<di::ops::QWeight>> host(c.lists), dev(c.lists);
-      for (int64_t l = 0; l < c.lists; ++l)
-        for (int64_t e = 0; e < c.E; ++e) {
-          host[l].push_back(random_weight(c.dt, c.N, c.K, c.block, seed++));
-          dev[l].push_back(to_device(host[l].back()));
-        }
-      std::vector<const std::vector<di::ops::QWeight>*> hl, dl;
-      for (int64_t l = 0; l < c.lists; ++l) hl.push_back(&host[l]), dl.push_back(&dev[l]);
+      const ExpertLists w(c.dt, c.N, c.K, c.block, c.E, c.lists, seed);
       di::Tensor ids = di::Tensor::empty({c.R}, di::DType::kI32);
       std::mt19937 rng(seed++);
       for (int64_t r = 0; r < c.R; ++r) ids.data<int32_t>()[r] = static_cast<int32_t>(rng() % c.E);
       std::sort(ids.data<int32_t>(), ids.data<int32_t>() + c.R);  // moe_group's order: by expert
       di::Tensor x = random_rows(c.R, c.K, seed++);
       di::ops::round_bf16(x, true);
-      di::ops::LinearOpts o;
-      o.act_quant_block = 32;
-      o.round_out_bf16 = true;
-      const di::Tensor want = di::ops::linear_grouped(x, ids, hl, o);
-      const di::Tensor got = di::ops::linear_grouped(di::cuda::copy_to_device(x), di::cuda::copy_to_device(ids), dl, o);
-      std::string stats;
-      const std::string r = compare_linear(want, di::cuda::copy_to_host(got), stats);
-      std::printf("     %s\n", stats.c_str());
-      return r;
+      return check_grouped(w, x, ids, 32, 0, 0);
     });
   }
 }
@@ -1789,6 +1871,7 @@ int main() {
     test_rms_norm();
     test_linear();
     test_linear_fp8_gemm();
+    test_linear_fp4_gemm();
     test_linear_grouped();
     test_fake_quant_fp4();
     test_dequantize();
