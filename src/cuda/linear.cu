@@ -38,46 +38,64 @@ constexpr int kRows = 8;  // weight rows per thread block (divides every E4M3 ti
 // tiled GEMM's layout instead, each row's 32-column chunks permuted by fp8_gemm_x_pos (kPermFp8) or fp4_gemm_x_pos
 // (kPermFp4).
 enum XPerm : int { kPermNone = 0, kPermFp8 = 1, kPermFp4 = 2 };
+__device__ __forceinline__ float& prep_x_at(float* out, int64_t c, int MT, int gk, int xg, int perm) {
+  if (perm == kPermFp8) c = fp8_gemm_x_pos(c);
+  if (perm == kPermFp4) c = fp4_gemm_x_pos(c);
+  return out[(c / gk) * xg + (c % gk) * MT];
+}
+
+// Block (group g of x row m): columns [g group, (g + 1) group) of row m. kWarpGroups: a warp per group, 8 groups a
+// block (act_quant_block up to 1,024: a block of a 32-column group's 32 threads left the pre-pass bound by block
+// launches, ~0.6 ms for a prefill chunk's experts); else a block per group.
+constexpr int kPrepWarps = 8;
+template <bool kWarpGroups>
 __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT, int gk, int xg, int64_t tile_floats,
-                              int64_t group, bool quant, int perm, float* xt) {
+                              int64_t group, int64_t groups, bool quant, int perm, float* xt) {
   pdl_wait();
   pdl_launch_dependents();
   const int m = blockIdx.y;
-  const int64_t c0 = blockIdx.x * group;
+  const int64_t g = kWarpGroups ? int64_t{blockIdx.x} * kPrepWarps + threadIdx.x / 32 : int64_t{blockIdx.x};
+  if (g >= groups) return;
+  const int tid = kWarpGroups ? threadIdx.x % 32 : threadIdx.x, nt = kWarpGroups ? 32 : blockDim.x;
+  const int64_t c0 = g * group;
   const int64_t c1 = min(c0 + group, static_cast<int64_t>(K));
   float* out = xt + static_cast<int64_t>(m / MT) * tile_floats + m % MT;
-  auto at = [&](int64_t c) -> float& {
-    if (perm == kPermFp8) c = fp8_gemm_x_pos(c);
-    if (perm == kPermFp4) c = fp4_gemm_x_pos(c);
-    return out[(c / gk) * xg + (c % gk) * MT];
-  };
   if (m >= M) {  // padding rows of the last tile
-    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = 0.0f;
+    for (int64_t c = c0 + tid; c < c1; c += nt) prep_x_at(out, c, MT, gk, xg, perm) = 0.0f;
     return;
   }
   const float* p = x + m * ldx;
   if (!quant) {
-    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = p[c];
+    for (int64_t c = c0 + tid; c < c1; c += nt) prep_x_at(out, c, MT, gk, xg, perm) = p[c];
     return;
   }
-  float amax = 0.0f;  // as fake_quant_fp8_kernel (quant.cu), bit for bit the CPU op
-  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) amax = fmaxf(amax, fabsf(p[c]));
-  amax = block_reduce(amax, MaxOp{}, 0.0f);
+  float amax = 0.0f;  // as fake_quant_fp8_kernel (quant.cu), bit for bit the CPU op (a max: any order)
+  for (int64_t c = c0 + tid; c < c1; c += nt) amax = fmaxf(amax, fabsf(p[c]));
+  if constexpr (kWarpGroups) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  } else {
+    amax = block_reduce(amax, MaxOp{}, 0.0f);
+  }
   const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
-  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) at(c) = e4m3_rne(p[c] / s) * s;
+  for (int64_t c = c0 + tid; c < c1; c += nt) prep_x_at(out, c, MT, gk, xg, perm) = e4m3_rne(p[c] / s) * s;
 }
 
-// prep_x_kernel over `rows` rows of x (rows past x's own are the last tile's padding, zeroed), one block per (row,
-// group of act_quant_block columns; act_quant_block 0: x copied as is, in groups of 2,048).
+// prep_x_kernel over `rows` rows of x (rows past x's own are the last tile's padding, zeroed), per row its groups of
+// act_quant_block columns (act_quant_block 0: x copied as is, in groups of 2,048).
 void launch_prep_x(const Tensor& x, int64_t rows, int MT, int gk, int xg, int64_t tile_floats, int64_t act_quant_block,
                    XPerm perm, float* xt, cudaStream_t stream, const char* op) {
   const int64_t K = x.size(1);
   const bool quant = act_quant_block > 0;
   const int64_t group = quant ? act_quant_block : 2048, groups = (K + group - 1) / group;
   DI_CHECK(groups < (int64_t{1} << 31) && rows < 65536, "{}: x {} is too large for one launch", op, x.describe());
-  launch_pdl(prep_x_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(rows)), threads_for(group, 256),
-             0, stream, x.data<float>(), x.strides()[0], static_cast<int>(x.size(0)), static_cast<int>(K), MT, gk, xg,
-             tile_floats, group, quant, static_cast<int>(perm), xt);
+  const bool warps = quant && group <= 1024;
+  const int64_t blocks = warps ? (groups + kPrepWarps - 1) / kPrepWarps : groups;
+  launch_pdl(warps ? prep_x_kernel<true> : prep_x_kernel<false>,
+             dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)),
+             warps ? 32 * kPrepWarps : threads_for(group, 256), 0, stream, x.data<float>(), x.strides()[0],
+             static_cast<int>(x.size(0)), static_cast<int>(K), MT, gk, xg, tile_floats, group, groups, quant,
+             static_cast<int>(perm), xt);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
