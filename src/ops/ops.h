@@ -105,7 +105,7 @@ void side_join(Device d);
 bool linear_tc_mode(Device d);
 // Whether linear_grouped on device d serves rows sorted by expert (the caller's tile_rows promise) a tile of rows at a
 // time, so that the MoE groups a prefill chunk's calls too instead of looping over the experts (CUDA: the grouped
-// GEMV's tiles of up to 4 rows, the exact FP4 GEMM from DEEPINFER_CUDA_FP4_GEMM_ROWS rows per expert; measured 3-5x
+// GEMV's tiles of up to 4 rows, the exact FP4 GEMM from DEEPINFER_CUDA_FP4_GEMM_ROWS rows per expert; measured 3-3.5x
 // the loop of 384 calls per matrix, each filling part of the GPU; never on the CPU). The same bits either way.
 bool linear_grouped_tiled(Device d);
 // Makes f's device table cover positions [0, rows) now (a replayed graph's RoPE reads it without growing it; a
