@@ -97,55 +97,40 @@ __device__ __forceinline__ void fp16x2_scaled(uint32_t pat, uint32_t sc, float& 
       : "r"(d));
 }
 
-// The 16 weights of a lane's half chunk on the fast path: words A = bytes 8h .. 8h+3, B = bytes 8h+4 .. 8h+7,
-// sc = 2^(e-113) in both fp16 halves; w[l] / w[8 + l] = the low / high nibble of byte 8h + l.
-__device__ __forceinline__ void fp4_fast_weights(uint32_t A, uint32_t B, uint32_t sc, float (&w)[16]) {
-  const uint32_t words[2] = {A, B};
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    uint32_t lo[2], hi[2];
-    fp4_half_patterns(words[j], lo, hi);
-    fp16x2_scaled(lo[0], sc, w[4 * j + 0], w[4 * j + 1]);
-    fp16x2_scaled(lo[1], sc, w[4 * j + 2], w[4 * j + 3]);
-    fp16x2_scaled(hi[0], sc, w[8 + 4 * j + 0], w[8 + 4 * j + 1]);
-    fp16x2_scaled(hi[1], sc, w[8 + 4 * j + 2], w[8 + 4 * j + 3]);
-  }
+// One weight word W (bytes b0..b3 of a chunk) on the fast path, sc = 2^(e-113) in both fp16 halves: lo[i] / hi[i] =
+// the low / high nibble of byte i.
+__device__ __forceinline__ void fp4_fast_word(uint32_t W, uint32_t sc, float* lo, float* hi) {
+  uint32_t pl[2], ph[2];
+  fp4_half_patterns(W, pl, ph);
+  fp16x2_scaled(pl[0], sc, lo[0], lo[1]);
+  fp16x2_scaled(pl[1], sc, lo[2], lo[3]);
+  fp16x2_scaled(ph[0], sc, hi[0], hi[1]);
+  fp16x2_scaled(ph[1], sc, hi[2], hi[3]);
 }
 
-// The same for any scale code e: the fast path for e in [104, 128], else fp4_weight's exact fp32 decode.
-__device__ __forceinline__ void fp4_any_weights(uint32_t A, uint32_t B, uint32_t e, float (&w)[16]) {
+// The same for any scale code e, each value equal to fp4_weight(e2m1_top(nibble), e) bit for bit: the fast path for e
+// in [104, 128], else fp4_weight's exact fp32 decode.
+__device__ __forceinline__ void fp4_word_weights(uint32_t W, uint32_t e, float* lo, float* hi) {
   if (e - 104u <= 24u) {
-    fp4_fast_weights(A, B, (e - 98u) * 0x04000400u, w);  // exponent field e - 98 in [6, 30]
-  } else {
-    const uint32_t words[2] = {A, B};
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[4 * j + i] = fp4_weight(e2m1_top(words[j] << (28 - 8 * i)), e);
-        w[8 + 4 * j + i] = fp4_weight(e2m1_top(words[j] << (24 - 8 * i)), e);
-      }
-  }
-}
-
-// One weight word W (bytes b0..b3 of a chunk, scale code e): f[i] / f[4 + i] = the low / high nibble of byte i, each
-// equal to fp4_weight(e2m1_top(nibble), e) bit for bit (fp4_any_weights' two paths, a word at a time).
-__device__ __forceinline__ void fp4_word_weights(uint32_t W, uint32_t e, float (&f)[8]) {
-  if (e - 104u <= 24u) {
-    uint32_t lo[2], hi[2];
-    const uint32_t sc = (e - 98u) * 0x04000400u;
-    fp4_half_patterns(W, lo, hi);
-    fp16x2_scaled(lo[0], sc, f[0], f[1]);
-    fp16x2_scaled(lo[1], sc, f[2], f[3]);
-    fp16x2_scaled(hi[0], sc, f[4], f[5]);
-    fp16x2_scaled(hi[1], sc, f[6], f[7]);
+    fp4_fast_word(W, (e - 98u) * 0x04000400u, lo, hi);  // exponent field e - 98 in [6, 30]
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      f[i] = fp4_weight(e2m1_top(W << (28 - 8 * i)), e);
-      f[4 + i] = fp4_weight(e2m1_top(W << (24 - 8 * i)), e);
+      lo[i] = fp4_weight(e2m1_top(W << (28 - 8 * i)), e);
+      hi[i] = fp4_weight(e2m1_top(W << (24 - 8 * i)), e);
     }
   }
+}
+
+// The 16 weights of a lane's half chunk: words A = bytes 8h .. 8h+3, B = bytes 8h+4 .. 8h+7; w[l] / w[8 + l] = the
+// low / high nibble of byte 8h + l. On the fast path (sc = 2^(e-113) in both fp16 halves), then for any scale code e.
+__device__ __forceinline__ void fp4_fast_weights(uint32_t A, uint32_t B, uint32_t sc, float (&w)[16]) {
+  fp4_fast_word(A, sc, w, w + 8);
+  fp4_fast_word(B, sc, w + 4, w + 12);
+}
+__device__ __forceinline__ void fp4_any_weights(uint32_t A, uint32_t B, uint32_t e, float (&w)[16]) {
+  fp4_word_weights(A, e, w, w + 8);
+  fp4_word_weights(B, e, w + 4, w + 12);
 }
 
 // 16 bytes of a weight stream: read once, so bypass L1 and ask L2 to fetch the surrounding 256 bytes

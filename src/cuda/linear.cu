@@ -705,30 +705,37 @@ int64_t fp4_gemm_rows_min() {
   return set >= 0 ? set : v;
 }
 
+namespace {
+
+// The tiled GEMMs' common conditions: their threshold `from` (0: never) reached, and x's rows within the pre-pass's
+// grid.y (tiled_x).
+bool tiled_takes(int64_t from, int64_t rows, int64_t x_rows) { return from > 0 && rows >= from && x_rows < 65536; }
+
+// x [M, K] act-quantised by the pre-pass into a tiled GEMM's layout `perm`, in a call scratch.
+Tensor tiled_x(const Tensor& x, int64_t act_quant_block, XPerm perm, cudaStream_t stream, const char* op) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
+  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, perm, xq.data<float>(), stream,
+                op);
+  return xq;
+}
+
+}  // namespace
+
 bool fp8_gemm_takes(int64_t rows, int64_t x_rows, int B, int64_t K) {
-  const int64_t from = fp8_gemm_rows_min();
-  return from > 0 && rows >= from && x_rows < 65536 && fp8_gemm_supported(B, K);  // x_rows: fp8_gemm_x's grid.y
+  return tiled_takes(fp8_gemm_rows_min(), rows, x_rows) && fp8_gemm_supported(B, K);
 }
 
 Tensor fp8_gemm_x(const Tensor& x, int64_t act_quant_block, cudaStream_t stream) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
-  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, kPermFp8, xq.data<float>(),
-                stream, "cuda::fp8_gemm");
-  return xq;
+  return tiled_x(x, act_quant_block, kPermFp8, stream, "cuda::fp8_gemm");
 }
 
 bool fp4_gemm_takes(int64_t rows, int64_t x_rows, int64_t K) {
-  const int64_t from = fp4_gemm_rows_min();
-  return from > 0 && rows >= from && x_rows < 65536 && fp4_gemm_supported(K);  // x_rows: fp4_gemm_x's grid.y
+  return tiled_takes(fp4_gemm_rows_min(), rows, x_rows) && fp4_gemm_supported(K);
 }
 
 Tensor fp4_gemm_x(const Tensor& x, int64_t act_quant_block, cudaStream_t stream) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const Tensor xq = call_scratch(static_cast<size_t>(M * K) * sizeof(float));
-  launch_prep_x(x, M, 1, static_cast<int>(K), static_cast<int>(K), K, act_quant_block, kPermFp4, xq.data<float>(),
-                stream, "cuda::fp4_gemm");
-  return xq;
+  return tiled_x(x, act_quant_block, kPermFp4, stream, "cuda::fp4_gemm");
 }
 
 int64_t tc_from_rows() {

@@ -10,7 +10,7 @@
 // K streams in stages of 128 columns (4 chunks of 32): the raw weight rows (64 bytes each) and the x rows by cp.async
 // through a ring of 4 slots, 2 stages ahead; each thread decodes 16 weights of a stage (a half chunk of one row: 8
 // bytes, the chunk's scale code) into fp32 in the chain-major layout [chunk][l][j][64 rows] of one of two buffers,
-// while the compute reads the other: one barrier per stage. Weights through fp4_any_weights (fp_decode.cuh): exact
+// while the compute reads the other: one barrier per stage. Weights through fp4_word_weights (fp_decode.cuh): exact
 // fp16 arithmetic for scale codes 104..128, the exact fp32 decode otherwise (255 = NaN propagates as on the CPU).
 #include <cuda_runtime.h>
 
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float f[8];
-      fp4_word_weights(h == 0 ? v.x : v.y, e, f);
+      fp4_word_weights(h == 0 ? v.x : v.y, e, f, f + 4);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         out[((4 * h + i) * 4) * kBN] = f[i];

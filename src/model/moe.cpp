@@ -121,14 +121,12 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
   }
 
   // Dispatch by expert (ops::moe_group), each expert's FFN on its rows (the FP32 combine in ascending expert order
-  // plus the shared expert follows: ffn_moe). Under the tensor-core contract every call is grouped, prefill chunks too:
-  // the grouped GEMM gives each row linear_tc's bits, like the per-expert loop, in one launch per matrix instead of one
-  // per expert (a 4,096-token prefill's ~64 rows per expert left the GPU mostly idle in 384 small GEMMs per matrix).
-  // The other chunks go grouped too where linear_grouped serves sorted rows a tile at a time (CUDA: 4,096 tokens'
-  // experts 3x the loop of one call per expert under the exact contract, whose calls each filled part of the GPU); the
-  // same bits. Such chunks have over kGroupedRowsMax rows, so the tile promise below holds for them.
-  const bool grouped =
-      run_grouped(T * K, x.device()) || ops::linear_tc_mode(x.device()) || ops::linear_grouped_tiled(x.device());
+  // plus the shared expert follows: ffn_moe). Where linear_grouped serves rows sorted by expert a tile at a time (CUDA,
+  // whatever the contract) every chunk is grouped, prefill chunks too: one launch per matrix gives each row the bits of
+  // the per-expert loop, whose 384 calls per matrix each filled part of the GPU (a 4,096-token prefill's experts 3x
+  // faster grouped under the exact contract; tc: its grouped GEMM). Chunks of over kGroupedRowsMax rows pass the tile
+  // promise of grouped_experts_forward.
+  const bool grouped = ops::linear_grouped_tiled(x.device());
   const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E, /*host_offsets=*/!grouped);
   Tensor yg;
   if (grouped) {
