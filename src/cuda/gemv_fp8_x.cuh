@@ -1,6 +1,7 @@
 // Pieces shared by the E4M3 decode GEMVs that stage x in shared memory (fp8_walk_gemv, fp8_rows_gemv): the exact
 // e4m3 decode, the act quant of one value, the fast-x test without act quant, and the block's x prologue (the raw
-// rows by cp.async, then their fake quantisation in place with the 2^-8 of the fast path). Device code only.
+// rows by cp.async, then their fake quantisation in place with the 2^-8 of the fast path; or, for act-quant groups of
+// 32 and raw x, both in one pass with one block barrier). Device code only.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -126,6 +127,66 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
       }
       __syncthreads();
     }
+  }
+  return fast;
+}
+
+// The x prologue in one pass, for act-quant groups of 32 columns (A = 32) or x used as is (A = 0): the values of
+// fp8_stage_x then fp8_quantise_x, with one block barrier instead of three or four and no shared-memory atomics, on
+// the critical path of every decode GEMV that stages x after griddepcontrol.wait. Each thread loads its float4 straight
+// into registers (with A = 32 the 8 lanes of a group take its amax by shuffles and quantise) and stores it already
+// scaled by 2^-8, betting on the fast path; the barrier that ends the pass also takes the fast test. When x is not
+// fast (rare: a group scale of 2^91 or more; raw x with more than 20 significant bits or out of range) a second pass
+// stores the values without the 2^-8: with A = 32 it multiplies by 256 (exact: no quantised value is small enough to
+// lose bits), with A = 0 it reloads x. Preconditions: A == 0 or 32, K % 32 == 0, xcols a multiple of 128 and
+// blockDim.x of 32 (whole warps walk the same iterations); x rows m < mrows are read at row_of(m) after the previous
+// kernel completed (griddepcontrol.wait). Returns whether x is fast (the same answer in every thread); ends with the
+// block synchronised.
+template <int MT, typename RowOf, typename Slot>
+__device__ __forceinline__ bool fp8_stage_quantise_x(float* xs, int xcols, const float* x, int64_t ldx, int mrows,
+                                                     int K, int A, RowOf&& row_of, Slot&& slot) {
+  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
+  const int k4 = K >> 2, xc4 = xcols >> 2;
+  auto load = [&](int m, int c) {
+    return m < mrows && c < k4 ? __ldcg(reinterpret_cast<const float4*>(x + row_of(m) * ldx + 4 * c))
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  };
+  bool ok = true;
+  for (int i = tid; i < MT * xc4; i += nthreads) {  // with A = 32, i's 8-lane group is one act-quant group
+    const int m = i / xc4, c = i - m * xc4;
+    float4 v = load(m, c);
+    if (A == 32) {
+      float a = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(v.x)), fabsf(v.y)), fabsf(v.z)), fabsf(v.w));
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+      const float sc = ue8m0_scale(fmaxf(a, 1e-4f), kE4M3Max), inv = __fdiv_rn(1.0f, sc);
+      ok = ok && sc < 0x1p91f;
+      v.x = walk_act_quant(v.x, sc, inv), v.y = walk_act_quant(v.y, sc, inv);
+      v.z = walk_act_quant(v.z, sc, inv), v.w = walk_act_quant(v.w, sc, inv);
+    } else {
+      ok = ok && fast_raw_x(v.x) && fast_raw_x(v.y) && fast_raw_x(v.z) && fast_raw_x(v.w);
+    }
+    v.x = __fmul_rn(v.x, 0x1p-8f), v.y = __fmul_rn(v.y, 0x1p-8f);
+    v.z = __fmul_rn(v.z, 0x1p-8f), v.w = __fmul_rn(v.w, 0x1p-8f);
+    *reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c)) = v;
+  }
+  const bool fast = __syncthreads_and(ok) != 0;
+  if (!fast) {  // the slow path takes x as quantised (A = 32) or raw (A = 0): without the 2^-8
+    for (int i = tid; i < MT * xc4; i += nthreads) {
+      const int m = i / xc4, c = i - m * xc4;
+      float4* v = reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c));
+      float4 q;
+      if (A == 32) {
+        q = *v;
+        q.x = __fmul_rn(q.x, 256.0f), q.y = __fmul_rn(q.y, 256.0f), q.z = __fmul_rn(q.z, 256.0f);
+        q.w = __fmul_rn(q.w, 256.0f);
+      } else {
+        q = load(m, c);
+      }
+      *v = q;
+    }
+    __syncthreads();
   }
   return fast;
 }

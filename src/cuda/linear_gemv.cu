@@ -266,7 +266,11 @@ __global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_
     prefetch();
   }
   __syncthreads();  // gmax zeroed
-  if (p.A > 0) {
+  // Act-quant groups of 32 on tiles of 32: a lane pair's window of a row is one whole group, so the pair takes its
+  // amax by a shuffle and quantises in registers (the same values: the group max is order-independent), with no
+  // pass over x, no atomics and no block barriers; other groups take the two passes through shared memory.
+  const bool pair_groups = G == 1 && p.A == 32;
+  if (p.A > 0 && !pair_groups) {
     x_pass<MT>(p, wk, gmax, nullptr);
     __syncthreads();  // group amax complete
     x_scales<MT>(p, gmax, ginv);
@@ -275,28 +279,51 @@ __global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_
 
   // x window: xr[c][j][m] = x[m0 + m][t B + 32 c + 8 j + 4 h .. + 3], quantised.
   float4 xr[G][4][MT];
+  if (pair_groups) {
 #pragma unroll
-  for (int c = 0; c < G; ++c)
+    for (int m = 0; m < MT; ++m) {
+      float4 v[4];
+      float a = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const int k = t * B + 32 * c + 8 * j + 4 * h;
-        if (c < nch && m < wk.mrows) {
-          v = __ldcg(reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx + k));
-          if (p.A > 0) {
-            const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
-            const float* gi = ginv + m * p.ng;
-            const int g0 = k / p.A, g1 = (k + 1) / p.A, g2 = (k + 2) / p.A, g3 = (k + 3) / p.A;
-            v.x = act_quant(v.x, gs[g0], gi[g0]);
-            v.y = act_quant(v.y, gs[g1], gi[g1]);
-            v.z = act_quant(v.z, gs[g2], gi[g2]);
-            v.w = act_quant(v.w, gs[g3], gi[g3]);
-          }
-        }
-        xr[c][j][m] = v;
+      for (int j = 0; j < 4; ++j) {
+        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (nch > 0 && m < wk.mrows)
+          v[j] = __ldcg(reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx + t * B + 8 * j + 4 * h));
+        a = fmaxf(fmaxf(fmaxf(fmaxf(a, fabsf(v[j].x)), fabsf(v[j].y)), fabsf(v[j].z)), fabsf(v[j].w));
       }
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+      const float gs = ue8m0_scale(fmaxf(a, 1e-4f), kE4M3Max), gi = __fdiv_rn(1.0f, gs);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[j].x = act_quant(v[j].x, gs, gi), v[j].y = act_quant(v[j].y, gs, gi);
+        v[j].z = act_quant(v[j].z, gs, gi), v[j].w = act_quant(v[j].w, gs, gi);
+        xr[0][j][m] = v[j];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < G; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          const int k = t * B + 32 * c + 8 * j + 4 * h;
+          if (c < nch && m < wk.mrows) {
+            v = __ldcg(reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx + k));
+            if (p.A > 0) {
+              const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
+              const float* gi = ginv + m * p.ng;
+              const int g0 = k / p.A, g1 = (k + 1) / p.A, g2 = (k + 2) / p.A, g3 = (k + 3) / p.A;
+              v.x = act_quant(v.x, gs[g0], gi[g0]);
+              v.y = act_quant(v.y, gs[g1], gi[g1]);
+              v.z = act_quant(v.z, gs[g2], gi[g2]);
+              v.w = act_quant(v.w, gs[g3], gi[g3]);
+            }
+          }
+          xr[c][j][m] = v;
+        }
+  }
 
   int it = 0;
   for (int step = wk.first; step < p.steps; step += wk.stride, ++it) {

@@ -33,10 +33,13 @@
 // at most 20 significant bits and 2^-100 <= |x| < 2^100. Otherwise (raw fp32 x, extreme values) the slow
 // path multiplies the f16 codes by 2^-8 (exact) and forms the products and sums one by one as the CPU.
 //
-// x staging: the block's MT x rows go to shared memory by cp.async (16 bytes each, all in flight), swizzled
-// so that the float4 reads of a quarter warp (4 tiles x 2 lanes) hit 8 distinct bank groups; then they
-// are fake-quantised in place (linear_gemv.cu's arithmetic: group amax by integer atomicMax, ue8m0
-// scale, e4m3_rne(x * (1 / s)) * s) and, for fast x, scaled by 2^-8.
+// x staging: the block's MT x rows go to shared memory, swizzled so that the float4 reads of a quarter warp (4 tiles x
+// 2 lanes) hit 8 distinct bank groups, fake-quantised (linear_gemv.cu's arithmetic: group amax, ue8m0 scale,
+// e4m3_rne(x * (1 / s)) * s) and, for fast x, scaled by 2^-8: in one pass through registers with one block barrier
+// for act-quant groups of 32 and for raw x (fp8_stage_quantise_x: the group amax by shuffles), else by cp.async and
+// then in place (group amax by integer atomicMax, three more barriers). The one pass took wo_b [5120, 8192] at one row
+// of x from 19.1 to 17.2 us (bench/RESULTS.md, thirtieth session): the prologue runs after griddepcontrol.wait, so
+// every barrier of it is on the critical path.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -176,19 +179,27 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
   pdl_wait();
 
-  // x rows [m0, m0 + mrows) into xs, raw (zeros beyond K and for rows >= mrows), all in flight at once.
+  // x rows [m0, m0 + mrows) into xs (zeros beyond K and for rows >= mrows), quantised: in one pass without act quant
+  // or with groups of 32 (fp8_stage_quantise_x), else raw, all in flight at once, then quantised in place.
   auto slot = [](int c) { return x_slot<G>(c); };
-  fp8_stage_x<MT>(
-      xs, p.xcols, p.x, p.ldx, mrows, K, [&](int m) { return walk_x_row(p, m0 + m); }, slot);
-  if (grouped) {  // the expert of x row m0 (as linear_gemv.cu's expert_of), while x is in flight
+  auto x_row = [&](int m) { return walk_x_row(p, m0 + m); };
+  auto expert = [&]() {  // the expert of x row m0 (as linear_gemv.cu's expert_of)
     const int e = __ldcg(p.row_expert + walk_x_row(p, m0)) + (p.x_rows > 0 ? m0 / p.x_rows * p.n_experts : 0);
     W = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
     SC = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
     prime();
+  };
+  bool fast;
+  if (p.A == 32 || p.A == 0) {
+    if (grouped) expert();
+    fast = fp8_stage_quantise_x<MT>(xs, p.xcols, p.x, p.ldx, mrows, K, p.A, x_row, slot);
+  } else {
+    fp8_stage_x<MT>(xs, p.xcols, p.x, p.ldx, mrows, K, x_row, slot);
+    if (grouped) expert();  // while x is in flight
+    cp_async_wait_all();
+    __syncthreads();  // raw x complete, gmax zeroed
+    fast = fp8_quantise_x<MT>(xs, p.xcols, gmax, ginv, p.A, p.ng, mrows, K, slot);
   }
-  cp_async_wait_all();
-  __syncthreads();  // raw x complete, gmax zeroed
-  const bool fast = fp8_quantise_x<MT>(xs, p.xcols, gmax, ginv, p.A, p.ng, mrows, K, slot);
 
   // The walk: item after item (segment seg of row group cg), D slots of the ring per pass.
   const int f = lane >> 3, l = lane & 7;  // this lane's fold row and chain

@@ -135,16 +135,23 @@ __global__ void __launch_bounds__(32 * kRowsMaxWarps, 1) fp8_rows_gemv(RowsParam
   pdl_wait();
 
   auto slot = [](int col4) { return col4; };
-  fp8_stage_x<MT>(xs, K, p.x, p.ldx, mrows, K, x_row, slot);
-  if constexpr (kGrouped) {  // the class's matrix, while x is in flight (the ids and tables may come from upstream)
+  auto matrix = [&]() {  // the class's matrix (the ids and tables may come from upstream)
     const int e = __ldcg(p.row_expert + q) + l * p.n_experts;
     mat[0] = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
     mat[1] = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
     prime();
+  };
+  bool fast;
+  if ((p.A == 32 || p.A == 0) && K % 128 == 0) {  // x in one pass (fp8_stage_quantise_x)
+    if constexpr (kGrouped) matrix();
+    fast = fp8_stage_quantise_x<MT>(xs, K, p.x, p.ldx, mrows, K, p.A, x_row, slot);
+  } else {
+    fp8_stage_x<MT>(xs, K, p.x, p.ldx, mrows, K, x_row, slot);
+    if constexpr (kGrouped) matrix();  // while x is in flight
+    cp_async_wait_all();
+    __syncthreads();  // raw x complete, gmax zeroed
+    fast = fp8_quantise_x<MT>(xs, K, gmax, ginv, p.A, p.ng, mrows, K, slot);
   }
-  cp_async_wait_all();
-  __syncthreads();  // raw x complete, gmax zeroed
-  const bool fast = fp8_quantise_x<MT>(xs, K, gmax, ginv, p.A, p.ng, mrows, K, slot);
 
   const float* xl = xs + 4 * h;  // x[m][32 k + 8 j + 4 h + i] = xl[m K + 32 k + 8 j + i] (chunk k)
   auto walk = [&](auto fast_tag) {
