@@ -1,5 +1,5 @@
 // Pieces shared by the E4M3 decode GEMVs that stage x in shared memory (fp8_walk_gemv, fp8_rows_gemv): the exact
-// e4m3 decode, the act quant of one value, the fast-x test without act quant, and the block's x prologue (the raw
+// e4m3 decode, the fast-x test without act quant, and the block's x prologue (the raw
 // rows by cp.async, then their fake quantisation in place with the 2^-8 of the fast path; or, for act-quant groups of
 // 32 and raw x, both in one pass with one block barrier). Device code only.
 #pragma once
@@ -30,11 +30,6 @@ __device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
   f[1] = __high2float(lo);
   f[2] = __low2float(hi);
   f[3] = __high2float(hi);
-}
-
-// One x value quantised as the CPU's fake_quant_fp8 (linear_gemv.cu's act_quant): e4m3_rne(v * (1 / s)) * s.
-__device__ __forceinline__ float walk_act_quant(float v, float s, float inv) {
-  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
 }
 
 // True when x value v qualifies for the fast path without act quant (linear_gemv_fp8.cu's top comment).
@@ -78,7 +73,7 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
       const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
       uint32_t* g = gmax + m * ng;
       if (A % 4 == 0) {
-        atomicMax(g + k / A, __float_as_uint(fmaxf(fmaxf(fmaxf(fmaxf(0.0f, a[0]), a[1]), a[2]), a[3])));
+        atomicMax(g + k / A, __float_as_uint(amax4(0.0f, v)));
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
@@ -87,7 +82,7 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
     __syncthreads();  // group amax complete
     bool ok = true;
     for (int i = tid; i < MT * ng; i += nthreads) {
-      const float s = ue8m0_scale(fmaxf(__uint_as_float(gmax[i]), 1e-4f), kE4M3Max);
+      const float s = fp8_group_scale(__uint_as_float(gmax[i]));
       gmax[i] = __float_as_uint(s);
       ginv[i] = __fdiv_rn(1.0f, s);
       ok = ok && s < 0x1p91f;
@@ -101,10 +96,10 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
       const float* gi = ginv + m * ng;
       float4 q = *v;
       const int g0 = col / A, g1 = (col + 1) / A, g2 = (col + 2) / A, g3 = (col + 3) / A;
-      q.x = __fmul_rn(walk_act_quant(q.x, gs[g0], gi[g0]), k);
-      q.y = __fmul_rn(walk_act_quant(q.y, gs[g1], gi[g1]), k);
-      q.z = __fmul_rn(walk_act_quant(q.z, gs[g2], gi[g2]), k);
-      q.w = __fmul_rn(walk_act_quant(q.w, gs[g3], gi[g3]), k);
+      q.x = __fmul_rn(fp8_fake_quant_inv(q.x, gs[g0], gi[g0]), k);
+      q.y = __fmul_rn(fp8_fake_quant_inv(q.y, gs[g1], gi[g1]), k);
+      q.z = __fmul_rn(fp8_fake_quant_inv(q.z, gs[g2], gi[g2]), k);
+      q.w = __fmul_rn(fp8_fake_quant_inv(q.w, gs[g3], gi[g3]), k);
       *v = q;
     }
     __syncthreads();  // quantised x complete
@@ -142,6 +137,8 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
 // blockDim.x of 32 (whole warps walk the same iterations); x rows m < mrows are read at row_of(m) after the previous
 // kernel completed (griddepcontrol.wait). Returns whether x is fast (the same answer in every thread); ends with the
 // block synchronised.
+// Whether fp8_stage_quantise_x takes a block's x (its preconditions on A and xcols).
+__device__ __forceinline__ bool fp8_one_pass_x(int A, int xcols) { return (A == 0 || A == 32) && xcols % 128 == 0; }
 template <int MT, typename RowOf, typename Slot>
 __device__ __forceinline__ bool fp8_stage_quantise_x(float* xs, int xcols, const float* x, int64_t ldx, int mrows,
                                                      int K, int A, RowOf&& row_of, Slot&& slot) {
@@ -156,14 +153,14 @@ __device__ __forceinline__ bool fp8_stage_quantise_x(float* xs, int xcols, const
     const int m = i / xc4, c = i - m * xc4;
     float4 v = load(m, c);
     if (A == 32) {
-      float a = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, fabsf(v.x)), fabsf(v.y)), fabsf(v.z)), fabsf(v.w));
+      float a = amax4(0.0f, v);
       a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
       a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
       a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-      const float sc = ue8m0_scale(fmaxf(a, 1e-4f), kE4M3Max), inv = __fdiv_rn(1.0f, sc);
+      const float sc = fp8_group_scale(a), inv = __fdiv_rn(1.0f, sc);
       ok = ok && sc < 0x1p91f;
-      v.x = walk_act_quant(v.x, sc, inv), v.y = walk_act_quant(v.y, sc, inv);
-      v.z = walk_act_quant(v.z, sc, inv), v.w = walk_act_quant(v.w, sc, inv);
+      v.x = fp8_fake_quant_inv(v.x, sc, inv), v.y = fp8_fake_quant_inv(v.y, sc, inv);
+      v.z = fp8_fake_quant_inv(v.z, sc, inv), v.w = fp8_fake_quant_inv(v.w, sc, inv);
     } else {
       ok = ok && fast_raw_x(v.x) && fast_raw_x(v.y) && fast_raw_x(v.z) && fast_raw_x(v.w);
     }

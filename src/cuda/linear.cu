@@ -77,8 +77,8 @@ __global__ void prep_x_kernel(const float* x, int64_t ldx, int M, int K, int MT,
   } else {
     amax = block_reduce(amax, MaxOp{}, 0.0f);
   }
-  const float s = ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max);
-  for (int64_t c = c0 + tid; c < c1; c += nt) prep_x_at(out, c, MT, gk, xg, perm) = e4m3_rne(p[c] / s) * s;
+  const float s = fp8_group_scale(amax);
+  for (int64_t c = c0 + tid; c < c1; c += nt) prep_x_at(out, c, MT, gk, xg, perm) = fp8_fake_quant(p[c], s);
 }
 
 // prep_x_kernel over `rows` rows of x (rows past x's own are the last tile's padding, zeroed), per row its groups of

@@ -103,11 +103,10 @@ __device__ __forceinline__ void expert_of(const Params& p, int m, const uint8_t*
 // Columns k .. k+3 of one x row into the group amax g[group] (A columns per group; float bits, integer
 // max == float max for non-negative floats; fmaxf from 0 drops NaNs as prep_x_kernel's fmaxf loop does).
 __device__ __forceinline__ void group_max(uint32_t* g, int k, float4 v, int A) {
-  const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
   if (A % 4 == 0) {  // k % 4 == 0: the four columns share a group
-    const float mx = fmaxf(fmaxf(fmaxf(fmaxf(0.0f, a[0]), a[1]), a[2]), a[3]);
-    atomicMax(g + k / A, __float_as_uint(mx));
+    atomicMax(g + k / A, __float_as_uint(amax4(0.0f, v)));
   } else {
+    const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
 #pragma unroll
     for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
   }
@@ -148,16 +147,10 @@ __device__ void x_pass(const Params& p, const Work& wk, uint32_t* gmax, float* x
 template <int MT>
 __device__ void x_scales(const Params& p, uint32_t* gmax, float* ginv) {
   for (int i = static_cast<int>(threadIdx.x); i < MT * p.ng; i += static_cast<int>(blockDim.x)) {
-    const float s = ue8m0_scale(fmaxf(__uint_as_float(gmax[i]), 1e-4f), kE4M3Max);
+    const float s = fp8_group_scale(__uint_as_float(gmax[i]));
     gmax[i] = __float_as_uint(s);
     ginv[i] = __fdiv_rn(1.0f, s);
   }
-}
-
-// One x value quantised as the CPU's fake_quant_fp8: e4m3_rne(v * (1 / s)) * s. Since 1 / s is exact,
-// v * (1 / s) is the correctly rounded v / s, so this is also linear.cu's prep_x arithmetic bit for bit.
-__device__ __forceinline__ float act_quant(float v, float s, float inv) {
-  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
 }
 
 // Columns k .. k+3 of one x row (k % 4 == 0) fake-quantised, each by its group of A columns.
@@ -169,10 +162,10 @@ __device__ __forceinline__ float4 act_quant4(float4 v, int k, int A, const float
 #pragma unroll
     for (int e = 0; e < 4; ++e) g[e] = (k + e) / A;
   }
-  v.x = act_quant(v.x, gs[g[0]], gi[g[0]]);
-  v.y = act_quant(v.y, gs[g[1]], gi[g[1]]);
-  v.z = act_quant(v.z, gs[g[2]], gi[g[2]]);
-  v.w = act_quant(v.w, gs[g[3]], gi[g[3]]);
+  v.x = fp8_fake_quant_inv(v.x, gs[g[0]], gi[g[0]]);
+  v.y = fp8_fake_quant_inv(v.y, gs[g[1]], gi[g[1]]);
+  v.z = fp8_fake_quant_inv(v.z, gs[g[2]], gi[g[2]]);
+  v.w = fp8_fake_quant_inv(v.w, gs[g[3]], gi[g[3]]);
   return v;
 }
 
@@ -289,14 +282,14 @@ __global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_
         v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (nch > 0 && m < wk.mrows)
           v[j] = __ldcg(reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx + t * B + 8 * j + 4 * h));
-        a = fmaxf(fmaxf(fmaxf(fmaxf(a, fabsf(v[j].x)), fabsf(v[j].y)), fabsf(v[j].z)), fabsf(v[j].w));
+        a = amax4(a, v[j]);
       }
       a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-      const float gs = ue8m0_scale(fmaxf(a, 1e-4f), kE4M3Max), gi = __fdiv_rn(1.0f, gs);
+      const float gs = fp8_group_scale(a), gi = __fdiv_rn(1.0f, gs);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        v[j].x = act_quant(v[j].x, gs, gi), v[j].y = act_quant(v[j].y, gs, gi);
-        v[j].z = act_quant(v[j].z, gs, gi), v[j].w = act_quant(v[j].w, gs, gi);
+        v[j].x = fp8_fake_quant_inv(v[j].x, gs, gi), v[j].y = fp8_fake_quant_inv(v[j].y, gs, gi);
+        v[j].z = fp8_fake_quant_inv(v[j].z, gs, gi), v[j].w = fp8_fake_quant_inv(v[j].w, gs, gi);
         xr[0][j][m] = v[j];
       }
     }
@@ -315,10 +308,10 @@ __global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_
               const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
               const float* gi = ginv + m * p.ng;
               const int g0 = k / p.A, g1 = (k + 1) / p.A, g2 = (k + 2) / p.A, g3 = (k + 3) / p.A;
-              v.x = act_quant(v.x, gs[g0], gi[g0]);
-              v.y = act_quant(v.y, gs[g1], gi[g1]);
-              v.z = act_quant(v.z, gs[g2], gi[g2]);
-              v.w = act_quant(v.w, gs[g3], gi[g3]);
+              v.x = fp8_fake_quant_inv(v.x, gs[g0], gi[g0]);
+              v.y = fp8_fake_quant_inv(v.y, gs[g1], gi[g1]);
+              v.z = fp8_fake_quant_inv(v.z, gs[g2], gi[g2]);
+              v.w = fp8_fake_quant_inv(v.w, gs[g3], gi[g3]);
             }
           }
           xr[c][j][m] = v;
@@ -819,7 +812,7 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
   }
   cp_async_wait_all();
   __syncthreads();  // raw x complete, gmax zeroed
-  if (p.A > 0) {    // the quantisation of chain_gemv (x_scales, act_quant), in place
+  if (p.A > 0) {    // the quantisation of chain_gemv (x_scales, fp8_fake_quant_inv), in place
     for (int i = static_cast<int>(threadIdx.x); i < wk.mrows * k4; i += static_cast<int>(blockDim.x)) {
       const int m = i / k4, c = i - m * k4;
       group_max(gmax + m * p.ng, 4 * c, reinterpret_cast<const float4*>(xs)[i], p.A);

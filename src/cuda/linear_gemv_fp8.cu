@@ -176,7 +176,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 
   const bool grouped = p.row_expert != nullptr;
   if (!grouped) prime();
-  for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
+  const bool one_pass = fp8_one_pass_x(p.A, p.xcols);
+  if (!one_pass)
+    for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
   pdl_wait();
 
   // x rows [m0, m0 + mrows) into xs (zeros beyond K and for rows >= mrows), quantised: in one pass without act quant
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     prime();
   };
   bool fast;
-  if (p.A == 32 || p.A == 0) {
+  if (one_pass) {
     if (grouped) expert();
     fast = fp8_stage_quantise_x<MT>(xs, p.xcols, p.x, p.ldx, mrows, K, p.A, x_row, slot);
   } else {

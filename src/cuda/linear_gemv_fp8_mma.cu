@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp8_mma_gemv(MmaParams p) {
     // 1 / s = 2^-kx exactly, read off the exponent (s is a power of two; outside kx's range the block is slow and the
     // images unused).
     const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));
-    const float X = e4m3_rne(__fmul_rn(v, inv));  // act_quant's code value, exact in fp16
+    const float X = e4m3_rne(__fmul_rn(v, inv));  // fp8_fake_quant_inv's code value, exact in fp16
     const uint32_t bits = __half_as_ushort(__float2half_rn(X));
     // Element l = lane of tile c: A-tile l / 8, data lane g' = l % 8, half g' % 2; segment c / 2, slot 4 (c % 2) + j.
     const int gp = lane & 7;

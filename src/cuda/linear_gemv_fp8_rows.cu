@@ -130,8 +130,10 @@ __global__ void __launch_bounds__(32 * kRowsMaxWarps, 1) fp8_rows_gemv(RowsParam
 #pragma unroll
     for (int d = 0; d < D; ++d) load_item(d);
   };
-  if constexpr (!kGrouped) prime();  // dense weights do not depend on the previous kernel
-  for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
+  if constexpr (!kGrouped) prime();              // dense weights do not depend on the previous kernel
+  const bool one_pass = fp8_one_pass_x(p.A, K);  // x in one pass (fp8_stage_quantise_x)
+  if (!one_pass)
+    for (int i = tid; i < MT * p.ng; i += nthreads) gmax[i] = 0u;
   pdl_wait();
 
   auto slot = [](int col4) { return col4; };
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(32 * kRowsMaxWarps, 1) fp8_rows_gemv(RowsParam
     prime();
   };
   bool fast;
-  if ((p.A == 32 || p.A == 0) && K % 128 == 0) {  // x in one pass (fp8_stage_quantise_x)
+  if (one_pass) {
     if constexpr (kGrouped) matrix();
     fast = fp8_stage_quantise_x<MT>(xs, K, p.x, p.ldx, mrows, K, p.A, x_row, slot);
   } else {

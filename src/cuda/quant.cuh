@@ -69,6 +69,15 @@ __device__ __forceinline__ float e4m3_rne(float v) {
 __device__ __forceinline__ float fp8_group_scale(float amax) { return ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max); }
 // One value fake-quantised with its group's scale s: e4m3_rne(v / s) * s (exact in fp32).
 __device__ __forceinline__ float fp8_fake_quant(float v, float s) { return e4m3_rne(v / s) * s; }
+// The same with the scale's reciprocal inv = 1 / s at hand (the decode GEMVs' x prologues): 1 / s is exact, so v * inv
+// is the correctly rounded v / s and the bits are fp8_fake_quant's.
+__device__ __forceinline__ float fp8_fake_quant_inv(float v, float s, float inv) {
+  return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
+}
+// max(a, |v.x|, |v.y|, |v.z|, |v.w|) by fmaxf (NaNs skipped), for a group amax float4 by float4.
+__device__ __forceinline__ float amax4(float a, float4 v) {
+  return fmaxf(fmaxf(fmaxf(fmaxf(a, fabsf(v.x)), fabsf(v.y)), fabsf(v.z)), fabsf(v.w));
+}
 
 // Columns [c0, c1) of row p fake-quantised in place as one fake_quant_fp8 group by a whole warp (lane l: columns
 // c0 + l, c0 + l + 32, ...), `amax` being the max of |value| over the lane's own columns (a kernel that just wrote

@@ -79,7 +79,7 @@ __device__ __forceinline__ void b_frags(uint32_t x0, uint32_t x1, uint32_t (&b0)
 
 // x's FP8 input site as the CPU's fake_quant_fp8 keeps it: the group scale of amax (floored at 1e-4) and a value's
 // e4m3 code at that scale (x / s, clamped to +-448, rounded to nearest even; NaN stays NaN), formed as x * x_inv(s).
-__device__ __forceinline__ float x_scale(float amax) { return ue8m0_scale(fmaxf(amax, 1e-4f), kE4M3Max); }
+__device__ __forceinline__ float x_scale(float amax) { return fp8_group_scale(amax); }
 // 1 / s for a scale of x_scale: s is a power of two in [2^-22, 2^120] for finite x, so 1 / s is exact (read off the
 // exponent bits, no division) and x * inv rounds as x / s does; an infinite amax gives s = inf and 1 / inf = 0.
 __device__ __forceinline__ float x_inv(float s) {
