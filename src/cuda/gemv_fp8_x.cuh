@@ -32,6 +32,11 @@ __device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
   f[3] = __high2float(hi);
 }
 
+// v * k value by value (k a power of two here: the fast path's 2^-8 and its undoing, exact).
+__device__ __forceinline__ float4 mul4(float4 v, float k) {
+  return make_float4(__fmul_rn(v.x, k), __fmul_rn(v.y, k), __fmul_rn(v.z, k), __fmul_rn(v.w, k));
+}
+
 // True when x value v qualifies for the fast path without act quant (linear_gemv_fp8.cu's top comment).
 __device__ __forceinline__ bool fast_raw_x(float v) {
   const uint32_t u = __float_as_uint(v), e = (u >> 23) & 0xffu;
@@ -67,17 +72,9 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
   const int k4 = K >> 2;
   bool fast;
   if (A > 0) {
-    for (int i = tid; i < mrows * k4; i += nthreads) {  // group amax (linear_gemv.cu's group_max)
-      const int m = i / k4, c = i - m * k4, k = 4 * c;
-      const float4 v = *reinterpret_cast<const float4*>(xs + m * xcols + 4 * slot(c));
-      const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
-      uint32_t* g = gmax + m * ng;
-      if (A % 4 == 0) {
-        atomicMax(g + k / A, __float_as_uint(amax4(0.0f, v)));
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
-      }
+    for (int i = tid; i < mrows * k4; i += nthreads) {  // group amax
+      const int m = i / k4, c = i - m * k4;
+      fp8_group_max4(gmax + m * ng, 4 * c, *reinterpret_cast<const float4*>(xs + m * xcols + 4 * slot(c)), A);
     }
     __syncthreads();  // group amax complete
     bool ok = true;
@@ -92,15 +89,7 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
     for (int i = tid; i < mrows * k4; i += nthreads) {
       const int m = i / k4, c = i - m * k4, col = 4 * c;
       float4* v = reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c));
-      const float* gs = reinterpret_cast<const float*>(gmax) + m * ng;
-      const float* gi = ginv + m * ng;
-      float4 q = *v;
-      const int g0 = col / A, g1 = (col + 1) / A, g2 = (col + 2) / A, g3 = (col + 3) / A;
-      q.x = __fmul_rn(fp8_fake_quant_inv(q.x, gs[g0], gi[g0]), k);
-      q.y = __fmul_rn(fp8_fake_quant_inv(q.y, gs[g1], gi[g1]), k);
-      q.z = __fmul_rn(fp8_fake_quant_inv(q.z, gs[g2], gi[g2]), k);
-      q.w = __fmul_rn(fp8_fake_quant_inv(q.w, gs[g3], gi[g3]), k);
-      *v = q;
+      *v = mul4(fp8_fake_quant4_groups(*v, col, A, reinterpret_cast<const float*>(gmax) + m * ng, ginv + m * ng), k);
     }
     __syncthreads();  // quantised x complete
   } else {
@@ -115,16 +104,16 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
       for (int i = tid; i < mrows * k4; i += nthreads) {
         const int m = i / k4, c = i - m * k4;
         float4* v = reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c));
-        float4 q = *v;
-        q.x = __fmul_rn(q.x, 0x1p-8f), q.y = __fmul_rn(q.y, 0x1p-8f);
-        q.z = __fmul_rn(q.z, 0x1p-8f), q.w = __fmul_rn(q.w, 0x1p-8f);
-        *v = q;
+        *v = mul4(*v, 0x1p-8f);
       }
       __syncthreads();
     }
   }
   return fast;
 }
+
+// Whether fp8_stage_quantise_x takes a block's x (its preconditions on A and xcols).
+__device__ __forceinline__ bool fp8_one_pass_x(int A, int xcols) { return (A == 0 || A == 32) && xcols % 128 == 0; }
 
 // The x prologue in one pass, for act-quant groups of 32 columns (A = 32) or x used as is (A = 0): the values of
 // fp8_stage_x then fp8_quantise_x, with one block barrier instead of three or four and no shared-memory atomics, on
@@ -137,8 +126,6 @@ __device__ __forceinline__ bool fp8_quantise_x(float* xs, int xcols, uint32_t* g
 // blockDim.x of 32 (whole warps walk the same iterations); x rows m < mrows are read at row_of(m) after the previous
 // kernel completed (griddepcontrol.wait). Returns whether x is fast (the same answer in every thread); ends with the
 // block synchronised.
-// Whether fp8_stage_quantise_x takes a block's x (its preconditions on A and xcols).
-__device__ __forceinline__ bool fp8_one_pass_x(int A, int xcols) { return (A == 0 || A == 32) && xcols % 128 == 0; }
 template <int MT, typename RowOf, typename Slot>
 __device__ __forceinline__ bool fp8_stage_quantise_x(float* xs, int xcols, const float* x, int64_t ldx, int mrows,
                                                      int K, int A, RowOf&& row_of, Slot&& slot) {
@@ -159,29 +146,18 @@ __device__ __forceinline__ bool fp8_stage_quantise_x(float* xs, int xcols, const
       a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
       const float sc = fp8_group_scale(a), inv = __fdiv_rn(1.0f, sc);
       ok = ok && sc < 0x1p91f;
-      v.x = fp8_fake_quant_inv(v.x, sc, inv), v.y = fp8_fake_quant_inv(v.y, sc, inv);
-      v.z = fp8_fake_quant_inv(v.z, sc, inv), v.w = fp8_fake_quant_inv(v.w, sc, inv);
+      v = fp8_fake_quant4_inv(v, sc, inv);
     } else {
       ok = ok && fast_raw_x(v.x) && fast_raw_x(v.y) && fast_raw_x(v.z) && fast_raw_x(v.w);
     }
-    v.x = __fmul_rn(v.x, 0x1p-8f), v.y = __fmul_rn(v.y, 0x1p-8f);
-    v.z = __fmul_rn(v.z, 0x1p-8f), v.w = __fmul_rn(v.w, 0x1p-8f);
-    *reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c)) = v;
+    *reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c)) = mul4(v, 0x1p-8f);
   }
   const bool fast = __syncthreads_and(ok) != 0;
   if (!fast) {  // the slow path takes x as quantised (A = 32) or raw (A = 0): without the 2^-8
     for (int i = tid; i < MT * xc4; i += nthreads) {
       const int m = i / xc4, c = i - m * xc4;
       float4* v = reinterpret_cast<float4*>(xs + m * xcols + 4 * slot(c));
-      float4 q;
-      if (A == 32) {
-        q = *v;
-        q.x = __fmul_rn(q.x, 256.0f), q.y = __fmul_rn(q.y, 256.0f), q.z = __fmul_rn(q.z, 256.0f);
-        q.w = __fmul_rn(q.w, 256.0f);
-      } else {
-        q = load(m, c);
-      }
-      *v = q;
+      *v = A == 32 ? mul4(*v, 256.0f) : load(m, c);
     }
     __syncthreads();
   }

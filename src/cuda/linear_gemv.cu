@@ -100,18 +100,6 @@ __device__ __forceinline__ void expert_of(const Params& p, int m, const uint8_t*
            : reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
 }
 
-// Columns k .. k+3 of one x row into the group amax g[group] (A columns per group; float bits, integer
-// max == float max for non-negative floats; fmaxf from 0 drops NaNs as prep_x_kernel's fmaxf loop does).
-__device__ __forceinline__ void group_max(uint32_t* g, int k, float4 v, int A) {
-  if (A % 4 == 0) {  // k % 4 == 0: the four columns share a group
-    atomicMax(g + k / A, __float_as_uint(amax4(0.0f, v)));
-  } else {
-    const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
-  }
-}
-
 // Pass 1 over x rows [m0, m0 + mrows) (float4 loads through L2, 4 per thread in flight): the group amax
 // into gmax[MT][ng] (zeroed and synchronised by the caller; only when A > 0) and, when xs is not null,
 // the raw rows into xs[MT][K] (zeros for rows >= mrows).
@@ -135,7 +123,7 @@ __device__ void x_pass(const Params& p, const Work& wk, uint32_t* gmax, float* x
         const int i = base + b * nt;
         if (i >= k4) break;
         if (xs != nullptr) reinterpret_cast<float4*>(xs + m * p.K)[i] = v[b];
-        if (p.A > 0 && m < wk.mrows) group_max(gmax + m * p.ng, 4 * i, v[b], p.A);
+        if (p.A > 0 && m < wk.mrows) fp8_group_max4(gmax + m * p.ng, 4 * i, v[b], p.A);
       }
     }
   }
@@ -151,22 +139,6 @@ __device__ void x_scales(const Params& p, uint32_t* gmax, float* ginv) {
     gmax[i] = __float_as_uint(s);
     ginv[i] = __fdiv_rn(1.0f, s);
   }
-}
-
-// Columns k .. k+3 of one x row (k % 4 == 0) fake-quantised, each by its group of A columns.
-__device__ __forceinline__ float4 act_quant4(float4 v, int k, int A, const float* gs, const float* gi) {
-  int g[4];
-  if (A % 4 == 0) {
-    g[0] = g[1] = g[2] = g[3] = k / A;
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) g[e] = (k + e) / A;
-  }
-  v.x = fp8_fake_quant_inv(v.x, gs[g[0]], gi[g[0]]);
-  v.y = fp8_fake_quant_inv(v.y, gs[g[1]], gi[g[1]]);
-  v.z = fp8_fake_quant_inv(v.z, gs[g[2]], gi[g[2]]);
-  v.w = fp8_fake_quant_inv(v.w, gs[g[3]], gi[g[3]]);
-  return v;
 }
 
 // ---- E4M3: K split across the block, tile sums folded in shared memory ----------------------------------
@@ -287,11 +259,7 @@ __global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_
       a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
       const float gs = fp8_group_scale(a), gi = __fdiv_rn(1.0f, gs);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[j].x = fp8_fake_quant_inv(v[j].x, gs, gi), v[j].y = fp8_fake_quant_inv(v[j].y, gs, gi);
-        v[j].z = fp8_fake_quant_inv(v[j].z, gs, gi), v[j].w = fp8_fake_quant_inv(v[j].w, gs, gi);
-        xr[0][j][m] = v[j];
-      }
+      for (int j = 0; j < 4; ++j) xr[0][j][m] = fp8_fake_quant4_inv(v[j], gs, gi);
     }
   } else {
 #pragma unroll
@@ -304,15 +272,8 @@ __global__ void __launch_bounds__(Fp8Shape<G>::kThreadsMax) __maxnreg__(fp8_max_
           const int k = t * B + 32 * c + 8 * j + 4 * h;
           if (c < nch && m < wk.mrows) {
             v = __ldcg(reinterpret_cast<const float4*>(p.x + x_row(p, wk.m0 + m) * p.ldx + k));
-            if (p.A > 0) {
-              const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
-              const float* gi = ginv + m * p.ng;
-              const int g0 = k / p.A, g1 = (k + 1) / p.A, g2 = (k + 2) / p.A, g3 = (k + 3) / p.A;
-              v.x = fp8_fake_quant_inv(v.x, gs[g0], gi[g0]);
-              v.y = fp8_fake_quant_inv(v.y, gs[g1], gi[g1]);
-              v.z = fp8_fake_quant_inv(v.z, gs[g2], gi[g2]);
-              v.w = fp8_fake_quant_inv(v.w, gs[g3], gi[g3]);
-            }
+            if (p.A > 0)
+              v = fp8_fake_quant4_groups(v, k, p.A, reinterpret_cast<const float*>(gmax) + m * p.ng, ginv + m * p.ng);
           }
           xr[c][j][m] = v;
         }
@@ -551,7 +512,7 @@ __global__ void __launch_bounds__(256) chain_gemv(Params p) {
       const float* gi = ginv + m * p.ng;
       for (int i = static_cast<int>(threadIdx.x); i < K / 4; i += static_cast<int>(blockDim.x)) {
         float4* v = reinterpret_cast<float4*>(xs + m * K) + i;
-        *v = act_quant4(*v, 4 * i, p.A, gs, gi);
+        *v = fp8_fake_quant4_groups(*v, 4 * i, p.A, gs, gi);
       }
     }
     __syncthreads();  // quantised x complete
@@ -815,7 +776,7 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
   if (p.A > 0) {    // the quantisation of chain_gemv (x_scales, fp8_fake_quant_inv), in place
     for (int i = static_cast<int>(threadIdx.x); i < wk.mrows * k4; i += static_cast<int>(blockDim.x)) {
       const int m = i / k4, c = i - m * k4;
-      group_max(gmax + m * p.ng, 4 * c, reinterpret_cast<const float4*>(xs)[i], p.A);
+      fp8_group_max4(gmax + m * p.ng, 4 * c, reinterpret_cast<const float4*>(xs)[i], p.A);
     }
     __syncthreads();  // group amax complete
     x_scales<MT>(p, gmax, ginv);
@@ -825,7 +786,7 @@ __global__ void __launch_bounds__(128) __maxnreg__(pair_max_regs(MT)) fp4_pair_g
       const float* gs = reinterpret_cast<const float*>(gmax) + m * p.ng;
       const float* gi = ginv + m * p.ng;
       float4* v = reinterpret_cast<float4*>(xs) + i;
-      *v = act_quant4(*v, k, p.A, gs, gi);
+      *v = fp8_fake_quant4_groups(*v, k, p.A, gs, gi);
     }
     __syncthreads();  // quantised x complete
   }

@@ -74,9 +74,41 @@ __device__ __forceinline__ float fp8_fake_quant(float v, float s) { return e4m3_
 __device__ __forceinline__ float fp8_fake_quant_inv(float v, float s, float inv) {
   return __fmul_rn(e4m3_rne(__fmul_rn(v, inv)), s);
 }
+// A float4 of one group fake-quantised (fp8_fake_quant_inv on each value).
+__device__ __forceinline__ float4 fp8_fake_quant4_inv(float4 v, float s, float inv) {
+  return make_float4(fp8_fake_quant_inv(v.x, s, inv), fp8_fake_quant_inv(v.y, s, inv), fp8_fake_quant_inv(v.z, s, inv),
+                     fp8_fake_quant_inv(v.w, s, inv));
+}
 // max(a, |v.x|, |v.y|, |v.z|, |v.w|) by fmaxf (NaNs skipped), for a group amax float4 by float4.
 __device__ __forceinline__ float amax4(float a, float4 v) {
   return fmaxf(fmaxf(fmaxf(fmaxf(a, fabsf(v.x)), fabsf(v.y)), fabsf(v.z)), fabsf(v.w));
+}
+// The decode GEMVs' in-place act quant of x through shared memory, float4 by float4 (k % 4 == 0: columns k .. k+3 of
+// one row, groups of A columns). fp8_group_max4 folds the four into the row's group amax g[group] (float bits: integer
+// max == float max for non-negative floats; fmaxf from 0 drops NaNs as prep_x_kernel's fmaxf loop does);
+// fp8_fake_quant4_groups quantises them, each by its group's scale gs and reciprocal gi.
+__device__ __forceinline__ void fp8_group_max4(uint32_t* g, int k, float4 v, int A) {
+  if (A % 4 == 0) {  // the four columns share a group
+    atomicMax(g + k / A, __float_as_uint(amax4(0.0f, v)));
+  } else {
+    const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) atomicMax(g + (k + e) / A, __float_as_uint(fmaxf(0.0f, a[e])));
+  }
+}
+__device__ __forceinline__ float4 fp8_fake_quant4_groups(float4 v, int k, int A, const float* gs, const float* gi) {
+  int g[4];
+  if (A % 4 == 0) {
+    g[0] = g[1] = g[2] = g[3] = k / A;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) g[e] = (k + e) / A;
+  }
+  v.x = fp8_fake_quant_inv(v.x, gs[g[0]], gi[g[0]]);
+  v.y = fp8_fake_quant_inv(v.y, gs[g[1]], gi[g[1]]);
+  v.z = fp8_fake_quant_inv(v.z, gs[g[2]], gi[g[2]]);
+  v.w = fp8_fake_quant_inv(v.w, gs[g[3]], gi[g[3]]);
+  return v;
 }
 
 // Columns [c0, c1) of row p fake-quantised in place as one fake_quant_fp8 group by a whole warp (lane l: columns
