@@ -58,6 +58,12 @@ void SegmentGraphs::end_step() {
   cur_ = nullptr;
 }
 
+Tensor SegmentGraphs::input_buffer(int64_t key, size_t i) const {
+  if (mode_ != Mode::kReplay || cur_ == nullptr || next_ >= cur_->segs.size()) return Tensor();
+  const Segment& s = cur_->segs[next_];
+  return s.key == key && i < s.statics.size() ? s.statics[i] : Tensor();
+}
+
 std::vector<Tensor> SegmentGraphs::capture(const std::vector<Tensor>& inputs, const SegmentFn& fn, Segment& seg) {
   // The graph's inputs: the pool's own tensors (an earlier segment's outputs) as they are, others copied into static
   // buffers, which a replay refills.

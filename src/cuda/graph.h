@@ -46,6 +46,9 @@ class SegmentGraphs {
   // fn(inputs) eagerly, captured or replayed (see above). Inputs: tensors on CUDA (or undefined); those that are not
   // the pool's own are copied into static buffers of the segment first.
   std::vector<Tensor> run(int64_t key, const std::vector<Tensor>& inputs, const SegmentFn& fn);
+  // During a replay, the static buffer that the next segment (if its key is `key`) copies its input i into, else
+  // undefined. A caller that computes that input into this buffer saves the copy: run() finds it in place.
+  Tensor input_buffer(int64_t key, size_t i) const;
   // Ends the step begun by begin_step (a capture step makes its batch size's graphs ready).
   void end_step();
   const GraphStats& stats() const { return stats_; }

@@ -93,9 +93,10 @@ inline AttnChunk attn_chunk(const Tensor& kv, int64_t start_pos, int64_t wstart,
 // the same KV rows as alone, and the padding only adds empty slots, so every row's result is the one it
 // gets alone (batch invariance); one launch per layer instead of one per sequence. Returns o [sum T, H*D], already
 // through the conjugate RoPE (§2.4) at the rows' positions[sum T] (ops::AttnDerotate: on CUDA the attention kernel
-// applies it to its own output).
+// applies it to its own output). out (optional): a contiguous float32 buffer of [sum T, H*D] values that receives o
+// (the next graph piece's input slot, Model::piece_input), else o is allocated.
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,
-                     const ops::RopeFreqs& rope, const LayerCtx& c);
+                     const ops::RopeFreqs& rope, const LayerCtx& c, const Tensor& out = Tensor());
 
 // An index source's scoring of one sequence's chunk, deferred so that a layer scores every sequence at once: the
 // chunk's rows [row0, row0 + T) of the batch's stacked rows (set by the caller, with `chunk`, the AttnChunk's index in

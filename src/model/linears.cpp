@@ -82,7 +82,7 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
 }
 
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,
-                     const ops::RopeFreqs& rope, const LayerCtx& c) {
+                     const ops::RopeFreqs& rope, const LayerCtx& c, const Tensor& out) {
   const ModelConfig& cfg = c.cfg;
   const int64_t H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
   const bool bf = c.num.bf16;
@@ -140,7 +140,8 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   const ops::AttnDerotate derotate{positions, &rope, cfg.rope_head_dim};
   const Tensor o =
       ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf,
-                            cfg.rope_head_dim > 0 ? &derotate : nullptr)
+                            cfg.rope_head_dim > 0 ? &derotate : nullptr,
+                            out.defined() && out.numel() == rows * H * D && out.device() == dev ? out : Tensor())
           .view({rows, H * D});
   dump("o_derot", c.layer, o);
   return o;

@@ -56,6 +56,10 @@ void Model::end_graphs(bool graphs) const {
   if (graphs) graphs_->end_step();
 }
 
+Tensor Model::piece_input(bool graphs, int64_t key, size_t i) const {
+  return graphs ? graphs_->input_buffer(key, i) : Tensor();
+}
+
 Tensor Model::device_positions(const std::vector<int64_t>& positions) const {
   if (device_ == Device::kCPU) return Tensor();
   Tensor t = Tensor::empty({static_cast<int64_t>(positions.size())}, DType::kI64);

@@ -94,6 +94,9 @@ class Model {
   std::vector<Tensor> run_piece(bool graphs, int64_t key, const std::vector<Tensor>& inputs,
                                 const ops::SegmentFn& fn) const;
   void end_graphs(bool graphs) const;
+  // Where piece `key` takes its input i from during a replay (ops::SegmentGraphs::input_buffer; undefined otherwise):
+  // the attention writes o there, so the replay copies nothing in.
+  Tensor piece_input(bool graphs, int64_t key, size_t i) const;
   // Each stacked row's position on the device (int64 [T]; undefined on the CPU): ops::DevicePositions binds it.
   Tensor device_positions(const std::vector<int64_t>& positions) const;
   // Each stacked row's position: sequence b's rows offsets[b]..offsets[b+1] run from starts[b] on.

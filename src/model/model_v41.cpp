@@ -227,7 +227,8 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
     index_batch_v41(jobs, chunks, rows.iq, rows.iw, ctx);
     // Every sequence's rows in one call; o comes back de-rotated at the rows' positions (read from pos_dev on CUDA).
     const ops::DevicePositions on_device(positions.data(), T, pos_dev);
-    const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, positions.data(), rope_[l], ctx);
+    const Tensor o = attend_chunks(rows.q, chunks, L.attn.attn_sink, positions.data(), rope_[l], ctx,
+                                   piece_input(graphs, 2 * l + 1, 0));
 
     const std::vector<Tensor> b_in{o, stream, pos_dev, attn_mix.pre, attn_mix.post, attn_mix.comb, token_ids};
     if (graphs && l + 1 < cfg.n_layers && !w_.layers[l + 1].has_engram) {

@@ -272,6 +272,14 @@ std::vector<Tensor> SegmentGraphs::run(int64_t key, const std::vector<Tensor>& i
   return fn(inputs);
 }
 
+Tensor SegmentGraphs::input_buffer(int64_t key, size_t i) const {
+#if DEEPINFER_HAS_CUDA
+  if (impl_->cuda) return impl_->cuda->input_buffer(key, i);
+#endif
+  (void)key, (void)i;
+  return Tensor();
+}
+
 void SegmentGraphs::end_step() {
 #if DEEPINFER_HAS_CUDA
   if (impl_->cuda) impl_->cuda->end_step();
@@ -554,19 +562,32 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 }
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round, const AttnDerotate* derotate) {
+                        bool bf16_probs, bool round, const AttnDerotate* derotate, const Tensor& out) {
   const OpScope scope("sparse_attention", q);
   DI_CHECK(!derotate || (derotate->freqs && derotate->positions && q.defined() && q.dim() == 3 &&
                          derotate->rope_dim > 0 && derotate->rope_dim % 2 == 0 && derotate->rope_dim <= q.size(2)),
            "sparse_attention: the de-rotation needs positions, a table and an even rope_dim in (0, {}]",
            q.defined() && q.dim() == 3 ? q.size(2) : 0);
+  if (out.defined())
+    DI_CHECK(q.defined() && q.dim() == 3 && out.dtype() == DType::kF32 && out.is_contiguous() &&
+                 out.device() == q.device() && out.numel() == q.numel(),
+             "sparse_attention: out {} must be a contiguous float32 tensor of q's {} values on its device",
+             out.describe(), q.defined() ? q.describe() : std::string("undefined"));
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(q)) return cuda::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round, derotate);
+  if (on_cuda(q)) {
+    if (!out.defined()) return cuda::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round, derotate);
+    Tensor o = out.view(q.shape());
+    cuda::sparse_attention_into(q, kv, idx, sink, scale, bf16_probs, round, o, nullptr, 0, derotate);
+    return o;
+  }
 #endif
   if (on_cuda(q)) no_kernel("sparse_attention", q);
   Tensor o = cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
   if (derotate) cpu::apply_rope(o, q.size(2), derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
-  return o;
+  if (!out.defined()) return o;
+  Tensor dst = out.view(q.shape());
+  std::copy(o.data<float>(), o.data<float>() + o.numel(), dst.data<float>());
+  return dst;
 }
 
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) { return cpu::topk(scores, n, k, out); }

@@ -51,6 +51,9 @@ class SegmentGraphs {
   ~SegmentGraphs();
   bool begin_step(int64_t bucket);
   std::vector<Tensor> run(int64_t key, const std::vector<Tensor>& inputs, const SegmentFn& fn);
+  // During a replay, where the next piece (if its key is `key`) takes its input i from outside the graph (a buffer that
+  // run() would copy that input into), else undefined: a caller that writes the input there saves that copy.
+  Tensor input_buffer(int64_t key, size_t i) const;
   void end_step();
   // Captures, replays and eager runs of pieces so far (tests and benchmarks).
   struct Stats {
@@ -229,14 +232,16 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 // (relative to the running max) before P.V, as the reference kernel does. Output rounded if `round`.
 // derotate (optional): then the inverse RoPE of each head's last rope_dim columns, exactly
 // apply_rope(o, D, rope_dim, positions, *freqs, true, round) on the output (the attention output's de-rotation, one
-// kernel fewer on CUDA, where the attention kernels apply it to their own output).
+// kernel fewer on CUDA, where the attention kernels apply it to their own output). out (optional): a contiguous
+// float32 tensor of T * H * D values on q's device that receives the result (returned as [T, H, D] over it).
 struct AttnDerotate {
   const int64_t* positions = nullptr;  // [T] host positions of q's rows
   const RopeFreqs* freqs = nullptr;
   int64_t rope_dim = 0;
 };
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round, const AttnDerotate* derotate = nullptr);
+                        bool bf16_probs, bool round, const AttnDerotate* derotate = nullptr,
+                        const Tensor& out = Tensor());
 
 // Indices of the k largest of scores[0..n) ordered by (score desc, index asc). -inf entries are
 // never returned: fewer than k finite scores give fewer results. Returns the count written.

@@ -115,6 +115,15 @@ TEST(Ops, SparseAttentionDerotatesItsOutput) {
   EXPECT_GT(moved, 0);  // the rope dims changed
   ops::apply_rope(o, D, 8, pos.data(), f, false, false);
   for (int64_t i = 0; i < o.numel(); ++i) EXPECT_NEAR(o.data<float>()[i], plain.data<float>()[i], 1e-5) << i;
+  // Into a caller's buffer (the next graph piece's input slot): the same values, returned as [T, H, D] over it.
+  const Tensor want = ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &derot);
+  Tensor buf = Tensor::zeros({T, H * D}, DType::kF32);
+  const Tensor into = ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &derot, buf);
+  EXPECT_EQ(into.raw(), buf.raw());
+  EXPECT_EQ(into.shape(), want.shape());
+  for (int64_t i = 0; i < buf.numel(); ++i) EXPECT_EQ(buf.data<float>()[i], want.data<float>()[i]) << i;
+  EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, nullptr, Tensor::zeros({T, H}, DType::kF32)),
+               Error);
   const ops::AttnDerotate odd{pos.data(), &f, 7}, wide{pos.data(), &f, 18};
   EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &odd), Error);
   EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &wide), Error);

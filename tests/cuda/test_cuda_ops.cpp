@@ -1084,6 +1084,14 @@ void test_sparse_attention() {
                   static_cast<long long>(rd), progression ? "progression" : "scattered");
       err = exact(got, got_d);
       if (!err.empty()) return "de-rotated: " + err;
+      if (c.hg == 0) {  // into a caller's buffer (ops::sparse_attention's out: the model's graph input slot)
+        di::Tensor buf = di::Tensor::zeros({c.T, c.H * c.D}, di::DType::kF32).to(di::Device::kCUDA);
+        const di::Tensor into =
+            di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, &derot, buf);
+        if (into.raw() != buf.raw()) return std::string("out: the result is not in the caller's buffer");
+        err = exact(got_d, into);
+        if (!err.empty()) return "into a buffer: " + err;
+      }
       err = attention_close(want_d, got_d, c.D);
       return err.empty() ? err : "de-rotated against the CPU: " + err;
     });
