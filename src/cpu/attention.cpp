@@ -14,13 +14,21 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
                         bool bf16_probs, bool round) {
   DI_CHECK(q.dim() == 3 && kv.dim() == 2 && idx.dim() == 2, "sparse_attention: q {} kv {} idx {}", q.describe(),
            kv.describe(), idx.describe());
-  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), N = kv.size(0), K = idx.size(1);
-  DI_CHECK(kv.size(1) == D && idx.size(0) == T && sink.numel() == H && idx.dtype() == DType::kI32,
-           "sparse_attention: shapes q {} kv {} idx {} sink {}", q.describe(), kv.describe(), idx.describe(),
-           sink.describe());
+  const int64_t D = q.size(2), N = kv.size(0);
+  DI_CHECK(kv.size(1) == D, "sparse_attention: shapes q {} kv {}", q.describe(), kv.describe());
+  std::vector<const float*> rows(static_cast<size_t>(N));
+  for (int64_t j = 0; j < N; ++j) rows[j] = kv.data<float>() + j * D;
+  return sparse_attention_rows(q, rows.data(), N, idx, sink, scale, bf16_probs, round);
+}
+
+Tensor sparse_attention_rows(const Tensor& q, const float* const* rows, int64_t N, const Tensor& idx,
+                             const Tensor& sink, float scale, bool bf16_probs, bool round) {
+  DI_CHECK(q.dim() == 3 && idx.dim() == 2, "sparse_attention: q {} idx {}", q.describe(), idx.describe());
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), K = idx.size(1);
+  DI_CHECK(idx.size(0) == T && sink.numel() == H && idx.dtype() == DType::kI32,
+           "sparse_attention: shapes q {} idx {} sink {}", q.describe(), idx.describe(), sink.describe());
   Tensor out = Tensor::empty({T, H, D}, DType::kF32);
   const float* qp = q.data<float>();
-  const float* kvp = kv.data<float>();
   const int32_t* ip = idx.data<int32_t>();
   const float* sk = sink.data<float>();
   float* op = out.data<float>();
@@ -43,7 +51,7 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
             s[i] = -INFINITY;
             continue;
           }
-          const float* kr = kvp + static_cast<int64_t>(j) * D;
+          const float* kr = rows[j];
           float dot = 0.0f;
           for (int64_t d = 0; d < D; ++d) dot += qv[d] * kr[d];
           s[i] = dot * scale;
@@ -59,7 +67,7 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
           const float p = std::exp(s[i] - m_new);
           tsum += p;
           const float pv = bf16_probs ? deepinfer::round_bf16(p) : p;
-          const float* vr = kvp + static_cast<int64_t>(list[base + i]) * D;
+          const float* vr = rows[list[base + i]];
           for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<double>(pv) * vr[d];
         }
         l = l * rescale + tsum;

@@ -38,6 +38,10 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
                float norm_eps, bool round);
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                         bool bf16_probs, bool round);
+// The same with KV row j at rows[j] (n_rows rows of q's D floats): the attention reads the rows where they live
+// (ops::sparse_attention_segments), not from one table.
+Tensor sparse_attention_rows(const Tensor& q, const float* const* rows, int64_t n_rows, const Tensor& idx,
+                             const Tensor& sink, float scale, bool bf16_probs, bool round);
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out);
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index);
 Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, int64_t block_size, int64_t keep);

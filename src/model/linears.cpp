@@ -98,7 +98,12 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   DI_CHECK(rows == q.size(0), "attention: {} chunk rows for {} query rows", rows, q.size(0));
   const Device dev = q.device();
   if (rows == 0) return Tensor::empty({0, H * D}, DType::kF32, dev);
-  Tensor table = Tensor::empty({n, D}, DType::kF32, dev);
+  // On the CPU the attention reads the rings, the new rows and the compressed pages where they are
+  // (ops::sparse_attention_segments): gathering them into one table copied every row of the layer's state at every step
+  // (a quarter of a 16k-token decode step of mini-v41 went to these copies). CUDA gathers (its kernels read one table);
+  // so does a debug dump (the table is one of its files).
+  const bool in_place = dev == Device::kCPU && !dump_enabled();
+  Tensor table = in_place ? Tensor() : Tensor::empty({n, D}, DType::kF32, dev);
   Tensor idx = Tensor::empty({rows, width}, DType::kI32, dev);
   // Every chunk's table part (its window rows [wstart, start_pos) from the ring, its own rows, its compressed entries)
   // as runs of rows, gathered by one ops::gather_segments: a decode batch's table took 3-4 copies per chunk and layer.
@@ -121,15 +126,21 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     base += tn;
   }
   ops::sparse_index_many(lists, dev, idx);  // written in place: no copy
-  ops::gather_segments(segs, table);
-  // Slide each window ring forward over its chunk (after its rows were copied into the table): one copy_rows for the
-  // batch. (Not in the gather's launch: measured on the H200, the attention that follows ran 3-6 us longer per layer.)
-  std::vector<ops::RowCopy> writes;
-  for (AttnChunk& k : chunks) {
-    const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
-    k.ring->write_copies(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T), writes);
+  // Slide each window ring forward over its chunk, once its rows are in the table or, read in place, once the attention
+  // has read them (a chunk's new rows overwrite ring slots its first rows still attend): one copy_rows for the batch.
+  // (Not in the gather's launch: measured on the H200, the attention that follows ran 3-6 us longer per layer.)
+  auto slide_rings = [&] {
+    std::vector<ops::RowCopy> writes;
+    for (AttnChunk& k : chunks) {
+      const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
+      k.ring->write_copies(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T), writes);
+    }
+    ops::copy_rows(writes, D, dev);
+  };
+  if (!in_place) {
+    ops::gather_segments(segs, table);
+    slide_rings();
   }
-  ops::copy_rows(writes, D, dev);
   if (dump_enabled()) {
     dump("table", c.layer, table);
     const Tensor host = idx.to(Device::kCPU);
@@ -138,11 +149,17 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     dump("idx", c.layer, fi);
   }
   const ops::AttnDerotate derotate{positions, &rope, cfg.rope_head_dim};
-  const Tensor o =
-      ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, 1.0f / std::sqrt(static_cast<float>(D)), bf, bf,
-                            cfg.rope_head_dim > 0 ? &derotate : nullptr,
-                            out.defined() && out.numel() == rows * H * D && out.device() == dev ? out : Tensor())
-          .view({rows, H * D});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const ops::AttnDerotate* derot = cfg.rope_head_dim > 0 ? &derotate : nullptr;
+  Tensor o;
+  if (in_place) {
+    o = ops::sparse_attention_segments(q.view({rows, H, D}), segs, idx, sink, scale, bf, bf, derot);
+    slide_rings();
+  } else {
+    o = ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, scale, bf, bf, derot,
+                              out.defined() && out.numel() == rows * H * D && out.device() == dev ? out : Tensor());
+  }
+  o = o.view({rows, H * D});
   dump("o_derot", c.layer, o);
   return o;
 }

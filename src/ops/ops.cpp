@@ -590,6 +590,30 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
   return dst;
 }
 
+Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& idx,
+                                 const Tensor& sink, float scale, bool bf16_probs, bool round,
+                                 const AttnDerotate* derotate) {
+  const OpScope scope("sparse_attention", q);
+  DI_CHECK(q.defined() && q.dim() == 3 && q.device() == Device::kCPU && idx.device() == Device::kCPU &&
+               sink.device() == Device::kCPU,
+           "sparse_attention_segments: q, idx and sink must be CPU tensors (the CUDA kernels read one table), got q {}",
+           q.defined() ? q.describe() : std::string("undefined"));
+  DI_CHECK(!derotate || (derotate->freqs && derotate->positions && derotate->rope_dim > 0 &&
+                         derotate->rope_dim % 2 == 0 && derotate->rope_dim <= q.size(2)),
+           "sparse_attention: the de-rotation needs positions, a table and an even rope_dim in (0, {}]", q.size(2));
+  const int64_t D = q.size(2);
+  std::vector<const float*> rows;
+  for (const RowSegment& s : segments) {
+    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "sparse_attention_segments: a run of {} rows at null",
+             s.rows);
+    for (int64_t r = 0; r < s.rows; ++r) rows.push_back(s.src + r * D);
+  }
+  Tensor o = cpu::sparse_attention_rows(q, rows.data(), static_cast<int64_t>(rows.size()), idx, sink, scale, bf16_probs,
+                                        round);
+  if (derotate) cpu::apply_rope(o, D, derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
+  return o;
+}
+
 int64_t topk(const float* scores, int64_t n, int64_t k, int32_t* out) { return cpu::topk(scores, n, k, out); }
 
 Tensor topk_rows(const Tensor& scores, int64_t k, bool sort_by_index) {

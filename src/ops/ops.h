@@ -424,6 +424,13 @@ struct RowSegment {
   int64_t rows;
 };
 void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst);
+// sparse_attention over the table that gather_segments(segments, ...) would build (row j of the runs laid end to end,
+// q's D floats a row), read where the rows live instead: the same bits as gathering first. On the CPU only (host runs;
+// the CUDA kernels read one table): attend_chunks there reads a sequence's window ring, its new rows and its
+// compressed pages in place, where the table cost a copy of every row of the layer's state at every step.
+Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& idx,
+                                 const Tensor& sink, float scale, bool bf16_probs, bool round,
+                                 const AttnDerotate* derotate = nullptr);
 // Row copies of one width on one device: copy i moves `rows` rows (`width` floats each, contiguous runs) from src to
 // dst. One CUDA kernel for all of them (a decode batch's window-ring writes; gather_segments is one use), a copy each
 // on the CPU. Exact; the runs must not overlap.

@@ -129,6 +129,36 @@ TEST(Ops, SparseAttentionDerotatesItsOutput) {
   EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &wide), Error);
 }
 
+// The table read where its rows live (the CPU's attend_chunks: ring runs, new rows, pages): runs of a shuffled copy of
+// the table, laid end to end, give the bits of the gathered table, with and without the de-rotation.
+TEST(Ops, SparseAttentionSegmentsReadsRowsInPlace) {
+  const int64_t T = 4, H = 3, D = 32, N = 37;
+  Tensor q = randn({T, H, D}, 21), kv = randn({N, D}, 22), sink = randn({H}, 23);
+  Tensor idx = Tensor::empty({T, 9}, DType::kI32);
+  for (int64_t i = 0; i < idx.numel(); ++i)
+    idx.data<int32_t>()[i] = i % 5 == 3 ? -1 : static_cast<int32_t>((i * 11) % N);
+  // The table's rows in three runs stored out of order elsewhere: [0, 10) at the end, [10, 30) first, [30, 37) between.
+  Tensor store = Tensor::empty({N, D}, DType::kF32);
+  const int64_t at[3] = {27, 0, 20}, from[3] = {0, 10, 30}, len[3] = {10, 20, 7};
+  std::vector<ops::RowSegment> segs;
+  for (int r = 0; r < 3; ++r) {
+    std::copy(kv.data<float>() + from[r] * D, kv.data<float>() + (from[r] + len[r]) * D,
+              store.data<float>() + at[r] * D);
+    segs.push_back({store.data<float>() + at[r] * D, len[r]});
+  }
+  const ops::RopeFreqs f = ops::rope_freqs(8, 10000.0, 1.0, 0, 32, 1);
+  const std::vector<int64_t> pos = {3, 4, 5, 6};
+  const ops::AttnDerotate derot{pos.data(), &f, 8};
+  for (const ops::AttnDerotate* d : {static_cast<const ops::AttnDerotate*>(nullptr), &derot}) {
+    const Tensor want = ops::sparse_attention(q, kv, idx, sink, 0.25f, true, true, d);
+    const Tensor got = ops::sparse_attention_segments(q, segs, idx, sink, 0.25f, true, true, d);
+    ASSERT_EQ(got.shape(), want.shape());
+    for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+  }
+  segs.pop_back();  // 30 rows: index 30+ is out of range
+  EXPECT_THROW(ops::sparse_attention_segments(q, segs, idx, sink, 0.25f, true, true), Error);
+}
+
 // YaRN table for compress_rope_theta 160000, factor 16, original 65536: dims i <= 15 keep their
 // frequency, i >= 25 are divided by 16, 16..24 blend with ramp (i - 15) / 10 (spec §2.1).
 TEST(Ops, RopeYarnCorrectionRange) {
