@@ -561,13 +561,24 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
   return cpu::hc_head(stream, fn, scale, base, hc_eps, norm_eps, round);
 }
 
-Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
-                        bool bf16_probs, bool round, const AttnDerotate* derotate, const Tensor& out) {
-  const OpScope scope("sparse_attention", q);
+namespace {
+// sparse_attention's de-rotation request (ops.h), checked once for both forms of the op.
+void check_derotate(const Tensor& q, const AttnDerotate* derotate) {
   DI_CHECK(!derotate || (derotate->freqs && derotate->positions && q.defined() && q.dim() == 3 &&
                          derotate->rope_dim > 0 && derotate->rope_dim % 2 == 0 && derotate->rope_dim <= q.size(2)),
            "sparse_attention: the de-rotation needs positions, a table and an even rope_dim in (0, {}]",
            q.defined() && q.dim() == 3 ? q.size(2) : 0);
+}
+// The CPU attention's output through the de-rotation when asked (the CUDA kernels apply it themselves).
+void cpu_derotate(Tensor& o, const AttnDerotate* derotate, bool round) {
+  if (derotate) cpu::apply_rope(o, o.size(2), derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
+}
+}  // namespace
+
+Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
+                        bool bf16_probs, bool round, const AttnDerotate* derotate, const Tensor& out) {
+  const OpScope scope("sparse_attention", q);
+  check_derotate(q, derotate);
   if (out.defined())
     DI_CHECK(q.defined() && q.dim() == 3 && out.dtype() == DType::kF32 && out.is_contiguous() &&
                  out.device() == q.device() && out.numel() == q.numel(),
@@ -583,7 +594,7 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
 #endif
   if (on_cuda(q)) no_kernel("sparse_attention", q);
   Tensor o = cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
-  if (derotate) cpu::apply_rope(o, q.size(2), derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
+  cpu_derotate(o, derotate, round);
   if (!out.defined()) return o;
   Tensor dst = out.view(q.shape());
   std::copy(o.data<float>(), o.data<float>() + o.numel(), dst.data<float>());
@@ -598,9 +609,7 @@ Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>&
                sink.device() == Device::kCPU,
            "sparse_attention_segments: q, idx and sink must be CPU tensors (the CUDA kernels read one table), got q {}",
            q.defined() ? q.describe() : std::string("undefined"));
-  DI_CHECK(!derotate || (derotate->freqs && derotate->positions && derotate->rope_dim > 0 &&
-                         derotate->rope_dim % 2 == 0 && derotate->rope_dim <= q.size(2)),
-           "sparse_attention: the de-rotation needs positions, a table and an even rope_dim in (0, {}]", q.size(2));
+  check_derotate(q, derotate);
   const int64_t D = q.size(2);
   std::vector<const float*> rows;
   for (const RowSegment& s : segments) {
@@ -610,7 +619,7 @@ Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>&
   }
   Tensor o = cpu::sparse_attention_rows(q, rows.data(), static_cast<int64_t>(rows.size()), idx, sink, scale, bf16_probs,
                                         round);
-  if (derotate) cpu::apply_rope(o, D, derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
+  cpu_derotate(o, derotate, round);
   return o;
 }
 
