@@ -3,7 +3,7 @@
 // the same run. Needs a CUDA GPU (prints SKIP and exits 0 without one). Each timed call gathers fresh
 // rows: idx sets are rotated over a 1 GiB float32 KV pool (L2 is 50-60 MB), and the calls are captured
 // into a CUDA graph so launch gaps stay out of the figures.
-//   ./build/bench/bench_cuda_attention
+//   ./build/bench/bench_cuda_attention            (BENCH_ATTN_CASES=MASK: only some tables, see main)
 // HG: heads per CTA of the tiled kernel (4, 8, 16), or s4 / s8 / s16: heads per cluster of the split
 // (decode) kernel; auto is what the op picks. Three more tables time the model's decode cases: a small
 // L2-resident KV table (window + compressed rows, as the model builds one per layer call) with 512, 32
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -84,7 +85,12 @@ int main() {
               static_cast<long long>(H), static_cast<long long>(D), static_cast<long long>(K),
               static_cast<long long>(N));
   std::printf("%6s %4s %10s %10s %8s %9s\n", "T", "HG", "us/call", "GB/s", "%copy", "TFLOP/s");
+  // BENCH_ATTN_CASES: a bit mask of the tables to run (1: the 1 GiB pool, 2 / 4 / 8: the model's decode cases with
+  // 512, 32 or no valid picks); all by default. Lets a profiler's first launch be the case wanted.
+  const char* cases_env = std::getenv("BENCH_ATTN_CASES");
+  const int cases = cases_env != nullptr ? std::atoi(cases_env) : 15;
   for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 128}) {
+    if ((cases & 1) == 0) break;
     const di::Tensor q = random_bf16_grid({T, H, D}, 1.0f);
     std::vector<di::Tensor> idx(kCalls);
     for (int c = 0; c < kCalls; ++c) {
@@ -117,7 +123,11 @@ int main() {
   struct Case {
     int64_t K, picks;
   };
+  int case_bit = 2;
   for (const Case cs : {Case{K, K - 128}, Case{K, 32}, Case{128, 0}}) {
+    const bool run_case = (cases & case_bit) != 0;
+    case_bit <<= 1;
+    if (!run_case) continue;
     const int64_t W = 128, NC = 1024, NT = W + NC, KC = cs.K;
     const di::Tensor table = random_bf16_grid({NT, D}, 1.0f);
     std::printf(

@@ -19,13 +19,13 @@
 //   memory, one warp per head does the softmax step, and every thread owns output columns d and
 //   d + 256 of all HG heads (2 * HG FP64 accumulators in registers; the tile's probabilities are
 //   converted to FP64 once, in shared memory).
-// * Split (decode: T * ceil(H / 16) * 8 <= 2 * SMs, K <= 2048): one cluster of 8 CTAs per (token,
-//   group of HG heads), HG the fewest of 4, 8, 16 whose CTAs fit on the GPU at once (T = 1, H = 64:
-//   4 heads, 128 CTAs). The scores of ALL tiles are computed first, the valid entries split over the
-//   8 CTAs (each score one thread's sequential dot, rows streamed through shared memory in 32-float
-//   chunks); the per-tile maxima and then the probabilities are exchanged through distributed shared
-//   memory (two cluster barriers); every CTA then redoes the tile sums / rescales / l for its heads
-//   and runs P.V tile by tile for its own D / 8 output columns (the rows' column slices come from L2).
+// * Split (decode: T * ceil(H / 16) * 8 <= 2 * SMs, K <= 2048): one cluster of 8 CTAs per (token, group of HG
+//   heads), HG = 8 where its layout fits, then 16, then 4 (T = 1, H = 64: 8 heads, 64 CTAs); q 16-byte aligned
+//   (else the tiled kernel). The scores of ALL tiles are computed first, the valid entries split over the 8 CTAs
+//   (each score a sequential dot; a thread forms two heads' dots of one entry; rows streamed through shared memory
+//   in chunks); the per-tile maxima and then the probabilities are exchanged through distributed shared memory (two
+//   cluster barriers); every CTA then redoes the tile sums / rescales / l for its heads and runs P.V tile by tile for
+//   its own D / 8 output columns (the rows' column slices come from L2).
 // Entries with idx < 0 or >= N are skipped (empty).
 // De-rotation (ops::AttnDerotate): both kernels apply the inverse RoPE to their own output before storing it: the
 // columns (2i, 2i + 1) of a pair sit in lanes l, l ^ 1 of one warp (one shuffle), and the rotation is rope.cuh's
