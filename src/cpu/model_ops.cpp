@@ -44,15 +44,15 @@ constexpr int64_t kHeadBlock = 16;  // heads per register block (two v8f)
 constexpr int64_t kKeyBlock = 4;    // keys sharing each load of q
 constexpr int64_t kKeysPerItem = 64;
 
-// dots[jj * nh + h] = sum_i q[h, i] * key_jj[i], i ascending from 0.0f, for the keys j0..j0+nj.
+// dots[jj * nh + h] = sum_i q[h, i] * key_jj[i], i ascending from 0.0f, for the keys j0..j0+nj (key j at keys[j]).
 // qT is q transposed to [d][nh] so that consecutive heads are consecutive lanes.
-void head_dots(const float* qT, const float* q, const float* keys, int64_t nh, int64_t d, int64_t j0, int64_t nj,
+void head_dots(const float* qT, const float* q, const float* const* keys, int64_t nh, int64_t d, int64_t j0, int64_t nj,
                float* dots) {
   if (nj == kKeyBlock && nh % kHeadBlock == 0) {
-    const float* k0 = keys + (j0 + 0) * d;
-    const float* k1 = keys + (j0 + 1) * d;
-    const float* k2 = keys + (j0 + 2) * d;
-    const float* k3 = keys + (j0 + 3) * d;
+    const float* k0 = keys[j0 + 0];
+    const float* k1 = keys[j0 + 1];
+    const float* k2 = keys[j0 + 2];
+    const float* k3 = keys[j0 + 3];
     for (int64_t h0 = 0; h0 < nh; h0 += kHeadBlock) {
       v8f a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
       for (int64_t i = 0; i < d; ++i) {
@@ -79,7 +79,7 @@ void head_dots(const float* qT, const float* q, const float* keys, int64_t nh, i
     return;
   }
   for (int64_t jj = 0; jj < nj; ++jj) {
-    const float* key = keys + (j0 + jj) * d;
+    const float* key = keys[j0 + jj];
     for (int64_t h = 0; h < nh; ++h) {
       const float* qh = q + h * d;
       float dot = 0.0f;
@@ -95,14 +95,26 @@ inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 }  // namespace
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round) {
-  check_cpu_f32(q, "index_scores", "q");
   check_cpu_f32(keys, "index_scores", "keys");
+  DI_CHECK(keys.dim() == 2, "index_scores: expected keys [N, d], got {}", keys.describe());
+  const int64_t N = keys.size(0), d = keys.size(1);
+  std::vector<const float*> rows(static_cast<size_t>(N));
+  for (int64_t j = 0; j < N; ++j) rows[j] = keys.data<float>() + j * d;
+  DI_CHECK(w.defined() && w.dim() == 2 && q.defined() && q.numel() == q.size(0) * w.size(1) * d,
+           "index_scores: q {} does not match w {} and keys {}", q.describe(), w.defined() ? w.describe() : "undefined",
+           keys.describe());
+  return index_scores_rows(q, rows.data(), N, w, vis, round);
+}
+
+Tensor index_scores_rows(const Tensor& q, const float* const* rows, int64_t n_rows, const Tensor& w,
+                         const KeyVisibility& vis, bool round) {
+  check_cpu_f32(q, "index_scores", "q");
   check_cpu_f32(w, "index_scores", "w");
-  DI_CHECK(keys.dim() == 2 && w.dim() == 2 && q.dim() >= 2,
-           "index_scores: expected keys [N, d], w [T, heads], got {}, {}", keys.describe(), w.describe());
-  const int64_t T = q.size(0), N = keys.size(0), d = keys.size(1), nh = w.size(1);
-  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "index_scores: q {} does not match w {} and keys {}",
-           q.describe(), w.describe(), keys.describe());
+  DI_CHECK(w.dim() == 2 && q.dim() >= 2 && n_rows >= 0, "index_scores: expected w [T, heads], got {}", w.describe());
+  const int64_t T = q.size(0), N = n_rows, nh = w.size(1);
+  DI_CHECK(w.size(0) == T && nh > 0 && q.numel() % (T * nh) == 0, "index_scores: q {} does not match w {}",
+           q.describe(), w.describe());
+  const int64_t d = T > 0 ? q.numel() / (T * nh) : 0;
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "index_scores: ratio {} must be positive", vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, "index_scores", "counts");
   const bool offs = vis.offsets.defined();
@@ -123,7 +135,6 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   Tensor out = Tensor::empty({T, W}, DType::kF32);
   float* op = out.data<float>();
   const float* qp = q.data<float>();
-  const float* kp = keys.data<float>();
   const float* wp = w.data<float>();
   // q of every row transposed to [d][nh].
   std::vector<float> qT(static_cast<size_t>(T * nh * d));
@@ -144,7 +155,7 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
     std::vector<float> dots(static_cast<size_t>(kKeyBlock * nh));
     for (int64_t j0 = jbeg; j0 < jend; j0 += kKeyBlock) {
       const int64_t nj = std::min(kKeyBlock, jend - j0);
-      head_dots(qT.data() + t * d * nh, qt, kp + first_key[t] * d, nh, d, j0, nj, dots.data());
+      head_dots(qT.data() + t * d * nh, qt, rows + first_key[t], nh, d, j0, nj, dots.data());
       for (int64_t jj = 0; jj < nj; ++jj) {
         double total = 0;
         for (int64_t h = 0; h < nh; ++h) {

@@ -146,7 +146,7 @@ Tensor indexer(const Tensor& q, const Tensor& wts, int64_t start_pos, const RowP
   const bool bf = c.num.bf16;
   // Scores of every visible index key (ops::index_scores), then the top min(index_topk, kcomp) of
   // each row in score order (kcomp <= index_topk).
-  const Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, r}, bf);
+  const Tensor scores = index_scores_pages(q.view({T, nh, hd}), keys, wts, {Tensor(), start_pos, r}, bf);
   Tensor top = ops::topk_rows(scores, kcomp);
   if (c.trace) trace_picks(top, c);
   return top;

@@ -71,7 +71,7 @@ void indexer_v41(const Tensor& q, const Tensor& wts, const RowPages& keys, int64
   const bool bf = c.num.bf16;
 
   // Scores of every visible key (ops::index_scores: -inf past a row's visible count).
-  Tensor scores = ops::index_scores(q.view({T, nh, hd}), pages_tensor(keys), wts, {Tensor(), start_pos, ratio}, bf);
+  Tensor scores = index_scores_pages(q.view({T, nh, hd}), keys, wts, {Tensor(), start_pos, ratio}, bf);
   candidates_v41(scores, T, start_pos, ratio, n, shared, c);
   const int64_t k = std::min(cfg.index_topk, n);
   shared.k = k;

@@ -601,6 +601,21 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
   return dst;
 }
 
+namespace {
+
+// The address of every row of the runs laid end to end (width floats a row): what the *_segments ops read.
+std::vector<const float*> segment_rows(const std::vector<RowSegment>& segments, int64_t width, const char* what) {
+  std::vector<const float*> rows;
+  for (const RowSegment& s : segments) {
+    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "{}: a run of {} rows at null", what, s.rows);
+    for (int64_t r = 0; r < s.rows; ++r) rows.push_back(s.src + r * width);
+  }
+  DI_CHECK(rows.size() < (size_t{1} << 31), "{}: {} rows", what, rows.size());
+  return rows;
+}
+
+}  // namespace
+
 Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& idx,
                                  const Tensor& sink, float scale, bool bf16_probs, bool round,
                                  const AttnDerotate* derotate) {
@@ -610,13 +625,7 @@ Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>&
            "sparse_attention_segments: q, idx and sink must be CPU tensors (the CUDA kernels read one table), got q {}",
            q.defined() ? q.describe() : std::string("undefined"));
   check_derotate(q, derotate);
-  const int64_t D = q.size(2);
-  std::vector<const float*> rows;
-  for (const RowSegment& s : segments) {
-    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "sparse_attention_segments: a run of {} rows at null",
-             s.rows);
-    for (int64_t r = 0; r < s.rows; ++r) rows.push_back(s.src + r * D);
-  }
+  const std::vector<const float*> rows = segment_rows(segments, q.size(2), "sparse_attention_segments");
   Tensor o = cpu::sparse_attention_rows(q, rows.data(), static_cast<int64_t>(rows.size()), idx, sink, scale, bf16_probs,
                                         round);
   cpu_derotate(o, derotate, round);
@@ -725,6 +734,20 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
 #endif
   if (on_cuda(q)) no_kernel("index_scores", q);
   return cpu::index_scores(q, keys, w, vis, round);
+}
+
+Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& w,
+                             const KeyVisibility& vis, bool round) {
+  const OpScope scope("index_scores", q);
+  DI_CHECK(
+      q.defined() && q.dim() >= 2 && q.device() == Device::kCPU && w.defined() && w.dim() == 2 &&
+          w.device() == Device::kCPU && w.size(1) > 0 && (q.size(0) == 0 || q.numel() % (q.size(0) * w.size(1)) == 0),
+      "index_scores_segments: q [T, heads, d] and w [T, heads] must be CPU tensors (the CUDA kernel reads one "
+      "table), got q {} w {}",
+      q.defined() ? q.describe() : std::string("undefined"), w.defined() ? w.describe() : std::string("undefined"));
+  const int64_t d = q.size(0) > 0 ? q.numel() / (q.size(0) * w.size(1)) : 0;
+  const std::vector<const float*> rows = segment_rows(segments, d, "index_scores_segments");
+  return cpu::index_scores_rows(q, rows.data(), static_cast<int64_t>(rows.size()), w, vis, round);
 }
 
 Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,

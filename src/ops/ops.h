@@ -431,6 +431,11 @@ void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst)
 Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& idx,
                                  const Tensor& sink, float scale, bool bf16_probs, bool round,
                                  const AttnDerotate* derotate = nullptr);
+// index_scores over the key table that gather_segments(segments, ...) would build (key j of the runs laid end to end,
+// q's per-head width a row), read where the keys live: the same bits as gathering first. On the CPU only (the CUDA
+// kernel reads one table): the indexer's keys are a paged store (RowPages), which the table copied whole at every step.
+Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& w,
+                             const KeyVisibility& vis, bool round);
 // Row copies of one width on one device: copy i moves `rows` rows (`width` floats each, contiguous runs) from src to
 // dst. One CUDA kernel for all of them (a decode batch's window-ring writes; gather_segments is one use), a copy each
 // on the CPU. Exact; the runs must not overlap.

@@ -438,6 +438,39 @@ TEST(Ops, IndexScoresWithOffsetsEqualEachRowAlone) {
   EXPECT_THROW(ops::index_scores(q, keys, w, vis, true), Error);  // offsets without counts
 }
 
+// The indexer reading its keys where they live (runs out of order, as a paged store's pages): the same bits as the
+// table gathered first, with the causal rule and with per-row offsets; a run at null is refused.
+TEST(Ops, IndexScoresSegmentsReadKeysInPlace) {
+  const int64_t T = 5, nh = 16, d = 24, N = 41;
+  const Tensor q = randn({T, nh, d}, 31), keys = randn({N, d}, 32), w = randn({T, nh}, 33, 0.1f);
+  Tensor store = Tensor::empty({N, d}, DType::kF32);
+  const int64_t at[3] = {30, 0, 17}, from[3] = {0, 11, 28}, len[3] = {11, 17, 13};
+  std::vector<ops::RowSegment> segs;
+  for (int r = 0; r < 3; ++r) {
+    std::copy(keys.data<float>() + from[r] * d, keys.data<float>() + (from[r] + len[r]) * d,
+              store.data<float>() + at[r] * d);
+    segs.push_back({store.data<float>() + at[r] * d, len[r]});
+  }
+  ops::KeyVisibility offs;
+  offs.counts = Tensor::empty({T}, DType::kI32);
+  offs.offsets = Tensor::empty({T}, DType::kI32);
+  offs.width = 19;
+  for (int64_t t = 0; t < T; ++t) {
+    offs.offsets.data<int32_t>()[t] = static_cast<int32_t>(7 * t);
+    offs.counts.data<int32_t>()[t] = static_cast<int32_t>(3 + 4 * t);
+  }
+  for (const ops::KeyVisibility& vis : {ops::KeyVisibility{Tensor(), 150, 4}, offs})
+    for (bool round : {false, true}) {
+      const Tensor want = ops::index_scores(q, keys, w, vis, round);
+      const Tensor got = ops::index_scores_segments(q, segs, w, vis, round);
+      ASSERT_EQ(got.shape(), want.shape());
+      ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), static_cast<size_t>(want.numel()) * 4), 0)
+          << "round " << round;
+    }
+  segs.push_back({nullptr, 2});
+  EXPECT_THROW(ops::index_scores_segments(q, segs, w, offs, true), Error);
+}
+
 TEST(Ops, MoeRouteSelectsByBiasAndWeighsByScore) {
   Tensor logits = Tensor::empty({1, 4}, DType::kF32), bias = Tensor::empty({4}, DType::kF32);
   const float l[] = {1.0f, 2.0f, 0.5f, -1.0f}, b[] = {0.0f, 0.0f, 5.0f, 0.0f};
