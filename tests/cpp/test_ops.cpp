@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -129,6 +130,24 @@ TEST(Ops, SparseAttentionDerotatesItsOutput) {
   EXPECT_THROW(ops::sparse_attention(q, kv, idx, sink, 0.5f, false, false, &wide), Error);
 }
 
+namespace {
+
+// The rows of `table` [N, width] as runs stored out of order in `store` (a new [N, width] tensor): run {at, from, len}
+// holds rows [from, from + len) at store row `at`. Returns the runs in table order (what the *_segments ops read).
+std::vector<ops::RowSegment> stored_runs(const Tensor& table, const std::vector<std::array<int64_t, 3>>& runs,
+                                         Tensor& store) {
+  const int64_t w = table.size(1);
+  store = Tensor::empty(table.shape(), DType::kF32);
+  std::vector<ops::RowSegment> segs;
+  for (const auto& [at, from, len] : runs) {
+    std::copy(table.data<float>() + from * w, table.data<float>() + (from + len) * w, store.data<float>() + at * w);
+    segs.push_back({store.data<float>() + at * w, len});
+  }
+  return segs;
+}
+
+}  // namespace
+
 // The table read where its rows live (the CPU's attend_chunks: ring runs, new rows, pages): runs of a shuffled copy of
 // the table, laid end to end, give the bits of the gathered table, with and without the de-rotation.
 TEST(Ops, SparseAttentionSegmentsReadsRowsInPlace) {
@@ -138,14 +157,8 @@ TEST(Ops, SparseAttentionSegmentsReadsRowsInPlace) {
   for (int64_t i = 0; i < idx.numel(); ++i)
     idx.data<int32_t>()[i] = i % 5 == 3 ? -1 : static_cast<int32_t>((i * 11) % N);
   // The table's rows in three runs stored out of order elsewhere: [0, 10) at the end, [10, 30) first, [30, 37) between.
-  Tensor store = Tensor::empty({N, D}, DType::kF32);
-  const int64_t at[3] = {27, 0, 20}, from[3] = {0, 10, 30}, len[3] = {10, 20, 7};
-  std::vector<ops::RowSegment> segs;
-  for (int r = 0; r < 3; ++r) {
-    std::copy(kv.data<float>() + from[r] * D, kv.data<float>() + (from[r] + len[r]) * D,
-              store.data<float>() + at[r] * D);
-    segs.push_back({store.data<float>() + at[r] * D, len[r]});
-  }
+  Tensor store;
+  std::vector<ops::RowSegment> segs = stored_runs(kv, {{27, 0, 10}, {0, 10, 20}, {20, 30, 7}}, store);
   const ops::RopeFreqs f = ops::rope_freqs(8, 10000.0, 1.0, 0, 32, 1);
   const std::vector<int64_t> pos = {3, 4, 5, 6};
   const ops::AttnDerotate derot{pos.data(), &f, 8};
@@ -443,14 +456,8 @@ TEST(Ops, IndexScoresWithOffsetsEqualEachRowAlone) {
 TEST(Ops, IndexScoresSegmentsReadKeysInPlace) {
   const int64_t T = 5, nh = 16, d = 24, N = 41;
   const Tensor q = randn({T, nh, d}, 31), keys = randn({N, d}, 32), w = randn({T, nh}, 33, 0.1f);
-  Tensor store = Tensor::empty({N, d}, DType::kF32);
-  const int64_t at[3] = {30, 0, 17}, from[3] = {0, 11, 28}, len[3] = {11, 17, 13};
-  std::vector<ops::RowSegment> segs;
-  for (int r = 0; r < 3; ++r) {
-    std::copy(keys.data<float>() + from[r] * d, keys.data<float>() + (from[r] + len[r]) * d,
-              store.data<float>() + at[r] * d);
-    segs.push_back({store.data<float>() + at[r] * d, len[r]});
-  }
+  Tensor store;
+  std::vector<ops::RowSegment> segs = stored_runs(keys, {{30, 0, 11}, {0, 11, 17}, {17, 28, 13}}, store);
   ops::KeyVisibility offs;
   offs.counts = Tensor::empty({T}, DType::kI32);
   offs.offsets = Tensor::empty({T}, DType::kI32);
