@@ -48,9 +48,9 @@ Tensor candidate_blocks(const Tensor& scores, int64_t start_pos, int64_t ratio, 
 void mask_to_blocks(Tensor& scores, const Tensor& blocks, int64_t block_size);
 Tensor sparse_index(const ops::IndexLayout& layout, int64_t T, const Tensor& picks, const Tensor& into = Tensor());
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const KeyVisibility& vis, bool round);
-// The same with key j at rows[j] (n_rows rows of d floats, d = q's per-head width): the indexer reads the keys where
-// they live (ops::index_scores_segments), not from one table.
-Tensor index_scores_rows(const Tensor& q, const float* const* rows, int64_t n_rows, const Tensor& w,
+// The same with key j at rows[j] (n_rows rows of d floats): the indexer reads the keys where they live
+// (ops::index_scores_segments), not from one table.
+Tensor index_scores_rows(const Tensor& q, const float* const* rows, int64_t n_rows, int64_t d, const Tensor& w,
                          const KeyVisibility& vis, bool round);
 Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                   const RouteOpts& opts);

@@ -100,21 +100,18 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   const int64_t N = keys.size(0), d = keys.size(1);
   std::vector<const float*> rows(static_cast<size_t>(N));
   for (int64_t j = 0; j < N; ++j) rows[j] = keys.data<float>() + j * d;
-  DI_CHECK(w.defined() && w.dim() == 2 && q.defined() && q.numel() == q.size(0) * w.size(1) * d,
-           "index_scores: q {} does not match w {} and keys {}", q.describe(), w.defined() ? w.describe() : "undefined",
-           keys.describe());
-  return index_scores_rows(q, rows.data(), N, w, vis, round);
+  return index_scores_rows(q, rows.data(), N, d, w, vis, round);
 }
 
-Tensor index_scores_rows(const Tensor& q, const float* const* rows, int64_t n_rows, const Tensor& w,
+Tensor index_scores_rows(const Tensor& q, const float* const* rows, int64_t n_rows, int64_t d, const Tensor& w,
                          const KeyVisibility& vis, bool round) {
   check_cpu_f32(q, "index_scores", "q");
   check_cpu_f32(w, "index_scores", "w");
-  DI_CHECK(w.dim() == 2 && q.dim() >= 2 && n_rows >= 0, "index_scores: expected w [T, heads], got {}", w.describe());
+  DI_CHECK(w.dim() == 2 && q.dim() >= 2 && n_rows >= 0 && d >= 0,
+           "index_scores: expected keys [{}, {}], w [T, heads], got w {}", n_rows, d, w.describe());
   const int64_t T = q.size(0), N = n_rows, nh = w.size(1);
-  DI_CHECK(w.size(0) == T && nh > 0 && q.numel() % (T * nh) == 0, "index_scores: q {} does not match w {}",
-           q.describe(), w.describe());
-  const int64_t d = T > 0 ? q.numel() / (T * nh) : 0;
+  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "index_scores: q {} does not match w {} and keys of width {}",
+           q.describe(), w.describe(), d);
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "index_scores: ratio {} must be positive", vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, "index_scores", "counts");
   const bool offs = vis.offsets.defined();

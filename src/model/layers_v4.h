@@ -161,8 +161,8 @@ std::vector<M*> each_state(const std::vector<LayerState*>& states, M LayerState:
 // (index_head_dim * index_n_heads)^-1/2 (rounded to bf16 in bf16 mode). [T, index_n_heads].
 Tensor indexer_head_weights(const Tensor& x, const ops::QWeight& proj, const LayerCtx& c);
 
-// ops::index_scores of q [T, heads, d] and w [T, heads] over a paged store's rows (the indexer's keys): read where they
-// live on the CPU (ops::index_scores_segments), gathered into one table on CUDA (its kernel reads one table).
+// ops::index_scores of q [T, heads, d] and w [T, heads] over a paged store's rows (the indexer's keys), through
+// ops::index_scores_segments: read where they live on the CPU, gathered into one table on CUDA.
 Tensor index_scores_pages(const Tensor& q, const RowPages& keys, const Tensor& w, const ops::KeyVisibility& vis,
                           bool round);
 // Host ids as an int32 tensor [n] on `device` (token ids, row lists for ops::embedding / gather_rows).

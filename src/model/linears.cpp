@@ -39,14 +39,9 @@ Tensor indexer_head_weights(const Tensor& x, const ops::QWeight& proj, const Lay
 
 Tensor index_scores_pages(const Tensor& q, const RowPages& keys, const Tensor& w, const ops::KeyVisibility& vis,
                           bool round) {
-  if (keys.device() == Device::kCPU) {
-    std::vector<ops::RowSegment> segs;
-    keys.segments(segs);
-    return ops::index_scores_segments(q, segs, w, vis, round);
-  }
-  Tensor table = Tensor::empty({keys.rows(), keys.width()}, DType::kF32, keys.device());
-  keys.copy_to(table);
-  return ops::index_scores(q, table, w, vis, round);
+  std::vector<ops::RowSegment> segs;
+  keys.segments(segs);
+  return ops::index_scores_segments(q, segs, w, vis, round);
 }
 
 Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, const Tensor& iw, int64_t nh, int64_t hd,
@@ -65,14 +60,6 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
   }
   DI_CHECK(N < (int64_t{1} << 31), "index_scores_jobs: {} index keys in one batch", N);
   const Device dev = iq.device();
-  // On the CPU the indexer reads the keys in their pages (ops::index_scores_segments): the table copied every key of
-  // the batch at every step (~0.95 ms of a 16k-token decode step of mini-v41). CUDA gathers: its kernel reads a table.
-  const bool in_place = dev == Device::kCPU;
-  Tensor table;
-  if (!in_place) {
-    table = Tensor::empty({N, hd}, DType::kF32, dev);
-    ops::gather_segments(segs, table);
-  }
   Tensor meta = Tensor::zeros({2 * R}, DType::kI32);  // visible counts [R], then first keys [R]
   int32_t* counts = meta.data<int32_t>();
   int32_t* offsets = counts + R;
@@ -90,8 +77,9 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
   vis.counts = meta.slice(0, 0, R);
   vis.offsets = meta.slice(0, R, 2 * R);
   vis.width = W;
-  const Tensor qr = iq.slice(0, lo, hi).view({R, nh, hd}), wr = iw.slice(0, lo, hi);
-  return in_place ? ops::index_scores_segments(qr, segs, wr, vis, round) : ops::index_scores(qr, table, wr, vis, round);
+  // The keys in their pages (ops::index_scores_segments): read in place on the CPU, where a table copied every key of
+  // the batch at every step (~0.95 ms of a 16k-token decode step of mini-v41); gathered into one table on CUDA.
+  return ops::index_scores_segments(iq.slice(0, lo, hi).view({R, nh, hd}), segs, iw.slice(0, lo, hi), vis, round);
 }
 
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,

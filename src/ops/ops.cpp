@@ -738,16 +738,22 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
 
 Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& w,
                              const KeyVisibility& vis, bool round) {
-  const OpScope scope("index_scores", q);
-  DI_CHECK(
-      q.defined() && q.dim() >= 2 && q.device() == Device::kCPU && w.defined() && w.dim() == 2 &&
-          w.device() == Device::kCPU && w.size(1) > 0 && (q.size(0) == 0 || q.numel() % (q.size(0) * w.size(1)) == 0),
-      "index_scores_segments: q [T, heads, d] and w [T, heads] must be CPU tensors (the CUDA kernel reads one "
-      "table), got q {} w {}",
-      q.defined() ? q.describe() : std::string("undefined"), w.defined() ? w.describe() : std::string("undefined"));
+  DI_CHECK(q.defined() && q.dim() >= 2 && w.defined() && w.dim() == 2 && w.size(1) > 0 &&
+               (q.size(0) == 0 || q.numel() % (q.size(0) * w.size(1)) == 0),
+           "index_scores_segments: expected q [T, heads, d] and w [T, heads], got q {} w {}",
+           q.defined() ? q.describe() : std::string("undefined"),
+           w.defined() ? w.describe() : std::string("undefined"));
   const int64_t d = q.size(0) > 0 ? q.numel() / (q.size(0) * w.size(1)) : 0;
+  if (q.device() != Device::kCPU) {  // the CUDA kernel reads one table: gather the runs into it (one launch)
+    int64_t n = 0;
+    for (const RowSegment& s : segments) n += s.rows;
+    Tensor table = Tensor::empty({n, d}, DType::kF32, q.device());
+    gather_segments(segments, table);
+    return index_scores(q, table, w, vis, round);  // each op under its own profile scope, as before
+  }
+  const OpScope scope("index_scores", q);
   const std::vector<const float*> rows = segment_rows(segments, d, "index_scores_segments");
-  return cpu::index_scores_rows(q, rows.data(), static_cast<int64_t>(rows.size()), w, vis, round);
+  return cpu::index_scores_rows(q, rows.data(), static_cast<int64_t>(rows.size()), d, w, vis, round);
 }
 
 Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,

@@ -417,7 +417,7 @@ void copy_into(const Tensor& dst, const Tensor& src);
 // Runs of contiguous rows (of dst's width) into dst one after the other: segment i's `rows` rows from `src` fill the
 // next rows of dst (float32 [sum of rows, width], contiguous, on the segments' device). One CUDA kernel for all of
 // them (copy_rows): the attention's stacked KV table of a decode batch (every chunk's window runs, its new rows and
-// its compressed pages) and a paged store's rows (RowPages::copy_to: the indexer's keys), where a copy per run or
+// its compressed pages) and a paged store's rows (index_scores_segments: the indexer's keys), where a copy per run or
 // 64-row page cost a launch each; a copy per segment on the CPU. Exact.
 struct RowSegment {
   const float* src;
@@ -432,8 +432,9 @@ Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>&
                                  const Tensor& sink, float scale, bool bf16_probs, bool round,
                                  const AttnDerotate* derotate = nullptr);
 // index_scores over the key table that gather_segments(segments, ...) would build (key j of the runs laid end to end,
-// q's per-head width a row), read where the keys live: the same bits as gathering first. On the CPU only (the CUDA
-// kernel reads one table): the indexer's keys are a paged store (RowPages), which the table copied whole at every step.
+// q's per-head width a row): the same bits as gathering first. The CPU reads the keys where they live (the indexer's
+// keys are a paged store, RowPages, which a table copied whole at every step); CUDA gathers them (its kernel reads one
+// table).
 Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& w,
                              const KeyVisibility& vis, bool round);
 // Row copies of one width on one device: copy i moves `rows` rows (`width` floats each, contiguous runs) from src to
