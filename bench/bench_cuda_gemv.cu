@@ -10,23 +10,24 @@
 // (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant; the grouped rows also with
 // fp4_mma_gemv, variant 4, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
 // kernels (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call, rows: fp8_rows_gemv where
-// it takes the call; gemv_set_fp8_variant 1, 2, 4, 6), the last column giving each later kernel's
-// speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the tensor-core contract of
-// linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also in wo_a's grouped mode (8
-// groups [1024, 4096], x row g against group g), and a `read` row per shape: the ceiling's read kernel over the
-// weight's bytes alone at that size (what a plain streaming read of them takes, launch ramp and tail included). GB/s
-// counts the weight and scale bytes a call must read (grouped: of the distinct experts the call touches, per list), %
-// is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2 GiB). First table: decode
-// batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv, fp8_walk_gemv,
-// fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels
-// (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it).
-// BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after
-// the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows).
-// BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table
-// comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
-// (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone; BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at
-// those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
-// (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact contract's prefill-sized one (grouped_exact_table).
+// it takes the call, wgmma: fp8_wgmma_gemv where it takes the call; gemv_set_fp8_variant 1, 2, 4, 6, 7), the last
+// column giving each later kernel's speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the
+// tensor-core contract of linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also
+// in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g), and a `read` row per shape: the ceiling's
+// read kernel over the weight's bytes alone at that size (what a plain streaming read of them takes, launch ramp and
+// tail included). GB/s counts the weight and scale bytes a call must read (grouped: of the distinct experts the call
+// touches, per list), % is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2
+// GiB). First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3:
+// fp8_gemv, fp8_walk_gemv, fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's
+// slab kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1:
+// without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu).
+// BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches,
+// walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so
+// the grouped FP4 table comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the
+// large-batch grouped table (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone;
+// BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at those token tiles, linear_tc_set_grouped_variant),
+// BENCH_GROUPED_PREFILL=1 to the prefill-sized one (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact
+// contract's prefill-sized one (grouped_exact_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -48,6 +49,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
@@ -509,9 +511,10 @@ void run() {
       // FP4 and E4M3: one row per kernel (old first, so that the new row can show its speedup over it).
       const bool two = s.fmt == kFp4 || s.fmt == kFp8;
       double ms_first = 0.0;
-      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4, 6}
+      for (const int variant : s.fmt == kFp8 ? std::vector<int>{1, 2, 4, 6, 7}
                                : two         ? std::vector<int>{1, 2}
                                              : std::vector<int>{0}) {
+        if (variant == 7 && !di::cuda::gemv_fp8_wgmma_supported(args[0])) continue;
         if (s.fmt == kFp4) di::cuda::gemv_set_fp4_variant(variant);
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         const double ms = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
@@ -521,6 +524,7 @@ void run() {
                           : variant == 1  ? " old"
                           : variant == 4  ? " mma"
                           : variant == 6  ? " rows"
+                          : variant == 7  ? " wgmma"
                           : s.fmt == kFp8 ? " walk"
                                           : " new";
         char vs[32] = "-";

@@ -4,14 +4,14 @@
 // it reads) divided by the device-to-device copy bandwidth measured in the same run.
 //
 //   ./bench_cuda_model CKPT_DIR [--batches 1,8,32,128,256] [--context 128] [--steps 8] [--prefill 4096] [--eager]
-//                     [--gemv-fp4 1|2|3|4] [--gemv-fp8 1..6] [--gemv-bf16 1|2|3] [--queued]
+//                     [--gemv-fp4 1|2|3|4] [--gemv-fp8 1..7] [--gemv-bf16 1|2|3] [--queued]
 //
 // Decode steps replay CUDA graphs (captured at each batch size's second untimed step) unless --eager. --gemv-fp4
 // picks the FP4 decode GEMV kernel (cuda::gemv_set_fp4_variant: 1 chain_gemv, 2 fp4_pair_gemv, 3 fp4_mma_gemv up to
 // 42 x rows per list (the default), 4 fp4_mma_gemv wherever it takes the call) and --gemv-fp8 the E4M3 one
 // (cuda::gemv_set_fp8_variant: 1 fp8_gemv, 2 fp8_walk_gemv, 3 by shape, 4 fp8_mma_gemv wherever it takes the call, 5
 // by shape with fp8_mma_gemv and fp8_rows_gemv for the calls where they measured faster (the default), 6
-// fp8_rows_gemv wherever it takes the call) and --gemv-bf16 the BF16 one
+// fp8_rows_gemv wherever it takes the call, 7 fp8_wgmma_gemv wherever it takes the call) and --gemv-bf16 the BF16 one
 // (cuda::gemv_set_bf16_variant: 1 chain_gemv, 2 bf16_lane_gemv / bf16_tile_gemv wherever they take the call, 3 by rows
 // of x (the default)): the same logits either way, so an A/B of the kernels end to end.
 //
@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: %s CKPT_DIR [--batches 1,8,32] [--context N] [--steps N] [--prefill N] [--eager] "
-                 "[--gemv-fp4 1|2|3|4] [--gemv-fp8 1..6] [--gemv-bf16 1|2|3] [--queued]\n",
+                 "[--gemv-fp4 1|2|3|4] [--gemv-fp8 1..7] [--gemv-bf16 1|2|3] [--queued]\n",
                  argv[0]);
     return 2;
   }

@@ -36,6 +36,7 @@
 #include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda/linear_gemv_fp8_rows.cuh"
+#include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -994,8 +995,8 @@ std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 // The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (fp8_uses_walk),
 // 4 = fp8_mma_gemv wherever it takes the call, 5 = by shape with fp8_mma_gemv for the dense calls where it measured
 // faster and fp8_rows_gemv (linear_gemv_fp8_rows.cu) for the dense decode batches where it measured faster (the
-// default; fp8_uses_mma, fp8_uses_rows), 6 = fp8_rows_gemv wherever it takes the call, the default elsewhere.
-// gemv_set_fp8_variant.
+// default; fp8_uses_mma, fp8_uses_rows), 6 = fp8_rows_gemv wherever it takes the call, the default elsewhere, 7 =
+// fp8_wgmma_gemv (linear_gemv_fp8_wgmma.cu) wherever it takes the call, the default elsewhere. gemv_set_fp8_variant.
 constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
@@ -1007,7 +1008,7 @@ int gemv_set_fp4_variant(int v) {
 }
 
 int gemv_set_fp8_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 6, "gemv_set_fp8_variant: {} is not 0 .. 6", v);
+  DI_CHECK(v >= 0 && v <= 7, "gemv_set_fp8_variant: {} is not 0 .. 7", v);
   return g_fp8_variant.exchange(v == 0 ? kFp8DefaultVariant : v, std::memory_order_relaxed);
 }
 
@@ -1070,6 +1071,9 @@ bool fp8_uses_mma(const GemvArgs& a) {
   const bool second_pass = a.N >= 4096 && (a.M == 5 || a.M == 6);
   return (wide || second_pass) && gemv_fp8_mma_supported(a);
 }
+
+// Variant 7 only, until it is measured on a GPU: not yet run there (bench/RESULTS.md, thirty-fourth session).
+bool fp8_uses_wgmma(const GemvArgs& a) { return gemv_fp8_variant() == 7 && gemv_fp8_wgmma_supported(a); }
 
 bool fp8_uses_rows(const GemvArgs& a) {
   // bench_cuda_gemv's batched table on the H200 (V4.1 shapes, us; fp8_rows_gemv against the fastest other kernel):
@@ -1147,7 +1151,9 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   if (a.M == 0 || a.N == 0) return;
   Params p = {};
   copy_gemv_args(a, p);
-  if (a.fmt == kFp8 && fp8_uses_rows(a))
+  if (a.fmt == kFp8 && fp8_uses_wgmma(a))
+    gemv_fp8_wgmma_into(a, stream);
+  else if (a.fmt == kFp8 && fp8_uses_rows(a))
     gemv_fp8_rows_into(a, stream);
   else if (a.fmt == kFp8 && fp8_uses_mma(a))
     gemv_fp8_mma_into(a, stream);

@@ -120,9 +120,11 @@ int gemv_set_fp4_variant(int v);
 // 3 = by shape (the default: fp8_walk_gemv for grouped calls, N >= 1280 and M >= 2, where it measured faster;
 // fp8_gemv otherwise), 4 = fp8_mma_gemv (products on the tensor cores, linear_gemv_fp8_mma.cuh) for the calls it takes
 // and 3's choice for the others, 5 = 3's choice but fp8_mma_gemv for the dense calls where it measured faster (N >=
-// 16,384 at 1 or 3-64 rows of x, N >= 4,096 at 5-6 rows; the default), 0 = the default again. gemv_set_fp8_variant
-// returns the variant in force before the call; gemv_fp8_variant the one in force; gemv_fp8_uses_walk whether a call of
-// this shape (grouped or dense with N weight rows and M rows of x) runs fp8_walk_gemv under it.
+// 16,384 at 1 or 3-64 rows of x, N >= 4,096 at 5-6 rows; the default), 6 = fp8_rows_gemv wherever it takes the call, 7
+// = fp8_wgmma_gemv (linear_gemv_fp8_wgmma.cuh: TMA and wgmma, dense calls of 1-4 rows of x) wherever it takes the call,
+// 0 = the default again. gemv_set_fp8_variant returns the variant in force before the call; gemv_fp8_variant the one in
+// force; gemv_fp8_uses_walk whether a call of this shape (grouped or dense with N weight rows and M rows of x) runs
+// fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);
 // Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_lane_gemv (a lane
 // per chain: one x row on narrow weights) or bf16_tile_gemv (4 weight rows x 4 x rows per lane) for the dense calls

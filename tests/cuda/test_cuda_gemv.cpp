@@ -1,7 +1,7 @@
 // GPU check of the decode GEMV (src/cuda/linear_gemv.cu) against the CPU op ops::linear, bit for bit.
 //
 // Not a ctest test (CI has no GPU). Run on a Hopper machine:
-//   ./build/src/cuda/deepinfer_cuda_gemv_tests
+//   ./build/src/cuda/deepinfer_cuda_gemv_tests      (GEMV_TESTS_ONLY=wgmma: fp8_wgmma_gemv's cases alone)
 // Prints one PASS/FAIL line per case (and "     differ x/n ..." under each comparison); exit status
 // 0 = all passed, 1 = a failure, 2 = no GPU.
 //
@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -31,6 +32,7 @@
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8_mma.cuh"
+#include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -45,16 +47,17 @@ using namespace cuda_test;  // NOLINT: the shared test helpers
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
 
 // Runs a case once per kernel of its weight format, the name tagged with the kernel: E4M3 "[fp8 old]" (fp8_gemv) /
-// "[fp8 walk]" (fp8_walk_gemv) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv; the calls it does not take
-// run the default kernels), BF16 "[bf16 chain]" (chain_gemv) / "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]"
-// (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the format's gemv_set_*_variant (1, 2; 0 restores).
+// "[fp8 walk]" (fp8_walk_gemv) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv) / "[fp8 wgmma]"
+// (fp8_wgmma_gemv; the calls these three do not take run the default kernels), BF16 "[bf16 chain]" (chain_gemv) /
+// "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]" (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the
+// format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
-  const char* tags[4] = {"", "", "", ""};
+  const char* tags[5] = {"", "", "", "", ""};
   int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
-    tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", variants = 4;
+    tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", tags[4] = " [fp8 wgmma]", variants = 5;
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
@@ -66,8 +69,9 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
     return;
   }
   for (int v = 1; v <= variants; ++v) {
-    // Variant 4: the mma kernel wherever it takes the call (3 is a by-size rule); 6: the rows kernel likewise.
-    set_variant(v == 3 ? 4 : v == 4 ? 6 : v);
+    // Variant 4: the mma kernel wherever it takes the call (3 is a by-size rule); 6: the rows kernel likewise; 7: the
+    // wgmma kernel likewise.
+    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v);
     run_case(name + tags[v - 1], body);
   }
   set_variant(0);
@@ -764,6 +768,106 @@ void test_fp8_mma() {
   }
 }
 
+// fp8_wgmma_gemv's tile path alone (gemv_fp8_wgmma_probe): the TMA's swizzled tile, the A registers built from x's
+// codes and the D fragments of the 8 MMAs of one stage, against the products they must hold. A failure here points at
+// the wgmma layout (descriptor, A or D fragment), not at the fold or the prologue.
+void test_fp8_wgmma_probe() {
+  run_case("gemv fp8 wgmma layout probe", []() -> std::string {
+    uint64_t s = 77;
+    std::vector<uint8_t> w(32 * 128), xc(128);
+    auto code = [&]() {
+      uint8_t c = static_cast<uint8_t>(splitmix(s));
+      return (c & 0x7f) == 0x7f ? static_cast<uint8_t>(c ^ 0x01) : c;  // no NaN codes
+    };
+    for (uint8_t& c : w) c = code();
+    for (uint8_t& c : xc) c = code();
+    di::Tensor wt = di::Tensor::empty({32, 128}, di::DType::kU8), xt = di::Tensor::empty({128}, di::DType::kU8);
+    std::memcpy(wt.raw(), w.data(), w.size());
+    std::memcpy(xt.raw(), xc.data(), xc.size());
+    const di::Tensor wd = di::cuda::copy_to_device(wt), xd = di::cuda::copy_to_device(xt);
+    di::Tensor od = di::Tensor::empty({4 * 2 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
+    di::cuda::gemv_fp8_wgmma_probe(static_cast<const uint8_t*>(wd.raw()), static_cast<const uint8_t*>(xd.raw()),
+                                   od.data<float>(), nullptr);
+    const di::Tensor out = di::cuda::copy_to_host(od);
+    di::Tensor want = di::Tensor::empty({4 * 2 * 64 * 32}, di::DType::kF32);
+    for (int q = 0; q < 4; ++q)
+      for (int t = 0; t < 2; ++t)
+        for (int row = 0; row < 64; ++row)
+          for (int n = 0; n < 32; ++n) {
+            float v = 0.0f;
+            if (row < 16) {  // warp 0: x row 0; element 16 t + 8 h' + g of tile q
+              const int k = 32 * q + 16 * t + 8 * (row / 8) + row % 8;
+              v = static_cast<float>(static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(n * 128 + k)])) *
+                                     di::e4m3_to_f32(xc[static_cast<size_t>(k)]));
+            }
+            want.data<float>()[((q * 2 + t) * 64 + row) * 32 + n] = v;
+          }
+    // Zero products may come out as -0: compare values, not bits.
+    int64_t bad = 0;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      if (!(out.data<float>()[i] == want.data<float>()[i])) {
+        if (bad < 8)
+          std::printf("     [q %lld t %lld row %lld col %lld] got %g want %g\n", static_cast<long long>(i / 4096),
+                      static_cast<long long>(i / 2048 % 2), static_cast<long long>(i / 32 % 64),
+                      static_cast<long long>(i % 32), out.data<float>()[i], want.data<float>()[i]);
+        ++bad;
+      }
+    return bad == 0 ? std::string() : std::to_string(bad) + " of 16384 D values differ";
+  });
+}
+
+// fp8_wgmma_gemv on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, dense, 1 to 4 rows of x), each case stating
+// how many 16-row pieces must take the slow path (gemv_fp8_wgmma_slow_warps), as test_fp8_mma.
+void test_fp8_wgmma() {
+  uint32_t seed = 9970;
+  struct Case {
+    const char* what;
+    int64_t N, K;
+    int M;
+    int special;  // 0 none, 1 tile scale code 0 in one row block, 2 a NaN weight code, 3 an infinite x
+    int slow;     // 0 none, 1 some, 2 all
+  };
+  const Case cases[] = {
+      {"wq_b", 32768, 1280, 1, 0, 0},
+      {"wo_b", 5120, 8192, 1, 0, 0},
+      {"wo_b, 4 x rows (the largest staging)", 5120, 8192, 4, 0, 0},
+      {"wq_a + wkv", 1792, 5120, 1, 0, 0},
+      {"shared w2", 5120, 2304, 1, 0, 0},
+      {"indexer wq_b", 4096, 1280, 1, 0, 0},
+      {"ragged N", 1000, 1024, 1, 0, 0},
+      {"ragged N, 2 x rows", 1000, 1024, 2, 0, 0},
+      {"ragged N, 3 x rows", 1000, 1024, 3, 0, 0},
+      {"one unit, K = 128", 20, 128, 1, 0, 0},
+      {"code 0 (2^-127) in a row block", 640, 1024, 1, 1, 1},
+      {"code 0 in a row block, 3 x rows", 640, 1024, 3, 1, 1},
+      {"a NaN weight code", 640, 1024, 2, 2, 0},
+      {"x = 3e38 in one tile", 640, 1024, 1, 3, 2},
+  };
+  for (const Case& c : cases) {
+    char name[300];
+    std::snprintf(name, sizeof name, "gemv fp8 wgmma %s N=%lld K=%lld M=%d", c.what, static_cast<long long>(c.N),
+                  static_cast<long long>(c.K), c.M);
+    run_case(name, [&]() -> std::string {
+      std::vector<di::ops::QWeight> wh, wd;
+      wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
+      if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
+      if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
+      wd.push_back(to_device(wh.back()));
+      di::Tensor x = make_x(c.M, c.K, seed++);
+      if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
+      di::ops::LinearOpts o;
+      o.act_quant_block = 32;
+      o.round_out_bf16 = true;
+      const di::Tensor want = di::ops::linear(x, wh[0], o);
+      di::Tensor ids = di::Tensor::empty({c.M}, di::DType::kI32);
+      for (int m = 0; m < c.M; ++m) ids.data<int32_t>()[m] = 0;
+      const MmaKernel k{di::cuda::gemv_fp8_wgmma_supported, di::cuda::gemv_fp8_wgmma_into,
+                        di::cuda::gemv_fp8_wgmma_slow_warps};
+      return check_mma(k, wd, x, ids, 0, 1, want, o, c.slow);
+    });
+  }
+}
+
 // gemv_supported's limits (host only).
 void test_supported() {
   run_case("gemv_supported limits", [] {
@@ -803,6 +907,13 @@ void test_supported() {
 }  // namespace
 
 int main() {
+  // GEMV_TESTS_ONLY=wgmma: fp8_wgmma_gemv's probe and cases alone (a first run on a new GPU, under a timeout).
+  const char* only = std::getenv("GEMV_TESTS_ONLY");
+  if (only != nullptr && std::string(only) == "wgmma")
+    return cuda_test::run_test_program([] {
+      test_fp8_wgmma_probe();
+      test_fp8_wgmma();
+    });
   return cuda_test::run_test_program([] {
     test_supported();
     test_dense();
@@ -810,5 +921,7 @@ int main() {
     test_grouped();
     test_fp4_mma();
     test_fp8_mma();
+    test_fp8_wgmma_probe();
+    test_fp8_wgmma();
   });
 }

@@ -1,0 +1,110 @@
+// Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
+// memory mbarriers, the 2-D tensor-map load, the wgmma fences and groups, the shared-memory matrix descriptor of a
+// 128-byte-swizzled K-major tile, one wgmma shape (m64n32k32, E4M3 x E4M3 into FP32, A from registers), and on the
+// host the tensor map of a row-major byte matrix. PTX ISA sections: "Parallel Synchronization and Communication
+// Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous Warpgroup Level Matrix Multiply-Accumulate".
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime's driver entry point)
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+// Host: the tensor map of a [rows, cols] matrix of bytes with row stride ld (a multiple of 16, base 16-byte aligned)
+// read in boxes of box_rows x box_cols bytes (box_cols <= 128) laid out in shared memory with the 128-byte swizzle;
+// rows past the end read as zeros. Throws deepinfer::Error when the driver refuses the map.
+CUtensorMap tensor_map_u8_sw128(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols);
+
+#ifdef __CUDACC__
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// mbarriers (8 bytes of shared memory each, by shared-space address).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (the TMA) before the block barrier that follows.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrives and adds `bytes` to the transaction count the current phase waits for (the TMA's complete_tx pays it).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spins until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// An L2 policy for data read once (weights streamed by a decode GEMV).
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// The TMA: the box at (c0 = column, c1 = row) of the map into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], "
+      "[%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// wgmma ordering: fence before an MMA whose registers other instructions touched; commit the MMAs issued so far as a
+// group; wait until at most N groups are pending.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads of an accumulator across the waits above.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Descriptor of a K-major operand tile in shared memory as the TMA writes it with the 128-byte swizzle: rows of 128
+// bytes, 8-row groups 1,024 bytes apart (the stride byte offset), the group base 1,024-byte aligned. addr: the tile's
+// shared-space address plus the byte offset of the K step within the row (a multiple of 16 below 128).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3ffffu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// D[64 x 32] = A[64 x 32] B[32 x 32] (scale-d 0: D is not read), E4M3 x E4M3 into FP32. A: the warpgroup's register
+// fragment (warp w holds rows 16 w .. 16 w + 15 as mma.m16n8k32's A: lane (g, r) a0 = row g, k 4r..4r+3; a1 = row g +
+// 8, same k; a2 / a3 the same rows, k 16 + 4r..); B: a K-major descriptor (its 32 rows are B's columns). D's fragment:
+// d[4i + 2h + e] = row 16 w + g + 8 h, column 8 i + 2 r + e.
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                     uint64_t b_desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc));
+}
+#endif
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,34 @@
+// The fifth E4M3 decode GEMV kernel (fp8_wgmma_gemv, linear_gemv_fp8_wgmma.cu): the bits of fp8_mma_gemv and of the
+// CPU op (the order of linear_gemv.cuh), with the weights streamed into shared memory by the TMA and every weight x
+// activation product formed by Hopper's asynchronous tensor cores (wgmma), so that a weight byte costs the SM's threads
+// no instruction. Internal to the CUDA backend: callers go through gemv_into, which picks the kernel
+// (gemv_set_fp8_variant).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/linear_gemv.cuh"
+
+namespace deepinfer::cuda {
+
+// True when fp8_wgmma_gemv takes this call: dense E4M3 with 32 x 32 tiles and act_quant_block 32 (the V4.1 linears),
+// gemv_supported(a), K % 128 == 0 and K <= 8192, 1 to 4 rows of x, 4-byte aligned scale rows.
+bool gemv_fp8_wgmma_supported(const GemvArgs& a);
+
+// Launches fp8_wgmma_gemv. Preconditions: gemv_fp8_wgmma_supported(a).
+void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream);
+
+// Tests: how many (16 weight rows, x row) pieces took the scalar slow path since the last reset (synchronises the
+// device; the unit of gemv_fp8_mma_slow_warps); reset: set the count back to 0.
+int64_t gemv_fp8_wgmma_slow_warps(bool reset = false);
+
+// Tests: the kernel's tile path alone, for a layout check. w: a [32, 128] E4M3 weight tile (device, 128-byte rows),
+// x_codes: 128 E4M3 codes of x (device, 4 tiles of 32); out (device): for tile q, MMA t of its pair, the MMA's whole D
+// [64 rows][32 columns] at out[((q * 2 + t) * 64 + row) * 32 + column]. By the kernel's construction, D row 16 w + g +
+// 8 h' of MMA t is, for warp w = 0, the product of column n's weight with x at element 16 t + 8 h' + g of tile q, and
+// zero for the other warps.
+void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream);
+
+}  // namespace deepinfer::cuda
