@@ -1,8 +1,9 @@
 // Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
 // memory mbarriers, the 2-D tensor-map load, the wgmma fences and groups, the shared-memory matrix descriptor of a
-// 128-byte-swizzled K-major tile, one wgmma shape (m64n32k32, E4M3 x E4M3 into FP32, A from registers), and on the
-// host the tensor map of a row-major byte matrix. PTX ISA sections: "Parallel Synchronization and Communication
-// Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous Warpgroup Level Matrix Multiply-Accumulate".
+// 128-byte-swizzled K-major tile and of an unswizzled one, one wgmma shape (m64n32k32, E4M3 x E4M3 into FP32, both
+// operands in shared memory), and on the host the tensor map of a row-major byte matrix. PTX ISA sections: "Parallel
+// Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate".
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime's driver entry point)
@@ -34,6 +35,12 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Adds `bytes` to the transaction count of the current phase without arriving (the arrive comes later).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Makes this thread's earlier shared-memory stores visible to the async proxy (the TMA, wgmma's shared operands).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Spins until the phase with this parity has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -88,23 +95,29 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
-// D[64 x 32] = A[64 x 32] B[32 x 32] (scale-d 0: D is not read), E4M3 x E4M3 into FP32. A: the warpgroup's register
-// fragment (warp w holds rows 16 w .. 16 w + 15 as mma.m16n8k32's A: lane (g, r) a0 = row g, k 4r..4r+3; a1 = row g +
-// 8, same k; a2 / a3 the same rows, k 16 + 4r..); B: a K-major descriptor (its 32 rows are B's columns). D's fragment:
-// d[4i + 2h + e] = row 16 w + g + 8 h, column 8 i + 2 r + e.
-__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                     uint64_t b_desc) {
+// Descriptor of a K-major operand tile without swizzle: core matrices of 8 rows x 16 bytes (128 contiguous bytes), lbo
+// bytes apart along K and sbo bytes apart along the rows (M or N).
+__device__ __forceinline__ uint64_t wgmma_desc_plain(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3ffffu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+// D[64 x 32] = A[64 x 32] B[32 x 32] (scale-d 0: D is only written, so its registers are outputs and need not hold
+// anything before), E4M3 x E4M3 into FP32, both operands in shared memory (K-major descriptors). D's fragment: d[4i +
+// 2h + e] = row 16 w + g + 8 h, column 8 i + 2 r + e (warp w, lane 4 g + r).
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t a_desc, uint64_t b_desc) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, 0, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc));
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
+        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+      : "l"(a_desc), "l"(b_desc));
 }
+
 #endif
 
 }  // namespace deepinfer::cuda

@@ -2,7 +2,8 @@
 // Hopper's asynchronous tensor cores, bit-identical to fp8_mma_gemv / fp8_walk_gemv and the CPU op. Why: the other
 // E4M3 GEMVs spend 3 (fp8_mma_gemv) to 6 (fp8_walk_gemv) thread instructions per weight byte on loads, byte permutes,
 // decodes and the products, and stay at 40-68% of the read ceiling at one row of x (bench/RESULTS.md); here the TMA
-// moves the weights and wgmma forms the products, and the threads only add.
+// moves the weights, wgmma forms the products, and the threads only add (about one instruction per product, the
+// contract's own additions).
 //
 // The contract (linear_gemv.cuh, as fp8_mma_gemv states it): per 32-column tile, chain (j, l) holds one product, of
 // element 8j + l; s[l] = ((p0 + p1) + p2) + p3 over j and tot[l] = fma(s[l], 2^(e-119), tot[l]) tile after tile; y =
@@ -10,25 +11,30 @@
 // e4m3 value) and the weight code W, the tensor core's product D = W X is exact in fp32 and p = D 2^(kx-8), so s[l] =
 // 2^(kx-8) (((D0 + D1) + D2) + D3) and tot[l] = fma(((D0 + D1) + D2) + D3, 2^(e + kx - 127), tot[l]): the same reals
 // rounded the same way whenever every power of two involved is a normal float. fp8_mma_gemv's fast test decides it
-// (kx in [-100, 100] for every x tile, e <= 246 and e + kx in [1, 254] for every code of the unit's row block); a
+// (kx in [-100, 100] for every x tile, e <= 246 and e + kx in [1, 254] for every code of the unit's row blocks); a
 // unit that fails it takes that kernel's scalar path (gemv_fp8_slow.cuh).
 //
-// The products: wgmma.m64n32k32 with A = a diagonal of x's codes (registers) and B = 32 weight rows x one 32-byte tile
-// (shared memory): D[m][n] = sum_k A[m][k] W[n][k] with a single nonzero A[m][k] per row m is the one product W[n][k]
-// X[k]. Two MMAs per tile give warp w (x row w) all four products of its chains: in the first, its A rows g and g + 8
-// hold elements g and 8 + g (chains j = 0, 1 of l = g), in the second 16 + g and 24 + g (j = 2, 3). So lane (g, r)
-// holds, for each of its 8 columns n = 8i + 2r + e, the products p0..p3 of chain l = g of weight row n, and s and the
-// fold need no exchange between lanes. The element 8h + g (h = 0, 1) sits in A register a_h of lane r = g / 4 + 2h at
-// byte g % 4 (mma.m16n8k32's A layout, per warp): a prmt from the x codes staged per stage and lane pair. Warps beyond
-// M hold zero rows (the MMA is the warpgroup's).
+// The products: wgmma.m64n32k32 with A = 64 weight rows x one 32-byte tile (the TMA's 128-byte-swizzled stage) and B
+// = the diagonal of the tile's 32 x codes (one x row): D[n][k] = sum_k' W[n][k'] B[k'][k] with B's only nonzero in
+// column k at row k is the one product W[n][k] X[k]. Lane (g, r) of warp w holds D rows 16w + g and 16w + g + 8 and
+// columns 8i + 2r + e (i = 0..3): element 8i + 2r + e, i.e. all four products (j = i) of chains l = 2r and 2r + 1 of
+// its two weight rows, so s and the fold need no exchange, every warp folds its own 16 rows, and the chains end in
+// fp8_mma_gemv's lane layout (store_lane_rows). One MMA per tile and x row.
 //
-// The pipeline: a block is a consumer warpgroup (warps 0-3) and a producer warp (4). Work comes in units of 32 weight
-// rows x all of K (one row block of scale codes), units strided over a persistent grid. The producer's lane 0 streams
-// each unit in stages of 128 columns (4 tiles: a TMA box of 32 rows x 128 bytes with the 128-byte swizzle, 4 KB) into
-// a ring of S slots, each with a full and an empty mbarrier; dense weights do not depend on the previous kernel, so it
-// starts before griddepcontrol.wait. The consumers quantise the x rows (mma_x_chunks: codes, kx, the fast test), then
-// per tile issue the two MMAs into one of two accumulator sets and fold the previous tile's while they run; a slot is
-// released when the MMAs of its last tile have completed.
+// B in shared memory, K-major without swizzle: a tile's 32 x 32 bytes are 8 core matrices of 8 rows x 16 bytes, 128
+// bytes apart along the rows (stride byte offset) and 512 along K (leading byte offset), so the diagonal's cores sit
+// at +0, +128 (K bytes 0-15) and +768, +896 (16-31) of the tile's 1 KB and the other four stay zero; each ring slot
+// holds a stage's 4 tiles per x row, zeroed once, and only the 32 diagonal bytes of a tile are written per stage.
+//
+// The pipeline: a block is a consumer warpgroup (warps 0-3) and a producer warp (4). Work comes in units of 64 weight
+// rows x all of K (two row blocks of scale codes), strided over a persistent grid. Per stage of 128 columns (4 tiles)
+// the producer's lane 0 sets the slot's full barrier to expect the TMA's 8 KB and issues the box (64 rows x 128 bytes,
+// 128-byte swizzle; dense weights do not depend on the previous kernel, so the first boxes go out before
+// griddepcontrol.wait), then the warp writes the stage's diagonal bytes from x's codes (after the consumers have
+// quantised x: the x_ready barrier), fences them into the async proxy and lane 0 arrives on the full barrier. The
+// consumers quantise x (mma_x_chunks: codes, kx, the fast test), then per stage issue the 4 MMAs per x row and fold
+// each tile's while the later tiles' run; a slot's empty barrier gets an arrive per consumer warp once its MMAs are
+// done.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -50,261 +56,301 @@ namespace deepinfer::cuda {
 
 namespace {
 
-constexpr int kWgRows = 32;                            // weight rows per unit: the MMA's N
+constexpr int kWgRows = 64;                            // weight rows per unit: the MMA's M
 constexpr int kWgStageCols = 128;                      // columns per ring stage: 4 tiles, the swizzle's span
-constexpr int kWgStageBytes = kWgRows * kWgStageCols;  // 4 KB
-constexpr int kWgMaxXRows = 4;                         // x rows per call: one consumer warp each
+constexpr int kWgStageBytes = kWgRows * kWgStageCols;  // 8 KB of weights per stage
+constexpr int kWgDiagBytes = 4 * 1024;                 // a stage's 4 diagonal B tiles of one x row
+constexpr int kWgMaxXRows = 4;                         // x rows per call
 constexpr int kWgThreads = 32 * (kMmaWarps + 1);       // the consumer warpgroup and the producer warp
 constexpr int kWgMaxStages = 16;
 constexpr int kWgMaxK = 8192;                       // 64 stages: two code words per lane
-constexpr int64_t kWgBlockSmemBudget = 113 * 1024;  // two blocks per SM (228 KB, 1 KB reserved per block)
+constexpr int64_t kWgBlockSmemBudget = 200 * 1024;  // one block per SM
 
-// A block's shared memory, byte offsets from its 1,024-byte aligned base (the ring's swizzle atoms): the ring (S
-// stages of 4 KB), x's codes (per x row [K / 128 stages][8 g][2 h][8 bytes]: byte 2q + t of (g, h) is element 16t + 8h
-// + g of the stage's tile q), kx << 23 per x row and tile, 16 zero bytes (the x codes of the lanes without A data),
-// the flags (x_ok, kx min, kx max) and the mbarriers (full[S], then empty[S]); total includes the alignment slack.
+// A block's shared memory, byte offsets from its 1,024-byte aligned base: the ring (S slots of 8 KB of weights, then
+// MX x 4 KB of diagonal B tiles), x's codes (per x row [K / 128 stages][32 elements][4 tiles]: one 4-byte word gives
+// the producer an element's codes in a stage's 4 tiles), kx << 23 per x row and tile, the flags (x_ok, kx min, kx max)
+// and the mbarriers (full[S], empty[S], x_ready); total includes the alignment slack.
 struct WgSmem {
-  int64_t ring, xl, kxs, zeros, flags, bars, total;
+  int64_t slot, ring, xc, kxs, flags, bars, total;
 };
-__host__ __device__ inline WgSmem wg_smem(int K, int M, int S) {
+__host__ __device__ inline WgSmem wg_smem(int K, int MX, int S) {
   WgSmem m;
+  m.slot = kWgStageBytes + int64_t{MX} * kWgDiagBytes;
   m.ring = 0;
-  m.xl = m.ring + int64_t{S} * kWgStageBytes;
-  m.kxs = m.xl + int64_t{M} * K;
-  m.zeros = m.kxs + int64_t{M} * (K / 32) * 4;
-  m.flags = m.zeros + 16;
+  m.xc = m.ring + S * m.slot;
+  m.kxs = m.xc + int64_t{MX} * K;
+  m.flags = m.kxs + int64_t{MX} * (K / 32) * 4;
   m.bars = m.flags + 16;
-  m.total = m.bars + 16 * int64_t{S} + 1024;
+  m.total = m.bars + 16 * int64_t{S} + 8 + 1024;
   return m;
 }
 
 // Kernel parameters, by value (the tensor map of the weight is the kernel's first parameter).
 struct WgParams : GemvCall {
-  int units;   // ceil(N / 32)
+  int units;   // ceil(N / 64)
   int stages;  // ring slots
 };
 
 // Pieces that took the slow path (gemv_fp8_wgmma_slow_warps).
 __device__ unsigned long long g_wg_slow_warps;
 
-// The prmt selector that puts byte src of a word into byte b and zeros elsewhere (selector 4: byte 0 of the zero
-// operand).
-__device__ __forceinline__ uint32_t place_byte(uint32_t src, uint32_t b) {
-  return (0x4444u & ~(0xfu << (4 * b))) | (src << (4 * b));
-}
-
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(32 * kMmaWarps) : "memory"); }
 
-// One tile's fold: lane (g, r) has, for column n = 8i + 2r + e, chain l = g's products p0 = d[0][4i + e], p1 =
-// d[0][4i + 2 + e], p2 = d[1][4i + e], p3 = d[1][4i + 2 + e].
-__device__ __forceinline__ void fold_tile(float (&tot)[4][2], const float (&d)[2][16], float F) {
+// Where element k of a tile's diagonal goes in its 1 KB B tile (core (k / 8, k / 16), row k % 8, byte k % 16).
+__device__ __forceinline__ int diag_offset(int k) { return (k >> 3) * 128 + (k >> 4) * 512 + (k & 7) * 16 + (k & 15); }
+
+// The B descriptor of a diagonal tile at shared address addr.
+__device__ __forceinline__ uint64_t diag_desc(uint32_t addr) { return wgmma_desc_plain(addr, 512, 128); }
+
+// The producer warp's part of a stage: element `lane` of x row m's 4 tiles (one word of x's codes) into the slot's
+// diagonal tiles, then fenced into the async proxy.
+template <int MX>
+__device__ __forceinline__ void write_diagonals(uint8_t* diag, const uint8_t* xc, int K, int st, int lane) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int m = 0; m < MX; ++m) {
+    const uint32_t w4 = *reinterpret_cast<const uint32_t*>(xc + static_cast<int64_t>(m) * K + st * 128 + 4 * lane);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      diag[m * kWgDiagBytes + q * 1024 + diag_offset(lane)] = static_cast<uint8_t>(w4 >> (8 * q));
+  }
+  fence_proxy_async();
+}
+
+// One tile's fold for one x row: lane (g, r) has, for row g + 8h and chain l = 2r + e, the products p_j = d[4j + 2h +
+// e], j = 0..3.
+__device__ __forceinline__ void fold_tile(float (&tot)[2][2], const float (&d)[16], float F) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float s =
-          __fadd_rn(__fadd_rn(__fadd_rn(d[0][4 * i + e], d[0][4 * i + 2 + e]), d[1][4 * i + e]), d[1][4 * i + 2 + e]);
-      tot[i][e] = __fmaf_rn(s, F, tot[i][e]);
+          __fadd_rn(__fadd_rn(__fadd_rn(d[2 * h + e], d[4 + 2 * h + e]), d[8 + 2 * h + e]), d[12 + 2 * h + e]);
+      tot[h][e] = __fmaf_rn(s, F, tot[h][e]);
     }
 }
 
-// Where x's code of element k (the lane of the prologue) of tile c goes in its x row's staging: stage c / 4, (g, h) =
-// (k % 8, k / 8 % 2), byte 2 (c % 4) + k / 16 of that pair's 8 bytes.
-__device__ __forceinline__ int xl_offset(int c, int k) {
-  return ((c >> 2) * 16 + (k & 7) * 2 + ((k >> 3) & 1)) * 8 + 2 * (c & 3) + (k >> 4);
-}
-
-// A lane's prmt selectors: [tile % 2][MMA of the pair] for a_0 / a_2 (lo) and a_1 / a_3 (hi). Lane (g, r) holds A data
-// when r = g / 4 + 2h (a_lane): element 8h + g (first MMA) and 16 + 8h + g (second) at byte g % 4 of a_h / a_{2+h}.
-struct ASel {
-  uint32_t lo[2][2], hi[2][2];
+// A stage's MMAs as jobs, each one commit group: job j is tile j / kJobsPerTile for the x rows of group j %
+// kJobsPerTile (kGroupRows rows each). One x row: the 4 tiles' MMAs all in flight (64 accumulator registers); more: two
+// jobs of up to 2 x rows in flight (64), since a stage's 4 MX MMAs at once leave ptxas short of registers (C7511).
+template <int MX>
+struct Jobs {
+  static constexpr int kGroupRows = MX == 1 ? 1 : 2;
+  static constexpr int kJobsPerTile = (MX + kGroupRows - 1) / kGroupRows;
+  static constexpr int kJobs = 4 * kJobsPerTile;
+  static constexpr int kDepth = MX == 1 ? 4 : 2;
 };
-__device__ __forceinline__ ASel a_selectors(bool a_lane, int g, int r) {
-  ASel s;
-  const uint32_t h = static_cast<uint32_t>(r) >> 1, b = static_cast<uint32_t>(g) & 3u;
+
+template <int MX>
+__device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j) {
+  constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
+  const int q = j / JT, m0 = (j % JT) * G;
+  const uint64_t a = wgmma_desc_sw128(slot_addr + 32 * q);
 #pragma unroll
-  for (int qq = 0; qq < 2; ++qq)
+  for (int i = 0; i < G; ++i)
+    if (m0 + i < MX)
+      wgmma_m64n32k32_e4m3_ss(d[i], a, diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * 1024));
+  wgmma_commit();
+}
+
+template <int MX>
+__device__ __forceinline__ void fold_job(float (&tot)[MX][2][2], float (&d)[Jobs<MX>::kGroupRows][16],
+                                         const float (&F)[4][MX], int j) {
+  constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
+  const int q = j / JT, m0 = (j % JT) * G;
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const uint32_t v = place_byte(2 * qq + t, b);
-      s.lo[qq][t] = a_lane && h == 0 ? v : 0x4444u;
-      s.hi[qq][t] = a_lane && h == 1 ? v : 0x4444u;
+  for (int i = 0; i < G; ++i)
+    if (m0 + i < MX) {
+      wgmma_fence_operands(d[i]);
+      fold_tile(tot[m0 + i], d[i], F[q][m0 + i]);
     }
-  return s;
 }
 
-// A stage's A registers ([tile][a_0, a_1 of the first MMA; a_2, a_3 of the second]) from the lane's 8 staged bytes.
-__device__ __forceinline__ void stage_a(uint32_t (&a)[4][4], uint2 xw, const ASel& s) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t word = q < 2 ? xw.x : xw.y;
-    a[q][0] = prmt(word, 0u, s.lo[q & 1][0]);
-    a[q][1] = prmt(word, 0u, s.hi[q & 1][0]);
-    a[q][2] = prmt(word, 0u, s.lo[q & 1][1]);
-    a[q][3] = prmt(word, 0u, s.hi[q & 1][1]);
-  }
+// wgmma_wait with a count known only after unrolling.
+__device__ __forceinline__ void wgmma_wait_upto(int n) {
+  if (n >= 3)
+    wgmma_wait<3>();
+  else if (n == 2)
+    wgmma_wait<2>();
+  else if (n == 1)
+    wgmma_wait<1>();
+  else
+    wgmma_wait<0>();
 }
 
-// A stage's 8 MMAs on the tile at shared address tile0 (4 commit groups, a tile's pair each).
-__device__ __forceinline__ void issue_stage(float (&d)[4][2][16], const uint32_t (&a)[4][4], uint32_t tile0) {
-  wgmma_fence();
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint64_t desc = wgmma_desc_sw128(tile0 + 32 * q);
-    wgmma_m64n32k32_e4m3(d[q][0], a[q][0], a[q][1], 0u, 0u, desc);
-    wgmma_m64n32k32_e4m3(d[q][1], 0u, 0u, a[q][2], a[q][3], desc);
-    wgmma_commit();
-  }
-}
-
+template <int MX>
 __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_constant__ CUtensorMap wmap, WgParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   pdl_launch_dependents();
-  const int K = p.K, M = p.M, N = p.N, S = p.stages, nst = K / kWgStageCols, nch = K / 32;
-  const WgSmem sm = wg_smem(K, M, S);
+  const int K = p.K, N = p.N, S = p.stages, nst = K / kWgStageCols, nch = K / 32;
+  const WgSmem sm = wg_smem(K, MX, S);
   const uint32_t raw = smem_u32(smem_raw);
   uint8_t* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
   const uint32_t ring = smem_u32(smem + sm.ring);
-  uint8_t* xl = smem + sm.xl;
+  uint8_t* xc = smem + sm.xc;
   int* kxs = reinterpret_cast<int*>(smem + sm.kxs);
-  uint32_t* zeros = reinterpret_cast<uint32_t*>(smem + sm.zeros);
   int* flags = reinterpret_cast<int*>(smem + sm.flags);
   const uint32_t bars = smem_u32(smem + sm.bars);  // full[s] at bars + 8 s, empty[s] at bars + 8 (S + s)
+  const uint32_t x_ready = bars + 16 * S;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
 
+  // The diagonal tiles' zeros, once (only their diagonals are written later), fenced into the async proxy.
+  for (int s = 0; s < S; ++s)
+    for (int i = tid; i < MX * kWgDiagBytes / 16; i += kWgThreads)
+      *reinterpret_cast<uint4*>(smem + sm.ring + s * sm.slot + kWgStageBytes + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+  fence_proxy_async();
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(bars + 8 * s, 1);                // the producer's arrive (and the TMA's bytes)
+      mbar_init(bars + 8 * s, 1);                // the producer's arrive, after the TMA's bytes were expected
       mbar_init(bars + 8 * (S + s), kMmaWarps);  // one arrive per consumer warp
     }
+    mbar_init(x_ready, kMmaWarps);
     mbar_init_fence();
+    flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
   }
-  mma_block_flags(flags, zeros, 4);
   __syncthreads();  // the last block-wide barrier: the producer warp leaves the consumers' barriers alone below
 
   if (warp == kMmaWarps) {
-    if (lane == 0) {
-      const uint64_t policy = l2_evict_first();
-      int slot = 0;
-      uint32_t phase = 0;  // of the slot's empty barrier, which is waited for from the ring's second round on
-      bool refill = false;
-      for (int u = static_cast<int>(blockIdx.x); u < p.units; u += static_cast<int>(gridDim.x))
-        for (int st = 0; st < nst; ++st) {
-          if (refill) mbar_wait(bars + 8 * (S + slot), phase);
-          mbar_arrive_expect_tx(bars + 8 * slot, kWgStageBytes);
-          tma_load_2d(ring + slot * kWgStageBytes, &wmap, bars + 8 * slot, st * kWgStageCols, u * kWgRows, policy);
-          if (++slot == S) slot = 0, phase = refill ? phase ^ 1u : phase, refill = true;
-        }
+    // Stage i of this block: unit blockIdx.x + (i / nst) gridDim.x, columns 128 (i % nst). The first S boxes go out at
+    // once (before the x codes exist); box i >= S waits for the slot's release; each stage's diagonals follow the x
+    // codes.
+    const uint64_t policy = l2_evict_first();
+    const int mine = (p.units - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                     static_cast<int>(gridDim.x),
+              total = mine * nst;
+    int lu = static_cast<int>(blockIdx.x), lst = 0;  // the next box to load
+    auto load_next = [&](int slot) {
+      const uint32_t full = bars + 8 * slot;
+      if (lane == 0) {
+        mbar_expect_tx(full, kWgStageBytes);
+        tma_load_2d(ring + slot * static_cast<uint32_t>(sm.slot), &wmap, full, lst * kWgStageCols, lu * kWgRows,
+                    policy);
+      }
+      if (++lst == nst) lst = 0, lu += static_cast<int>(gridDim.x);
+    };
+    for (int i = 0; i < min(S, total); ++i) load_next(i);
+    mbar_wait(x_ready, 0);
+    int slot = 0, st = 0;
+    uint32_t phase = 0;  // of the slot's empty barrier (its release by the consumers), from the ring's second round on
+    for (int i = 0; i < total; ++i) {
+      if (i >= S) {
+        mbar_wait(bars + 8 * (S + slot), phase);
+        load_next(slot);
+      }
+      write_diagonals<MX>(smem + sm.ring + slot * sm.slot + kWgStageBytes, xc, K, st, lane);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + 8 * slot);
+      if (++st == nst) st = 0;
+      if (++slot == S) slot = 0, phase ^= i >= S ? 1u : 0u;
     }
     return;
   }
 
   // The consumers: x quantised per tile (a warp per tile, a lane per column) into its codes and kx, and the flags.
   pdl_wait();
-  for (int m = 0; m < M; ++m) {
-    uint8_t* xm = xl + static_cast<int64_t>(m) * K;
+#pragma unroll 1
+  for (int m = 0; m < MX; ++m) {
+    uint8_t* xm = xc + static_cast<int64_t>(m) * K;
     int* km = kxs + m * nch;
     mma_x_chunks(p.x + m * p.ldx, nch, warp, lane, flags, [&](int c, float v) {
       const float s = tile_scale(v);
       const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;       // s = 2^kx (inf for an infinite amax)
       const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));  // 2^-kx (unused when kx is out of range)
-      const uint8_t code = __nv_cvt_float_to_fp8(e4m3_rne(__fmul_rn(v, inv)), __NV_SATFINITE, __NV_E4M3);
-      xm[xl_offset(c, lane)] = code;
+      xm[(c >> 2) * 128 + 4 * lane + (c & 3)] =
+          __nv_cvt_float_to_fp8(e4m3_rne(__fmul_rn(v, inv)), __NV_SATFINITE, __NV_E4M3);
       if (lane == 0) km[c] = kx * (1 << 23);
       return MmaChunk{kx, kx >= -100 && kx <= 100};
     });
   }
-  consumers_sync();  // codes, kx and flags complete
+  __syncwarp();
+  if (lane == 0) mbar_arrive(x_ready);  // this warp's codes are in (the producer writes the diagonals from them)
+  consumers_sync();                     // codes, kx and flags complete
   const bool x_ok = flags[0] != 0;
   const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
-
   const int g = lane >> 2, r = lane & 3;
-  const bool a_lane = warp < M && (r & 1) == (g >> 2);
-  const ASel sel = a_selectors(a_lane, g, r);
-  const uint32_t h = static_cast<uint32_t>(r) >> 1;
-  const uint8_t* xw_base =
-      a_lane ? xl + static_cast<int64_t>(warp) * K + (g * 2 + h) * 8 : reinterpret_cast<uint8_t*>(zeros);
-  const int xw_stride = a_lane ? 128 : 0;
-  const int* kx_row = kxs + (warp < M ? warp : 0) * nch;
 
   int slot = 0;  // the ring slot of the next stage and the parity of its full barrier's phase
   uint32_t phase = 0;
   for (int u = static_cast<int>(blockIdx.x); u < p.units; u += static_cast<int>(gridDim.x)) {
-    const uint8_t* srow = p.sc + static_cast<int64_t>(u) * p.lds;
-    // The unit's scale codes, a word (4 tiles, one stage) per lane and stage: lane holds stages lane and lane + 32.
-    const uint32_t cw0 = lane < nst ? __ldg(reinterpret_cast<const unsigned int*>(srow) + lane) : 0u;
-    const uint32_t cw1 = lane + 32 < nst ? __ldg(reinterpret_cast<const unsigned int*>(srow) + lane + 32) : 0u;
+    // The unit's two row blocks of scale codes (rows 64u .. 64u + 63), a word (a stage's 4 tiles) per lane and stage:
+    // lane holds stages lane and lane + 32. A row block past N (the last unit of a ragged N) is not read.
+    uint32_t cw[2][2];
     bool fast = x_ok && lo <= hi;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int v0 = static_cast<int>((cw0 >> (8 * q)) & 0xffu), v1 = static_cast<int>((cw1 >> (8 * q)) & 0xffu);
-      fast = fast && (lane >= nst || (v0 >= lo && v0 <= hi)) && (lane + 32 >= nst || (v1 >= lo && v1 <= hi));
+    for (int b = 0; b < 2; ++b) {
+      const int rb = 2 * u + b;
+      const bool real = rb * 32 < N;
+      const unsigned int* srow = reinterpret_cast<const unsigned int*>(p.sc + static_cast<int64_t>(rb) * p.lds);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int st = lane + 32 * hh;
+        cw[b][hh] = real && st < nst ? __ldg(srow + st) : 0x7f7f7f7fu;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int v = static_cast<int>((cw[b][hh] >> (8 * q)) & 0xffu);
+          fast = fast && (!real || st >= nst || (v >= lo && v <= hi));
+        }
+      }
     }
     fast = __all_sync(0xffffffffu, fast);  // the same in the four warps: the same codes and flags
+    const int rb_w = warp >> 1;            // this warp's row block in the unit
 
     if (fast) {
-      float tot[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // [i][e]: column 8i + 2r + e
+      float tot[MX][2][2];  // [x row][h][e]: row 16 warp + g + 8h, chain 2r + e
+#pragma unroll
+      for (int m = 0; m < MX; ++m) tot[m][0][0] = tot[m][0][1] = tot[m][1][0] = tot[m][1][1] = 0.0f;
 #pragma unroll 1
       for (int st = 0; st < nst; ++st) {
-        // A stage's 8 MMAs are issued and folded within the iteration (4 commit groups, a tile's pair each; the
-        // folds of the earlier tiles run under the later tiles' MMAs): accumulators in flight across the loop's back
-        // edge would make ptxas serialise every MMA (C7514).
-        const uint2 xw = *reinterpret_cast<const uint2*>(xw_base + st * xw_stride);
-        const uint32_t cw = __shfl_sync(0xffffffffu, st < 32 ? cw0 : cw1, st & 31);
-        const int4 kx4 = *reinterpret_cast<const int4*>(kx_row + 4 * st);
-        uint32_t a[4][4];
-        stage_a(a, xw, sel);
-        mbar_wait(bars + 8 * slot, phase);
-        float d[4][2][16];
-        issue_stage(d, a, ring + slot * kWgStageBytes);
-        const int kxq[4] = {kx4.x, kx4.y, kx4.z, kx4.w};
-        float F[4];  // 2^(e + kx - 127) per tile
+        // A stage's MMAs are issued and folded within the iteration: accumulators in flight across the loop's back
+        // edge make ptxas serialise every MMA (C7514; bench/RESULTS.md, thirty-fourth session).
+        const uint32_t mine = rb_w == 0 ? (st < 32 ? cw[0][0] : cw[0][1]) : (st < 32 ? cw[1][0] : cw[1][1]);
+        const uint32_t cwd = __shfl_sync(0xffffffffu, mine, st & 31);
+        float F[4][MX];  // 2^(e + kx - 127) per tile and x row
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          F[q] = __int_as_float(static_cast<int>((cw >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
-        wgmma_wait<3>();
-        wgmma_fence_operands(d[0][0]);
-        wgmma_fence_operands(d[0][1]);
-        if (warp < M) fold_tile(tot, d[0], F[0]);
-        wgmma_wait<2>();
-        wgmma_fence_operands(d[1][0]);
-        wgmma_fence_operands(d[1][1]);
-        if (warp < M) fold_tile(tot, d[1], F[1]);
-        wgmma_wait<1>();
-        wgmma_fence_operands(d[2][0]);
-        wgmma_fence_operands(d[2][1]);
-        if (warp < M) fold_tile(tot, d[2], F[2]);
-        wgmma_wait<0>();
-        wgmma_fence_operands(d[3][0]);
-        wgmma_fence_operands(d[3][1]);
-        if (warp < M) fold_tile(tot, d[3], F[3]);
+        for (int m = 0; m < MX; ++m) {
+          const int4 kx4 = *reinterpret_cast<const int4*>(kxs + m * nch + 4 * st);
+          const int kxq[4] = {kx4.x, kx4.y, kx4.z, kx4.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            F[q][m] = __int_as_float(static_cast<int>((cwd >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
+        }
+        const uint32_t slot_addr = ring + slot * static_cast<uint32_t>(sm.slot);
+        mbar_wait(bars + 8 * slot, phase);
+        // ptxas gives every MMA between two full drains registers of its own, so 3-4 x rows drain after each half.
+        constexpr int J = Jobs<MX>::kJobs, D = Jobs<MX>::kDepth, H = MX >= 3 ? 2 : 1, JH = J / H;
+#pragma unroll
+        for (int half = 0; half < H; ++half) {
+          float d[JH][Jobs<MX>::kGroupRows][16];
+          wgmma_fence();
+#pragma unroll
+          for (int jj = 0; jj < JH; ++jj) {
+            issue_job<MX>(d[jj], slot_addr, half * JH + jj);
+            if (jj >= D - 1) {
+              wgmma_wait<D - 1>();
+              fold_job<MX>(tot, d[jj - D + 1], F, half * JH + jj - D + 1);
+            }
+          }
+#pragma unroll
+          for (int jj = JH - D + 1; jj < JH; ++jj) {
+            wgmma_wait_upto(JH - 1 - jj);
+            fold_job<MX>(tot, d[jj], F, half * JH + jj);
+          }
+        }
         __syncwarp();
         if (lane == 0) mbar_arrive(bars + 8 * (S + slot));  // the slot's MMAs are done: the producer may refill it
         if (++slot == S) slot = 0, phase ^= 1u;
       }
-      if (warp < M) {
-        // y = ((tot0 + tot4) + (tot2 + tot6)) + ((tot1 + tot5) + (tot3 + tot7)) + 0 over the chains l = g.
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float u4 = __fadd_rn(tot[i][e], __shfl_xor_sync(0xffffffffu, tot[i][e], 16));
-            const float u2 = __fadd_rn(u4, __shfl_xor_sync(0xffffffffu, u4, 8));
-            const float out = __fadd_rn(__fadd_rn(u2, __shfl_xor_sync(0xffffffffu, u2, 4)), 0.0f);
-            const int n = u * kWgRows + 8 * i + 2 * r + e;
-            if (g == 0 && n < N) p.y[static_cast<int64_t>(warp) * N + n] = p.round ? round_to_bf16(out) : out;
-          }
-      }
+      for (int m = 0; m < MX; ++m) store_lane_rows(p, m, u * kWgRows + 16 * warp + g, r, tot[m]);
     } else {
-      // The scalar path: (x row, 16-row half) pieces over the warps; then the unit's stages are released unread.
-      for (int piece = warp; piece < 2 * M; piece += kMmaWarps) {
-        const int m = piece >> 1, base = u * kWgRows + 16 * (piece & 1);
+      // The scalar path: (x row, 16-row group) pieces over the warps; then the unit's stages are released unread.
+      for (int piece = warp; piece < 4 * MX; piece += kMmaWarps) {
+        const int m = piece >> 2, base = u * kWgRows + 16 * (piece & 3);
         if (base >= N) continue;  // warp-uniform
         const uint8_t* b0p = p.w + static_cast<int64_t>(min(base + g, N - 1)) * p.ldw;
         const uint8_t* b1p = p.w + static_cast<int64_t>(min(base + g + 8, N - 1)) * p.ldw;
         float tot2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
         if (lane == 0) atomicAdd(&g_wg_slow_warps, 1ull);
-        slow_rows(p.x + m * p.ldx, b0p, b1p, srow, nch, lane, r, tot2);
+        slow_rows(p.x + m * p.ldx, b0p, b1p, p.sc + static_cast<int64_t>(base / 32) * p.lds, nch, lane, r, tot2);
         store_lane_rows(p, m, base + g, r, tot2);
       }
 #pragma unroll 1
@@ -318,56 +364,59 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   }
 }
 
-// The layout probe (gemv_fp8_wgmma_probe): one stage of the kernel's path, the TMA load of a [32, 128] weight tile and
-// the 8 MMAs against x row 0's codes, each MMA's D written out whole: out[((q * 2 + t) * 64 + row) * 32 + column].
-__global__ void __launch_bounds__(32 * kMmaWarps)
+// The layout probe (gemv_fp8_wgmma_probe): one stage of the kernel's path for one x row, the TMA load of a [64, 128]
+// weight tile, the diagonal tiles of x's codes and the 4 MMAs, each MMA's D written out whole: out[(q * 64 + row) * 32
+// + column].
+__global__ void __launch_bounds__(kWgThreads)
     fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
-  uint8_t* tile = smem_raw + (((raw + 1023u) & ~1023u) - raw);  // 4 KB, then the staging, the zeros, the barrier
-  uint8_t* xl = tile + kWgStageBytes;
-  uint32_t* zeros = reinterpret_cast<uint32_t*>(xl + kWgStageCols);
-  const uint32_t bar = smem_u32(zeros + 4);
+  uint8_t* slot = smem_raw + (((raw + 1023u) & ~1023u) - raw);  // 8 KB of weights, 4 KB of diagonals, the codes
+  uint8_t* xc = slot + kWgStageBytes + kWgDiagBytes;
+  const uint32_t bar = smem_u32(xc + kWgStageCols);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, r = lane & 3;
-  xl[xl_offset(tid >> 5, lane)] = x_codes[tid];  // 128 threads: the 4 tiles' 32 codes
-  if (tid < 4) zeros[tid] = 0u;
+  for (int i = tid; i < kWgDiagBytes / 16; i += kWgThreads)
+    *reinterpret_cast<uint4*>(slot + kWgStageBytes + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+  if (tid < kWgStageCols) xc[4 * (tid & 31) + (tid >> 5)] = x_codes[tid];  // tile tid / 32, element tid % 32
+  fence_proxy_async();                                                     // the zeros, for wgmma's reads
   if (tid == 0) {
     mbar_init(bar, 1);
     mbar_init_fence();
   }
   __syncthreads();
-  if (tid == 0) {
-    mbar_arrive_expect_tx(bar, kWgStageBytes);
-    tma_load_2d(smem_u32(tile), &wmap, bar, 0, 0, l2_evict_first());
+  if (warp == kMmaWarps) {
+    if (lane == 0) {
+      mbar_expect_tx(bar, kWgStageBytes);
+      tma_load_2d(smem_u32(slot), &wmap, bar, 0, 0, l2_evict_first());
+    }
+    write_diagonals<1>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+    return;
   }
-  const bool a_lane = warp == 0 && (r & 1) == (g >> 2);
-  const uint32_t h = static_cast<uint32_t>(r) >> 1;
-  const uint2 xw = *reinterpret_cast<const uint2*>(a_lane ? xl + (g * 2 + h) * 8 : reinterpret_cast<uint8_t*>(zeros));
-  uint32_t a[4][4];
-  stage_a(a, xw, a_selectors(a_lane, g, r));
   mbar_wait(bar, 0);
-  float d[4][2][16];
-  issue_stage(d, a, smem_u32(tile));
+  float d[4][1][16];
+  wgmma_fence();
+#pragma unroll
+  for (int q = 0; q < 4; ++q) issue_job<1>(d[q], smem_u32(slot), q);
   wgmma_wait<0>();
 #pragma unroll
-  for (int q = 0; q < 4; ++q)
+  for (int q = 0; q < 4; ++q) {
+    wgmma_fence_operands(d[q][0]);
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      wgmma_fence_operands(d[q][t]);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int row = 16 * warp + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * r + (i & 1);
-        out[((q * 2 + t) * 64 + row) * 32 + col] = d[q][t][i];
-      }
+    for (int i = 0; i < 16; ++i) {
+      const int row = 16 * warp + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * r + (i & 1);
+      out[(q * 64 + row) * 32 + col] = d[q][0][i];
     }
+  }
 }
 
 }  // namespace
 
 void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream) {
   const CUtensorMap map = tensor_map_u8_sw128(w, kWgRows, kWgStageCols, kWgStageCols, kWgRows, kWgStageCols);
-  const int smem = kWgStageBytes + kWgStageCols + 32 + 1024;
-  fp8_wgmma_probe<<<1, 32 * kMmaWarps, smem, stream != nullptr ? stream : current_stream()>>>(map, x_codes, out);
+  const int smem = kWgStageBytes + kWgDiagBytes + kWgStageCols + 8 + 1024;
+  fp8_wgmma_probe<<<1, kWgThreads, smem, stream != nullptr ? stream : current_stream()>>>(map, x_codes, out);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -380,23 +429,44 @@ bool gemv_fp8_wgmma_supported(const GemvArgs& a) {
 
 int64_t gemv_fp8_wgmma_slow_warps(bool reset) { return mma_read_counter(&g_wg_slow_warps, reset); }
 
-void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream) {
-  DI_CHECK(gemv_fp8_wgmma_supported(a), "cuda::gemv: fp8_wgmma_gemv does not take this call (N {}, K {}, M {}, B {})",
-           a.N, a.K, a.M, a.B);
+namespace {
+
+template <int MX>
+void launch_wgmma(const GemvArgs& a, cudaStream_t stream) {
   WgParams p = {};
   copy_gemv_args(a, p);
   p.units = (a.N + kWgRows - 1) / kWgRows;
-  // As many ring slots as two blocks per SM leave beside the x codes (at least 2, at most kWgMaxStages).
-  const int64_t fixed = wg_smem(a.K, a.M, 0).total;
-  p.stages =
-      static_cast<int>(std::clamp<int64_t>((kWgBlockSmemBudget - fixed) / (kWgStageBytes + 16), 2, kWgMaxStages));
-  const int64_t smem = wg_smem(a.K, a.M, p.stages).total;
+  // As many ring slots as one block per SM leaves beside x's codes (at least 2, at most kWgMaxStages).
+  const int64_t fixed = wg_smem(a.K, MX, 0).total, slot = wg_smem(a.K, MX, 0).slot;
+  p.stages = static_cast<int>(std::clamp<int64_t>((kWgBlockSmemBudget - fixed) / (slot + 16), 2, kWgMaxStages));
+  const int64_t smem = wg_smem(a.K, MX, p.stages).total;
   const CUtensorMap map = tensor_map_u8_sw128(a.w, a.N, a.K, a.ldw, kWgRows, kWgStageCols);
   const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(fp8_wgmma_gemv), kWgThreads, smem)) *
+      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(fp8_wgmma_gemv<MX>), kWgThreads, smem)) *
       sm_count();
   const int64_t grid = std::min<int64_t>(p.units, resident);
-  launch_pdl(fp8_wgmma_gemv, dim3(static_cast<unsigned>(grid)), kWgThreads, smem, stream, map, p);
+  launch_pdl(fp8_wgmma_gemv<MX>, dim3(static_cast<unsigned>(grid)), kWgThreads, smem, stream, map, p);
+}
+
+}  // namespace
+
+void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream) {
+  DI_CHECK(gemv_fp8_wgmma_supported(a), "cuda::gemv: fp8_wgmma_gemv does not take this call (N {}, K {}, M {}, B {})",
+           a.N, a.K, a.M, a.B);
+  switch (a.M) {
+    case 1:
+      launch_wgmma<1>(a, stream);
+      break;
+    case 2:
+      launch_wgmma<2>(a, stream);
+      break;
+    case 3:
+      launch_wgmma<3>(a, stream);
+      break;
+    default:
+      launch_wgmma<4>(a, stream);
+      break;
+  }
 }
 
 }  // namespace deepinfer::cuda

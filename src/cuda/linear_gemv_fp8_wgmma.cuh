@@ -14,7 +14,8 @@
 namespace deepinfer::cuda {
 
 // True when fp8_wgmma_gemv takes this call: dense E4M3 with 32 x 32 tiles and act_quant_block 32 (the V4.1 linears),
-// gemv_supported(a), K % 128 == 0 and K <= 8192, 1 to 4 rows of x, 4-byte aligned scale rows.
+// gemv_supported(a), K % 128 == 0 and K <= 8192, 1 to 4 rows of x, 4-byte aligned scale rows. Not yet run on a GPU:
+// gemv_into uses it only under gemv_set_fp8_variant(7).
 bool gemv_fp8_wgmma_supported(const GemvArgs& a);
 
 // Launches fp8_wgmma_gemv. Preconditions: gemv_fp8_wgmma_supported(a).
@@ -24,11 +25,10 @@ void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream);
 // device; the unit of gemv_fp8_mma_slow_warps); reset: set the count back to 0.
 int64_t gemv_fp8_wgmma_slow_warps(bool reset = false);
 
-// Tests: the kernel's tile path alone, for a layout check. w: a [32, 128] E4M3 weight tile (device, 128-byte rows),
-// x_codes: 128 E4M3 codes of x (device, 4 tiles of 32); out (device): for tile q, MMA t of its pair, the MMA's whole D
-// [64 rows][32 columns] at out[((q * 2 + t) * 64 + row) * 32 + column]. By the kernel's construction, D row 16 w + g +
-// 8 h' of MMA t is, for warp w = 0, the product of column n's weight with x at element 16 t + 8 h' + g of tile q, and
-// zero for the other warps.
+// Tests: the kernel's stage path alone, for a layout check. w: a [64, 128] E4M3 weight tile (device, 128-byte rows),
+// x_codes: 128 E4M3 codes of one x row (device, 4 tiles of 32); out (device): for tile q the MMA's whole D [64 weight
+// rows][32 columns] at out[(q * 64 + row) * 32 + column], which by the kernel's construction is the product of weight
+// row `row`'s code at column 32 q + column with x's code there.
 void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

@@ -768,51 +768,42 @@ void test_fp8_mma() {
   }
 }
 
-// fp8_wgmma_gemv's tile path alone (gemv_fp8_wgmma_probe): the TMA's swizzled tile, the A registers built from x's
-// codes and the D fragments of the 8 MMAs of one stage, against the products they must hold. A failure here points at
-// the wgmma layout (descriptor, A or D fragment), not at the fold or the prologue.
+// fp8_wgmma_gemv's stage path alone (gemv_fp8_wgmma_probe): the TMA's swizzled [64, 128] weight tile, the diagonal B
+// tiles written from x's codes and the D of the 4 MMAs, against the products they must hold. A failure here points at
+// the wgmma layout (a descriptor, the diagonal's offsets, the D fragment), not at the fold or the prologue.
 void test_fp8_wgmma_probe() {
   run_case("gemv fp8 wgmma layout probe", []() -> std::string {
     uint64_t s = 77;
-    std::vector<uint8_t> w(32 * 128), xc(128);
+    std::vector<uint8_t> w(64 * 128), xc(128);
     auto code = [&]() {
       uint8_t c = static_cast<uint8_t>(splitmix(s));
       return (c & 0x7f) == 0x7f ? static_cast<uint8_t>(c ^ 0x01) : c;  // no NaN codes
     };
     for (uint8_t& c : w) c = code();
     for (uint8_t& c : xc) c = code();
-    di::Tensor wt = di::Tensor::empty({32, 128}, di::DType::kU8), xt = di::Tensor::empty({128}, di::DType::kU8);
+    di::Tensor wt = di::Tensor::empty({64, 128}, di::DType::kU8), xt = di::Tensor::empty({128}, di::DType::kU8);
     std::memcpy(wt.raw(), w.data(), w.size());
     std::memcpy(xt.raw(), xc.data(), xc.size());
     const di::Tensor wd = di::cuda::copy_to_device(wt), xd = di::cuda::copy_to_device(xt);
-    di::Tensor od = di::Tensor::empty({4 * 2 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
+    di::Tensor od = di::Tensor::empty({4 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
     di::cuda::gemv_fp8_wgmma_probe(static_cast<const uint8_t*>(wd.raw()), static_cast<const uint8_t*>(xd.raw()),
                                    od.data<float>(), nullptr);
     const di::Tensor out = di::cuda::copy_to_host(od);
-    di::Tensor want = di::Tensor::empty({4 * 2 * 64 * 32}, di::DType::kF32);
-    for (int q = 0; q < 4; ++q)
-      for (int t = 0; t < 2; ++t)
-        for (int row = 0; row < 64; ++row)
-          for (int n = 0; n < 32; ++n) {
-            float v = 0.0f;
-            if (row < 16) {  // warp 0: x row 0; element 16 t + 8 h' + g of tile q
-              const int k = 32 * q + 16 * t + 8 * (row / 8) + row % 8;
-              v = static_cast<float>(static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(n * 128 + k)])) *
-                                     di::e4m3_to_f32(xc[static_cast<size_t>(k)]));
-            }
-            want.data<float>()[((q * 2 + t) * 64 + row) * 32 + n] = v;
-          }
-    // Zero products may come out as -0: compare values, not bits.
     int64_t bad = 0;
-    for (int64_t i = 0; i < want.numel(); ++i)
-      if (!(out.data<float>()[i] == want.data<float>()[i])) {
-        if (bad < 8)
-          std::printf("     [q %lld t %lld row %lld col %lld] got %g want %g\n", static_cast<long long>(i / 4096),
-                      static_cast<long long>(i / 2048 % 2), static_cast<long long>(i / 32 % 64),
-                      static_cast<long long>(i % 32), out.data<float>()[i], want.data<float>()[i]);
-        ++bad;
-      }
-    return bad == 0 ? std::string() : std::to_string(bad) + " of 16384 D values differ";
+    for (int q = 0; q < 4; ++q)
+      for (int row = 0; row < 64; ++row)
+        for (int n = 0; n < 32; ++n) {
+          const int k = 32 * q + n;
+          const float want =
+              static_cast<float>(static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(row * 128 + k)])) *
+                                 di::e4m3_to_f32(xc[static_cast<size_t>(k)]));
+          const float got = out.data<float>()[(q * 64 + row) * 32 + n];
+          if (!(got == want)) {  // values, not bits: a zero product may come out as -0
+            if (bad < 8) std::printf("     [tile %d row %d column %d] got %g want %g\n", q, row, n, got, want);
+            ++bad;
+          }
+        }
+    return bad == 0 ? std::string() : std::to_string(bad) + " of 8192 D values differ";
   });
 }
 
