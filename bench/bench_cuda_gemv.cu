@@ -18,13 +18,13 @@
 // tail included). GB/s counts the weight and scale bytes a call must read (grouped: of the distinct experts the call
 // touches, per list), % is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2
 // GiB). First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3:
-// fp8_gemv, fp8_walk_gemv, fp8_mma_gemv and fp8_rows_gemv; BF16: chain_gemv and bf16_tile_gemv) against linear_into's
-// slab kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1:
-// without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row table alone (for ncu).
-// BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3 at decode batches,
-// walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header stays, empty), so
-// the grouped FP4 table comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the
-// large-batch grouped table (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone;
+// fp8_gemv, fp8_walk_gemv, fp8_mma_gemv, fp8_rows_gemv and fp8_wgmma_gemv up to 4 rows; BF16: chain_gemv and
+// bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>:
+// one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row
+// table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3
+// at decode batches, walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header
+// stays, empty), so the grouped FP4 table comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then
+// skips to the large-batch grouped table (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone;
 // BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at those token tiles, linear_tc_set_grouped_variant),
 // BENCH_GROUPED_PREFILL=1 to the prefill-sized one (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact
 // contract's prefill-sized one (grouped_exact_table).
@@ -424,8 +424,10 @@ void run() {
       "weight read once)\n\n");
   std::printf(
       "| weight [N, K] | fmt | M | slab us | gemv us (fp8_gemv / chain_gemv) | walk / tile us (fp8_walk_gemv / "
-      "bf16_tile_gemv) | mma us (fp8_mma_gemv) | rows us (fp8_rows_gemv) | best GB/s | %% of read | best / slab |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "bf16_tile_gemv) | mma us (fp8_mma_gemv) | rows us (fp8_rows_gemv) | wgmma us (fp8_wgmma_gemv) | best GB/s | %% "
+      "of read | "
+      "best / slab |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const Shape batched[] = {
       {"attn.wq_a", kFp8, 1024, 5120}, {"attn.wq_b", kFp8, 32768, 1280},   {"attn.wkv", kFp8, 512, 5120},
@@ -449,9 +451,10 @@ void run() {
       const double ms_slab =
           time_calls(st, copies, [&](int i) { di::cuda::linear_into(xs, ws[static_cast<size_t>(i)], o, ys, st); });
       // E4M3: both GEMV kernels (fp8_gemv, fp8_walk_gemv); BF16: both (chain_gemv, bf16_tile_gemv).
-      double ms[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // [variant]
-      for (const int variant : {1, 2, 4, 6}) {
+      double ms[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // [variant]
+      for (const int variant : {1, 2, 4, 6, 7}) {
         if (variant >= 4 && s.fmt != kFp8) continue;
+        if (variant == 7 && !di::cuda::gemv_fp8_wgmma_supported(args[0])) continue;
         if (s.fmt == kFp8) di::cuda::gemv_set_fp8_variant(variant);
         if (s.fmt == kBf16) di::cuda::gemv_set_bf16_variant(variant);
         ms[variant] = time_calls(st, copies, [&](int i) { di::cuda::gemv_into(args[static_cast<size_t>(i)], st); });
@@ -461,13 +464,16 @@ void run() {
       double best = std::min(ms[1], ms[2]);
       if (ms[4] > 0.0) best = std::min(best, ms[4]);
       if (ms[6] > 0.0) best = std::min(best, ms[6]);
+      if (ms[7] > 0.0) best = std::min(best, ms[7]);
       const double gbs = su.wbytes / best / 1e6;
-      char mma[32] = "-", rows[32] = "-";
+      char mma[32] = "-", rows[32] = "-", wg[32] = "-";
       if (ms[4] > 0.0) std::snprintf(mma, sizeof mma, "%.2f", ms[4] * 1e3);
       if (ms[6] > 0.0) std::snprintf(rows, sizeof rows, "%.2f", ms[6] * 1e3);
-      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %.2f | %s | %s | %.0f | %.0f%% | %.2fx |\n", s.name,
-                  static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), static_cast<long long>(M),
-                  ms_slab * 1e3, ms[1] * 1e3, ms[2] * 1e3, mma, rows, gbs, 100.0 * gbs / read_gbs, ms_slab / best);
+      if (ms[7] > 0.0) std::snprintf(wg, sizeof wg, "%.2f", ms[7] * 1e3);
+      std::printf("| %s [%lld, %lld] | %s | %lld | %.2f | %.2f | %.2f | %s | %s | %s | %.0f | %.0f%% | %.2fx |\n",
+                  s.name, static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt),
+                  static_cast<long long>(M), ms_slab * 1e3, ms[1] * 1e3, ms[2] * 1e3, mma, rows, wg, gbs,
+                  100.0 * gbs / read_gbs, ms_slab / best);
       std::fflush(stdout);
     }
   }

@@ -712,6 +712,39 @@ void test_fp4_mma() {
   }
 }
 
+// An E4M3 case of a tensor-core GEMV (V4.1 tiles of 32, act_quant_block 32, bf16-rounded output) against the CPU op:
+// with groups > 0, x row g against its own matrix g (grouped mode, as wo_a), else m_rows rows of x against one dense
+// matrix; special: 1 tile scale code 0 in one row block, 2 a NaN weight code, 3 x = 3e38 in one tile; slow: how many
+// pieces must take the kernel's slow path (check_mma).
+struct Fp8MmaCase {
+  int64_t N, K;
+  int groups, m_rows, special, slow;
+};
+std::string run_fp8_mma_case(const MmaKernel& k, const Fp8MmaCase& c, uint32_t& seed) {
+  const int G = std::max(c.groups, 1), M = c.groups > 0 ? G : c.m_rows;
+  std::vector<di::ops::QWeight> wh, wd;
+  for (int e = 0; e < G; ++e) {
+    wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
+    if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
+    if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
+    wd.push_back(to_device(wh.back()));
+  }
+  di::Tensor x = make_x(M, c.K, seed++);
+  if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
+  di::ops::LinearOpts o;
+  o.act_quant_block = 32;
+  o.round_out_bf16 = true;
+  di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
+  di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32);
+  for (int m = 0; m < M; ++m) {
+    const int e = c.groups > 0 ? m : 0;
+    const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[static_cast<size_t>(e)], o);
+    std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+    ids.data<int32_t>()[m] = e;
+  }
+  return check_mma(k, wd, x, ids, c.groups > 0 ? M : 0, G, want, o, c.slow);
+}
+
 // fp8_mma_gemv on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, one row of x; grouped as wo_a), each case
 // stating how many warps must take the slow path (gemv_fp8_mma_slow_warps): 0 on the model's shapes and with an e4m3
 // NaN code; some where a row block carries tile scale code 0 (its factor times x's scale leaves the normal floats); all
@@ -720,51 +753,25 @@ void test_fp8_mma() {
   uint32_t seed = 9950;
   struct Case {
     const char* what;
-    int64_t N, K;
-    int groups;   // 0: dense
-    int special;  // 0 none, 1 a code above 246 in one row block, 2 a NaN weight code, 3 an infinite x
-    int slow;     // 0 none, 1 some, 2 all
+    Fp8MmaCase c;  // N, K, groups, x rows, special, slow
   };
   const Case cases[] = {
-      {"wq_b", 32768, 1280, 0, 0, 0},
-      {"wo_b", 5120, 8192, 0, 0, 0},
-      {"wq_a + wkv", 1536, 5120, 0, 0, 0},
-      {"shared w2", 5120, 2304, 0, 0, 0},
-      {"ragged N", 1000, 1024, 0, 0, 0},
-      {"wo_a 8 groups", 1024, 4096, 8, 0, 0},
-      {"code 0 (2^-127) in a row block", 640, 1024, 0, 1, 1},
-      {"a NaN weight code", 640, 1024, 0, 2, 0},
-      {"x = 3e38 in one tile", 640, 1024, 0, 3, 2},
+      {"wq_b", {32768, 1280, 0, 1, 0, 0}},
+      {"wo_b", {5120, 8192, 0, 1, 0, 0}},
+      {"wq_a + wkv", {1536, 5120, 0, 1, 0, 0}},
+      {"shared w2", {5120, 2304, 0, 1, 0, 0}},
+      {"ragged N", {1000, 1024, 0, 1, 0, 0}},
+      {"wo_a 8 groups", {1024, 4096, 8, 1, 0, 0}},
+      {"code 0 (2^-127) in a row block", {640, 1024, 0, 1, 1, 1}},
+      {"a NaN weight code", {640, 1024, 0, 1, 2, 0}},
+      {"x = 3e38 in one tile", {640, 1024, 0, 1, 3, 2}},
   };
-  for (const Case& c : cases) {
+  const MmaKernel k{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into, di::cuda::gemv_fp8_mma_slow_warps};
+  for (const Case& cs : cases) {
     char name[300];
-    std::snprintf(name, sizeof name, "gemv fp8 mma %s N=%lld K=%lld groups=%d", c.what, static_cast<long long>(c.N),
-                  static_cast<long long>(c.K), c.groups);
-    run_case(name, [&]() -> std::string {
-      const int G = std::max(c.groups, 1), M = c.groups > 0 ? G : 1;
-      std::vector<di::ops::QWeight> wh, wd;
-      for (int e = 0; e < G; ++e) {
-        wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
-        if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
-        if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
-        wd.push_back(to_device(wh.back()));
-      }
-      di::Tensor x = make_x(M, c.K, seed++);
-      if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
-      di::ops::LinearOpts o;
-      o.act_quant_block = 32;
-      o.round_out_bf16 = true;
-      di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
-      for (int m = 0; m < M; ++m) {
-        const di::Tensor ym = di::ops::linear(x.slice(0, m, m + 1).contiguous(), wh[m], o);
-        std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
-      }
-      di::Tensor ids = di::Tensor::empty({M}, di::DType::kI32);
-      for (int m = 0; m < M; ++m) ids.data<int32_t>()[m] = m;
-      const MmaKernel k{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into,
-                        di::cuda::gemv_fp8_mma_slow_warps};
-      return check_mma(k, wd, x, ids, c.groups > 0 ? M : 0, G, want, o, c.slow);
-    });
+    std::snprintf(name, sizeof name, "gemv fp8 mma %s N=%lld K=%lld groups=%d", cs.what, static_cast<long long>(cs.c.N),
+                  static_cast<long long>(cs.c.K), cs.c.groups);
+    run_case(name, [&]() -> std::string { return run_fp8_mma_case(k, cs.c, seed); });
   }
 }
 
@@ -813,49 +820,31 @@ void test_fp8_wgmma() {
   uint32_t seed = 9970;
   struct Case {
     const char* what;
-    int64_t N, K;
-    int M;
-    int special;  // 0 none, 1 tile scale code 0 in one row block, 2 a NaN weight code, 3 an infinite x
-    int slow;     // 0 none, 1 some, 2 all
+    Fp8MmaCase c;  // N, K, groups (0: dense), x rows, special, slow
   };
   const Case cases[] = {
-      {"wq_b", 32768, 1280, 1, 0, 0},
-      {"wo_b", 5120, 8192, 1, 0, 0},
-      {"wo_b, 4 x rows (the largest staging)", 5120, 8192, 4, 0, 0},
-      {"wq_a + wkv", 1792, 5120, 1, 0, 0},
-      {"shared w2", 5120, 2304, 1, 0, 0},
-      {"indexer wq_b", 4096, 1280, 1, 0, 0},
-      {"ragged N", 1000, 1024, 1, 0, 0},
-      {"ragged N, 2 x rows", 1000, 1024, 2, 0, 0},
-      {"ragged N, 3 x rows", 1000, 1024, 3, 0, 0},
-      {"one unit, K = 128", 20, 128, 1, 0, 0},
-      {"code 0 (2^-127) in a row block", 640, 1024, 1, 1, 1},
-      {"code 0 in a row block, 3 x rows", 640, 1024, 3, 1, 1},
-      {"a NaN weight code", 640, 1024, 2, 2, 0},
-      {"x = 3e38 in one tile", 640, 1024, 1, 3, 2},
+      {"wq_b", {32768, 1280, 0, 1, 0, 0}},
+      {"wo_b", {5120, 8192, 0, 1, 0, 0}},
+      {"wo_b, 4 x rows (the largest staging)", {5120, 8192, 0, 4, 0, 0}},
+      {"wq_a + wkv", {1792, 5120, 0, 1, 0, 0}},
+      {"shared w2", {5120, 2304, 0, 1, 0, 0}},
+      {"indexer wq_b", {4096, 1280, 0, 1, 0, 0}},
+      {"ragged N", {1000, 1024, 0, 1, 0, 0}},
+      {"ragged N, 2 x rows", {1000, 1024, 0, 2, 0, 0}},
+      {"ragged N, 3 x rows", {1000, 1024, 0, 3, 0, 0}},
+      {"one unit, K = 128", {20, 128, 0, 1, 0, 0}},
+      {"code 0 (2^-127) in a row block", {640, 1024, 0, 1, 1, 1}},
+      {"code 0 in a row block, 3 x rows", {640, 1024, 0, 3, 1, 1}},
+      {"a NaN weight code", {640, 1024, 0, 2, 2, 0}},
+      {"x = 3e38 in one tile", {640, 1024, 0, 1, 3, 2}},
   };
-  for (const Case& c : cases) {
+  const MmaKernel k{di::cuda::gemv_fp8_wgmma_supported, di::cuda::gemv_fp8_wgmma_into,
+                    di::cuda::gemv_fp8_wgmma_slow_warps};
+  for (const Case& cs : cases) {
     char name[300];
-    std::snprintf(name, sizeof name, "gemv fp8 wgmma %s N=%lld K=%lld M=%d", c.what, static_cast<long long>(c.N),
-                  static_cast<long long>(c.K), c.M);
-    run_case(name, [&]() -> std::string {
-      std::vector<di::ops::QWeight> wh, wd;
-      wh.push_back(make_weight(di::DType::kE4M3, c.N, c.K, 32, seed++));
-      if (c.special == 1) wh.back().scale.data<uint8_t>()[3 * wh.back().scale.size(1) + 5] = 0;
-      if (c.special == 2) wh.back().w.data<uint8_t>()[7 * c.K + 100] = 0x7f;
-      wd.push_back(to_device(wh.back()));
-      di::Tensor x = make_x(c.M, c.K, seed++);
-      if (c.special == 3) x.data<float>()[70] = 3.0e38f;  // its tile scale 2^121: kx out of range
-      di::ops::LinearOpts o;
-      o.act_quant_block = 32;
-      o.round_out_bf16 = true;
-      const di::Tensor want = di::ops::linear(x, wh[0], o);
-      di::Tensor ids = di::Tensor::empty({c.M}, di::DType::kI32);
-      for (int m = 0; m < c.M; ++m) ids.data<int32_t>()[m] = 0;
-      const MmaKernel k{di::cuda::gemv_fp8_wgmma_supported, di::cuda::gemv_fp8_wgmma_into,
-                        di::cuda::gemv_fp8_wgmma_slow_warps};
-      return check_mma(k, wd, x, ids, 0, 1, want, o, c.slow);
-    });
+    std::snprintf(name, sizeof name, "gemv fp8 wgmma %s N=%lld K=%lld M=%d", cs.what, static_cast<long long>(cs.c.N),
+                  static_cast<long long>(cs.c.K), cs.c.m_rows);
+    run_case(name, [&]() -> std::string { return run_fp8_mma_case(k, cs.c, seed); });
   }
 }
 
