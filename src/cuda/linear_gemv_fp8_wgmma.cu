@@ -99,8 +99,11 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // Where element k of a tile's diagonal goes in its 1 KB B tile (core (k / 8, k / 16), row k % 8, byte k % 16).
 __device__ __forceinline__ int diag_offset(int k) { return (k >> 3) * 128 + (k >> 4) * 512 + (k & 7) * 16 + (k & 15); }
 
-// The B descriptor of a diagonal tile at shared address addr.
-__device__ __forceinline__ uint64_t diag_desc(uint32_t addr) { return wgmma_desc_plain(addr, 512, 128); }
+// The B descriptor of a diagonal tile at shared address addr: leading (K) byte offset 512, stride (N) 128. The probe
+// can swap the two (a layout diagnosis on a new GPU: diag_swap).
+__device__ __forceinline__ uint64_t diag_desc(uint32_t addr, bool diag_swap = false) {
+  return diag_swap ? wgmma_desc_plain(addr, 128, 512) : wgmma_desc_plain(addr, 512, 128);
+}
 
 // The producer warp's part of a stage: element `lane` of x row m's 4 tiles (one word of x's codes) into the slot's
 // diagonal tiles, then fenced into the async proxy.
@@ -141,14 +144,16 @@ struct Jobs {
 };
 
 template <int MX>
-__device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j) {
+__device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j,
+                                          bool diag_swap = false) {
   constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
   const int q = j / JT, m0 = (j % JT) * G;
   const uint64_t a = wgmma_desc_sw128(slot_addr + 32 * q);
 #pragma unroll
   for (int i = 0; i < G; ++i)
     if (m0 + i < MX)
-      wgmma_m64n32k32_e4m3_ss(d[i], a, diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * 1024));
+      wgmma_m64n32k32_e4m3_ss(d[i], a,
+                              diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * 1024, diag_swap));
   wgmma_commit();
 }
 
@@ -368,7 +373,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
 // weight tile, the diagonal tiles of x's codes and the 4 MMAs, each MMA's D written out whole: out[(q * 64 + row) * 32
 // + column].
 __global__ void __launch_bounds__(kWgThreads)
-    fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out) {
+    fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out, bool diag_swap) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   uint8_t* slot = smem_raw + (((raw + 1023u) & ~1023u) - raw);  // 8 KB of weights, 4 KB of diagonals, the codes
@@ -398,7 +403,7 @@ __global__ void __launch_bounds__(kWgThreads)
   float d[4][1][16];
   wgmma_fence();
 #pragma unroll
-  for (int q = 0; q < 4; ++q) issue_job<1>(d[q], smem_u32(slot), q);
+  for (int q = 0; q < 4; ++q) issue_job<1>(d[q], smem_u32(slot), q, diag_swap);
   wgmma_wait<0>();
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -413,10 +418,10 @@ __global__ void __launch_bounds__(kWgThreads)
 
 }  // namespace
 
-void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream) {
+void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream, bool diag_swap) {
   const CUtensorMap map = tensor_map_u8_sw128(w, kWgRows, kWgStageCols, kWgStageCols, kWgRows, kWgStageCols);
   const int smem = kWgStageBytes + kWgDiagBytes + kWgStageCols + 8 + 1024;
-  fp8_wgmma_probe<<<1, kWgThreads, smem, stream != nullptr ? stream : current_stream()>>>(map, x_codes, out);
+  fp8_wgmma_probe<<<1, kWgThreads, smem, stream != nullptr ? stream : current_stream()>>>(map, x_codes, out, diag_swap);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

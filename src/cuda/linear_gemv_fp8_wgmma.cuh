@@ -28,7 +28,9 @@ int64_t gemv_fp8_wgmma_slow_warps(bool reset = false);
 // Tests: the kernel's stage path alone, for a layout check. w: a [64, 128] E4M3 weight tile (device, 128-byte rows),
 // x_codes: 128 E4M3 codes of one x row (device, 4 tiles of 32); out (device): for tile q the MMA's whole D [64 weight
 // rows][32 columns] at out[(q * 64 + row) * 32 + column], which by the kernel's construction is the product of weight
-// row `row`'s code at column 32 q + column with x's code there.
-void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream);
+// row `row`'s code at column 32 q + column with x's code there. diag_swap: the diagonal tiles' descriptor with its
+// leading and stride byte offsets swapped (a diagnosis when the kernel's own reading of them fails).
+void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream,
+                          bool diag_swap = false);
 
 }  // namespace deepinfer::cuda

@@ -792,24 +792,34 @@ void test_fp8_wgmma_probe() {
     std::memcpy(wt.raw(), w.data(), w.size());
     std::memcpy(xt.raw(), xc.data(), xc.size());
     const di::Tensor wd = di::cuda::copy_to_device(wt), xd = di::cuda::copy_to_device(xt);
-    di::Tensor od = di::Tensor::empty({4 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
-    di::cuda::gemv_fp8_wgmma_probe(static_cast<const uint8_t*>(wd.raw()), static_cast<const uint8_t*>(xd.raw()),
-                                   od.data<float>(), nullptr);
-    const di::Tensor out = di::cuda::copy_to_host(od);
-    int64_t bad = 0;
-    for (int q = 0; q < 4; ++q)
-      for (int row = 0; row < 64; ++row)
-        for (int n = 0; n < 32; ++n) {
-          const int k = 32 * q + n;
-          const float want =
-              static_cast<float>(static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(row * 128 + k)])) *
-                                 di::e4m3_to_f32(xc[static_cast<size_t>(k)]));
-          const float got = out.data<float>()[(q * 64 + row) * 32 + n];
-          if (!(got == want)) {  // values, not bits: a zero product may come out as -0
-            if (bad < 8) std::printf("     [tile %d row %d column %d] got %g want %g\n", q, row, n, got, want);
-            ++bad;
+    // Mismatches of the kernel's descriptors; when there are any, the probe again with the diagonal's leading and
+    // stride byte offsets swapped, whose count says which reading of them the GPU has.
+    auto mismatches = [&](bool swap, bool print) {
+      di::Tensor od = di::Tensor::empty({4 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
+      di::cuda::gemv_fp8_wgmma_probe(static_cast<const uint8_t*>(wd.raw()), static_cast<const uint8_t*>(xd.raw()),
+                                     od.data<float>(), nullptr, swap);
+      const di::Tensor out = di::cuda::copy_to_host(od);
+      int64_t bad = 0;
+      for (int q = 0; q < 4; ++q)
+        for (int row = 0; row < 64; ++row)
+          for (int n = 0; n < 32; ++n) {
+            const int k = 32 * q + n;
+            const float want =
+                static_cast<float>(static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(row * 128 + k)])) *
+                                   di::e4m3_to_f32(xc[static_cast<size_t>(k)]));
+            const float got = out.data<float>()[(q * 64 + row) * 32 + n];
+            if (!(got == want)) {  // values, not bits: a zero product may come out as -0
+              if (print && bad < 8)
+                std::printf("     [tile %d row %d column %d] got %g want %g\n", q, row, n, got, want);
+              ++bad;
+            }
           }
-        }
+      return bad;
+    };
+    const int64_t bad = mismatches(false, true);
+    if (bad != 0)
+      std::printf("     with the diagonal's byte offsets swapped: %lld differ\n",
+                  static_cast<long long>(mismatches(true, false)));
     return bad == 0 ? std::string() : std::to_string(bad) + " of 8192 D values differ";
   });
 }
