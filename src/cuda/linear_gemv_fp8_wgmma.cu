@@ -31,7 +31,8 @@
 // the producer's lane 0 sets the slot's full barrier to expect the TMA's 8 KB and issues the box (64 rows x 128 bytes,
 // 128-byte swizzle; dense weights do not depend on the previous kernel, so the first boxes go out before
 // griddepcontrol.wait), then the warp writes the stage's diagonal bytes from x's codes (after the consumers have
-// quantised x: the x_ready barrier), fences them into the async proxy and lane 0 arrives on the full barrier. The
+// quantised x: the x_ready barrier), and each lane fences its bytes into the async proxy and arrives on the full
+// barrier (32 arrivals, so no lane's stores depend on another's release). The
 // consumers quantise x (mma_x_chunks: codes, kx, the fast test), then per stage issue the 4 MMAs per x row and fold
 // each tile's while the later tiles' run; a slot's empty barrier gets an arrive per consumer warp once its MMAs are
 // done.
@@ -205,10 +206,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   fence_proxy_async();
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(bars + 8 * s, 1);                // the producer's arrive, after the TMA's bytes were expected
+      mbar_init(bars + 8 * s, 32);               // every producer lane, after its diagonal bytes (and the TMA's bytes)
       mbar_init(bars + 8 * (S + s), kMmaWarps);  // one arrive per consumer warp
     }
-    mbar_init(x_ready, kMmaWarps);
+    mbar_init(x_ready, 32 * kMmaWarps);  // every consumer thread, after its x codes
     mbar_init_fence();
     flags[0] = 1, flags[1] = INT_MAX, flags[2] = INT_MIN;
   }
@@ -242,8 +243,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
         load_next(slot);
       }
       write_diagonals<MX>(smem + sm.ring + slot * sm.slot + kWgStageBytes, xc, K, st, lane);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bars + 8 * slot);
+      mbar_arrive(bars + 8 * slot);  // each lane releases its own fenced bytes
       if (++st == nst) st = 0;
       if (++slot == S) slot = 0, phase ^= i >= S ? 1u : 0u;
     }
@@ -266,9 +266,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
       return MmaChunk{kx, kx >= -100 && kx <= 100};
     });
   }
-  __syncwarp();
-  if (lane == 0) mbar_arrive(x_ready);  // this warp's codes are in (the producer writes the diagonals from them)
-  consumers_sync();                     // codes, kx and flags complete
+  mbar_arrive(x_ready);  // this thread's codes are in (the producer writes the diagonals from them)
+  consumers_sync();      // codes, kx and flags complete
   const bool x_ok = flags[0] != 0;
   const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
   const int g = lane >> 2, r = lane & 3;
@@ -385,7 +384,7 @@ __global__ void __launch_bounds__(kWgThreads)
   if (tid < kWgStageCols) xc[4 * (tid & 31) + (tid >> 5)] = x_codes[tid];  // tile tid / 32, element tid % 32
   fence_proxy_async();                                                     // the zeros, for wgmma's reads
   if (tid == 0) {
-    mbar_init(bar, 1);
+    mbar_init(bar, 32);  // the producer warp's lanes
     mbar_init_fence();
   }
   __syncthreads();
@@ -395,8 +394,7 @@ __global__ void __launch_bounds__(kWgThreads)
       tma_load_2d(smem_u32(slot), &wmap, bar, 0, 0, l2_evict_first());
     }
     write_diagonals<1>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
+    mbar_arrive(bar);
     return;
   }
   mbar_wait(bar, 0);
