@@ -106,6 +106,29 @@ __device__ __forceinline__ uint64_t diag_desc(uint32_t addr, bool diag_swap = fa
   return diag_swap ? wgmma_desc_plain(addr, 128, 512) : wgmma_desc_plain(addr, 512, 128);
 }
 
+// A ring position: the slot of a stage and the parity of its full barrier's phase (round / S, mod 2). The producer
+// waits for the slot's previous release, the empty barrier's phase of the round before: the opposite parity.
+struct RingPos {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next(int S) {
+    if (++slot == S) slot = 0, phase ^= 1u;
+  }
+};
+
+// Zeros for the diagonal tiles at diag (bytes, a multiple of 16), by the block's threads; the caller fences them.
+__device__ __forceinline__ void zero_diagonals(uint8_t* diag, int bytes, int tid) {
+  for (int i = tid; i < bytes / 16; i += kWgThreads)
+    *reinterpret_cast<uint4*>(diag + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// The TMA box of a stage (columns c0.., rows c1..) into dst, its bytes expected on the slot's full barrier (one lane).
+__device__ __forceinline__ void load_stage(uint32_t full, uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                           uint64_t policy) {
+  mbar_expect_tx(full, kWgStageBytes);
+  tma_load_2d(dst, map, full, c0, c1, policy);
+}
+
 // The producer warp's part of a stage: element `lane` of x row m's 4 tiles (one word of x's codes) into the slot's
 // diagonal tiles, then fenced into the async proxy.
 template <int MX>
@@ -189,8 +212,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   pdl_launch_dependents();
   const int K = p.K, N = p.N, S = p.stages, nst = K / kWgStageCols, nch = K / 32;
   const WgSmem sm = wg_smem(K, MX, S);
-  const uint32_t raw = smem_u32(smem_raw);
-  uint8_t* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  uint8_t* smem = smem_align1024(smem_raw);
   const uint32_t ring = smem_u32(smem + sm.ring);
   uint8_t* xc = smem + sm.xc;
   int* kxs = reinterpret_cast<int*>(smem + sm.kxs);
@@ -200,9 +222,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
 
   // The diagonal tiles' zeros, once (only their diagonals are written later), fenced into the async proxy.
-  for (int s = 0; s < S; ++s)
-    for (int i = tid; i < MX * kWgDiagBytes / 16; i += kWgThreads)
-      *reinterpret_cast<uint4*>(smem + sm.ring + s * sm.slot + kWgStageBytes + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+  for (int s = 0; s < S; ++s) zero_diagonals(smem + sm.ring + s * sm.slot + kWgStageBytes, MX * kWgDiagBytes, tid);
   fence_proxy_async();
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -225,27 +245,23 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
               total = mine * nst;
     int lu = static_cast<int>(blockIdx.x), lst = 0;  // the next box to load
     auto load_next = [&](int slot) {
-      const uint32_t full = bars + 8 * slot;
-      if (lane == 0) {
-        mbar_expect_tx(full, kWgStageBytes);
-        tma_load_2d(ring + slot * static_cast<uint32_t>(sm.slot), &wmap, full, lst * kWgStageCols, lu * kWgRows,
-                    policy);
-      }
+      if (lane == 0)
+        load_stage(bars + 8 * slot, ring + slot * static_cast<uint32_t>(sm.slot), &wmap, lst * kWgStageCols,
+                   lu * kWgRows, policy);
       if (++lst == nst) lst = 0, lu += static_cast<int>(gridDim.x);
     };
     for (int i = 0; i < min(S, total); ++i) load_next(i);
     mbar_wait(x_ready, 0);
-    int slot = 0, st = 0;
-    uint32_t phase = 0;  // of the slot's empty barrier (its release by the consumers), from the ring's second round on
-    for (int i = 0; i < total; ++i) {
+    RingPos pos;
+    for (int i = 0, st = 0; i < total; ++i) {
       if (i >= S) {
-        mbar_wait(bars + 8 * (S + slot), phase);
-        load_next(slot);
+        mbar_wait(bars + 8 * (S + pos.slot), pos.phase ^ 1u);  // the consumers' release of stage i - S
+        load_next(pos.slot);
       }
-      write_diagonals<MX>(smem + sm.ring + slot * sm.slot + kWgStageBytes, xc, K, st, lane);
-      mbar_arrive(bars + 8 * slot);  // each lane releases its own fenced bytes
+      write_diagonals<MX>(smem + sm.ring + pos.slot * sm.slot + kWgStageBytes, xc, K, st, lane);
+      mbar_arrive(bars + 8 * pos.slot);  // each lane releases its own fenced bytes
       if (++st == nst) st = 0;
-      if (++slot == S) slot = 0, phase ^= i >= S ? 1u : 0u;
+      pos.next(S);
     }
     return;
   }
@@ -272,8 +288,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
   const int g = lane >> 2, r = lane & 3;
 
-  int slot = 0;  // the ring slot of the next stage and the parity of its full barrier's phase
-  uint32_t phase = 0;
+  RingPos pos;  // of the next stage
   for (int u = static_cast<int>(blockIdx.x); u < p.units; u += static_cast<int>(gridDim.x)) {
     // The unit's two row blocks of scale codes (rows 64u .. 64u + 63), a word (a stage's 4 tiles) per lane and stage:
     // lane holds stages lane and lane + 32. A row block past N (the last unit of a ragged N) is not read.
@@ -317,8 +332,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
           for (int q = 0; q < 4; ++q)
             F[q][m] = __int_as_float(static_cast<int>((cwd >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
         }
-        const uint32_t slot_addr = ring + slot * static_cast<uint32_t>(sm.slot);
-        mbar_wait(bars + 8 * slot, phase);
+        const uint32_t slot_addr = ring + pos.slot * static_cast<uint32_t>(sm.slot);
+        mbar_wait(bars + 8 * pos.slot, pos.phase);
         // ptxas gives every MMA between two full drains registers of its own, so 3-4 x rows drain after each half.
         constexpr int J = Jobs<MX>::kJobs, D = Jobs<MX>::kDepth, H = MX >= 3 ? 2 : 1, JH = J / H;
 #pragma unroll
@@ -340,8 +355,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
           }
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(bars + 8 * (S + slot));  // the slot's MMAs are done: the producer may refill it
-        if (++slot == S) slot = 0, phase ^= 1u;
+        if (lane == 0) mbar_arrive(bars + 8 * (S + pos.slot));  // the slot's MMAs are done: the producer may refill it
+        pos.next(S);
       }
 #pragma unroll
       for (int m = 0; m < MX; ++m) store_lane_rows(p, m, u * kWgRows + 16 * warp + g, r, tot[m]);
@@ -359,10 +374,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
       }
 #pragma unroll 1
       for (int st = 0; st < nst; ++st) {
-        mbar_wait(bars + 8 * slot, phase);
+        mbar_wait(bars + 8 * pos.slot, pos.phase);
         __syncwarp();
-        if (lane == 0) mbar_arrive(bars + 8 * (S + slot));
-        if (++slot == S) slot = 0, phase ^= 1u;
+        if (lane == 0) mbar_arrive(bars + 8 * (S + pos.slot));
+        pos.next(S);
       }
     }
   }
@@ -374,13 +389,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
 __global__ void __launch_bounds__(kWgThreads)
     fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out, bool diag_swap) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  uint8_t* slot = smem_raw + (((raw + 1023u) & ~1023u) - raw);  // 8 KB of weights, 4 KB of diagonals, the codes
+  uint8_t* slot = smem_align1024(smem_raw);  // 8 KB of weights, 4 KB of diagonals, the codes
   uint8_t* xc = slot + kWgStageBytes + kWgDiagBytes;
   const uint32_t bar = smem_u32(xc + kWgStageCols);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, r = lane & 3;
-  for (int i = tid; i < kWgDiagBytes / 16; i += kWgThreads)
-    *reinterpret_cast<uint4*>(slot + kWgStageBytes + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+  zero_diagonals(slot + kWgStageBytes, kWgDiagBytes, tid);
   if (tid < kWgStageCols) xc[4 * (tid & 31) + (tid >> 5)] = x_codes[tid];  // tile tid / 32, element tid % 32
   fence_proxy_async();                                                     // the zeros, for wgmma's reads
   if (tid == 0) {
@@ -389,10 +402,7 @@ __global__ void __launch_bounds__(kWgThreads)
   }
   __syncthreads();
   if (warp == kMmaWarps) {
-    if (lane == 0) {
-      mbar_expect_tx(bar, kWgStageBytes);
-      tma_load_2d(smem_u32(slot), &wmap, bar, 0, 0, l2_evict_first());
-    }
+    if (lane == 0) load_stage(bar, smem_u32(slot), &wmap, 0, 0, l2_evict_first());
     write_diagonals<1>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
     mbar_arrive(bar);
     return;
@@ -440,8 +450,9 @@ void launch_wgmma(const GemvArgs& a, cudaStream_t stream) {
   copy_gemv_args(a, p);
   p.units = (a.N + kWgRows - 1) / kWgRows;
   // As many ring slots as one block per SM leaves beside x's codes (at least 2, at most kWgMaxStages).
-  const int64_t fixed = wg_smem(a.K, MX, 0).total, slot = wg_smem(a.K, MX, 0).slot;
-  p.stages = static_cast<int>(std::clamp<int64_t>((kWgBlockSmemBudget - fixed) / (slot + 16), 2, kWgMaxStages));
+  const WgSmem none = wg_smem(a.K, MX, 0);
+  p.stages =
+      static_cast<int>(std::clamp<int64_t>((kWgBlockSmemBudget - none.total) / (none.slot + 16), 2, kWgMaxStages));
   const int64_t smem = wg_smem(a.K, MX, p.stages).total;
   const CUtensorMap map = tensor_map_u8_sw128(a.w, a.N, a.K, a.ldw, kWgRows, kWgStageCols);
   const int64_t resident =

@@ -19,7 +19,6 @@
 #include "cuda/linear_gemm_fp4.cuh"
 #include "cuda/linear_gemm_fp8.cuh"
 #include "cuda/linear_gemv.cuh"
-#include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/linear_tc_gemv.cuh"
 
@@ -234,25 +233,13 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
 
   const WeightLayout wl = weight_layout(w0, op);  // the experts share it (check_experts)
   // Under gemv_set_fp8_variant(7) (fp8_wgmma_gemv, not yet measured): lists of one matrix (the shared expert's w1 / w3)
-  // as a dense call each, where it takes them.
+  // as a dense call each, which cuda::linear hands to the GEMV (and so to that kernel) where it takes them.
   if (E == 1 && w0.w.dtype() == DType::kE4M3 && gemv_fp8_variant() == 7) {
-    std::vector<GemvArgs> calls;
     for (int64_t l = 0; l < L; ++l) {
-      const ops::QWeight& wm = (*lists[static_cast<size_t>(l)])[0];
-      GemvArgs d;
-      d.fmt = wl.fmt, d.B = wl.B, d.ldw = wl.ldw, d.lds = wl.lds;
-      d.w = static_cast<const uint8_t*>(wm.w.raw()), d.scale = static_cast<const uint8_t*>(wm.scale.raw());
-      d.N = static_cast<int>(N), d.K = static_cast<int>(K);
-      d.x = x.data<float>(), d.ldx = K, d.M = static_cast<int>(R);
-      d.act_quant_block = opts.act_quant_block, d.round = opts.round_out_bf16;
-      d.y = y.data<float>() + l * R * N;
-      if (!gemv_fp8_wgmma_supported(d)) break;
-      calls.push_back(d);
+      Tensor yl = y.slice(0, l * R, (l + 1) * R);
+      linear_into(x, (*lists[static_cast<size_t>(l)])[0], opts, yl);
     }
-    if (static_cast<int64_t>(calls.size()) == L) {
-      for (const GemvArgs& d : calls) gemv_fp8_wgmma_into(d, nullptr);
-      return y;
-    }
+    return y;
   }
   // Matrices that repeat with a period (wo_a's groups, the shared expert's w1 / w3) with enough rows each: the tiled
   // E4M3 GEMM over all of them in one launch (linear_gemm_fp8.cuh), the same bits as the GEMV.
