@@ -3,19 +3,19 @@
 // and exits 0 without one).
 //   ./build/bench/bench_cuda_gemv            (GIT_SHA=$(git rev-parse --short HEAD) to print it)
 //
-// Rows: M = 1, 2, 4 on the V4.1 decode shapes (E4M3 with 32 x 32 tile scales and act_quant_block 32, FP4
-// experts with E8M0 per 32, the BF16 head [129280, 5120]) and the grouped mode as the model calls it (6 FP4
-// experts out of 384 per token; w1 and w3 [2304, 5120] as 2 expert lists in one launch (GemvArgs::x_rows), M =
-// 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are timed with both FP4 kernels
-// (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant; the grouped rows also with
-// fp4_mma_gemv, variant 4, on pre-quantised x as the model passes it), E4M3 rows with both E4M3
-// kernels (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call, rows: fp8_rows_gemv where
-// it takes the call, wgmma: fp8_wgmma_gemv where it takes the call; gemv_set_fp8_variant 1, 2, 4, 6, 7), the last
-// column giving each later kernel's speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the
-// tensor-core contract of linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also
-// in wo_a's grouped mode (8 groups [1024, 4096], x row g against group g), and a `read` row per shape: the ceiling's
-// read kernel over the weight's bytes alone at that size (what a plain streaming read of them takes, launch ramp and
-// tail included). GB/s counts the weight and scale bytes a call must read (grouped: of the distinct experts the call
+// Rows: M = 1, 2, 4 on the V4.1 decode shapes (E4M3 with 32 x 32 tile scales and act_quant_block 32, among them wq_a
+// and wkv stacked as the model calls them [1792, 5120], FP4 experts with E8M0 per 32, the BF16 head [129280, 5120]) and
+// the grouped mode as the model calls it (6 FP4 experts out of 384 per token; w1 and w3 [2304, 5120] as 2 expert lists
+// in one launch (GemvArgs::x_rows), M = 2 x tokens x 6 rows; w2 [5120, 2304] as 1 list, M = tokens x 6). FP4 rows are
+// timed with both FP4 kernels (old: chain_gemv, new: fp4_pair_gemv; linear_gemv.cu's gemv_set_fp4_variant; the grouped
+// rows also with fp4_mma_gemv, variant 4, on pre-quantised x as the model passes it), E4M3 rows with both E4M3 kernels
+// (old: fp8_gemv, walk: fp8_walk_gemv, mma: fp8_mma_gemv where it takes the call, rows: fp8_rows_gemv where it takes
+// the call, wgmma: fp8_wgmma_gemv where it takes the call; gemv_set_fp8_variant 1, 2, 4, 6, 7), the last column giving
+// each later kernel's speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the tensor-core
+// contract of linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also in wo_a's
+// grouped mode (8 groups [1024, 4096], x row g against group g), and a `read` row per shape: the ceiling's read kernel
+// over the weight's bytes alone at that size (what a plain streaming read of them takes, launch ramp and tail
+// included). GB/s counts the weight and scale bytes a call must read (grouped: of the distinct experts the call
 // touches, per list), % is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2
 // GiB). First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3:
 // fp8_gemv, fp8_walk_gemv, fp8_mma_gemv, fp8_rows_gemv and fp8_wgmma_gemv up to 4 rows; BF16: chain_gemv and
@@ -491,10 +491,11 @@ void run() {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const Shape shapes[] = {
-      {"attn.wq_a", kFp8, 1280, 5120}, {"flash wq_a", kFp8, 1024, 5120},   {"attn.wq_b", kFp8, 32768, 1280},
-      {"attn.wkv", kFp8, 512, 5120},   {"attn.wo_b", kFp8, 5120, 8192},    {"shared w1/w3", kFp8, 2304, 5120},
-      {"shared w2", kFp8, 5120, 2304}, {"indexer.wq_b", kFp8, 4096, 1280}, {"expert w1/w3", kFp4, 2304, 5120},
-      {"expert w2", kFp4, 5120, 2304}, {"gate", kBf16, 384, 5120},         {"head", kBf16, 129280, 5120},
+      {"attn.wq_a", kFp8, 1280, 5120},    {"flash wq_a", kFp8, 1024, 5120}, {"attn.wq_b", kFp8, 32768, 1280},
+      {"attn.wkv", kFp8, 512, 5120},      {"wq_a + wkv", kFp8, 1792, 5120}, {"attn.wo_b", kFp8, 5120, 8192},
+      {"shared w1/w3", kFp8, 2304, 5120}, {"shared w2", kFp8, 5120, 2304},  {"indexer.wq_b", kFp8, 4096, 1280},
+      {"expert w1/w3", kFp4, 2304, 5120}, {"expert w2", kFp4, 5120, 2304},  {"gate", kBf16, 384, 5120},
+      {"head", kBf16, 129280, 5120},
   };
   const char* dense_only = std::getenv("BENCH_DENSE_SHAPE");          // a shape name: that row alone, then stop
   const bool fp4_only = std::getenv("BENCH_GROUPED_FP4") != nullptr;  // the grouped FP4 table alone
