@@ -40,8 +40,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <string>
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
@@ -88,12 +90,53 @@ __host__ __device__ inline WgSmem wg_smem(int K, int MX, int S) {
 
 // Kernel parameters, by value (the tensor map of the weight is the kernel's first parameter).
 struct WgParams : GemvCall {
-  int units;   // ceil(N / 64)
-  int stages;  // ring slots
+  int units;         // ceil(N / 64)
+  int stages;        // ring slots
+  uint64_t hang_ns;  // the barrier waits' bound (gemv_fp8_wgmma_set_hang_ns; 0: none)
 };
 
 // Pieces that took the slow path (gemv_fp8_wgmma_slow_warps).
 __device__ unsigned long long g_wg_slow_warps;
+
+// Where a bounded wait first gave up (gemv_fp8_wgmma_hang): 0 when none did, else hang_code's.
+__device__ unsigned long long g_wg_hang;
+
+// A wait's place: 1 + (block << 32 | warp << 24 | barrier << 20 | stage), barrier 0 = a slot's full barrier, 1 = its
+// empty one, 2 = x_ready; stage: the block's stage count at the wait (20 bits).
+enum WaitOn : int { kWaitFull = 0, kWaitEmpty = 1, kWaitXReady = 2 };
+__device__ __forceinline__ unsigned long long hang_code(WaitOn barrier, int stage) {
+  return 1ull + ((static_cast<unsigned long long>(blockIdx.x) << 32) |
+                 (static_cast<unsigned long long>(threadIdx.x >> 5) << 24) |
+                 (static_cast<unsigned long long>(barrier) << 20) |
+                 (static_cast<unsigned long long>(stage) & 0xfffffu));
+}
+
+// A barrier wait (hang_ns 0: mbar_wait's, without bound). With a bound (tests, on a GPU the kernel has not run on):
+// once the phase has not completed for hang_ns, the first thread to give up records where (g_wg_hang) and every waiting
+// thread returns false, so that the kernel ends (its results wrong) instead of hanging, and the test can say which
+// barrier never completed. The waiters of a barrier are whole warps, and the waits they skip past are their own, so
+// no thread is left at a block barrier or a warpgroup instruction that a returned thread would have had to reach. The
+// bounded loop is a call of its own, so that the stage loops keep their size.
+__device__ __noinline__ bool wait_bounded(uint32_t bar, uint32_t parity, uint64_t hang_ns, unsigned long long code) {
+  uint64_t t0 = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    const uint64_t now = global_ns();
+    if (t0 == 0) {
+      t0 = now;
+    } else if (now - t0 > hang_ns) {
+      atomicCAS(&g_wg_hang, 0ull, code);
+      return false;
+    }
+  }
+  return true;
+}
+__device__ __forceinline__ bool wait_or_give_up(uint32_t bar, uint32_t parity, uint64_t hang_ns, WaitOn on, int stage) {
+  if (hang_ns == 0) {
+    mbar_wait(bar, parity);
+    return true;
+  }
+  return wait_bounded(bar, parity, hang_ns, hang_code(on, stage));
+}
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(32 * kMmaWarps) : "memory"); }
 
@@ -251,11 +294,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
       if (++lst == nst) lst = 0, lu += static_cast<int>(gridDim.x);
     };
     for (int i = 0; i < min(S, total); ++i) load_next(i);
-    mbar_wait(x_ready, 0);
+    if (!wait_or_give_up(x_ready, 0, p.hang_ns, kWaitXReady, 0)) return;
     RingPos pos;
     for (int i = 0, st = 0; i < total; ++i) {
       if (i >= S) {
-        mbar_wait(bars + 8 * (S + pos.slot), pos.phase ^ 1u);  // the consumers' release of stage i - S
+        // The consumers' release of stage i - S.
+        if (!wait_or_give_up(bars + 8 * (S + pos.slot), pos.phase ^ 1u, p.hang_ns, kWaitEmpty, i)) return;
         load_next(pos.slot);
       }
       write_diagonals<MX>(smem + sm.ring + pos.slot * sm.slot + kWgStageBytes, xc, K, st, lane);
@@ -288,7 +332,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
   const int g = lane >> 2, r = lane & 3;
 
-  RingPos pos;  // of the next stage
+  RingPos pos;   // of the next stage
+  int seen = 0;  // stages waited for (a bounded wait's record)
   for (int u = static_cast<int>(blockIdx.x); u < p.units; u += static_cast<int>(gridDim.x)) {
     // The unit's two row blocks of scale codes (rows 64u .. 64u + 63), a word (a stage's 4 tiles) per lane and stage:
     // lane holds stages lane and lane + 32. A row block past N (the last unit of a ragged N) is not read.
@@ -333,7 +378,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
             F[q][m] = __int_as_float(static_cast<int>((cwd >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
         }
         const uint32_t slot_addr = ring + pos.slot * static_cast<uint32_t>(sm.slot);
-        mbar_wait(bars + 8 * pos.slot, pos.phase);
+        if (!wait_or_give_up(bars + 8 * pos.slot, pos.phase, p.hang_ns, kWaitFull, seen++)) return;
         // ptxas gives every MMA between two full drains registers of its own, so 3-4 x rows drain after each half.
         constexpr int J = Jobs<MX>::kJobs, D = Jobs<MX>::kDepth, H = MX >= 3 ? 2 : 1, JH = J / H;
 #pragma unroll
@@ -374,7 +419,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
       }
 #pragma unroll 1
       for (int st = 0; st < nst; ++st) {
-        mbar_wait(bars + 8 * pos.slot, pos.phase);
+        if (!wait_or_give_up(bars + 8 * pos.slot, pos.phase, p.hang_ns, kWaitFull, seen++)) return;
         __syncwarp();
         if (lane == 0) mbar_arrive(bars + 8 * (S + pos.slot));
         pos.next(S);
@@ -387,7 +432,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
 // weight tile, the diagonal tiles of x's codes and the 4 MMAs, each MMA's D written out whole: out[(q * 64 + row) * 32
 // + column].
 __global__ void __launch_bounds__(kWgThreads)
-    fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out, bool diag_swap) {
+    fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out, bool diag_swap,
+                    uint64_t hang_ns) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* slot = smem_align1024(smem_raw);  // 8 KB of weights, 4 KB of diagonals, the codes
   uint8_t* xc = slot + kWgStageBytes + kWgDiagBytes;
@@ -407,7 +453,7 @@ __global__ void __launch_bounds__(kWgThreads)
     mbar_arrive(bar);
     return;
   }
-  mbar_wait(bar, 0);
+  if (!wait_or_give_up(bar, 0, hang_ns, kWaitFull, 0)) return;
   float d[4][1][16];
   wgmma_fence();
 #pragma unroll
@@ -424,12 +470,31 @@ __global__ void __launch_bounds__(kWgThreads)
   }
 }
 
+// The bound of the barrier waits of the launches from now on (gemv_fp8_wgmma_set_hang_ns).
+std::atomic<uint64_t> g_hang_ns{0};
+
 }  // namespace
+
+void gemv_fp8_wgmma_set_hang_ns(uint64_t ns) { g_hang_ns.store(ns, std::memory_order_relaxed); }
+
+std::string gemv_fp8_wgmma_hang() {
+  unsigned long long code = 0;
+  DI_CUDA_CHECK(cudaDeviceSynchronize());
+  DI_CUDA_CHECK(cudaMemcpyFromSymbol(&code, g_wg_hang, sizeof code));
+  if (code == 0) return std::string();
+  const unsigned long long zero = 0;
+  DI_CUDA_CHECK(cudaMemcpyToSymbol(g_wg_hang, &zero, sizeof zero));
+  const unsigned long long c = code - 1;
+  static const char* const kOn[] = {"full", "empty", "x_ready", "?"};
+  return fmt::format("block {} warp {} waited past the bound on a {} barrier (stage {})", c >> 32, (c >> 24) & 0xff,
+                     kOn[std::min<unsigned long long>((c >> 20) & 0xf, 3)], c & 0xfffff);
+}
 
 void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream, bool diag_swap) {
   const CUtensorMap map = tensor_map_u8_sw128(w, kWgRows, kWgStageCols, kWgStageCols, kWgRows, kWgStageCols);
   const int smem = kWgStageBytes + kWgDiagBytes + kWgStageCols + 8 + 1024;
-  fp8_wgmma_probe<<<1, kWgThreads, smem, stream != nullptr ? stream : current_stream()>>>(map, x_codes, out, diag_swap);
+  fp8_wgmma_probe<<<1, kWgThreads, smem, stream != nullptr ? stream : current_stream()>>>(
+      map, x_codes, out, diag_swap, g_hang_ns.load(std::memory_order_relaxed));
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -449,6 +514,7 @@ void launch_wgmma(const GemvArgs& a, cudaStream_t stream) {
   WgParams p = {};
   copy_gemv_args(a, p);
   p.units = (a.N + kWgRows - 1) / kWgRows;
+  p.hang_ns = g_hang_ns.load(std::memory_order_relaxed);
   // As many ring slots as one block per SM leaves beside x's codes (at least 2, at most kWgMaxStages).
   const WgSmem none = wg_smem(a.K, MX, 0);
   p.stages =

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/linear_gemv.cuh"
 
@@ -24,6 +25,13 @@ void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream);
 // Tests: how many (16 weight rows, x row) pieces took the scalar slow path since the last reset (synchronises the
 // device; the unit of gemv_fp8_mma_slow_warps); reset: set the count back to 0.
 int64_t gemv_fp8_wgmma_slow_warps(bool reset = false);
+
+// Tests on a GPU the kernel has not run on: from the next launch on, the kernel's and the probe's barrier waits give up
+// after ns nanoseconds without the phase completing, so that a pipeline that deadlocks ends (its results wrong) instead
+// of hanging the test (0, the default: wait without bound). gemv_fp8_wgmma_hang: where a wait first gave up since the
+// last call (synchronises the device, then clears the record), or an empty string.
+void gemv_fp8_wgmma_set_hang_ns(uint64_t ns);
+std::string gemv_fp8_wgmma_hang();
 
 // Tests: the kernel's stage path alone, for a layout check. w: a [64, 128] E4M3 weight tile (device, 128-byte rows),
 // x_codes: 128 E4M3 codes of one x row (device, 4 tiles of 32); out (device): for tile q the MMA's whole D [64 weight

@@ -603,11 +603,13 @@ void test_grouped() {
 
 // One call of an mma GEMV (fp4_mma_gemv or fp8_mma_gemv, through their own entry points) against `want`: dense on
 // wd[0] with one x row, or grouped (x_rows > 0: x row m % x_rows against table entry (m / x_rows) * n_experts +
-// ids[m % x_rows]); then the slow-path warp count against `slow` (0 none, 1 some but not all, 2 all).
+// ids[m % x_rows]); then the slow-path warp count against `slow` (0 none, 1 some but not all, 2 all). hang: the
+// kernel's record of a bounded barrier wait that gave up (fp8_wgmma_gemv; null for the others).
 struct MmaKernel {
   bool (*supported)(const di::cuda::GemvArgs&);
   void (*into)(const di::cuda::GemvArgs&, cudaStream_t);
   int64_t (*slow_warps)(bool);
+  std::string (*hang)() = nullptr;
 };
 std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& wd, const di::Tensor& x,
                       const di::Tensor& ids, int x_rows, int n_experts, const di::Tensor& want,
@@ -634,7 +636,12 @@ std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& w
   }
   if (!k.supported(a)) return "the mma kernel does not take the call";
   k.slow_warps(true);
+  if (k.hang != nullptr) k.hang();  // clears an earlier record
   k.into(a, nullptr);
+  if (k.hang != nullptr) {
+    const std::string h = k.hang();
+    if (!h.empty()) return "the kernel gave up waiting: " + h;
+  }
   const int64_t slow = k.slow_warps(true), warps = M * ((N + 15) / 16);
   std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
   const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
@@ -796,8 +803,11 @@ void test_fp8_wgmma_probe() {
     // stride byte offsets swapped, whose count says which reading of them the GPU has.
     auto mismatches = [&](bool swap, bool print) {
       di::Tensor od = di::Tensor::empty({4 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
+      di::cuda::gemv_fp8_wgmma_hang();  // clears an earlier record
       di::cuda::gemv_fp8_wgmma_probe(static_cast<const uint8_t*>(wd.raw()), static_cast<const uint8_t*>(xd.raw()),
                                      od.data<float>(), nullptr, swap);
+      const std::string h = di::cuda::gemv_fp8_wgmma_hang();
+      if (!h.empty()) std::printf("     the probe gave up waiting: %s\n", h.c_str());
       const di::Tensor out = di::cuda::copy_to_host(od);
       int64_t bad = 0;
       for (int q = 0; q < 4; ++q)
@@ -849,7 +859,7 @@ void test_fp8_wgmma() {
       {"x = 3e38 in one tile", {640, 1024, 0, 1, 3, 2}},
   };
   const MmaKernel k{di::cuda::gemv_fp8_wgmma_supported, di::cuda::gemv_fp8_wgmma_into,
-                    di::cuda::gemv_fp8_wgmma_slow_warps};
+                    di::cuda::gemv_fp8_wgmma_slow_warps, di::cuda::gemv_fp8_wgmma_hang};
   for (const Case& cs : cases) {
     char name[300];
     std::snprintf(name, sizeof name, "gemv fp8 wgmma %s N=%lld K=%lld M=%d", cs.what, static_cast<long long>(cs.c.N),
@@ -897,6 +907,9 @@ void test_supported() {
 }  // namespace
 
 int main() {
+  // fp8_wgmma_gemv has not run on a GPU yet: its barrier waits give up after 2 s (a normal call takes microseconds), so
+  // a pipeline that deadlocks fails its case with the barrier it stopped at instead of hanging the program.
+  di::cuda::gemv_fp8_wgmma_set_hang_ns(2'000'000'000ull);
   // GEMV_TESTS_ONLY=wgmma: fp8_wgmma_gemv's probe and cases alone (a first run on a new GPU, under a timeout).
   const char* only = std::getenv("GEMV_TESTS_ONLY");
   if (only != nullptr && std::string(only) == "wgmma")
