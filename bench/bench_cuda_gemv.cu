@@ -13,21 +13,21 @@
 // the call, wgmma: fp8_wgmma_gemv where it takes the call; gemv_set_fp8_variant 1, 2, 4, 6, 7), the last column giving
 // each later kernel's speedup over the old one, and a `tc` row where cuda::linear_tc takes the call (the tensor-core
 // contract of linear_tc.cuh, x's quantisation included: its decode GEMV for E4M3 up to 8 rows); E4M3 also in wo_a's
-// grouped mode (8 groups [1024, 4096], x row g against group g), and a `read` row per shape: the ceiling's read kernel
-// over the weight's bytes alone at that size (what a plain streaming read of them takes, launch ramp and tail
-// included). GB/s counts the weight and scale bytes a call must read (grouped: of the distinct experts the call
-// touches, per list), % is of the read ceiling measured in the same run (deepinfer::bench::read_ceiling_gbs over 2
-// GiB). First table: decode batches, dense calls of M = 2..64 rows on the V4.1 shapes, the GEMV kernels (E4M3:
-// fp8_gemv, fp8_walk_gemv, fp8_mma_gemv, fp8_rows_gemv and fp8_wgmma_gemv up to 4 rows; BF16: chain_gemv and
-// bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone; BENCH_BATCHED_SHAPE=<name>:
-// one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that shape's rows of the single-row
-// table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables (wo_a's groups and the shared w1 + w3
-// at decode batches, walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped E4M3 rows (the dense table's header
-// stays, empty), so the grouped FP4 table comes right away (with BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then
-// skips to the large-batch grouped table (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone;
-// BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at those token tiles, linear_tc_set_grouped_variant),
-// BENCH_GROUPED_PREFILL=1 to the prefill-sized one (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact
-// contract's prefill-sized one (grouped_exact_table).
+// grouped mode (8 groups [1024, 4096], x row g against group g; and on fp8_wgmma_gemv's block-diagonal form of it), and
+// a `read` row per shape: the ceiling's read kernel over the weight's bytes alone at that size (what a plain streaming
+// read of them takes, launch ramp and tail included). GB/s counts the weight and scale bytes a call must read (grouped:
+// of the distinct experts the call touches, per list), % is of the read ceiling measured in the same run
+// (deepinfer::bench::read_ceiling_gbs over 2 GiB). First table: decode batches, dense calls of M = 2..64 rows on the
+// V4.1 shapes, the GEMV kernels (E4M3: fp8_gemv, fp8_walk_gemv, fp8_mma_gemv, fp8_rows_gemv and fp8_wgmma_gemv up to 4
+// rows; BF16: chain_gemv and bf16_tile_gemv) against linear_into's slab kernels (BENCH_BATCHED=1: that table alone;
+// BENCH_BATCHED_SHAPE=<name>: one shape of it; BENCH_SKIP_BATCHED=1: without it). BENCH_DENSE_SHAPE=<name>: that
+// shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables
+// (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped
+// E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table comes right away (with
+// BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
+// (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone; BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at
+// those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
+// (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact contract's prefill-sized one (grouped_exact_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -648,9 +648,13 @@ void run() {
       int lists, period, act;
     };
     const GShape gshapes[] = {{"wo_a 8 groups", 1024, 4096, 1, 8, 0}, {"shared w1 + w3", 2304, 5120, 2, 1, 32}};
-    std::printf("\n## Grouped E4M3 decode batches (row_period; fp8_walk_gemv against fp8_rows_gemv)\n\n");
-    std::printf("| call | tokens | rows | MB / call | walk us | GB/s | rows us | GB/s | walk / rows |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\n## Grouped E4M3 decode batches (row_period; fp8_walk_gemv against fp8_rows_gemv; wo_a also on "
+        "fp8_wgmma_gemv's block-diagonal form, one [8 N, K] weight, up to 3 tokens)\n\n");
+    std::printf(
+        "| call | tokens | rows | MB / call | walk us | GB/s | rows us | GB/s | walk / rows | wgmma us | GB/s | walk / "
+        "wgmma |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const GShape& g : gshapes) {
       const int mats = g.lists * g.period;  // distinct matrices of one call
       const di::ops::QWeight w0 = make_weight(kFp8, g.N, g.K);
@@ -668,6 +672,12 @@ void run() {
       CK(cudaMemcpy(ids_d, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
       const di::Tensor x = dev_act({kMaxTokens * g.period, g.K});
       di::Tensor y = di::Tensor::empty({g.lists * kMaxTokens * g.period, g.N}, di::DType::kF32, di::Device::kCUDA);
+      // The block-diagonal form (wo_a: no act quant): the groups as row slices of one weight per copy; x [tokens, G K]
+      // is the grouped call's x [tokens G, K], the same memory.
+      std::vector<di::ops::QWeight> big;
+      if (g.act == 0)
+        for (int i = 0; i < copies; ++i) big.push_back(make_weight(kFp8, g.period * g.N, g.K));
+      di::Tensor ybig = di::Tensor::empty({kMaxTokens, g.period * g.N}, di::DType::kF32, di::Device::kCUDA);
       di::ops::LinearOpts o;
       o.act_quant_block = g.act;
       o.round_out_bf16 = true;
@@ -693,8 +703,22 @@ void run() {
           });
         }
         di::cuda::gemv_set_fp8_variant(0);
-        std::printf("| %s | %d | %d | %.1f | %.2f | %.0f | %.2f | %.0f | %.2fx |\n", g.name, tokens, a.M, bytes / 1e6,
-                    ms[2] * 1e3, bytes / ms[2] / 1e6, ms[6] * 1e3, bytes / ms[6] / 1e6, ms[2] / ms[6]);
+        char wg[96] = "- | - | -";
+        if (!big.empty()) {
+          di::Tensor yb = ybig.slice(0, 0, tokens);
+          di::cuda::GemvArgs ab = args_of(kFp8, big[0], x.slice(0, 0, xr).view({tokens, g.period * g.K}), yb, o);
+          if (di::cuda::gemv_fp8_wgmma_groups_supported(ab, g.period)) {
+            const double msw = time_calls(st, copies, [&](int i) {
+              di::cuda::GemvArgs ai = ab;
+              ai.w = static_cast<const uint8_t*>(big[static_cast<size_t>(i)].w.raw());
+              ai.scale = static_cast<const uint8_t*>(big[static_cast<size_t>(i)].scale.raw());
+              di::cuda::gemv_fp8_wgmma_groups_into(ai, g.period, st);
+            });
+            std::snprintf(wg, sizeof wg, "%.2f | %.0f | %.2fx", msw * 1e3, bytes / msw / 1e6, ms[2] / msw);
+          }
+        }
+        std::printf("| %s | %d | %d | %.1f | %.2f | %.0f | %.2f | %.0f | %.2fx | %s |\n", g.name, tokens, a.M,
+                    bytes / 1e6, ms[2] * 1e3, bytes / ms[2] / 1e6, ms[6] * 1e3, bytes / ms[6] / 1e6, ms[2] / ms[6], wg);
         std::fflush(stdout);
       }
       CK(cudaFree(ids_d));

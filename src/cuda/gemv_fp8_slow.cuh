@@ -21,14 +21,14 @@ __device__ __forceinline__ float tile_scale(float v) {
 }
 
 // The slow path of one warp's 16 rows: each product as the CPU forms it (fp8_walk_gemv's arithmetic), x quantised per
-// tile by the warp; b0p / b1p are rows g and g + 8.
+// tile by the warp (quantise: act_quant_block 32; else x as given); b0p / b1p are rows g and g + 8.
 __device__ __forceinline__ void slow_rows(const float* xr, const uint8_t* b0p, const uint8_t* b1p, const uint8_t* codes,
-                                          int nch, int lane, int r, float (&tot)[2][2]) {
+                                          int nch, int lane, int r, float (&tot)[2][2], bool quantise = true) {
 #pragma unroll 1
   for (int c = 0; c < nch; ++c) {
     const float v = __ldcg(xr + 32 * c + lane);
     const float s = tile_scale(v);
-    const float xq = __fmul_rn(e4m3_rne(__fmul_rn(v, __fdiv_rn(1.0f, s))), s);
+    const float xq = quantise ? __fmul_rn(e4m3_rne(__fmul_rn(v, __fdiv_rn(1.0f, s))), s) : v;
     const float fac = fp8_tile_factor(codes[c]);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {

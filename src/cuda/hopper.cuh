@@ -1,9 +1,10 @@
 // Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
-// memory mbarriers, the 2-D tensor-map load, the wgmma fences and groups, the shared-memory matrix descriptor of a
-// 128-byte-swizzled K-major tile and of an unswizzled one, one wgmma shape (m64n32k32, E4M3 x E4M3 into FP32, both
-// operands in shared memory), and on the host the tensor map of a row-major byte matrix. PTX ISA sections: "Parallel
-// Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous Warpgroup Level
-// Matrix Multiply-Accumulate".
+// memory mbarriers (and a bounded try of a wait, with the global timer), the 2-D tensor-map load, the wgmma fences and
+// groups, the shared-memory matrix descriptor of a 128-byte-swizzled K-major tile and of an unswizzled one, two wgmma
+// shapes (m64n32k32 E4M3 x E4M3 into FP32 with both operands in shared memory; m64n32k16 f16 x f16 with A from
+// registers), the E4M3 -> f16x2 conversion, and on the host the tensor map of a row-major byte matrix. PTX ISA
+// sections: "Parallel Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate".
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime's driver entry point)
@@ -139,6 +140,41 @@ __device__ __forceinline__ void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
         "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
       : "l"(a_desc), "l"(b_desc));
+}
+
+// Two E4M3 values (the low byte at the lower half) as an f16x2, exactly (every E4M3 value is an f16 value).
+__device__ __forceinline__ uint32_t cvt_f16x2_e4m3x2(uint16_t two) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(two));
+  return d;
+}
+
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32], f16 x f16 into FP32, A from registers (lane 4 g + r of warp w: a[0] = row 16 w
+// + g, k 2r and 2r + 1 in the lower and upper half; a[1] = row + 8, the same k; a[2] / a[3] = k 8 + 2r, 9 + 2r), B in
+// shared memory (K-major descriptor). _first: scale-d 0, D only written; _acc: D accumulated. D's fragment as above.
+__device__ __forceinline__ void wgmma_m64n32k16_f16_rs_first(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
+        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+}
+__device__ __forceinline__ void wgmma_m64n32k16_f16_rs_acc(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
 }
 
 #endif

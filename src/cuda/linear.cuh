@@ -103,4 +103,10 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
                       const std::vector<const std::vector<ops::QWeight>*>& lists, const ops::LinearOpts& opts,
                       int64_t tile_rows = 0, int64_t row_period = 0);
 
+// ops::linear_groups_exact on CUDA (linear_grouped.cu): the exact contract's block-diagonal projection y[:, g N + n] =
+// x[:, g K .. (g + 1) K) . w[g N + n] in one launch, where fp8_wgmma_gemv takes it (under gemv_set_fp8_variant(7):
+// E4M3 tiles of 32, 1-4 rows of x, N % 64 == 0). _supported says whether it does; the call throws otherwise.
+bool linear_groups_exact_supported(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts);
+Tensor linear_groups_exact(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts);
+
 }  // namespace deepinfer::cuda

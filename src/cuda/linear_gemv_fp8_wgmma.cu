@@ -62,9 +62,11 @@ namespace {
 constexpr int kWgRows = 64;                            // weight rows per unit: the MMA's M
 constexpr int kWgStageCols = 128;                      // columns per ring stage: 4 tiles, the swizzle's span
 constexpr int kWgStageBytes = kWgRows * kWgStageCols;  // 8 KB of weights per stage
-constexpr int kWgDiagBytes = 4 * 1024;                 // a stage's 4 diagonal B tiles of one x row
+constexpr int kDiagTileBytes = 1024;                   // one 32 x 32 E4M3 (or 16 x 32 f16) diagonal B tile
+constexpr int kWgDiagBytes = 4 * kDiagTileBytes;       // a stage's 4 diagonal B tiles of one x row (E4M3)
 constexpr int kWgMaxXRows = 4;                         // x rows per call
-constexpr int kWgThreads = 32 * (kMmaWarps + 1);       // the consumer warpgroup and the producer warp
+constexpr int kWgMaxRawRows = 3;  // raw x: at 4 rows the A fragments and 4 rows' accumulators spill (76 bytes)
+constexpr int kWgThreads = 32 * (kMmaWarps + 1);  // the consumer warpgroup and the producer warp
 constexpr int kWgMaxStages = 16;
 constexpr int kWgMaxK = 8192;                       // 64 stages: two code words per lane
 constexpr int64_t kWgBlockSmemBudget = 200 * 1024;  // one block per SM
@@ -73,15 +75,17 @@ constexpr int64_t kWgBlockSmemBudget = 200 * 1024;  // one block per SM
 // MX x 4 KB of diagonal B tiles), x's codes (per x row [K / 128 stages][32 elements][4 tiles]: one 4-byte word gives
 // the producer an element's codes in a stage's 4 tiles), kx << 23 per x row and tile, the flags (x_ok, kx min, kx max)
 // and the mbarriers (full[S], empty[S], x_ready); total includes the alignment slack.
+// RAW (x not act-quantised): x's codes are f16 (2 bytes an element) and a tile's diagonal two f16 B tiles (2 KB).
 struct WgSmem {
   int64_t slot, ring, xc, kxs, flags, bars, total;
 };
-__host__ __device__ inline WgSmem wg_smem(int K, int MX, int S) {
+__host__ __device__ constexpr int wg_diag_bytes(bool raw) { return raw ? 2 * kWgDiagBytes : kWgDiagBytes; }
+__host__ __device__ inline WgSmem wg_smem(int K, int MX, int S, bool raw = false) {
   WgSmem m;
-  m.slot = kWgStageBytes + int64_t{MX} * kWgDiagBytes;
+  m.slot = kWgStageBytes + int64_t{MX} * wg_diag_bytes(raw);
   m.ring = 0;
   m.xc = m.ring + S * m.slot;
-  m.kxs = m.xc + int64_t{MX} * K;
+  m.kxs = m.xc + int64_t{MX} * K * (raw ? 2 : 1);
   m.flags = m.kxs + int64_t{MX} * (K / 32) * 4;
   m.bars = m.flags + 16;
   m.total = m.bars + 16 * int64_t{S} + 8 + 1024;
@@ -91,6 +95,9 @@ __host__ __device__ inline WgSmem wg_smem(int K, int MX, int S) {
 // Kernel parameters, by value (the tensor map of the weight is the kernel's first parameter).
 struct WgParams : GemvCall {
   int units;         // ceil(N / 64)
+  int groups;        // block-diagonal groups (1: dense): unit u belongs to group u / gunits
+  int gunits;        // units per group
+  int gx;            // x columns between two groups' slices of an x row (0 when dense)
   int stages;        // ring slots
   uint64_t hang_ns;  // the barrier waits' bound (gemv_fp8_wgmma_set_hang_ns; 0: none)
 };
@@ -173,15 +180,27 @@ __device__ __forceinline__ void load_stage(uint32_t full, uint32_t dst, const CU
 }
 
 // The producer warp's part of a stage: element `lane` of x row m's 4 tiles (one word of x's codes) into the slot's
-// diagonal tiles, then fenced into the async proxy.
-template <int MX>
+// diagonal tiles, then fenced into the async proxy. RAW: the element's 4 f16 codes (8 bytes), tile q's element going
+// to its f16 B tile 2q + lane / 16 (k 0-15, then 16-31: a wgmma.m64n32k16 each) at row n = lane, k = lane % 16.
+template <int MX, bool RAW>
 __device__ __forceinline__ void write_diagonals(uint8_t* diag, const uint8_t* xc, int K, int st, int lane) {
 #pragma unroll
   for (int m = 0; m < MX; ++m) {
-    const uint32_t w4 = *reinterpret_cast<const uint32_t*>(xc + static_cast<int64_t>(m) * K + st * 128 + 4 * lane);
+    if constexpr (RAW) {
+      const uint2 w8 = *reinterpret_cast<const uint2*>(xc + 2 * static_cast<int64_t>(m) * K + st * 256 + 8 * lane);
+      const uint32_t h4[4] = {w8.x & 0xffffu, w8.x >> 16, w8.y & 0xffffu, w8.y >> 16};
+      const int k = lane & 15;
+      const int off = (lane >> 4) * kDiagTileBytes + (lane >> 3) * 128 + (k >> 3) * 512 + (lane & 7) * 16 + (k & 7) * 2;
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      diag[m * kWgDiagBytes + q * 1024 + diag_offset(lane)] = static_cast<uint8_t>(w4 >> (8 * q));
+      for (int q = 0; q < 4; ++q)
+        *reinterpret_cast<uint16_t*>(diag + m * wg_diag_bytes(true) + 2 * q * kDiagTileBytes + off) =
+            static_cast<uint16_t>(h4[q]);
+    } else {
+      const uint32_t w4 = *reinterpret_cast<const uint32_t*>(xc + static_cast<int64_t>(m) * K + st * 128 + 4 * lane);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        diag[m * kWgDiagBytes + q * kDiagTileBytes + diag_offset(lane)] = static_cast<uint8_t>(w4 >> (8 * q));
+    }
   }
   fence_proxy_async();
 }
@@ -210,17 +229,49 @@ struct Jobs {
   static constexpr int kDepth = MX == 1 ? 4 : 2;
 };
 
-template <int MX>
+// RAW: a lane's A fragments of tile q, built from the TMA's raw E4M3 box (64 rows x 128 bytes, 128-byte swizzle: the
+// 16-byte piece c of row n at (c ^ n % 8) * 16): for k half h (columns 32 q + 16 h ..) a[h][0] / a[h][2] = row g's
+// bytes at 2r and 8 + 2r of the half, a[h][1] / a[h][3] row g + 8's, each pair one cvt to f16x2. row0: the slot's
+// address of the lane's row g (16 warp + g) plus 2r; swz[c] = (c ^ g) * 16, the lane's swizzled offset of piece c (rows
+// g and g + 8 share it).
+__device__ __forceinline__ void raw_a_fragments(uint32_t (&a)[2][4], const uint8_t* row0, const int (&swz)[8], int q) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* piece = row0 + swz[2 * q + h];
+#pragma unroll
+    for (int s2 = 0; s2 < 2; ++s2) {
+      a[h][2 * s2] = cvt_f16x2_e4m3x2(*reinterpret_cast<const uint16_t*>(piece + 8 * s2));
+      a[h][2 * s2 + 1] = cvt_f16x2_e4m3x2(*reinterpret_cast<const uint16_t*>(piece + 8 * 128 + 8 * s2));
+    }
+  }
+}
+
+// A job's MMAs (RAW: from raw_row0 and swz, raw_a_fragments'), one commit group.
+template <int MX, bool RAW = false>
 __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j,
-                                          bool diag_swap = false) {
+                                          bool diag_swap = false, const uint8_t* raw_row0 = nullptr,
+                                          const int* swz = nullptr) {
   constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
   const int q = j / JT, m0 = (j % JT) * G;
-  const uint64_t a = wgmma_desc_sw128(slot_addr + 32 * q);
+  if constexpr (RAW) {
+    uint32_t a[2][4];
+    raw_a_fragments(a, raw_row0, *reinterpret_cast<const int(*)[8]>(swz), q);
+    wgmma_fence();  // the A registers just written
 #pragma unroll
-  for (int i = 0; i < G; ++i)
-    if (m0 + i < MX)
-      wgmma_m64n32k32_e4m3_ss(d[i], a,
-                              diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * 1024, diag_swap));
+    for (int i = 0; i < G; ++i)
+      if (m0 + i < MX) {
+        const uint32_t b = slot_addr + kWgStageBytes + (m0 + i) * wg_diag_bytes(true) + 2 * q * kDiagTileBytes;
+        wgmma_m64n32k16_f16_rs_first(d[i], a[0], diag_desc(b));
+        wgmma_m64n32k16_f16_rs_acc(d[i], a[1], diag_desc(b + kDiagTileBytes));
+      }
+  } else {
+    const uint64_t a = wgmma_desc_sw128(slot_addr + 32 * q);
+#pragma unroll
+    for (int i = 0; i < G; ++i)
+      if (m0 + i < MX)
+        wgmma_m64n32k32_e4m3_ss(
+            d[i], a, diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * kDiagTileBytes, diag_swap));
+  }
   wgmma_commit();
 }
 
@@ -249,12 +300,12 @@ __device__ __forceinline__ void wgmma_wait_upto(int n) {
     wgmma_wait<0>();
 }
 
-template <int MX>
+template <int MX, bool RAW>
 __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_constant__ CUtensorMap wmap, WgParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, S = p.stages, nst = K / kWgStageCols, nch = K / 32;
-  const WgSmem sm = wg_smem(K, MX, S);
+  const WgSmem sm = wg_smem(K, MX, S, RAW);
   uint8_t* smem = smem_align1024(smem_raw);
   const uint32_t ring = smem_u32(smem + sm.ring);
   uint8_t* xc = smem + sm.xc;
@@ -263,9 +314,15 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   const uint32_t bars = smem_u32(smem + sm.bars);  // full[s] at bars + 8 s, empty[s] at bars + 8 (S + s)
   const uint32_t x_ready = bars + 16 * S;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  // This block's group, its index among the group's blocks and their count: it takes the group's units bg, bg + bpg,
+  // ... (dense: one group, every unit).
+  const int grp = static_cast<int>(blockIdx.x) % p.groups, bg = static_cast<int>(blockIdx.x) / p.groups,
+            bpg = static_cast<int>(gridDim.x) / p.groups;
+  const float* xg = p.x + static_cast<int64_t>(grp) * p.gx;  // the group's slice of x row 0
 
   // The diagonal tiles' zeros, once (only their diagonals are written later), fenced into the async proxy.
-  for (int s = 0; s < S; ++s) zero_diagonals(smem + sm.ring + s * sm.slot + kWgStageBytes, MX * kWgDiagBytes, tid);
+  for (int s = 0; s < S; ++s)
+    zero_diagonals(smem + sm.ring + s * sm.slot + kWgStageBytes, MX * wg_diag_bytes(RAW), tid);
   fence_proxy_async();
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -279,19 +336,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
   __syncthreads();  // the last block-wide barrier: the producer warp leaves the consumers' barriers alone below
 
   if (warp == kMmaWarps) {
-    // Stage i of this block: unit blockIdx.x + (i / nst) gridDim.x, columns 128 (i % nst). The first S boxes go out at
+    // Stage i of this block: unit grp gunits + bg + (i / nst) bpg, columns 128 (i % nst). The first S boxes go out at
     // once (before the x codes exist); box i >= S waits for the slot's release; each stage's diagonals follow the x
     // codes.
     const uint64_t policy = l2_evict_first();
-    const int mine = (p.units - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
-                     static_cast<int>(gridDim.x),
-              total = mine * nst;
-    int lu = static_cast<int>(blockIdx.x), lst = 0;  // the next box to load
+    const int mine = (p.gunits - bg + bpg - 1) / bpg, total = mine * nst;
+    int lu = grp * p.gunits + bg, lst = 0;  // the next box to load
     auto load_next = [&](int slot) {
       if (lane == 0)
         load_stage(bars + 8 * slot, ring + slot * static_cast<uint32_t>(sm.slot), &wmap, lst * kWgStageCols,
                    lu * kWgRows, policy);
-      if (++lst == nst) lst = 0, lu += static_cast<int>(gridDim.x);
+      if (++lst == nst) lst = 0, lu += bpg;
     };
     for (int i = 0; i < min(S, total); ++i) load_next(i);
     if (!wait_or_give_up(x_ready, 0, p.hang_ns, kWaitXReady, 0)) return;
@@ -302,7 +357,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
         if (!wait_or_give_up(bars + 8 * (S + pos.slot), pos.phase ^ 1u, p.hang_ns, kWaitEmpty, i)) return;
         load_next(pos.slot);
       }
-      write_diagonals<MX>(smem + sm.ring + pos.slot * sm.slot + kWgStageBytes, xc, K, st, lane);
+      write_diagonals<MX, RAW>(smem + sm.ring + pos.slot * sm.slot + kWgStageBytes, xc, K, st, lane);
       mbar_arrive(bars + 8 * pos.slot);  // each lane releases its own fenced bytes
       if (++st == nst) st = 0;
       pos.next(S);
@@ -310,21 +365,42 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
     return;
   }
 
-  // The consumers: x quantised per tile (a warp per tile, a lane per column) into its codes and kx, and the flags.
+  // The consumers: x quantised per tile (a warp per tile, a lane per column) into its codes and kx, and the flags. RAW:
+  // x as X 2^kx with X f16-exact per tile (kx = E(amax) - 15, so the largest X is in [2^15, 2^16)), its f16 codes.
   pdl_wait();
 #pragma unroll 1
   for (int m = 0; m < MX; ++m) {
-    uint8_t* xm = xc + static_cast<int64_t>(m) * K;
     int* km = kxs + m * nch;
-    mma_x_chunks(p.x + m * p.ldx, nch, warp, lane, flags, [&](int c, float v) {
-      const float s = tile_scale(v);
-      const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;       // s = 2^kx (inf for an infinite amax)
-      const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));  // 2^-kx (unused when kx is out of range)
-      xm[(c >> 2) * 128 + 4 * lane + (c & 3)] =
-          __nv_cvt_float_to_fp8(e4m3_rne(__fmul_rn(v, inv)), __NV_SATFINITE, __NV_E4M3);
-      if (lane == 0) km[c] = kx * (1 << 23);
-      return MmaChunk{kx, kx >= -100 && kx <= 100};
-    });
+    if constexpr (RAW) {
+      uint16_t* xm = reinterpret_cast<uint16_t*>(xc) + static_cast<int64_t>(m) * K;
+      mma_x_chunks(xg + m * p.ldx, nch, warp, lane, flags, [&](int c, float v) {
+        const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
+        const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;
+        // Finite (NaN bits sort above inf's), and 2^-kx and every product W X 2^(kx - 8) (|W X| >= 2^-33) normal.
+        bool ok = amax < 0x7f800000u && kx >= -80 && kx <= 100;
+        uint16_t bits = 0;
+        if (ok) {  // warp-uniform
+          const float X = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
+          const __half hx = __float2half_rn(X);
+          bits = __half_as_ushort(hx);
+          ok = __half2float(hx) == X && ((X == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
+        }
+        xm[(c >> 2) * 128 + 4 * lane + (c & 3)] = bits;
+        if (lane == 0) km[c] = kx * (1 << 23);
+        return MmaChunk{kx, __all_sync(0xffffffffu, ok) != 0};
+      });
+    } else {
+      uint8_t* xm = xc + static_cast<int64_t>(m) * K;
+      mma_x_chunks(xg + m * p.ldx, nch, warp, lane, flags, [&](int c, float v) {
+        const float s = tile_scale(v);
+        const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;       // s = 2^kx (inf for an infinite amax)
+        const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));  // 2^-kx (unused when kx is out of range)
+        xm[(c >> 2) * 128 + 4 * lane + (c & 3)] =
+            __nv_cvt_float_to_fp8(e4m3_rne(__fmul_rn(v, inv)), __NV_SATFINITE, __NV_E4M3);
+        if (lane == 0) km[c] = kx * (1 << 23);
+        return MmaChunk{kx, kx >= -100 && kx <= 100};
+      });
+    }
   }
   mbar_arrive(x_ready);  // this thread's codes are in (the producer writes the diagonals from them)
   consumers_sync();      // codes, kx and flags complete
@@ -334,7 +410,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
 
   RingPos pos;   // of the next stage
   int seen = 0;  // stages waited for (a bounded wait's record)
-  for (int u = static_cast<int>(blockIdx.x); u < p.units; u += static_cast<int>(gridDim.x)) {
+  int swz[8];    // RAW: the lane's swizzled piece offsets (raw_a_fragments)
+#pragma unroll
+  for (int c = 0; c < 8; ++c) swz[c] = (c ^ g) << 4;
+  for (int ul = bg; ul < p.gunits; ul += bpg) {
+    const int u = grp * p.gunits + ul;
     // The unit's two row blocks of scale codes (rows 64u .. 64u + 63), a word (a stage's 4 tiles) per lane and stage:
     // lane holds stages lane and lane + 32. A row block past N (the last unit of a ragged N) is not read.
     uint32_t cw[2][2];
@@ -378,6 +458,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
             F[q][m] = __int_as_float(static_cast<int>((cwd >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
         }
         const uint32_t slot_addr = ring + pos.slot * static_cast<uint32_t>(sm.slot);
+        const uint8_t* raw_row0 = smem + sm.ring + pos.slot * sm.slot + (16 * warp + g) * 128 + 2 * r;  // RAW's A
         if (!wait_or_give_up(bars + 8 * pos.slot, pos.phase, p.hang_ns, kWaitFull, seen++)) return;
         // ptxas gives every MMA between two full drains registers of its own, so 3-4 x rows drain after each half.
         constexpr int J = Jobs<MX>::kJobs, D = Jobs<MX>::kDepth, H = MX >= 3 ? 2 : 1, JH = J / H;
@@ -387,7 +468,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
           wgmma_fence();
 #pragma unroll
           for (int jj = 0; jj < JH; ++jj) {
-            issue_job<MX>(d[jj], slot_addr, half * JH + jj);
+            issue_job<MX, RAW>(d[jj], slot_addr, half * JH + jj, false, raw_row0, swz);
             if (jj >= D - 1) {
               wgmma_wait<D - 1>();
               fold_job<MX>(tot, d[jj - D + 1], F, half * JH + jj - D + 1);
@@ -414,7 +495,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
         const uint8_t* b1p = p.w + static_cast<int64_t>(min(base + g + 8, N - 1)) * p.ldw;
         float tot2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
         if (lane == 0) atomicAdd(&g_wg_slow_warps, 1ull);
-        slow_rows(p.x + m * p.ldx, b0p, b1p, p.sc + static_cast<int64_t>(base / 32) * p.lds, nch, lane, r, tot2);
+        slow_rows(xg + m * p.ldx, b0p, b1p, p.sc + static_cast<int64_t>(base / 32) * p.lds, nch, lane, r, tot2, !RAW);
         store_lane_rows(p, m, base + g, r, tot2);
       }
 #pragma unroll 1
@@ -449,7 +530,7 @@ __global__ void __launch_bounds__(kWgThreads)
   __syncthreads();
   if (warp == kMmaWarps) {
     if (lane == 0) load_stage(bar, smem_u32(slot), &wmap, 0, 0, l2_evict_first());
-    write_diagonals<1>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
+    write_diagonals<1, false>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
     mbar_arrive(bar);
     return;
   }
@@ -501,52 +582,69 @@ void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, 
 bool gemv_fp8_wgmma_supported(const GemvArgs& a) {
   if (a.fmt != 0 || !gemv_supported(a) || a.M < 1 || a.M > kWgMaxXRows || a.N <= 0 || a.row_expert != nullptr)
     return false;
-  if (a.B != 32 || a.act_quant_block != 32 || a.K % kWgStageCols != 0 || a.K > kWgMaxK || a.lds % 4 != 0) return false;
+  if (a.B != 32 || (a.act_quant_block != 32 && a.act_quant_block != 0) || a.K % kWgStageCols != 0 || a.K > kWgMaxK ||
+      a.lds % 4 != 0)
+    return false;
+  if (a.act_quant_block == 0 && a.M > kWgMaxRawRows) return false;
   return reinterpret_cast<uintptr_t>(a.scale) % 4 == 0;
+}
+
+bool gemv_fp8_wgmma_groups_supported(const GemvArgs& a, int groups) {
+  if (groups < 1 || !gemv_fp8_wgmma_supported(a)) return false;
+  return groups == 1 || (a.N % (kWgRows * groups) == 0 && a.ldx >= int64_t{groups} * a.K);
 }
 
 int64_t gemv_fp8_wgmma_slow_warps(bool reset) { return mma_read_counter(&g_wg_slow_warps, reset); }
 
 namespace {
 
-template <int MX>
-void launch_wgmma(const GemvArgs& a, cudaStream_t stream) {
+template <int MX, bool RAW>
+void launch_wgmma(const GemvArgs& a, int groups, cudaStream_t stream) {
   WgParams p = {};
   copy_gemv_args(a, p);
   p.units = (a.N + kWgRows - 1) / kWgRows;
+  p.groups = groups;
+  p.gunits = p.units / groups;  // groups > 1: N % (64 groups) == 0 (gemv_fp8_wgmma_groups_supported)
+  p.gx = groups > 1 ? a.K : 0;
   p.hang_ns = g_hang_ns.load(std::memory_order_relaxed);
   // As many ring slots as one block per SM leaves beside x's codes (at least 2, at most kWgMaxStages).
-  const WgSmem none = wg_smem(a.K, MX, 0);
+  const WgSmem none = wg_smem(a.K, MX, 0, RAW);
   p.stages =
       static_cast<int>(std::clamp<int64_t>((kWgBlockSmemBudget - none.total) / (none.slot + 16), 2, kWgMaxStages));
-  const int64_t smem = wg_smem(a.K, MX, p.stages).total;
+  const int64_t smem = wg_smem(a.K, MX, p.stages, RAW).total;
   const CUtensorMap map = tensor_map_u8_sw128(a.w, a.N, a.K, a.ldw, kWgRows, kWgStageCols);
-  const int64_t resident =
-      static_cast<int64_t>(gemv_blocks_per_sm(reinterpret_cast<const void*>(fp8_wgmma_gemv<MX>), kWgThreads, smem)) *
-      sm_count();
-  const int64_t grid = std::min<int64_t>(p.units, resident);
-  launch_pdl(fp8_wgmma_gemv<MX>, dim3(static_cast<unsigned>(grid)), kWgThreads, smem, stream, map, p);
+  const int64_t resident = static_cast<int64_t>(gemv_blocks_per_sm(
+                               reinterpret_cast<const void*>(fp8_wgmma_gemv<MX, RAW>), kWgThreads, smem)) *
+                           sm_count();
+  // Every group the same number of blocks (at least one), each block within one group.
+  const int64_t grid = groups * std::clamp<int64_t>(resident / groups, 1, p.gunits);
+  launch_pdl(fp8_wgmma_gemv<MX, RAW>, dim3(static_cast<unsigned>(grid)), kWgThreads, smem, stream, map, p);
 }
 
 }  // namespace
 
-void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream) {
-  DI_CHECK(gemv_fp8_wgmma_supported(a), "cuda::gemv: fp8_wgmma_gemv does not take this call (N {}, K {}, M {}, B {})",
-           a.N, a.K, a.M, a.B);
+void gemv_fp8_wgmma_groups_into(const GemvArgs& a, int groups, cudaStream_t stream) {
+  DI_CHECK(gemv_fp8_wgmma_groups_supported(a, groups),
+           "cuda::gemv: fp8_wgmma_gemv does not take this call (N {}, K {}, M {}, B {}, {} groups)", a.N, a.K, a.M, a.B,
+           groups);
+  // One instance per x-row count and x kind (act quant 32: E4M3 x codes; raw x: f16 codes, A built in registers).
+  const bool raw = a.act_quant_block == 0;
   switch (a.M) {
     case 1:
-      launch_wgmma<1>(a, stream);
+      raw ? launch_wgmma<1, true>(a, groups, stream) : launch_wgmma<1, false>(a, groups, stream);
       break;
     case 2:
-      launch_wgmma<2>(a, stream);
+      raw ? launch_wgmma<2, true>(a, groups, stream) : launch_wgmma<2, false>(a, groups, stream);
       break;
     case 3:
-      launch_wgmma<3>(a, stream);
+      raw ? launch_wgmma<3, true>(a, groups, stream) : launch_wgmma<3, false>(a, groups, stream);
       break;
     default:
-      launch_wgmma<4>(a, stream);
+      launch_wgmma<4, false>(a, groups, stream);  // raw x: at most 3 rows (gemv_fp8_wgmma_supported)
       break;
   }
 }
+
+void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream) { gemv_fp8_wgmma_groups_into(a, 1, stream); }
 
 }  // namespace deepinfer::cuda

@@ -14,10 +14,16 @@
 
 namespace deepinfer::cuda {
 
-// True when fp8_wgmma_gemv takes this call: dense E4M3 with 32 x 32 tiles and act_quant_block 32 (the V4.1 linears),
-// gemv_supported(a), K % 128 == 0 and K <= 8192, 1 to 4 rows of x, 4-byte aligned scale rows. Not yet run on a GPU:
-// gemv_into uses it only under gemv_set_fp8_variant(7).
+// True when fp8_wgmma_gemv takes this call: dense E4M3 with 32 x 32 tiles and act_quant_block 32 (the V4.1 linears) or
+// 0 (raw x, as wo_a's), gemv_supported(a), K % 128 == 0 and K <= 8192, 1 to 4 rows of x (raw x: 1 to 3), 4-byte
+// aligned scale rows. Not yet run on a GPU: gemv_into uses it only under gemv_set_fp8_variant(7).
 bool gemv_fp8_wgmma_supported(const GemvArgs& a);
+
+// The block-diagonal form (wo_a's groups as row slices of one weight): y[m, g R + n] = x[m, g K .. (g + 1) K) . w[g R +
+// n] for groups g, R = N / groups rows each (a multiple of 64), x rows of groups K columns (ldx >= groups K); a.K is
+// one group's K. groups 1: the dense call. Each block takes units of one group, so it quantises one group's slice of x.
+bool gemv_fp8_wgmma_groups_supported(const GemvArgs& a, int groups);
+void gemv_fp8_wgmma_groups_into(const GemvArgs& a, int groups, cudaStream_t stream);
 
 // Launches fp8_wgmma_gemv. Preconditions: gemv_fp8_wgmma_supported(a).
 void gemv_fp8_wgmma_into(const GemvArgs& a, cudaStream_t stream);

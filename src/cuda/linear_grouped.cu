@@ -19,6 +19,7 @@
 #include "cuda/linear_gemm_fp4.cuh"
 #include "cuda/linear_gemm_fp8.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/linear_tc_gemv.cuh"
 
@@ -301,6 +302,46 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
       r0 = r1;
     }
   }
+  return y;
+}
+
+namespace {
+
+// The block-diagonal call's GemvArgs (y filled by the caller), or why it does not apply.
+std::string groups_exact_args(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts,
+                              GemvArgs& a) {
+  if (gemv_fp8_variant() != 7) return "not under gemv_set_fp8_variant(7)";
+  if (!x.defined() || x.device() != Device::kCUDA || x.dtype() != DType::kF32 || x.dim() != 2 || x.strides()[1] != 1)
+    return "x is not a 2-D float32 CUDA tensor with dense rows";
+  if (!w.w.defined() || w.w.device() != Device::kCUDA || w.w.dtype() != DType::kE4M3 || w.w.dim() != 2 || w.block != 32)
+    return "the weight is not a CUDA E4M3 matrix with tiles of 32";
+  if (groups < 1 || x.size(1) != groups * w.w.size(1) || w.w.size(0) % groups != 0)
+    return "x is not [M, groups K] for a weight [groups N, K]";
+  const WeightLayout l = weight_layout(w, "cuda::linear_groups_exact");
+  a.fmt = l.fmt, a.w = static_cast<const uint8_t*>(w.w.raw()), a.ldw = l.ldw, a.scale = l.scale, a.lds = l.lds;
+  a.B = l.B, a.N = static_cast<int>(w.w.size(0)), a.K = static_cast<int>(w.w.size(1));
+  a.x = x.data<float>(), a.ldx = x.strides()[0], a.M = static_cast<int>(x.size(0));
+  a.act_quant_block = static_cast<int>(opts.act_quant_block), a.round = opts.round_out_bf16;
+  a.y = reinterpret_cast<float*>(uintptr_t{256});  // a placeholder for the check: the caller's y
+  if (!gemv_fp8_wgmma_groups_supported(a, static_cast<int>(groups))) return "fp8_wgmma_gemv does not take the call";
+  return std::string();
+}
+
+}  // namespace
+
+bool linear_groups_exact_supported(const Tensor& x, const ops::QWeight& w, int64_t groups,
+                                   const ops::LinearOpts& opts) {
+  GemvArgs a;
+  return groups_exact_args(x, w, groups, opts, a).empty();
+}
+
+Tensor linear_groups_exact(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts) {
+  GemvArgs a;
+  const std::string why = groups_exact_args(x, w, groups, opts, a);
+  DI_CHECK(why.empty(), "cuda::linear_groups_exact: {}", why);
+  Tensor y = Tensor::empty({x.size(0), w.w.size(0)}, DType::kF32, Device::kCUDA);
+  a.y = y.data<float>();
+  gemv_fp8_wgmma_groups_into(a, static_cast<int>(groups), current_stream());
   return y;
 }
 

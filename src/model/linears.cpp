@@ -210,8 +210,10 @@ Tensor wo_a_exact(const Tensor& o, const ops::QWeight& wo_a, const LayerCtx& c) 
 
 Tensor attention_output(const Tensor& o, const ops::QWeight& wo_a, const ops::QWeight& wo_b, const LayerCtx& c) {
   // wo_a is block-diagonal over groups: group g projects only its own heads' outputs. Under the tensor-core contract
-  // one launch over the groups (ops::linear_groups_tc); else the exact linear.
+  // one launch over the groups (ops::linear_groups_tc); else the exact linear, in one launch where a kernel takes the
+  // block-diagonal form (ops::linear_groups_exact), else per group.
   Tensor z = ops::linear_groups_tc(o, wo_a, c.cfg.o_groups, {0, c.num.bf16});
+  if (!z.defined()) z = ops::linear_groups_exact(o, wo_a, c.cfg.o_groups, {0, c.num.bf16});
   if (!z.defined()) z = wo_a_exact(o, wo_a, c);
   dump("z", c.layer, z);
   return linear_q(z, wo_b, c);

@@ -358,6 +358,17 @@ Tensor linear_groups_tc(const Tensor& x, const QWeight& w, int64_t groups, const
   return Tensor();
 }
 
+Tensor linear_groups_exact(const Tensor& x, const QWeight& w, int64_t groups, const LinearOpts& opts) {
+#if DEEPINFER_HAS_CUDA
+  if (x.defined() && x.device() == Device::kCUDA && !linear_tc_mode(x.device()) &&
+      cuda::linear_groups_exact_supported(x, w, groups, opts))
+    return cuda::linear_groups_exact(x, w, groups, opts);
+#else
+  (void)x, (void)w, (void)groups, (void)opts;
+#endif
+  return Tensor();
+}
+
 void side_join(Device d) {
 #if DEEPINFER_HAS_CUDA
   if (d == Device::kCUDA) cuda::side_join();

@@ -163,6 +163,10 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert, const std::vect
 // with y[:, g N + n] = x[:, g K : (g + 1) K] . w[g N + n], one launch. An undefined tensor where it does not apply (the
 // CPU, the other modes, a layout the kernel does not take): the caller then runs the exact path.
 Tensor linear_groups_tc(const Tensor& x, const QWeight& w, int64_t groups, const LinearOpts& opts);
+// The same block-diagonal projection under the exact contract, in one launch where a kernel takes it (CUDA:
+// fp8_wgmma_gemv under gemv_set_fp8_variant(7), not yet run on a GPU); an undefined tensor elsewhere (the CPU, the
+// default kernels, a layout the kernel does not take): the caller then runs the per-group path, with the same bits.
+Tensor linear_groups_exact(const Tensor& x, const QWeight& w, int64_t groups, const LinearOpts& opts);
 
 // Dequantises a weight to a dense float32 [out, in] tensor (exact: every format fits fp32).
 Tensor dequantize(const QWeight& w);
