@@ -510,19 +510,27 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
 }
 
 // The layout probe (gemv_fp8_wgmma_probe): one stage of the kernel's path for one x row, the TMA load of a [64, 128]
-// weight tile, the diagonal tiles of x's codes and the 4 MMAs, each MMA's D written out whole: out[(q * 64 + row) * 32
-// + column].
+// weight tile, the diagonal tiles of x's codes and the 4 MMAs (RAW: x's f16 codes, the A fragments built from the raw
+// box and 8 f16 MMAs), each tile's D written out whole: out[(q * 64 + row) * 32 + column].
+template <bool RAW>
 __global__ void __launch_bounds__(kWgThreads)
     fp8_wgmma_probe(const __grid_constant__ CUtensorMap wmap, const uint8_t* x_codes, float* out, bool diag_swap,
                     uint64_t hang_ns) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* slot = smem_align1024(smem_raw);  // 8 KB of weights, 4 KB of diagonals, the codes
-  uint8_t* xc = slot + kWgStageBytes + kWgDiagBytes;
-  const uint32_t bar = smem_u32(xc + kWgStageCols);
+  uint8_t* slot = smem_align1024(smem_raw);  // 8 KB of weights, the diagonals, the codes
+  uint8_t* xc = slot + kWgStageBytes + wg_diag_bytes(RAW);
+  const int code_bytes = RAW ? 2 : 1;
+  const uint32_t bar = smem_u32(xc + code_bytes * kWgStageCols);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, r = lane & 3;
-  zero_diagonals(slot + kWgStageBytes, kWgDiagBytes, tid);
-  if (tid < kWgStageCols) xc[4 * (tid & 31) + (tid >> 5)] = x_codes[tid];  // tile tid / 32, element tid % 32
-  fence_proxy_async();                                                     // the zeros, for wgmma's reads
+  zero_diagonals(slot + kWgStageBytes, wg_diag_bytes(RAW), tid);
+  if (tid < kWgStageCols) {  // tile tid / 32, element tid % 32, as the kernel lays x's codes out
+    const int at = 4 * (tid & 31) + (tid >> 5);
+    if constexpr (RAW)
+      reinterpret_cast<uint16_t*>(xc)[at] = reinterpret_cast<const uint16_t*>(x_codes)[tid];
+    else
+      xc[at] = x_codes[tid];
+  }
+  fence_proxy_async();  // the zeros, for wgmma's reads
   if (tid == 0) {
     mbar_init(bar, 32);  // the producer warp's lanes
     mbar_init_fence();
@@ -530,15 +538,19 @@ __global__ void __launch_bounds__(kWgThreads)
   __syncthreads();
   if (warp == kMmaWarps) {
     if (lane == 0) load_stage(bar, smem_u32(slot), &wmap, 0, 0, l2_evict_first());
-    write_diagonals<1, false>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
+    write_diagonals<1, RAW>(slot + kWgStageBytes, xc, kWgStageCols, 0, lane);
     mbar_arrive(bar);
     return;
   }
   if (!wait_or_give_up(bar, 0, hang_ns, kWaitFull, 0)) return;
+  int swz[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) swz[c] = (c ^ g) << 4;
   float d[4][1][16];
   wgmma_fence();
 #pragma unroll
-  for (int q = 0; q < 4; ++q) issue_job<1>(d[q], smem_u32(slot), q, diag_swap);
+  for (int q = 0; q < 4; ++q)
+    issue_job<1, RAW>(d[q], smem_u32(slot), q, diag_swap, slot + (16 * warp + g) * 128 + 2 * r, swz);
   wgmma_wait<0>();
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -571,11 +583,16 @@ std::string gemv_fp8_wgmma_hang() {
                      kOn[std::min<unsigned long long>((c >> 20) & 0xf, 3)], c & 0xfffff);
 }
 
-void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream, bool diag_swap) {
+void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream, bool diag_swap,
+                          bool raw) {
   const CUtensorMap map = tensor_map_u8_sw128(w, kWgRows, kWgStageCols, kWgStageCols, kWgRows, kWgStageCols);
-  const int smem = kWgStageBytes + kWgDiagBytes + kWgStageCols + 8 + 1024;
-  fp8_wgmma_probe<<<1, kWgThreads, smem, stream != nullptr ? stream : current_stream()>>>(
-      map, x_codes, out, diag_swap, g_hang_ns.load(std::memory_order_relaxed));
+  const int smem = kWgStageBytes + wg_diag_bytes(raw) + (raw ? 2 : 1) * kWgStageCols + 8 + 1024;
+  cudaStream_t st = stream != nullptr ? stream : current_stream();
+  const uint64_t hang = g_hang_ns.load(std::memory_order_relaxed);
+  if (raw)
+    fp8_wgmma_probe<true><<<1, kWgThreads, smem, st>>>(map, x_codes, out, diag_swap, hang);
+  else
+    fp8_wgmma_probe<false><<<1, kWgThreads, smem, st>>>(map, x_codes, out, diag_swap, hang);
   DI_CUDA_CHECK(cudaGetLastError());
 }
 

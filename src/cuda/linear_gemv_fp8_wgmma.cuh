@@ -43,8 +43,10 @@ std::string gemv_fp8_wgmma_hang();
 // x_codes: 128 E4M3 codes of one x row (device, 4 tiles of 32); out (device): for tile q the MMA's whole D [64 weight
 // rows][32 columns] at out[(q * 64 + row) * 32 + column], which by the kernel's construction is the product of weight
 // row `row`'s code at column 32 q + column with x's code there. diag_swap: the diagonal tiles' descriptor with its
-// leading and stride byte offsets swapped (a diagnosis when the kernel's own reading of them fails).
+// leading and stride byte offsets swapped (a diagnosis when the kernel's own reading of them fails). raw: the raw-x
+// path instead (x_codes: 128 f16 codes, 256 bytes; the A fragments built from the raw box and two f16 MMAs per tile), D
+// the product of the weight's E4M3 value with x's f16 value.
 void gemv_fp8_wgmma_probe(const uint8_t* w, const uint8_t* x_codes, float* out, cudaStream_t stream,
-                          bool diag_swap = false);
+                          bool diag_swap = false, bool raw = false);
 
 }  // namespace deepinfer::cuda

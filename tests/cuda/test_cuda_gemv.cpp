@@ -785,6 +785,26 @@ void test_fp8_mma() {
   }
 }
 
+// The probes' D values (out: host, [4 tiles][64 rows][32 columns]) against the products of E4M3 weight codes w [64,
+// 128] with x's values xv[128] (exact in float): how many differ, the first 8 printed when print.
+int64_t probe_mismatches(const di::Tensor& out, const std::vector<uint8_t>& w, const std::vector<double>& xv,
+                         bool print) {
+  int64_t bad = 0;
+  for (int q = 0; q < 4; ++q)
+    for (int row = 0; row < 64; ++row)
+      for (int n = 0; n < 32; ++n) {
+        const int k = 32 * q + n;
+        const float want = static_cast<float>(
+            static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(row * 128 + k)])) * xv[static_cast<size_t>(k)]);
+        const float got = out.data<float>()[(q * 64 + row) * 32 + n];
+        if (!(got == want)) {  // values, not bits: a zero product may come out as -0
+          if (print && bad < 8) std::printf("     [tile %d row %d column %d] got %g want %g\n", q, row, n, got, want);
+          ++bad;
+        }
+      }
+  return bad;
+}
+
 // fp8_wgmma_gemv's stage path alone (gemv_fp8_wgmma_probe): the TMA's swizzled [64, 128] weight tile, the diagonal B
 // tiles written from x's codes and the D of the 4 MMAs, against the products they must hold. A failure here points at
 // the wgmma layout (a descriptor, the diagonal's offsets, the D fragment), not at the fold or the prologue.
@@ -802,6 +822,8 @@ void test_fp8_wgmma_probe() {
     std::memcpy(wt.raw(), w.data(), w.size());
     std::memcpy(xt.raw(), xc.data(), xc.size());
     const di::Tensor wd = di::cuda::copy_to_device(wt), xd = di::cuda::copy_to_device(xt);
+    std::vector<double> xv(128);
+    for (size_t k = 0; k < 128; ++k) xv[k] = di::e4m3_to_f32(xc[k]);
     // Mismatches of the kernel's descriptors; when there are any, the probe again with the diagonal's leading and
     // stride byte offsets swapped, whose count says which reading of them the GPU has.
     auto mismatches = [&](bool swap, bool print) {
@@ -811,28 +833,49 @@ void test_fp8_wgmma_probe() {
                                      od.data<float>(), nullptr, swap);
       const std::string h = di::cuda::gemv_fp8_wgmma_hang();
       if (!h.empty()) std::printf("     the probe gave up waiting: %s\n", h.c_str());
-      const di::Tensor out = di::cuda::copy_to_host(od);
-      int64_t bad = 0;
-      for (int q = 0; q < 4; ++q)
-        for (int row = 0; row < 64; ++row)
-          for (int n = 0; n < 32; ++n) {
-            const int k = 32 * q + n;
-            const float want =
-                static_cast<float>(static_cast<double>(di::e4m3_to_f32(w[static_cast<size_t>(row * 128 + k)])) *
-                                   di::e4m3_to_f32(xc[static_cast<size_t>(k)]));
-            const float got = out.data<float>()[(q * 64 + row) * 32 + n];
-            if (!(got == want)) {  // values, not bits: a zero product may come out as -0
-              if (print && bad < 8)
-                std::printf("     [tile %d row %d column %d] got %g want %g\n", q, row, n, got, want);
-              ++bad;
-            }
-          }
-      return bad;
+      return probe_mismatches(di::cuda::copy_to_host(od), w, xv, print);
     };
     const int64_t bad = mismatches(false, true);
     if (bad != 0)
       std::printf("     with the diagonal's byte offsets swapped: %lld differ\n",
                   static_cast<long long>(mismatches(true, false)));
+    return bad == 0 ? std::string() : std::to_string(bad) + " of 8192 D values differ";
+  });
+}
+
+// The raw-x path's stage alone (gemv_fp8_wgmma_probe with raw): the TMA's raw E4M3 tile, the lanes' A fragments built
+// from it, x's f16 codes on the two f16 diagonal tiles of each 32-column tile, and the D of the 8 MMAs, against the
+// products. A failure here with the E4M3 probe passing points at the register A fragment or the f16 diagonal.
+void test_fp8_wgmma_probe_raw() {
+  run_case("gemv fp8 wgmma layout probe, raw x (f16)", []() -> std::string {
+    uint64_t s = 79;
+    std::vector<uint8_t> w(64 * 128);
+    std::vector<uint16_t> xh(128);
+    for (uint8_t& c : w) {
+      c = static_cast<uint8_t>(splitmix(s));
+      if ((c & 0x7f) == 0x7f) c ^= 0x01;  // no NaN codes
+    }
+    auto f16_normal = [](uint16_t h) {  // the value of a normal f16 code
+      const double m = 1.0 + static_cast<double>(h & 0x3ff) / 1024.0;
+      return std::ldexp((h & 0x8000) != 0 ? -m : m, ((h >> 10) & 0x1f) - 15);
+    };
+    for (uint16_t& h : xh) {  // f16 with exponents 2^-8 .. 2^7 and any sign and mantissa: finite, normal
+      const uint64_t v = splitmix(s);
+      h = static_cast<uint16_t>(((v & 1) << 15) | ((7 + (v >> 1) % 16) << 10) | ((v >> 8) & 0x3ff));
+    }
+    di::Tensor wt = di::Tensor::empty({64, 128}, di::DType::kU8), xt = di::Tensor::empty({256}, di::DType::kU8);
+    std::memcpy(wt.raw(), w.data(), w.size());
+    std::memcpy(xt.raw(), xh.data(), 256);
+    const di::Tensor wd = di::cuda::copy_to_device(wt), xd = di::cuda::copy_to_device(xt);
+    di::Tensor od = di::Tensor::empty({4 * 64 * 32}, di::DType::kF32, di::Device::kCUDA);
+    di::cuda::gemv_fp8_wgmma_hang();  // clears an earlier record
+    di::cuda::gemv_fp8_wgmma_probe(static_cast<const uint8_t*>(wd.raw()), static_cast<const uint8_t*>(xd.raw()),
+                                   od.data<float>(), nullptr, false, true);
+    const std::string h = di::cuda::gemv_fp8_wgmma_hang();
+    if (!h.empty()) return "the probe gave up waiting: " + h;
+    std::vector<double> xv(128);
+    for (size_t k = 0; k < 128; ++k) xv[k] = f16_normal(xh[k]);
+    const int64_t bad = probe_mismatches(di::cuda::copy_to_host(od), w, xv, true);
     return bad == 0 ? std::string() : std::to_string(bad) + " of 8192 D values differ";
   });
 }
@@ -978,6 +1021,7 @@ int main() {
   if (only != nullptr && std::string(only) == "wgmma")
     return cuda_test::run_test_program([] {
       test_fp8_wgmma_probe();
+      test_fp8_wgmma_probe_raw();
       test_fp8_wgmma();
       test_fp8_wgmma_groups();
     });
@@ -989,6 +1033,7 @@ int main() {
     test_fp4_mma();
     test_fp8_mma();
     test_fp8_wgmma_probe();
+    test_fp8_wgmma_probe_raw();
     test_fp8_wgmma();
     test_fp8_wgmma_groups();
   });
