@@ -10,6 +10,8 @@
 #include "cuda/linear_gemv_fp8.cuh"
 
 #ifdef __CUDACC__
+#include <cuda_fp16.h>
+
 #include "cuda/device.h"
 #endif
 
@@ -103,6 +105,28 @@ struct MmaChunk {
   int kx;
   bool ok;
 };
+
+// A 32-column chunk of x (a lane per column, v) as X 2^kx with X exact in f16: kx = E(amax) - 15, so that the largest X
+// is in [2^15, 2^16). ok (warp-uniform) when x is finite, kx is in [kx_lo, kx_hi] and every X is exact with no x lost
+// below fp32's range; bits: this lane's f16 code (0 when the chunk's kx is out of range).
+struct F16Chunk {
+  uint32_t bits;
+  int kx;
+  bool ok;
+};
+__device__ __forceinline__ F16Chunk f16_chunk(float v, int kx_lo, int kx_hi) {
+  const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);  // NaN sorts above inf
+  const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;
+  bool ok = amax < 0x7f800000u && kx >= kx_lo && kx <= kx_hi;
+  uint32_t bits = 0u;
+  if (ok) {  // warp-uniform
+    const float X = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
+    const __half hx = __float2half_rn(X);
+    bits = __half_as_ushort(hx);
+    ok = __half2float(hx) == X && ((X == 0.0f) == (v == 0.0f));
+  }
+  return F16Chunk{bits, kx, __all_sync(0xffffffffu, ok) != 0};
+}
 
 // A warp's fold of its chunks into the block's flags (mma_block_flags'): x_ok, kx min, kx max (warp-uniform values).
 __device__ __forceinline__ void mma_fold_flags(int* flags, int lane, bool ok, int kmin, int kmax) {

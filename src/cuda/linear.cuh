@@ -105,7 +105,8 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
 
 // ops::linear_groups_exact on CUDA (linear_grouped.cu): the exact contract's block-diagonal projection y[:, g N + n] =
 // x[:, g K .. (g + 1) K) . w[g N + n] in one launch, where fp8_wgmma_gemv takes it (under gemv_set_fp8_variant(7):
-// E4M3 tiles of 32, 1-4 rows of x, N % 64 == 0). _supported says whether it does; the call throws otherwise.
+// E4M3 tiles of 32, 1-4 rows of x quantised per 32 or 1-3 of raw x, N % (64 groups) == 0). _supported says whether it
+// does; the call throws otherwise.
 bool linear_groups_exact_supported(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts);
 Tensor linear_groups_exact(const Tensor& x, const ops::QWeight& w, int64_t groups, const ops::LinearOpts& opts);
 

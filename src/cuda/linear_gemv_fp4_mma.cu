@@ -76,21 +76,12 @@ __device__ __forceinline__ bool codes_in(uint32_t e, int lo, int hi) {
 // into img (the row's [K / 128 segments][8 lanes][16 words]), the chunk's (kx + 14) << 23 into kxs[c] and whether it
 // qualifies with its kx (MmaChunk; warp-uniform).
 __device__ __forceinline__ MmaChunk fp4_chunk_image(int c, float v, int lane, uint32_t* img, int* kxs) {
-  const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
-  const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;  // the largest X in [2^15, 2^16)
-  bool cok = amax < 0x7f800000u && kx >= -127 && kx <= 112;                 // finite; 2^-kx a normal float
-  uint32_t bits = 0u;
-  if (cok) {  // warp-uniform
-    const float q = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
-    const __half hq = __float2half_rn(q);
-    bits = __half_as_ushort(hq);
-    cok = __half2float(hq) == q && ((q == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
-  }
+  const F16Chunk f = f16_chunk(v, -127, 112);  // 2^-kx a normal float
   // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half e.
   const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
-  img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = bits << (16 * e);
-  if (lane == 0) kxs[c] = (kx + 14) * (1 << 23);
-  return MmaChunk{kx, __all_sync(0xffffffffu, cok) != 0};
+  img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = f.bits << (16 * e);
+  if (lane == 0) kxs[c] = (f.kx + 14) * (1 << 23);
+  return MmaChunk{f.kx, f.ok};
 }
 
 // The x pre-pass (one launch per call, before fp4_mma_gemv): every x row's B images, kx words and per-chunk record

@@ -234,7 +234,7 @@ struct Jobs {
 // bytes at 2r and 8 + 2r of the half, a[h][1] / a[h][3] row g + 8's, each pair one cvt to f16x2. row0: the slot's
 // address of the lane's row g (16 warp + g) plus 2r; swz[c] = (c ^ g) * 16, the lane's swizzled offset of piece c (rows
 // g and g + 8 share it).
-__device__ __forceinline__ void raw_a_fragments(uint32_t (&a)[2][4], const uint8_t* row0, const int (&swz)[8], int q) {
+__device__ __forceinline__ void raw_a_fragments(uint32_t (&a)[2][4], const uint8_t* row0, const int* swz, int q) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint8_t* piece = row0 + swz[2 * q + h];
@@ -255,7 +255,7 @@ __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], 
   const int q = j / JT, m0 = (j % JT) * G;
   if constexpr (RAW) {
     uint32_t a[2][4];
-    raw_a_fragments(a, raw_row0, *reinterpret_cast<const int(*)[8]>(swz), q);
+    raw_a_fragments(a, raw_row0, swz, q);
     wgmma_fence();  // the A registers just written
 #pragma unroll
     for (int i = 0; i < G; ++i)
@@ -374,20 +374,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
     if constexpr (RAW) {
       uint16_t* xm = reinterpret_cast<uint16_t*>(xc) + static_cast<int64_t>(m) * K;
       mma_x_chunks(xg + m * p.ldx, nch, warp, lane, flags, [&](int c, float v) {
-        const uint32_t amax = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
-        const int kx = amax != 0u ? static_cast<int>(amax >> 23) - 127 - 15 : 0;
-        // Finite (NaN bits sort above inf's), and 2^-kx and every product W X 2^(kx - 8) (|W X| >= 2^-33) normal.
-        bool ok = amax < 0x7f800000u && kx >= -80 && kx <= 100;
-        uint16_t bits = 0;
-        if (ok) {  // warp-uniform
-          const float X = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - kx) << 23));
-          const __half hx = __float2half_rn(X);
-          bits = __half_as_ushort(hx);
-          ok = __half2float(hx) == X && ((X == 0.0f) == (v == 0.0f));  // X exact, and no x lost below fp32's range
-        }
-        xm[(c >> 2) * 128 + 4 * lane + (c & 3)] = bits;
-        if (lane == 0) km[c] = kx * (1 << 23);
-        return MmaChunk{kx, __all_sync(0xffffffffu, ok) != 0};
+        // kx in [-80, 100]: 2^-kx and every product W X 2^(kx - 8) (|W X| >= 2^-33) normal floats.
+        const F16Chunk f = f16_chunk(v, -80, 100);
+        xm[(c >> 2) * 128 + 4 * lane + (c & 3)] = static_cast<uint16_t>(f.bits);
+        if (lane == 0) km[c] = f.kx * (1 << 23);
+        return MmaChunk{f.kx, f.ok};
       });
     } else {
       uint8_t* xm = xc + static_cast<int64_t>(m) * K;
@@ -571,12 +562,8 @@ std::atomic<uint64_t> g_hang_ns{0};
 void gemv_fp8_wgmma_set_hang_ns(uint64_t ns) { g_hang_ns.store(ns, std::memory_order_relaxed); }
 
 std::string gemv_fp8_wgmma_hang() {
-  unsigned long long code = 0;
-  DI_CUDA_CHECK(cudaDeviceSynchronize());
-  DI_CUDA_CHECK(cudaMemcpyFromSymbol(&code, g_wg_hang, sizeof code));
+  const auto code = static_cast<unsigned long long>(mma_read_counter(&g_wg_hang, true));
   if (code == 0) return std::string();
-  const unsigned long long zero = 0;
-  DI_CUDA_CHECK(cudaMemcpyToSymbol(g_wg_hang, &zero, sizeof zero));
   const unsigned long long c = code - 1;
   static const char* const kOn[] = {"full", "empty", "x_ready", "?"};
   return fmt::format("block {} warp {} waited past the bound on a {} barrier (stage {})", c >> 32, (c >> 24) & 0xff,
