@@ -43,6 +43,10 @@ const std::vector<EnvVar>& env_vars() {
        "tuning: from how many rows of x the exact CUDA linear takes the tiled E4M3 GEMM (each weight tile decoded once "
        "for 32 rows of x) instead of the GEMV or the slab kernels; 0 never; same bits either way",
        true},
+      {"DEEPINFER_CUDA_WGMMA_PIPE", "1",
+       "tuning (A/B): fp8_wgmma_gemv at one row of x: 1 pipelines its stage loop two stages deep and runs two blocks "
+       "per SM when the weight has more 64-row units than SMs; 2 the pipeline alone; 0 neither; same bits either way",
+       true},
       {"DEEPINFER_CUDA_GRAPHS", "1",
        "1 replays the decode step's dense pieces (between two attentions) as CUDA graphs, one set per batch size of "
        "at most DEEPINFER_CUDA_GRAPH_MAX_BATCH rows (captured at its second step); 0 launches every kernel; same bits "

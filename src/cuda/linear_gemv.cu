@@ -995,8 +995,9 @@ std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 // The E4M3 kernel in force: 1 = fp8_gemv, 2 = fp8_walk_gemv (linear_gemv_fp8.cu), 3 = by shape (fp8_uses_walk),
 // 4 = fp8_mma_gemv wherever it takes the call, 5 = by shape with fp8_mma_gemv for the dense calls where it measured
 // faster and fp8_rows_gemv (linear_gemv_fp8_rows.cu) for the dense decode batches where it measured faster (the
-// default; fp8_uses_mma, fp8_uses_rows), 6 = fp8_rows_gemv wherever it takes the call, the default elsewhere, 7 =
-// fp8_wgmma_gemv (linear_gemv_fp8_wgmma.cu) wherever it takes the call, the default elsewhere. gemv_set_fp8_variant.
+// default; fp8_uses_mma, fp8_uses_rows; since the thirty-sixth session fp8_wgmma_gemv for single-row calls on N >=
+// 16,384, fp8_uses_wgmma), 6 = fp8_rows_gemv wherever it takes the call, the default elsewhere, 7 = fp8_wgmma_gemv
+// (linear_gemv_fp8_wgmma.cu) wherever it takes the call, the default elsewhere. gemv_set_fp8_variant.
 constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
@@ -1072,8 +1073,17 @@ bool fp8_uses_mma(const GemvArgs& a) {
   return (wide || second_pass) && gemv_fp8_mma_supported(a);
 }
 
-// Variant 7 only, until it is measured on a GPU: not yet run there (bench/RESULTS.md, thirty-fourth session).
-bool fp8_uses_wgmma(const GemvArgs& a) { return gemv_fp8_variant() == 7 && gemv_fp8_wgmma_supported(a); }
+bool fp8_uses_wgmma(const GemvArgs& a) {
+  // bench_cuda_gemv on the H200 at one row of x (bench/RESULTS.md, thirty-sixth session): a 64-row unit of
+  // fp8_wgmma_gemv is a serial chain of 128-column stages (~330 ns each), so it wins only where many units share the
+  // GPU: wq_b [32768, 1280] 13.2 us (two blocks per SM) against fp8_mma_gemv's 14.0 and the walk's 15.2; slower on
+  // every narrower dense weight (wq_a + wkv 13.3 against 8.5, wo_b 22.6 against 17.2, the shared w2 8.1 against 6.7)
+  // and on wo_a's groups (19.0 against 13.6). Variant 7 gives it every call it takes.
+  constexpr int64_t kWgmmaMinRows = 16384;
+  const int v = gemv_fp8_variant();
+  if (v == 7) return gemv_fp8_wgmma_supported(a);
+  return v == 5 && a.M == 1 && a.N >= kWgmmaMinRows && a.row_expert == nullptr && gemv_fp8_wgmma_supported(a);
+}
 
 bool fp8_uses_rows(const GemvArgs& a) {
   // bench_cuda_gemv's batched table on the H200 (V4.1 shapes, us; fp8_rows_gemv against the fastest other kernel):

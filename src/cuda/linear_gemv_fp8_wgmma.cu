@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -70,6 +71,11 @@ constexpr int kWgThreads = 32 * (kMmaWarps + 1);  // the consumer warpgroup and 
 constexpr int kWgMaxStages = 16;
 constexpr int kWgMaxK = 8192;                       // 64 stages: two code words per lane
 constexpr int64_t kWgBlockSmemBudget = 200 * 1024;  // one block per SM
+// One x row with more units than SMs (wq_b): two blocks per SM, each half the shared memory, so that two units' serial
+// stage chains run side by side on an SM (a unit's stages are a chain: its fold is in tile order).
+constexpr int64_t kWgPairSmemBudget = 110 * 1024;
+template <int MX, bool RAW>
+constexpr int kWgMinBlocks = MX == 1 && !RAW ? 2 : 1;  // __launch_bounds__: E4M3 x at MX = 1 fits 204 registers
 
 // A block's shared memory, byte offsets from its 1,024-byte aligned base: the ring (S slots of 8 KB of weights, then
 // MX x 4 KB of diagonal B tiles), x's codes (per x row [K / 128 stages][32 elements][4 tiles]: one 4-byte word gives
@@ -100,6 +106,7 @@ struct WgParams : GemvCall {
   int gx;            // x columns between two groups' slices of an x row (0 when dense)
   int stages;        // ring slots
   uint64_t hang_ns;  // the barrier waits' bound (gemv_fp8_wgmma_set_hang_ns; 0: none)
+  int pipe;          // one x row: the pipelined stage loop (DEEPINFER_CUDA_WGMMA_PIPE, 0 for A/B)
 };
 
 // Pieces that took the slow path (gemv_fp8_wgmma_slow_warps).
@@ -138,7 +145,7 @@ __device__ __noinline__ bool wait_bounded(uint32_t bar, uint32_t parity, uint64_
   return true;
 }
 __device__ __forceinline__ bool wait_or_give_up(uint32_t bar, uint32_t parity, uint64_t hang_ns, WaitOn on, int stage) {
-  if (hang_ns == 0) {
+  if (true) {
     mbar_wait(bar, parity);
     return true;
   }
@@ -170,6 +177,13 @@ struct RingPos {
 __device__ __forceinline__ void zero_diagonals(uint8_t* diag, int bytes, int tid) {
   for (int i = tid; i < bytes / 16; i += kWgThreads)
     *reinterpret_cast<uint4*>(diag + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// A shared-memory descriptor moved by `bytes` (a multiple of 16): the start address field (bits 0-13, the address / 16)
+// takes the sum, and shared addresses stay below 2^18, so nothing carries into the next field. One add instead of
+// building the descriptor anew per MMA (about 70 integer instructions a stage).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | (static_cast<uint32_t>(desc) + (bytes >> 4));
 }
 
 // The TMA box of a stage (columns c0.., rows c1..) into dst, its bytes expected on the slot's full barrier (one lane).
@@ -250,7 +264,7 @@ __device__ __forceinline__ void raw_a_fragments(uint32_t (&a)[2][4], const uint8
 template <int MX, bool RAW = false>
 __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j,
                                           bool diag_swap = false, const uint8_t* raw_row0 = nullptr,
-                                          const int* swz = nullptr) {
+                                          const int* swz = nullptr, bool commit = true) {
   constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
   const int q = j / JT, m0 = (j % JT) * G;
   if constexpr (RAW) {
@@ -272,7 +286,7 @@ __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], 
         wgmma_m64n32k32_e4m3_ss(
             d[i], a, diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * kDiagTileBytes, diag_swap));
   }
-  wgmma_commit();
+  if (commit) wgmma_commit();
 }
 
 template <int MX>
@@ -301,7 +315,8 @@ __device__ __forceinline__ void wgmma_wait_upto(int n) {
 }
 
 template <int MX, bool RAW>
-__global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_constant__ CUtensorMap wmap, WgParams p) {
+__global__ void __launch_bounds__(kWgThreads, kWgMinBlocks<MX, RAW>)
+    fp8_wgmma_gemv(const __grid_constant__ CUtensorMap wmap, WgParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, S = p.stages, nst = K / kWgStageCols, nch = K / 32;
@@ -429,7 +444,99 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
     fast = __all_sync(0xffffffffu, fast);  // the same in the four warps: the same codes and flags
     const int rb_w = warp >> 1;            // this warp's row block in the unit
 
-    if (fast) {
+    // Stage st's 2^(e + kx - 127) per tile and x row.
+    auto stage_scales = [&](int st, float(&F)[4][MX]) {
+      const uint32_t mine = rb_w == 0 ? (st < 32 ? cw[0][0] : cw[0][1]) : (st < 32 ? cw[1][0] : cw[1][1]);
+      const uint32_t cwd = __shfl_sync(0xffffffffu, mine, st & 31);
+#pragma unroll
+      for (int m = 0; m < MX; ++m) {
+        const int4 kx4 = *reinterpret_cast<const int4*>(kxs + m * nch + 4 * st);
+        const int kxq[4] = {kx4.x, kx4.y, kx4.z, kx4.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          F[q][m] = __int_as_float(static_cast<int>((cwd >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
+      }
+    };
+    if (fast && MX == 1 && p.pipe != 0 && nst % 2 == 0) {
+      if constexpr (MX == 1) {
+        // One x row: the stage loop pipelined two deep. A stage's 4 MMAs are one commit group, issued into one of two
+        // accumulator sets before the previous stage is folded, so that the fold, the barrier traffic and the next
+        // stage's descriptors overlap the tensor core's work instead of following it. The loop is unrolled by two so
+        // that each set keeps its registers.
+        float tot[MX][2][2] = {};
+        float da[4][1][16], db[4][1][16];
+        // Slot 0's descriptors of tile 0 (A: the weights' box; B: the diagonal tile, or RAW's first f16 one).
+        const uint64_t a0 = wgmma_desc_sw128(ring), b0 = diag_desc(ring + kWgStageBytes);
+        auto issue_stage = [&](float(&d)[4][1][16], const RingPos& at) {
+          const uint32_t slot_off = at.slot * static_cast<uint32_t>(sm.slot);
+          wgmma_fence();
+          if constexpr (RAW) {
+            const uint8_t* raw_row0 = smem + sm.ring + slot_off + (16 * warp + g) * 128 + 2 * r;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              uint32_t a[2][4];
+              raw_a_fragments(a, raw_row0, swz, q);
+              wgmma_fence();  // the A registers just written
+              const uint32_t b = slot_off + 2 * q * kDiagTileBytes;
+              wgmma_m64n32k16_f16_rs_first(d[q][0], a[0], desc_plus(b0, b));
+              wgmma_m64n32k16_f16_rs_acc(d[q][0], a[1], desc_plus(b0, b + kDiagTileBytes));
+            }
+          } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              wgmma_m64n32k32_e4m3_ss(d[q][0], desc_plus(a0, slot_off + 32 * q),
+                                      desc_plus(b0, slot_off + q * kDiagTileBytes));
+          }
+          wgmma_commit();
+        };
+        auto fold_stage = [&](float(&d)[4][1][16], int st, const RingPos& at) {
+          float F[4][MX];
+          stage_scales(st, F);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) fold_job<MX>(tot, d[q], F, q);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bars + 8 * (S + at.slot));  // the slot's MMAs are done: the producer may refill it
+        };
+        // Waits for stage `at`'s bytes and issues its MMAs into d; false when a bounded wait gave up.
+        auto next_stage = [&](float(&d)[4][1][16], const RingPos& at) {
+          if (!wait_or_give_up(bars + 8 * at.slot, at.phase, p.hang_ns, kWaitFull, seen++)) {
+            wgmma_wait<0>();
+            return false;
+          }
+          issue_stage(d, at);
+          return true;
+        };
+        // Stage st + 1's MMAs are issued before stage st (complete) is folded, and all are complete again before the
+        // next issue: stage pairs (2i, 2i + 1) alternate the sets, da holding 2i when a pair starts. Nothing is in
+        // flight at a branch or across the loop's back edge, and a set is read only after the wait that retired it:
+        // otherwise ptxas serialises the MMAs (C7514, C7518).
+        RingPos pa = pos, pb;
+        if (!next_stage(da, pa)) return;
+        pos.next(S);
+        wgmma_wait<0>();
+#pragma unroll 1
+        for (int i = 0; i < nst / 2 - 1; ++i) {
+          pb = pos;
+          if (!next_stage(db, pb)) return;
+          pos.next(S);
+          fold_stage(da, 2 * i, pa);
+          wgmma_wait<0>();
+          pa = pos;
+          if (!next_stage(da, pa)) return;
+          pos.next(S);
+          fold_stage(db, 2 * i + 1, pb);
+          wgmma_wait<0>();
+        }
+        pb = pos;
+        if (!next_stage(db, pb)) return;
+        pos.next(S);
+        fold_stage(da, nst - 2, pa);
+        wgmma_wait<0>();
+        fold_stage(db, nst - 1, pb);
+#pragma unroll
+        for (int m = 0; m < MX; ++m) store_lane_rows(p, m, u * kWgRows + 16 * warp + g, r, tot[m]);
+      }
+    } else if (fast) {
       float tot[MX][2][2];  // [x row][h][e]: row 16 warp + g + 8h, chain 2r + e
 #pragma unroll
       for (int m = 0; m < MX; ++m) tot[m][0][0] = tot[m][0][1] = tot[m][1][0] = tot[m][1][1] = 0.0f;
@@ -437,17 +544,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) fp8_wgmma_gemv(const __grid_con
       for (int st = 0; st < nst; ++st) {
         // A stage's MMAs are issued and folded within the iteration: accumulators in flight across the loop's back
         // edge make ptxas serialise every MMA (C7514; bench/RESULTS.md, thirty-fourth session).
-        const uint32_t mine = rb_w == 0 ? (st < 32 ? cw[0][0] : cw[0][1]) : (st < 32 ? cw[1][0] : cw[1][1]);
-        const uint32_t cwd = __shfl_sync(0xffffffffu, mine, st & 31);
-        float F[4][MX];  // 2^(e + kx - 127) per tile and x row
-#pragma unroll
-        for (int m = 0; m < MX; ++m) {
-          const int4 kx4 = *reinterpret_cast<const int4*>(kxs + m * nch + 4 * st);
-          const int kxq[4] = {kx4.x, kx4.y, kx4.z, kx4.w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            F[q][m] = __int_as_float(static_cast<int>((cwd >> (8 * q)) & 0xffu) * (1 << 23) + kxq[q]);
-        }
+        float F[4][MX];
+        stage_scales(st, F);
         const uint32_t slot_addr = ring + pos.slot * static_cast<uint32_t>(sm.slot);
         const uint8_t* raw_row0 = smem + sm.ring + pos.slot * sm.slot + (16 * warp + g) * 128 + 2 * r;  // RAW's A
         if (!wait_or_give_up(bars + 8 * pos.slot, pos.phase, p.hang_ns, kWaitFull, seen++)) return;
@@ -611,10 +709,13 @@ void launch_wgmma(const GemvArgs& a, int groups, cudaStream_t stream) {
   p.gunits = p.units / groups;  // groups > 1: N % (64 groups) == 0 (gemv_fp8_wgmma_groups_supported)
   p.gx = groups > 1 ? a.K : 0;
   p.hang_ns = g_hang_ns.load(std::memory_order_relaxed);
-  // As many ring slots as one block per SM leaves beside x's codes (at least 2, at most kWgMaxStages).
+  static const int64_t pipe_mode = env_int("DEEPINFER_CUDA_WGMMA_PIPE", 0);  // 1: both, 2: the pipeline alone, 0: none
+  p.pipe = pipe_mode != 0 ? 1 : 0;
+  // As many ring slots as the blocks' share of an SM leaves beside x's codes (at least 2, at most kWgMaxStages).
+  const bool pair = kWgMinBlocks<MX, RAW> == 2 && p.units > sm_count() && pipe_mode == 1;
+  const int64_t budget = pair ? kWgPairSmemBudget : kWgBlockSmemBudget;
   const WgSmem none = wg_smem(a.K, MX, 0, RAW);
-  p.stages =
-      static_cast<int>(std::clamp<int64_t>((kWgBlockSmemBudget - none.total) / (none.slot + 16), 2, kWgMaxStages));
+  p.stages = static_cast<int>(std::clamp<int64_t>((budget - none.total) / (none.slot + 16), 2, kWgMaxStages));
   const int64_t smem = wg_smem(a.K, MX, p.stages, RAW).total;
   const CUtensorMap map = tensor_map_u8_sw128(a.w, a.N, a.K, a.ldw, kWgRows, kWgStageCols);
   const int64_t resident = static_cast<int64_t>(gemv_blocks_per_sm(
