@@ -145,7 +145,7 @@ __device__ __noinline__ bool wait_bounded(uint32_t bar, uint32_t parity, uint64_
   return true;
 }
 __device__ __forceinline__ bool wait_or_give_up(uint32_t bar, uint32_t parity, uint64_t hang_ns, WaitOn on, int stage) {
-  if (true) {
+  if (hang_ns == 0) {
     mbar_wait(bar, parity);
     return true;
   }
@@ -264,7 +264,7 @@ __device__ __forceinline__ void raw_a_fragments(uint32_t (&a)[2][4], const uint8
 template <int MX, bool RAW = false>
 __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j,
                                           bool diag_swap = false, const uint8_t* raw_row0 = nullptr,
-                                          const int* swz = nullptr, bool commit = true) {
+                                          const int* swz = nullptr) {
   constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
   const int q = j / JT, m0 = (j % JT) * G;
   if constexpr (RAW) {
@@ -286,7 +286,7 @@ __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], 
         wgmma_m64n32k32_e4m3_ss(
             d[i], a, diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * kDiagTileBytes, diag_swap));
   }
-  if (commit) wgmma_commit();
+  wgmma_commit();
 }
 
 template <int MX>
