@@ -29,9 +29,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 }  // namespace
 
-CUtensorMap tensor_map_u8_sw128(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols) {
+CUtensorMap tensor_map_u8_sw128(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+                                int l2_promotion) {
   DI_CHECK(rows > 0 && cols > 0 && ld % 16 == 0 && ld >= cols && reinterpret_cast<uintptr_t>(base) % 16 == 0 &&
-               box_rows >= 1 && box_rows <= 256 && box_cols >= 16 && box_cols <= 128 && box_cols % 16 == 0,
+               box_rows >= 1 && box_rows <= 256 && box_cols >= 16 && box_cols <= 128 && box_cols % 16 == 0 &&
+               (l2_promotion == 0 || l2_promotion == 128 || l2_promotion == 256),
            "cuda: no 128-byte-swizzled tensor map for [{}, {}] bytes, row stride {}, box {} x {}", rows, cols, ld,
            box_rows, box_cols);
   CUtensorMap map;
@@ -41,7 +43,10 @@ CUtensorMap tensor_map_u8_sw128(const void* base, int64_t rows, int64_t cols, in
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
                                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                               l2_promotion == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                               : l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                     : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DI_CHECK(r == CUDA_SUCCESS, "cuda: cuTensorMapEncodeTiled failed ({}) for [{}, {}] bytes, row stride {}",
            static_cast<int>(r), rows, cols, ld);
   return map;

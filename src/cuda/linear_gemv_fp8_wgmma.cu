@@ -19,7 +19,10 @@
 // column k at row k is the one product W[n][k] X[k]. Lane (g, r) of warp w holds D rows 16w + g and 16w + g + 8 and
 // columns 8i + 2r + e (i = 0..3): element 8i + 2r + e, i.e. all four products (j = i) of chains l = 2r and 2r + 1 of
 // its two weight rows, so s and the fold need no exchange, every warp folds its own 16 rows, and the chains end in
-// fp8_mma_gemv's lane layout (store_lane_rows). One MMA per tile and x row.
+// fp8_mma_gemv's lane layout (store_lane_rows). With MX x rows, B holds their diagonals side by side (N = 32 MX) and
+// one MMA serves them all (two at 4 rows): a stage's time is its MMAs' (~80 ns a m64n32k32 on the H100,
+// bench_cuda_wgmma_probe), so fewer, wider MMAs pay if a wide one costs less than its narrow parts (the probe's width
+// table; this layout has not yet run on a GPU: the thirty-seventh session's machine time ran out).
 //
 // B in shared memory, K-major without swizzle: a tile's 32 x 32 bytes are 8 core matrices of 8 rows x 16 bytes, 128
 // bytes apart along the rows (stride byte offset) and 512 along K (leading byte offset), so the diagonal's cores sit
@@ -154,13 +157,18 @@ __device__ __forceinline__ bool wait_or_give_up(uint32_t bar, uint32_t parity, u
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(32 * kMmaWarps) : "memory"); }
 
-// Where element k of a tile's diagonal goes in its 1 KB B tile (core (k / 8, k / 16), row k % 8, byte k % 16).
-__device__ __forceinline__ int diag_offset(int k) { return (k >> 3) * 128 + (k >> 4) * 512 + (k & 7) * 16 + (k & 15); }
+// E4M3 x: a stage's diagonal B tiles hold its MX x rows side by side, tile q's B [32 x 32 MX] at q MX KB, so that one
+// MMA of N = 32 MX serves every x row of a tile (or two of N = 64 at 4 rows: Jobs).
+// Element k of x row m sits at column n = 32 m + k: core (n / 8, k / 16), row k % 8, byte k % 16, the cores 128 bytes
+// apart along N and 512 MX along K. At MX = 1 that is the single row's 1 KB tile.
+__device__ __forceinline__ int diag_offset(int MX, int m, int q, int k) {
+  return q * MX * kDiagTileBytes + (4 * m + (k >> 3)) * 128 + (k >> 4) * 512 * MX + (k & 7) * 16 + (k & 15);
+}
 
-// The B descriptor of a diagonal tile at shared address addr: leading (K) byte offset 512, stride (N) 128. The probe
-// can swap the two (a layout diagnosis on a new GPU: diag_swap).
-__device__ __forceinline__ uint64_t diag_desc(uint32_t addr, bool diag_swap = false) {
-  return diag_swap ? wgmma_desc_plain(addr, 128, 512) : wgmma_desc_plain(addr, 512, 128);
+// The B descriptor of a diagonal tile of MX x rows at shared address addr: leading (K) byte offset 512 MX, stride (N)
+// 128. The probe can swap the two (a layout diagnosis on a new GPU: diag_swap).
+__device__ __forceinline__ uint64_t diag_desc(uint32_t addr, bool diag_swap = false, int MX = 1) {
+  return diag_swap ? wgmma_desc_plain(addr, 128, 512) : wgmma_desc_plain(addr, 512 * MX, 128);
 }
 
 // A ring position: the slot of a stage and the parity of its full barrier's phase (round / S, mod 2). The producer
@@ -212,8 +220,7 @@ __device__ __forceinline__ void write_diagonals(uint8_t* diag, const uint8_t* xc
     } else {
       const uint32_t w4 = *reinterpret_cast<const uint32_t*>(xc + static_cast<int64_t>(m) * K + st * 128 + 4 * lane);
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        diag[m * kWgDiagBytes + q * kDiagTileBytes + diag_offset(lane)] = static_cast<uint8_t>(w4 >> (8 * q));
+      for (int q = 0; q < 4; ++q) diag[diag_offset(MX, m, q, lane)] = static_cast<uint8_t>(w4 >> (8 * q));
     }
   }
   fence_proxy_async();
@@ -233,11 +240,13 @@ __device__ __forceinline__ void fold_tile(float (&tot)[2][2], const float (&d)[1
 }
 
 // A stage's MMAs as jobs, each one commit group: job j is tile j / kJobsPerTile for the x rows of group j %
-// kJobsPerTile (kGroupRows rows each). One x row: the 4 tiles' MMAs all in flight (64 accumulator registers); more: two
-// jobs of up to 2 x rows in flight (64), since a stage's 4 MX MMAs at once leave ptxas short of registers (C7511).
-template <int MX>
+// kJobsPerTile (kGroupRows rows each). E4M3 x: a job is one MMA for its rows (N = 32 kGroupRows): all MX rows up to 3,
+// two pairs at 4 (a 64-register D at 4 rows makes ptxas serialise the MMAs, C7512). RAW: a job is up to 2 x rows' MMAs
+// (one per row). One x row: the 4 tiles' jobs all in flight (64 accumulator registers); more: two jobs in flight, since
+// a stage's 4 MX row tiles at once leave ptxas short of registers (C7511).
+template <int MX, bool RAW>
 struct Jobs {
-  static constexpr int kGroupRows = MX == 1 ? 1 : 2;
+  static constexpr int kGroupRows = RAW ? (MX == 1 ? 1 : 2) : MX == 4 ? 2 : MX;
   static constexpr int kJobsPerTile = (MX + kGroupRows - 1) / kGroupRows;
   static constexpr int kJobs = 4 * kJobsPerTile;
   static constexpr int kDepth = MX == 1 ? 4 : 2;
@@ -262,10 +271,10 @@ __device__ __forceinline__ void raw_a_fragments(uint32_t (&a)[2][4], const uint8
 
 // A job's MMAs (RAW: from raw_row0 and swz, raw_a_fragments'), one commit group.
 template <int MX, bool RAW = false>
-__device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], uint32_t slot_addr, int j,
+__device__ __forceinline__ void issue_job(float (&d)[Jobs<MX, RAW>::kGroupRows][16], uint32_t slot_addr, int j,
                                           bool diag_swap = false, const uint8_t* raw_row0 = nullptr,
                                           const int* swz = nullptr) {
-  constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
+  constexpr int G = Jobs<MX, RAW>::kGroupRows, JT = Jobs<MX, RAW>::kJobsPerTile;
   const int q = j / JT, m0 = (j % JT) * G;
   if constexpr (RAW) {
     uint32_t a[2][4];
@@ -279,20 +288,19 @@ __device__ __forceinline__ void issue_job(float (&d)[Jobs<MX>::kGroupRows][16], 
         wgmma_m64n32k16_f16_rs_acc(d[i], a[1], diag_desc(b + kDiagTileBytes));
       }
   } else {
-    const uint64_t a = wgmma_desc_sw128(slot_addr + 32 * q);
-#pragma unroll
-    for (int i = 0; i < G; ++i)
-      if (m0 + i < MX)
-        wgmma_m64n32k32_e4m3_ss(
-            d[i], a, diag_desc(slot_addr + kWgStageBytes + (m0 + i) * kWgDiagBytes + q * kDiagTileBytes, diag_swap));
+    // One MMA for the job's G rows m0..: B = their diagonals, columns 32 (m - m0) .. of the tile's B (4 cores of 128
+    // bytes per row), so D's columns 32 i .. 32 i + 31 are x row m0 + i's, d[i]'s layout (G rows of 16).
+    static_assert(G * JT == MX, "E4M3 x: the jobs of a tile cover its rows exactly");
+    wgmma_e4m3_ss<32 * G>(reinterpret_cast<float(&)[16 * G]>(d), wgmma_desc_sw128(slot_addr + 32 * q),
+                          diag_desc(slot_addr + kWgStageBytes + q * MX * kDiagTileBytes + m0 * 512, diag_swap, MX));
   }
   wgmma_commit();
 }
 
-template <int MX>
-__device__ __forceinline__ void fold_job(float (&tot)[MX][2][2], float (&d)[Jobs<MX>::kGroupRows][16],
+template <int MX, bool RAW>
+__device__ __forceinline__ void fold_job(float (&tot)[MX][2][2], float (&d)[Jobs<MX, RAW>::kGroupRows][16],
                                          const float (&F)[4][MX], int j) {
-  constexpr int G = Jobs<MX>::kGroupRows, JT = Jobs<MX>::kJobsPerTile;
+  constexpr int G = Jobs<MX, RAW>::kGroupRows, JT = Jobs<MX, RAW>::kJobsPerTile;
   const int q = j / JT, m0 = (j % JT) * G;
 #pragma unroll
   for (int i = 0; i < G; ++i)
@@ -493,7 +501,7 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinBlocks<MX, RAW>)
           float F[4][MX];
           stage_scales(st, F);
 #pragma unroll
-          for (int q = 0; q < 4; ++q) fold_job<MX>(tot, d[q], F, q);
+          for (int q = 0; q < 4; ++q) fold_job<MX, RAW>(tot, d[q], F, q);
           __syncwarp();
           if (lane == 0) mbar_arrive(bars + 8 * (S + at.slot));  // the slot's MMAs are done: the producer may refill it
         };
@@ -550,23 +558,23 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinBlocks<MX, RAW>)
         const uint8_t* raw_row0 = smem + sm.ring + pos.slot * sm.slot + (16 * warp + g) * 128 + 2 * r;  // RAW's A
         if (!wait_or_give_up(bars + 8 * pos.slot, pos.phase, p.hang_ns, kWaitFull, seen++)) return;
         // ptxas gives every MMA between two full drains registers of its own, so 3-4 x rows drain after each half.
-        constexpr int J = Jobs<MX>::kJobs, D = Jobs<MX>::kDepth, H = MX >= 3 ? 2 : 1, JH = J / H;
+        constexpr int J = Jobs<MX, RAW>::kJobs, D = Jobs<MX, RAW>::kDepth, H = MX >= 3 ? 2 : 1, JH = J / H;
 #pragma unroll
         for (int half = 0; half < H; ++half) {
-          float d[JH][Jobs<MX>::kGroupRows][16];
+          float d[JH][Jobs<MX, RAW>::kGroupRows][16];
           wgmma_fence();
 #pragma unroll
           for (int jj = 0; jj < JH; ++jj) {
             issue_job<MX, RAW>(d[jj], slot_addr, half * JH + jj, false, raw_row0, swz);
             if (jj >= D - 1) {
               wgmma_wait<D - 1>();
-              fold_job<MX>(tot, d[jj - D + 1], F, half * JH + jj - D + 1);
+              fold_job<MX, RAW>(tot, d[jj - D + 1], F, half * JH + jj - D + 1);
             }
           }
 #pragma unroll
           for (int jj = JH - D + 1; jj < JH; ++jj) {
             wgmma_wait_upto(JH - 1 - jj);
-            fold_job<MX>(tot, d[jj], F, half * JH + jj);
+            fold_job<MX, RAW>(tot, d[jj], F, half * JH + jj);
           }
         }
         __syncwarp();
