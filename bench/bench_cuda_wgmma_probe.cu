@@ -162,87 +162,11 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
 }
 
 // ---- wgmma m64nNk32 E4M3 by width N (the tensor core alone) ----------------------------------------------------
-// A diagonal B of one x row is 32 columns wide; of MX rows side by side 32 MX. Whether a wider MMA costs more than a
-// narrow one decides whether x rows merged into one MMA pay. Each wrapper: D (+)= A B, scale-d from acc.
-__device__ __forceinline__ void mma_n32(float (&d)[16], uint64_t a_desc, uint64_t b_desc, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(a_desc), "l"(b_desc), "r"(acc));
-}
-__device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
-      "1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_desc), "l"(b_desc), "r"(acc));
-}
-__device__ __forceinline__ void mma_n128(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-      "%57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a_desc), "l"(b_desc), "r"(acc));
-}
-__device__ __forceinline__ void mma_n256(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-      "%57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, "
-      "%79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, "
-      "%101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, "
-      "%119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
-        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
-        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
-        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
-        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
-        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
-        "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a_desc), "l"(b_desc), "r"(acc));
-}
-
-template <int N>
-__device__ __forceinline__ void mma_n(float (&d)[N / 2], uint64_t a, uint64_t b, int acc) {
-  if constexpr (N == 32) mma_n32(d, a, b, acc);
-  if constexpr (N == 64) mma_n64(d, a, b, acc);
-  if constexpr (N == 128) mma_n128(d, a, b, acc);
-  if constexpr (N == 256) mma_n256(d, a, b, acc);
-}
-
-// Patterns per "stage" of 4 K-steps (tiles q = 0..3 of an 8 KB A box): 0 "chain": the 4 MMAs accumulate into one D
-// (a GEMM's K loop), one commit and wait; 1 "single": each MMA its own commit and wait (its latency exposed); 2
-// "four": 4 MMAs into 4 D, one commit and wait (fp8_wgmma_gemv's stage; N <= 64 for the registers).
-const char* const kWidthPatterns[] = {"chain", "single", "four"};
+// A diagonal B of one x row is 32 columns wide, of MX rows side by side 32 MX (fp8_wgmma_gemv's 2-4-row calls). Whether
+// a wide MMA costs less than its narrow parts decides whether merging rows pays. Patterns per "stage" of 4 K steps
+// (tiles q = 0..3 of an 8 KB A box): 0 "single", each MMA its own commit and wait (its latency exposed); 1 "four", 4
+// MMAs into 4 D, one commit and wait (fp8_wgmma_gemv's stage; N <= 64 for the registers).
+const char* const kWidthPatterns[] = {"single", "four"};
 
 template <int N, int PATTERN>
 __global__ void __launch_bounds__(128, 1) mma_width_kernel(int stages, float* out) {
@@ -256,47 +180,19 @@ __global__ void __launch_bounds__(128, 1) mma_width_kernel(int stages, float* ou
   const uint32_t a0 = cuda::smem_u32(smem), b0 = a0 + kBoxBytes;
   // B: K-major without swizzle, 32 x N bytes: N / 8 core matrices along N (128 bytes apart), 2 along K (16 N apart).
   const uint64_t bdesc = cuda::wgmma_desc_plain(b0, 16 * N, 128);
+  constexpr int kD = PATTERN == 0 ? 1 : 4;  // accumulators in flight
   float acc = 0.0f;
   for (int st = 0; st < stages; ++st) {
-    if constexpr (PATTERN == 0) {
-      float d[N / 2];
 #pragma unroll
-      for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+    for (int q0 = 0; q0 < 4; q0 += kD) {
+      float d[kD][N / 2];
       cuda::wgmma_fence();
 #pragma unroll
-      for (int q = 0; q < 4; ++q) mma_n<N>(d, cuda::wgmma_desc_sw128(a0 + 32 * q), bdesc, q);
-      cuda::wgmma_commit();
-      cuda::wgmma_wait<0>();
-      cuda::wgmma_fence_operands(d);
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) acc = __fadd_rn(acc, d[i]);
-    } else if constexpr (PATTERN == 1) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float d[N / 2];
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
-        cuda::wgmma_fence();
-        mma_n<N>(d, cuda::wgmma_desc_sw128(a0 + 32 * q), bdesc, 0);
-        cuda::wgmma_commit();
-        cuda::wgmma_wait<0>();
-        cuda::wgmma_fence_operands(d);
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i) acc = __fadd_rn(acc, d[i]);
-      }
-    } else {
-      float d[4][N / 2];
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i) d[q][i] = 0.0f;
-      cuda::wgmma_fence();
-#pragma unroll
-      for (int q = 0; q < 4; ++q) mma_n<N>(d[q], cuda::wgmma_desc_sw128(a0 + 32 * q), bdesc, 0);
+      for (int q = 0; q < kD; ++q) cuda::wgmma_e4m3_ss<N>(d[q], cuda::wgmma_desc_sw128(a0 + 32 * (q0 + q)), bdesc);
       cuda::wgmma_commit();
       cuda::wgmma_wait<0>();
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < kD; ++q) {
         cuda::wgmma_fence_operands(d[q]);
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) acc = __fadd_rn(acc, d[q][i]);
@@ -361,10 +257,8 @@ int main() {
 
     // The tensor core alone by MMA width: 40 stages of 4 MMAs per block, 1 or 2 blocks per SM.
     const WidthConfig widths[] = {
-        {32, 0, mma_width_kernel<32, 0>},   {32, 1, mma_width_kernel<32, 1>},   {32, 2, mma_width_kernel<32, 2>},
-        {64, 0, mma_width_kernel<64, 0>},   {64, 1, mma_width_kernel<64, 1>},   {64, 2, mma_width_kernel<64, 2>},
-        {128, 0, mma_width_kernel<128, 0>}, {128, 1, mma_width_kernel<128, 1>}, {256, 0, mma_width_kernel<256, 0>},
-        {256, 1, mma_width_kernel<256, 1>},
+        {32, 0, mma_width_kernel<32, 0>}, {32, 1, mma_width_kernel<32, 1>}, {64, 0, mma_width_kernel<64, 0>},
+        {64, 1, mma_width_kernel<64, 1>}, {96, 0, mma_width_kernel<96, 0>}, {128, 0, mma_width_kernel<128, 0>},
     };
     constexpr int kWidthStages = 40;
     std::printf(
