@@ -6,7 +6,8 @@
 # attention decode vs the copy ceiling) and bench_cuda_model (end to end on a flash-shape checkpoint,
 # generated here by tools/make_checkpoint.py: FAMILY v4|v41, LAYERS layers; default v41, 4 layers).
 # BENCHES (default "gemm gemv attention model") picks which run; "stream" adds bench_cuda_stream (the decode GEMVs'
-# weight access pattern without their arithmetic, vs the read ceiling). Each writes OUT_DIR/<name>.txt.
+# weight access pattern without their arithmetic, vs the read ceiling) and "wgmma_probe" bench_cuda_wgmma_probe
+# (fp8_wgmma_gemv's pipeline pieces timed apart, the E4M3 wgmma by width). Each writes OUT_DIR/<name>.txt.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -23,6 +24,7 @@ for b in ${BENCHES:-gemm gemv attention model}; do
     gemv) timeout 300 "$bin/bench_cuda_gemv" > "$out/gemv.txt" 2>&1 ;;
     attention) timeout 120 "$bin/bench_cuda_attention" > "$out/attention.txt" 2>&1 ;;
     stream) timeout 120 "$bin/bench_cuda_stream" > "$out/stream.txt" 2>&1 ;;
+    wgmma_probe) timeout 180 "$bin/bench_cuda_wgmma_probe" > "$out/wgmma_probe.txt" 2>&1 ;;
     model)
       ckpt=${CKPT_DIR:-/tmp/deepinfer-flash-$family-$layers}
       if [ ! -f "$ckpt/config.json" ]; then
