@@ -63,7 +63,8 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
-// fp8_wgmma_gemv's diagonal tile layout: element k at core (k / 8, k / 16), row k % 8, byte k % 16.
+// fp8_wgmma_gemv's diagonal tile layout at one x row (its diag_offset(1, 0, q, k) within tile q): element k at core
+// (k / 8, k / 16), row k % 8, byte k % 16.
 __device__ __forceinline__ int diag_offset(int k) { return (k >> 3) * 128 + (k >> 4) * 512 + (k & 7) * 16 + (k & 15); }
 
 // The probe's smem: the ring (S slots of BOXES boxes), the diagonal tiles, the barriers (full[S], empty[S]).
@@ -95,8 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
   const int total = (p.units - b + grid - 1) / grid * p.nst;
 
   if (warp == 4) {  // the producer
-    uint64_t policy = cuda::l2_evict_first();
-    if (p.evict_normal) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+    const uint64_t policy = p.evict_normal ? cuda::l2_evict_normal() : cuda::l2_evict_first();
     int slot = 0, unit = b, st = 0;
     uint32_t phase = 0;
     for (int i = 0; i < total; ++i) {
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
         for (int m = 0; m < kPer; ++m) {
           const int box = gi + m / 4, q = m % 4;
           cuda::wgmma_m64n32k32_e4m3_ss(d[m], cuda::wgmma_desc_sw128(slot_addr + box * kBoxBytes + 32 * q),
-                                        bdesc + ((q * 1024) >> 4));
+                                        cuda::desc_plus(bdesc, q * 1024));
         }
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();

@@ -1,10 +1,11 @@
 // Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
-// memory mbarriers (and a bounded try of a wait, with the global timer), the 2-D tensor-map load, the wgmma fences and
-// groups, the shared-memory matrix descriptor of a 128-byte-swizzled K-major tile and of an unswizzled one, two wgmma
-// shapes (m64n32k32 E4M3 x E4M3 into FP32 with both operands in shared memory; m64n32k16 f16 x f16 with A from
-// registers), the E4M3 -> f16x2 conversion, and on the host the tensor map of a row-major byte matrix. PTX ISA
-// sections: "Parallel Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous
-// Warpgroup Level Matrix Multiply-Accumulate".
+// memory mbarriers (and a bounded try of a wait, with the global timer), L2 policies (evict-first, evict-normal), the
+// 2-D tensor-map load, the wgmma fences and groups, the shared-memory matrix descriptor of a 128-byte-swizzled K-major
+// tile and of an unswizzled one (and one moved by an offset), the wgmma shapes (m64nNk32 E4M3 x E4M3 into FP32 with
+// both operands in shared memory, N = 32, 64, 96, 128; m64n32k16 f16 x f16 with A from registers), the E4M3 -> f16x2
+// conversion, and on the host the tensor map of a row-major byte matrix. PTX ISA sections: "Parallel Synchronization
+// and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate".
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime's driver entry point)
@@ -87,6 +88,12 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
+// The default policy, as an explicit one (bench_cuda_wgmma_probe's A/B against evict-first).
+__device__ __forceinline__ uint64_t l2_evict_normal() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 
 // The TMA: the box at (c0 = column, c1 = row) of the map into shared memory at dst, completing on bar.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
@@ -126,6 +133,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
 __device__ __forceinline__ uint64_t wgmma_desc_plain(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3ffffu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+// A shared-memory descriptor moved by `bytes` (a multiple of 16): the start address field (bits 0-13, the address / 16)
+// takes the sum, and shared addresses stay below 2^18, so nothing carries into the next field. One add instead of
+// building the descriptor anew per MMA (about 70 integer instructions a stage).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | (static_cast<uint32_t>(desc) + (bytes >> 4));
 }
 
 // D[64 x 32] = A[64 x 32] B[32 x 32] (scale-d 0: D is only written, so its registers are outputs and need not hold

@@ -187,13 +187,6 @@ __device__ __forceinline__ void zero_diagonals(uint8_t* diag, int bytes, int tid
     *reinterpret_cast<uint4*>(diag + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// A shared-memory descriptor moved by `bytes` (a multiple of 16): the start address field (bits 0-13, the address / 16)
-// takes the sum, and shared addresses stay below 2^18, so nothing carries into the next field. One add instead of
-// building the descriptor anew per MMA (about 70 integer instructions a stage).
-__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
-  return (desc & 0xffffffff00000000ull) | (static_cast<uint32_t>(desc) + (bytes >> 4));
-}
-
 // The TMA box of a stage (columns c0.., rows c1..) into dst, its bytes expected on the slot's full barrier (one lane).
 __device__ __forceinline__ void load_stage(uint32_t full, uint32_t dst, const CUtensorMap* map, int c0, int c1,
                                            uint64_t policy) {
