@@ -27,6 +27,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -1082,6 +1083,20 @@ bool fp8_uses_wgmma(const GemvArgs& a) {
   constexpr int64_t kWgmmaMinRows = 16384;
   const int v = gemv_fp8_variant();
   if (v == 7) return gemv_fp8_wgmma_supported(a);
+  // Dense calls of 2 .. DEEPINFER_CUDA_WGMMA_ROWS rows of act-quantised x on weights of 4,096+ rows, the rows'
+  // diagonals side by side in one MMA per tile. Off by default (1): a wgmma of N = 32 MX costs about MX times one of
+  // N = 32 (bench_cuda_wgmma_probe on the H100: 59 / 96 / 133 / 171 ns for N = 32 / 64 / 96 / 128), so the merged
+  // MMAs saved little (wo_b at 4 rows 63.3 -> 60.5 us against the walk's 47.8) and the model A / B at 4 rows lost
+  // 0.8% (bench/RESULTS.md, thirty-eighth session).
+  static const int multi = [] {
+    const int64_t n = env_int("DEEPINFER_CUDA_WGMMA_ROWS", 1);
+    DI_CHECK(n <= 4, "DEEPINFER_CUDA_WGMMA_ROWS must be 1 .. 4 (got {})", n);
+    return static_cast<int>(n);
+  }();
+  constexpr int64_t kWgmmaMultiMinRows = 4096;
+  if (v == 5 && a.M >= 2 && a.M <= multi && a.N >= kWgmmaMultiMinRows && a.row_expert == nullptr &&
+      a.act_quant_block != 0 && gemv_fp8_wgmma_supported(a))
+    return true;
   return v == 5 && a.M == 1 && a.N >= kWgmmaMinRows && a.row_expert == nullptr && gemv_fp8_wgmma_supported(a);
 }
 
