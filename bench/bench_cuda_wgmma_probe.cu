@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/hopper.cuh"
 #include "cuda_bench_util.cuh"
@@ -223,8 +224,7 @@ struct Config {
 int main() {
   return bench::bench_main("bench_cuda_wgmma_probe", [] {
     cuda::init();
-    int sms = 0;
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int sms = cuda::sm_count();
     cudaStream_t st;
     DI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     const double ceiling = bench::read_ceiling_gbs(st, size_t{2} << 30);
