@@ -1094,10 +1094,10 @@ bool fp8_uses_wgmma(const GemvArgs& a) {
     return static_cast<int>(n);
   }();
   constexpr int64_t kWgmmaMultiMinRows = 4096;
-  if (v == 5 && a.M >= 2 && a.M <= multi && a.N >= kWgmmaMultiMinRows && a.row_expert == nullptr &&
-      a.act_quant_block != 0 && gemv_fp8_wgmma_supported(a))
-    return true;
-  return v == 5 && a.M == 1 && a.N >= kWgmmaMinRows && a.row_expert == nullptr && gemv_fp8_wgmma_supported(a);
+  if (v != 5) return false;
+  const bool shape =
+      a.M == 1 ? a.N >= kWgmmaMinRows : a.M <= multi && a.N >= kWgmmaMultiMinRows && a.act_quant_block != 0;
+  return shape && gemv_fp8_wgmma_supported(a);  // supported: dense calls only (no row_expert)
 }
 
 bool fp8_uses_rows(const GemvArgs& a) {
