@@ -24,10 +24,13 @@
 // shape's rows of the single-row table alone (for ncu). BENCH_GROUPED_ROWS=1: stop after the grouped E4M3 tables
 // (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped
 // E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table comes right away (with
-// BENCH_SKIP_BATCHED=1); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
+// BENCH_SKIP_BATCHED=1; BENCH_GROUPED_TOPK=k: its 1- and 4-token rows route each token to k experts instead of 6, which
+// scales the call's work with its shape kept; its last two columns: fp4_mma_gemv's deal launches,
+// gemv_fp4_mma_set_deal); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
 // (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone; BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at
 // those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
 // (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact contract's prefill-sized one (grouped_exact_table).
+// BENCH_SM_PROBE=1: only the table of where the GPU places the blocks of one-wave grids (sm_probe_table).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -49,6 +52,7 @@
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
+#include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda_bench_util.cuh"
@@ -401,6 +405,66 @@ void grouped_exact_table(cudaStream_t st, const std::vector<di::ops::QWeight>& w
   di::cuda::linear_set_fp4_gemm_rows(prev_rows);
 }
 
+// ---- where the GPU places the blocks of a one-wave grid (BENCH_SM_PROBE=1) ----------------------------------------
+// Each block records its SM and spins ~30 us, so that the whole grid is resident at once; blocks of 128 threads with
+// 52 KB of dynamic shared memory (4 a SM, as fp4_mma_gemv's 4-warp blocks are held to 4 by their
+// registers). Why: fp4_mma_gemv at one token took as long for top-4 as for top-6 (bench/RESULTS.md, forty-first
+// session), which fits a GPU that fills some SMs to four blocks and leaves others idle.
+__global__ void sm_probe_kernel(int* sm_of_block, long long spin) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  if (threadIdx.x == 0) sm_of_block[blockIdx.x] = static_cast<int>(smid);
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {
+  }
+}
+__global__ void sm_probe_busy(long long spin) {  // a kernel ahead of the probe, as a GEMV's predecessor in a graph
+  const long long t0 = clock64();
+  asm volatile("griddepcontrol.launch_dependents;");
+  while (clock64() - t0 < spin) {
+  }
+}
+
+void sm_probe_table(cudaStream_t st, int sms) {
+  std::printf(
+      "## Blocks per SM of one-wave grids (128 threads, 52 KB of dynamic shared memory: at most 4 a SM); plain: on an "
+      "idle GPU; pdl: launched with programmatic serialisation behind a kernel of 8 blocks that runs ~10 us\n\n");
+  std::printf("| grid | launch | SMs with 0 / 1 / 2 / 3 / 4 blocks |\n|---|---|---|\n");
+  constexpr int kSmem = 52 * 1024;
+  CK(cudaFuncSetAttribute(sm_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  int* d = nullptr;
+  CK(cudaMalloc(&d, 4 * sms * sizeof(int)));
+  for (const int grid : {288, 360, 432, 480, 4 * sms}) {
+    if (grid > 4 * sms) continue;
+    for (const bool pdl : {false, true}) {
+      if (pdl) sm_probe_busy<<<8, 32, 0, st>>>(20000);
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(grid));
+      cfg.blockDim = dim3(128);
+      cfg.dynamicSmemBytes = kSmem;
+      cfg.stream = st;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      CK(cudaLaunchKernelEx(&cfg, sm_probe_kernel, d, 60000LL));
+      CK(cudaStreamSynchronize(st));
+      std::vector<int> sm(static_cast<size_t>(grid));
+      CK(cudaMemcpy(sm.data(), d, grid * sizeof(int), cudaMemcpyDeviceToHost));
+      std::vector<int> per(static_cast<size_t>(sms), 0), hist(6, 0);
+      for (const int v : sm)
+        if (v >= 0 && v < sms) ++per[static_cast<size_t>(v)];
+      for (const int n : per) ++hist[static_cast<size_t>(std::min(n, 5))];
+      std::printf("| %d | %s | %d / %d / %d / %d / %d%s |\n", grid, pdl ? "pdl" : "plain", hist[0], hist[1], hist[2],
+                  hist[3], hist[4], hist[5] > 0 ? " (some SM above 4)" : "");
+    }
+  }
+  CK(cudaFree(d));
+  std::fflush(stdout);
+}
+
 void run() {
   di::cuda::init();
   cudaDeviceProp prop;
@@ -412,6 +476,11 @@ void run() {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const double read_gbs = deepinfer::bench::read_ceiling_gbs(st, size_t{2} << 30);
   std::printf("HBM ceiling: read kernel %.0f GB/s\n\n", read_gbs);
+  if (std::getenv("BENCH_SM_PROBE") != nullptr) {  // the block placement table alone
+    sm_probe_table(st, prop.multiProcessorCount);
+    CK(cudaStreamDestroy(st));
+    return;
+  }
 
   struct Shape {
     const char* name;
@@ -732,15 +801,19 @@ void run() {
   // ---- grouped FP4 experts, as the model calls them: w1 + w3 as 2 lists in one launch, w2 as 1 list ---------
   constexpr int kExperts = 384, kTopK = 6;
   constexpr int64_t kDim = 5120, kInter = 2304;
+  // BENCH_GROUPED_TOPK=k: each token of this table routed to k experts (1..64).
+  const char* topk_env = std::getenv("BENCH_GROUPED_TOPK");
+  const int topk_small = topk_env != nullptr ? std::clamp(std::atoi(topk_env), 1, 64) : kTopK;
   std::printf(
       "\n## Grouped FP4 experts (top-%d of %d, uniform routing, fixed seed; one gemv launch per call; w1 + w3: 2 "
       "expert lists over the same x rows; x fake-quantised per 128 columns beforehand and act_quant_block 0, as "
       "gather_rows / swiglu hand it to the model's calls)\n\n",
-      kTopK, kExperts);
+      topk_small, kExperts);
   std::printf(
       "| call | tokens | rows | distinct experts / list | weight MB / call | old us | GB/s | %% of read | new us | "
-      "GB/s | %% of read | mma us | GB/s | %% of read | mma / new | tc us (linear_tc_grouped) | %% of read |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "GB/s | %% of read | mma us | GB/s | %% of read | mma / new | tc us (linear_tc_grouped) | %% of read | mma deal "
+      "1x16 us | mma deal 2x8 us |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   std::vector<di::ops::QWeight> w1(kExperts), w3(kExperts), w2(kExperts);
   for (int e = 0; e < kExperts; ++e) {
@@ -771,7 +844,7 @@ void run() {
   const bool prefill_only = std::getenv("BENCH_GROUPED_PREFILL") != nullptr || exact_only;
   for (const int tokens : {1, 4}) {
     if (large_only || prefill_only) break;
-    const int rows = tokens * kTopK;
+    const int rows = tokens * topk_small;
     // Steps of fresh routing: each call of the graph uses the next step's ids (distinct experts per token).
     constexpr int kRoutings = 64;
     std::mt19937 rng(1000u + static_cast<unsigned>(tokens));
@@ -782,13 +855,13 @@ void run() {
       std::set<int> used;
       for (int t = 0; t < tokens; ++t) {
         std::set<int> mine;
-        for (int k = 0; k < kTopK; ++k) {
+        for (int k = 0; k < topk_small; ++k) {
           int e;
           do e = pick(rng);
           while (mine.count(e));
           mine.insert(e);
           used.insert(e);
-          ids[static_cast<size_t>(r * rows + t * kTopK + k)] = e;
+          ids[static_cast<size_t>(r * rows + t * topk_small + k)] = e;
         }
       }
       distinct += static_cast<double>(used.size());
@@ -818,6 +891,19 @@ void run() {
           di::cuda::gemv_into(ai, st);
         });
       }
+      // fp4_mma_gemv's deal launches (gemv_fp4_mma_set_deal 1: a block of 16 warps per SM, 2: two of 8), where the
+      // call fits them (else the same launch as the mma column).
+      double deal_ms[3] = {0.0, 0.0, 0.0};
+      di::cuda::gemv_set_fp4_variant(4);
+      for (const int deal : {1, 2}) {
+        di::cuda::gemv_fp4_mma_set_deal(deal);
+        deal_ms[deal] = time_calls(st, kRoutings, [&](int i) {
+          di::cuda::GemvArgs ai = a;
+          ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
+          di::cuda::gemv_into(ai, st);
+        });
+      }
+      di::cuda::gemv_fp4_mma_set_deal(-1);
       di::cuda::gemv_set_fp4_variant(0);
       // The tensor-core contract's grouped GEMV on the same call (x quantised per 32 in the kernel: act 32).
       {
@@ -839,11 +925,11 @@ void run() {
       const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[4] / 1e6;
       std::printf(
           "| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2f | %.0f | "
-          "%.0f%% | %.2fx | %.2f | %.0f%% |\n",
+          "%.0f%% | %.2fx | %.2f | %.0f%% | %.2f | %.2f |\n",
           second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
           distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
           100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[2] / ms[4], ms[3] * 1e3,
-          100.0 * bytes / ms[3] / 1e6 / read_gbs);
+          100.0 * bytes / ms[3] / 1e6 / read_gbs, deal_ms[1] * 1e3, deal_ms[2] * 1e3);
       std::fflush(stdout);
     }
   }

@@ -33,7 +33,7 @@ constexpr int kMmaTStride = 20;
 struct MmaSmem {
   int64_t img, kxs, zeros, flags, codes, codes_warp, tbuf, total;
 };
-__host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes_per_warp) {
+__host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes_per_warp, int warps = kMmaWarps) {
   MmaSmem m;
   const int64_t nch = K / 32;
   m.img = 0;
@@ -42,8 +42,8 @@ __host__ __device__ inline MmaSmem mma_smem(int K, int zero_bytes, int64_t codes
   m.flags = m.zeros + zero_bytes;
   m.codes = m.flags + 16;
   m.codes_warp = (codes_per_warp + 15) / 16 * 16;
-  m.tbuf = m.codes + kMmaWarps * m.codes_warp;
-  m.total = m.tbuf + kMmaWarps * 2 * 16 * kMmaTStride * 4;
+  m.tbuf = m.codes + warps * m.codes_warp;
+  m.total = m.tbuf + warps * 2 * 16 * kMmaTStride * 4;
   return m;
 }
 
@@ -141,22 +141,22 @@ __device__ __forceinline__ void mma_fold_flags(int* flags, int lane, bool ok, in
 // columns), a lane per column, 16 chunks' loads in flight; chunk(c, v) (v: column 32 c + lane) builds the chunk's B
 // images and returns its MmaChunk. The warps then fold x_ok, kx min and kx max into flags (mma_fold_flags); the
 // caller's barrier completes them.
-template <typename ChunkFn>
+template <int kWarps = kMmaWarps, typename ChunkFn>
 __device__ __forceinline__ void mma_x_chunks(const float* xr, int nch, int warp, int lane, int* flags,
                                              ChunkFn&& chunk) {
   bool ok = true;
   int kmin = INT_MAX, kmax = INT_MIN;
   constexpr int kBatch = 16;
-  for (int cb = warp; cb < nch; cb += kBatch * kMmaWarps) {
+  for (int cb = warp; cb < nch; cb += kBatch * kWarps) {
     float xv[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int c = cb + u * kMmaWarps;
+      const int c = cb + u * kWarps;
       xv[u] = c < nch ? __ldcg(xr + 32 * c + lane) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int c = cb + u * kMmaWarps;
+      const int c = cb + u * kWarps;
       if (c >= nch) break;  // warp-uniform
       const MmaChunk m = chunk(c, xv[u]);
       ok = ok && m.ok;

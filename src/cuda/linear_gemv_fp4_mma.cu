@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
@@ -56,7 +57,9 @@ namespace {
 
 // This kernel's shared memory (mma_smem): the B images [K / 128 segments][8 lanes][16 words], per chunk (kx + 14) <<
 // 23, 64 zero bytes, and per warp the scale codes of its 16 rows [16][K / 32].
-__host__ __device__ inline MmaSmem fp4_mma_smem(int K) { return mma_smem(K, 64, int64_t{16} * (K / 32)); }
+__host__ __device__ inline MmaSmem fp4_mma_smem(int K, int warps) {
+  return mma_smem(K, 64, int64_t{16} * (K / 32), warps);
+}
 
 // Warps that took the slow path (gemv_fp4_mma_slow_warps: tests check which path ran).
 __device__ unsigned long long g_slow_warps;
@@ -102,11 +105,16 @@ __global__ void __launch_bounds__(256) fp4_mma_images(const float* x, int64_t ld
   if (lane == 0) reinterpret_cast<int*>(out + L.rec)[r * nch + c] = m.ok ? m.kx : INT_MIN;
 }
 
-__global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
+// NW warps a block (4; 16 or 8 in deal mode). DEAL: the block makes one pass, warp w on 16-row group first + w *
+// stride of its x row (first, stride: the block's index among its x row's blocks and their count), so that with a grid
+// of exactly the blocks that fit the GPU at once every SM holds the same number of groups, give or take one
+// (gemv_fp4_mma_set_deal); otherwise the block walks steps of NW * 16 rows, step first, first + stride, ...
+template <int NW, bool DEAL>
+__global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
   extern __shared__ __align__(16) uint8_t smem_b[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, nseg = K / 128, nch = K / 32;
-  const MmaSmem sm = fp4_mma_smem(K);
+  const MmaSmem sm = fp4_mma_smem(K, NW);
   uint32_t* img = reinterpret_cast<uint32_t*>(smem_b + sm.img);  // [nseg][8][16]
   int* kxs = reinterpret_cast<int*>(smem_b + sm.kxs);            // [nch]
   uint32_t* zeros = reinterpret_cast<uint32_t*>(smem_b + sm.zeros);
@@ -130,8 +138,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   uint4 q0[kMmaDepth], q1[kMmaDepth];
   const bool codes8 =
       (reinterpret_cast<uintptr_t>(SC) | static_cast<uintptr_t>(p.lds) | static_cast<uintptr_t>(nch)) % 8 == 0;
+  const int nsteps = DEAL ? first + 1 : p.steps;
   auto begin = [&](int step) {
-    base = step * kMmaRowsPerStep + warp * 16;
+    base = DEAL ? 16 * (first + warp * stride) : step * (16 * NW) + warp * 16;
     if (base >= N) return;  // warp-uniform: this warp has no rows in the step
     const int64_t n0 = min(base + g, N - 1), n1 = min(base + g + 8, N - 1);
     wr0 = W + n0 * p.ldw + 16 * t;
@@ -150,13 +159,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
     }
     cp_async_commit();
   };
-  if (first < p.steps) begin(first);
+  if (first < nsteps) begin(first);
 
   // The row's B images and kx words from the pre-pass (cp.async into this block's shared memory), and whether x
   // qualifies with its kx range (each thread folds a few chunk records, a warp's fold goes to the flags); without a
   // pre-pass the block builds them itself (a warp per chunk, a lane per column).
   if (p.images == nullptr) {
-    mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) { return fp4_chunk_image(c, v, lane, img, kxs); });
+    mma_x_chunks<NW>(xr, nch, warp, lane, flags, [&](int c, float v) { return fp4_chunk_image(c, v, lane, img, kxs); });
   } else {
     const MmaImagesLayout L = fp4_mma_images_layout(p.x_rows > 0 ? p.x_rows : p.M, K);  // the host's xrows
     const int64_t xrow = p.x_rows > 0 ? mt % p.x_rows : mt;
@@ -191,7 +200,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   const uint32_t* crow0 = reinterpret_cast<const uint32_t*>(codes + g * nch);  // the codes of rows g, g + 8
   const uint32_t* crow1 = reinterpret_cast<const uint32_t*>(codes + (g + 8) * nch);
 
-  for (int step = first; step < p.steps; step += stride) {
+  for (int step = first; step < nsteps; step += stride) {
     if (step != first) begin(step);
     if (base >= N) continue;  // warp-uniform; no block barrier below
     cp_async_wait_all();
@@ -303,7 +312,31 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   }
 }
 
+// The deal mode in force: gemv_fp4_mma_set_deal's, else DEEPINFER_CUDA_FP4_DEAL (read once; default 0).
+int g_deal_set = -1;
+int deal_mode() {
+  static const int env = [] {
+    const char* e = std::getenv("DEEPINFER_CUDA_FP4_DEAL");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 ? v : 0;
+  }();
+  return g_deal_set >= 0 ? g_deal_set : env;
+}
+
+// Whether a call runs in deal mode: the mode is on, every x row gets at least one block of the grid that fits the GPU
+// at once, and each block's share of its row's 16-row groups fits its warps.
+bool fp4_mma_deal_fits(const GemvArgs& a) {
+  const int per_sm = deal_mode();
+  if (per_sm == 0) return false;
+  const int64_t per_mt = int64_t{sm_count()} * per_sm / a.M, groups = (a.N + 15) / 16;
+  return per_mt >= 1 && (groups + per_mt - 1) / per_mt <= 16 / per_sm;
+}
+
 }  // namespace
+
+void gemv_fp4_mma_set_deal(int mode) { g_deal_set = mode == 1 || mode == 2 ? mode : mode == 0 ? 0 : -1; }
+
+bool gemv_fp4_mma_deal_taken(const GemvArgs& a) { return fp4_mma_deal_fits(a); }
 
 bool gemv_fp4_mma_supported(const GemvArgs& a) {
   if (a.fmt != 1 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
@@ -325,16 +358,36 @@ void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   // the bench's graph, a GEMV's prologue overlaps the previous call's tail; behind the pre-pass it cannot). Both
   // prologues build the same images, so the choice never changes a bit.
   constexpr int64_t kPrepassMaxRows = 8;
+  auto go = [&](const uint8_t* images) {
+    if (fp4_mma_deal_fits(a)) {
+      const int per_sm = deal_mode(), nw = 16 / per_sm;
+      const int64_t per_mt = int64_t{sm_count()} * per_sm / a.M, groups = (a.N + 15) / 16;
+      MmaParams p = {};
+      copy_gemv_args(a, p);
+      p.images = images;
+      p.mtiles = a.M;
+      p.steps = static_cast<int>((groups + per_mt - 1) / per_mt);  // groups per block, at most nw
+      auto kernel = per_sm == 1 ? fp4_mma_gemv<16, true> : fp4_mma_gemv<8, true>;
+      const int64_t smem = fp4_mma_smem(a.K, nw).total;
+      DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= per_sm,
+               "cuda::gemv: fp4_mma_gemv's deal mode does not fit {} blocks of {} warps on an SM (K {})", per_sm, nw,
+               a.K);
+      launch_pdl(kernel, dim3(static_cast<unsigned>(a.M * per_mt)), 32 * nw, smem, stream, p);
+    } else {
+      mma_launch(fp4_mma_gemv<kMmaWarps, false>, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K, kMmaWarps).total,
+                 stream, images);
+    }
+  };
   const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M, nch = a.K / 32;
   if (xrows > kPrepassMaxRows) {
-    mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
+    go(nullptr);
     return;
   }
   const Tensor scratch = call_scratch(static_cast<size_t>(fp4_mma_images_layout(xrows, a.K).total));
   uint8_t* images = static_cast<uint8_t*>(scratch.raw());
   launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
              a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images);
-  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images);
+  go(images);
 }
 
 }  // namespace deepinfer::cuda

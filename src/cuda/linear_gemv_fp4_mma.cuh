@@ -20,6 +20,15 @@ bool gemv_fp4_mma_supported(const GemvArgs& a);
 // Launches fp4_mma_gemv. Preconditions: gemv_fp4_mma_supported(a), a.M > 0, a.N > 0.
 void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream);
 
+// Deal mode, an A/B switch (DEEPINFER_CUDA_FP4_DEAL; default 0, off): 1 runs calls that fit one wave as one block of 16
+// warps per SM, 2 as two blocks of 8 per SM, each block on an equal share of its x row's 16-row groups, instead of
+// blocks of 4 warps on 64-row steps that the GPU places where it likes (bench/RESULTS.md, forty-first session: at one
+// token the call's time hardly grows with its work until a second wave, as if some SMs held four blocks while others
+// idled). The same bits in every mode. Tests and benches: gemv_fp4_mma_set_deal(0 / 1 / 2; -1 back to the variable);
+// gemv_fp4_mma_deal_taken: whether a call would run in deal mode now.
+void gemv_fp4_mma_set_deal(int mode);
+bool gemv_fp4_mma_deal_taken(const GemvArgs& a);
+
 // Tests: how many warps (16 weight rows each) took the scalar slow path since the last reset (synchronises the
 // device); reset: set the count back to 0.
 int64_t gemv_fp4_mma_slow_warps(bool reset = false);
