@@ -611,7 +611,7 @@ struct MmaKernel {
   void (*into)(const di::cuda::GemvArgs&, cudaStream_t);
   int64_t (*slow_warps)(bool);
   std::string (*hang)() = nullptr;
-  std::function<std::string(const di::cuda::GemvArgs&)> launch_check;
+  std::function<std::string(const di::cuda::GemvArgs&)> launch_check = {};
 };
 std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& wd, const di::Tensor& x,
                       const di::Tensor& ids, int x_rows, int n_experts, const di::Tensor& want,
