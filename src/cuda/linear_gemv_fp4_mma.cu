@@ -323,13 +323,28 @@ int deal_mode() {
   return g_deal_set >= 0 ? g_deal_set : env;
 }
 
-// Whether a call runs in deal mode: the mode is on, every x row gets at least one block of the grid that fits the GPU
-// at once, and each block's share of its row's 16-row groups fits its warps.
-bool fp4_mma_deal_fits(const GemvArgs& a) {
-  const int per_sm = deal_mode();
-  if (per_sm == 0) return false;
-  const int64_t per_mt = int64_t{sm_count()} * per_sm / a.M, groups = (a.N + 15) / 16;
-  return per_mt >= 1 && (groups + per_mt - 1) / per_mt <= 16 / per_sm;
+// A call's deal launch: per_sm blocks of nw warps on every SM, per_mt of them per x row.
+struct DealLaunch {
+  void (*kernel)(MmaParams);
+  int per_sm, nw;
+  int64_t per_mt, smem;
+};
+
+// Whether a call runs in deal mode: the mode is on, per_sm blocks of its shape fit an SM, every x row gets at least
+// one block of the grid that fits the GPU at once, and each block's share of its row's 16-row groups fits its warps.
+bool fp4_mma_deal_fits(const GemvArgs& a, DealLaunch* out = nullptr) {
+  DealLaunch d;
+  d.per_sm = deal_mode();
+  if (d.per_sm == 0) return false;
+  d.nw = 16 / d.per_sm;
+  d.kernel = d.per_sm == 1 ? fp4_mma_gemv<16, true> : fp4_mma_gemv<8, true>;
+  d.per_mt = int64_t{sm_count()} * d.per_sm / a.M;
+  d.smem = fp4_mma_smem(a.K, d.nw).total;
+  const int64_t groups = (a.N + 15) / 16;
+  if (d.per_mt < 1 || (groups + d.per_mt - 1) / d.per_mt > d.nw) return false;
+  if (gemv_blocks_per_sm(reinterpret_cast<const void*>(d.kernel), 32 * d.nw, d.smem) < d.per_sm) return false;
+  if (out != nullptr) *out = d;
+  return true;
 }
 
 }  // namespace
@@ -359,20 +374,14 @@ void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   // prologues build the same images, so the choice never changes a bit.
   constexpr int64_t kPrepassMaxRows = 8;
   auto go = [&](const uint8_t* images) {
-    if (fp4_mma_deal_fits(a)) {
-      const int per_sm = deal_mode(), nw = 16 / per_sm;
-      const int64_t per_mt = int64_t{sm_count()} * per_sm / a.M, groups = (a.N + 15) / 16;
+    DealLaunch d;
+    if (fp4_mma_deal_fits(a, &d)) {
       MmaParams p = {};
       copy_gemv_args(a, p);
       p.images = images;
       p.mtiles = a.M;
-      p.steps = static_cast<int>((groups + per_mt - 1) / per_mt);  // groups per block, at most nw
-      auto kernel = per_sm == 1 ? fp4_mma_gemv<16, true> : fp4_mma_gemv<8, true>;
-      const int64_t smem = fp4_mma_smem(a.K, nw).total;
-      DI_CHECK(gemv_blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw, smem) >= per_sm,
-               "cuda::gemv: fp4_mma_gemv's deal mode does not fit {} blocks of {} warps on an SM (K {})", per_sm, nw,
-               a.K);
-      launch_pdl(kernel, dim3(static_cast<unsigned>(a.M * per_mt)), 32 * nw, smem, stream, p);
+      p.steps = 1;  // one pass per block (the kernel's DEAL)
+      launch_pdl(d.kernel, dim3(static_cast<unsigned>(a.M * d.per_mt)), 32 * d.nw, d.smem, stream, p);
     } else {
       mma_launch(fp4_mma_gemv<kMmaWarps, false>, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K, kMmaWarps).total,
                  stream, images);
