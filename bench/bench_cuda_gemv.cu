@@ -882,14 +882,15 @@ void run() {
       di::cuda::GemvArgs a = grouped_fp4_args(second ? w2[0] : w1[0], x, y, lists, second ? w2t : w13t,
                                               second ? w2s : w13s, ids_d, kExperts);
       DI_CHECK(di::cuda::gemv_supported(a), "gemv does not support the grouped call");
+      auto routed_call = [&](int i) {  // call i of the graph: routing step i's ids
+        di::cuda::GemvArgs ai = a;
+        ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
+        di::cuda::gemv_into(ai, st);
+      };
       double ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
       for (const int variant : {1, 2, 4}) {
         di::cuda::gemv_set_fp4_variant(variant);
-        ms[variant] = time_calls(st, kRoutings, [&](int i) {
-          di::cuda::GemvArgs ai = a;
-          ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
-          di::cuda::gemv_into(ai, st);
-        });
+        ms[variant] = time_calls(st, kRoutings, routed_call);
       }
       // fp4_mma_gemv's deal launches (gemv_fp4_mma_set_deal 1: a block of 16 warps per SM, 2: two of 8), where the
       // call fits them (else the same launch as the mma column).
@@ -897,11 +898,7 @@ void run() {
       di::cuda::gemv_set_fp4_variant(4);
       for (const int deal : {1, 2}) {
         di::cuda::gemv_fp4_mma_set_deal(deal);
-        deal_ms[deal] = time_calls(st, kRoutings, [&](int i) {
-          di::cuda::GemvArgs ai = a;
-          ai.row_expert = ids_d + static_cast<int64_t>(i) * rows;
-          di::cuda::gemv_into(ai, st);
-        });
+        deal_ms[deal] = time_calls(st, kRoutings, routed_call);
       }
       di::cuda::gemv_fp4_mma_set_deal(-1);
       di::cuda::gemv_set_fp4_variant(0);
