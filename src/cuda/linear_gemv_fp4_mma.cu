@@ -40,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -313,14 +314,15 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
 }
 
 // The deal mode in force: gemv_fp4_mma_set_deal's, else DEEPINFER_CUDA_FP4_DEAL (read once; default 0).
-int g_deal_set = -1;
+std::atomic<int> g_deal_set{-1};  // atomic as gemv_set_fp4_variant's: set by tests, read by launches
 int deal_mode() {
   static const int env = [] {
     const char* e = std::getenv("DEEPINFER_CUDA_FP4_DEAL");
     const int v = e != nullptr ? std::atoi(e) : 0;
     return v == 1 || v == 2 ? v : 0;
   }();
-  return g_deal_set >= 0 ? g_deal_set : env;
+  const int set = g_deal_set.load(std::memory_order_relaxed);
+  return set >= 0 ? set : env;
 }
 
 // A call's deal launch: per_sm blocks of nw warps on every SM, per_mt of them per x row.
@@ -349,7 +351,9 @@ bool fp4_mma_deal_fits(const GemvArgs& a, DealLaunch* out = nullptr) {
 
 }  // namespace
 
-void gemv_fp4_mma_set_deal(int mode) { g_deal_set = mode == 1 || mode == 2 ? mode : mode == 0 ? 0 : -1; }
+void gemv_fp4_mma_set_deal(int mode) {
+  g_deal_set.store(mode == 1 || mode == 2 ? mode : mode == 0 ? 0 : -1, std::memory_order_relaxed);
+}
 
 bool gemv_fp4_mma_deal_taken(const GemvArgs& a) { return fp4_mma_deal_fits(a); }
 
