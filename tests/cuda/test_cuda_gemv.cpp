@@ -662,7 +662,8 @@ std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& w
 // pass it (the FP4 cases above mostly send it to its slow path: in-kernel act quant is not its call, raw x is not
 // exact in fp16). Each case states how many warps must take the slow path (gemv_fp4_mma_slow_warps), so a fast
 // path that silently stopped running fails too. Every case runs in each deal mode (gemv_fp4_mma_set_deal: off, one
-// block of 16 warps per SM, two of 8); the one-token grouped calls must take the deal launch when it is on.
+// block of 16 warps per SM, two of 8, claim with four blocks of 4 warps and two of 7); the one-token grouped calls must
+// take the deal launch when it is on, and every call of at most 8 x rows the claim launch.
 void test_fp4_mma() {
   uint32_t seed = 9900;
   struct Case {
@@ -684,14 +685,12 @@ void test_fp4_mma() {
       {"grouped 4 tokens x q128", 2304, 5120, 128, 104, 127, 2, 16, 24, false, 0},
       {"dense scale codes 255 / 253 / 0 in three rows", 600, 1024, 128, 110, 127, 0, 0, 1, false, 1},
   };
-  for (const int deal : {0, 1, 2})
+  const char* const mode_names[] = {"", " [deal 1x16]", " [deal 2x8]", " [claim 4x4]", " [claim 2x7]"};
+  for (const int deal : {0, 1, 2, 3, 4})
     for (const Case& c : cases) {
       char name[300];
-      std::snprintf(name, sizeof name, "gemv fp4 mma%s %s N=%lld K=%lld lists=%d rows=%d",
-                    deal == 0   ? ""
-                    : deal == 1 ? " [deal 1x16]"
-                                : " [deal 2x8]",
-                    c.what, static_cast<long long>(c.N), static_cast<long long>(c.K), c.lists, c.rows);
+      std::snprintf(name, sizeof name, "gemv fp4 mma%s %s N=%lld K=%lld lists=%d rows=%d", mode_names[deal], c.what,
+                    static_cast<long long>(c.N), static_cast<long long>(c.K), c.lists, c.rows);
       di::cuda::gemv_fp4_mma_set_deal(deal);
       run_case(name, [&]() -> std::string {
         const int L = std::max(c.lists, 1), E = c.lists > 0 ? c.experts : 1, R = c.rows, M = c.lists > 0 ? L * R : R;
@@ -727,14 +726,16 @@ void test_fp4_mma() {
                       static_cast<size_t>(c.N) * 4);
         }
         MmaKernel k{di::cuda::gemv_fp4_mma_supported, di::cuda::gemv_fp4_mma_into, di::cuda::gemv_fp4_mma_slow_warps};
-        // One token's top-6 (w1 + w3: 12 x rows of 144 groups; w2: 6 of 320) fits the deal launch on 120+ SMs.
+        // One token's top-6 (w1 + w3: 12 x rows of 144 groups; w2: 6 of 320) fits the deal launch on 120+ SMs; the
+        // claim launch takes every call with the x pre-pass (at most 8 x rows).
         int sms = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-        const bool want_deal = deal != 0 && c.lists > 0 && c.rows == 6 && sms >= 120;
+        const bool want_deal =
+            deal >= 3 ? c.rows <= 8 && sms >= 16 : deal != 0 && c.lists > 0 && c.rows == 6 && sms >= 120;
         k.launch_check = [&](const di::cuda::GemvArgs& a) -> std::string {
           const bool taken = di::cuda::gemv_fp4_mma_deal_taken(a);
           if (deal == 0 && taken) return "deal mode taken while off";
-          if (want_deal && !taken) return "deal mode not taken";
+          if (want_deal && !taken) return "deal / claim mode not taken";
           return std::string();
         };
         return check_mma(k, wd, x, ids, c.lists > 0 ? R : 0, E, want, o, c.slow);
