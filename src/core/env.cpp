@@ -52,6 +52,16 @@ const std::vector<EnvVar>& env_vars() {
        "rows take fp8_wgmma_gemv, the rows' diagonals sharing one MMA per tile; 1 keeps it at one row of x (on "
        "16,384+ rows); same bits either way",
        true},
+      {"DEEPINFER_CUDA_FP4_DEAL", "0",
+       "tuning (A/B): how fp4_mma_gemv launches its one-wave calls (the routed experts at decode batch 1): 0 blocks of "
+       "4 warps placed by the GPU; 1 / 2 one block of 16 / two of 8 warps per SM, each on an equal share of its x "
+       "row's 16-row groups; 3 / 4 four blocks of 4 / two of 7 warps per SM whose warps claim the next group from a "
+       "counter (calls of at most 8 x rows); same bits in every mode",
+       true},
+      {"DEEPINFER_CUDA_SIDE_ROWS", "4",
+       "tuning (A/B): decode steps of at most this many rows run independent work (the shared expert beside the "
+       "routed experts, the attention's side projections) on a second CUDA stream; 0 never; same bits either way",
+       true},
       {"DEEPINFER_CUDA_GRAPHS", "1",
        "1 replays the decode step's dense pieces (between two attentions) as CUDA graphs, one set per batch size of "
        "at most DEEPINFER_CUDA_GRAPH_MAX_BATCH rows (captured at its second step); 0 launches every kernel; same bits "

@@ -43,8 +43,8 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -348,9 +348,9 @@ std::atomic<int> g_deal_set{-1};  // atomic as gemv_set_fp4_variant's: set by te
 bool deal_mode_valid(int v) { return v >= 0 && v <= 4; }
 int deal_mode() {
   static const int env = [] {
-    const char* e = std::getenv("DEEPINFER_CUDA_FP4_DEAL");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return deal_mode_valid(v) ? v : 0;
+    const int64_t v = env_int("DEEPINFER_CUDA_FP4_DEAL", 0);
+    DI_CHECK(deal_mode_valid(static_cast<int>(v)), "DEEPINFER_CUDA_FP4_DEAL must be 0 .. 4 (got {})", v);
+    return static_cast<int>(v);
   }();
   const int set = g_deal_set.load(std::memory_order_relaxed);
   return set >= 0 ? set : env;

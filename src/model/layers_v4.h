@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/env.h"
 #include "model/model.h"
 
 namespace deepinfer {
@@ -28,12 +29,12 @@ inline bool run_grouped(int64_t rows, Device device) {
   return device == Device::kCUDA && rows <= MoeWeights::kGroupedRowsMax;
 }
 // Whether independent work over these rows runs as ops::SideWork beside the main stream: decode steps of up to
-// kSideRowsMax rows, whose GEMVs leave HBM bandwidth unused (V4.1 batch 1 / 2 / 4: 1.44 / 2.25 / 3.68 -> 1.37 /
-// 2.16 / 3.58 ms; at batch 8 and 32 the concurrent GEMVs measured 9% and 32% slower, each sized to fill the GPU
-// alone).
+// DEEPINFER_CUDA_SIDE_ROWS (4) rows, whose GEMVs leave HBM bandwidth unused (V4.1 batch 1 / 2 / 4: 1.44 / 2.25 /
+// 3.68 -> 1.37 / 2.16 / 3.58 ms; at batch 8 and 32 the concurrent GEMVs measured 9% and 32% slower, each sized to
+// fill the GPU alone). The variable is for A/B runs of kernels that assume the whole GPU (DEEPINFER_CUDA_FP4_DEAL).
 inline bool run_beside(int64_t rows) {
-  constexpr int64_t kSideRowsMax = 4;
-  return rows <= kSideRowsMax;
+  static const int64_t side_rows_max = env_int("DEEPINFER_CUDA_SIDE_ROWS", 0);
+  return rows <= side_rows_max;
 }
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
