@@ -349,7 +349,7 @@ bool deal_mode_valid(int v) { return v >= 0 && v <= 4; }
 int deal_mode() {
   static const int env = [] {
     const int64_t v = env_int("DEEPINFER_CUDA_FP4_DEAL", 0);
-    DI_CHECK(deal_mode_valid(static_cast<int>(v)), "DEEPINFER_CUDA_FP4_DEAL must be 0 .. 4 (got {})", v);
+    DI_CHECK(v <= 4, "DEEPINFER_CUDA_FP4_DEAL must be 0 .. 4 (got {})", v);
     return static_cast<int>(v);
   }();
   const int set = g_deal_set.load(std::memory_order_relaxed);
