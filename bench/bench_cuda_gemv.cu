@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/fp_decode.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
@@ -409,9 +410,10 @@ void grouped_exact_table(cudaStream_t st, const std::vector<di::ops::QWeight>& w
 // Each block records its SM and spins ~30 us, so that the whole grid is resident at once; blocks of 128 threads with
 // 52 KB of dynamic shared memory (4 a SM, as fp4_mma_gemv's 4-warp blocks are held to 4 by their
 // registers). Why: fp4_mma_gemv at one token took as long for top-4 as for top-6 (bench/RESULTS.md, forty-first
-// session), which fits a GPU that fills some SMs to four blocks and leaves others idle.
+// session), which would fit a GPU that fills some SMs to four blocks and leaves others idle; it spreads them
+// round-robin instead (forty-second session).
 __global__ void sm_probe_kernel(int* sm_of_block, long long spin) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  di::cuda::pdl_wait();
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   if (threadIdx.x == 0) sm_of_block[blockIdx.x] = static_cast<int>(smid);
@@ -421,7 +423,7 @@ __global__ void sm_probe_kernel(int* sm_of_block, long long spin) {
 }
 __global__ void sm_probe_busy(long long spin) {  // a kernel ahead of the probe, as a GEMV's predecessor in a graph
   const long long t0 = clock64();
-  asm volatile("griddepcontrol.launch_dependents;");
+  di::cuda::pdl_launch_dependents();
   while (clock64() - t0 < spin) {
   }
 }

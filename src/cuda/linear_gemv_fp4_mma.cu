@@ -345,11 +345,12 @@ int64_t x_rows_of(const GemvArgs& a) { return a.x_rows > 0 ? a.x_rows : a.M; }
 
 // The deal mode in force: gemv_fp4_mma_set_deal's, else DEEPINFER_CUDA_FP4_DEAL (read once; default 0).
 std::atomic<int> g_deal_set{-1};  // atomic as gemv_set_fp4_variant's: set by tests, read by launches
-bool deal_mode_valid(int v) { return v >= 0 && v <= 4; }
+constexpr int kDealModes = 5;     // 0 off, 1 / 2 deal, 3 / 4 claim
+bool deal_mode_valid(int64_t v) { return v >= 0 && v < kDealModes; }
 int deal_mode() {
   static const int env = [] {
     const int64_t v = env_int("DEEPINFER_CUDA_FP4_DEAL", 0);
-    DI_CHECK(v <= 4, "DEEPINFER_CUDA_FP4_DEAL must be 0 .. 4 (got {})", v);
+    DI_CHECK(deal_mode_valid(v), "DEEPINFER_CUDA_FP4_DEAL must be 0 .. {} (got {})", kDealModes - 1, v);
     return static_cast<int>(v);
   }();
   const int set = g_deal_set.load(std::memory_order_relaxed);
@@ -407,16 +408,16 @@ void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp4_mma_supported(a), "cuda::gemv: fp4_mma_gemv does not take this call (N {}, K {}, M {})", a.N, a.K,
            a.M);
   DealLaunch d;
-  const bool deal = fp4_mma_deal_fits(a, &d);
+  const bool deal = fp4_mma_deal_fits(a, &d), claim = deal && d.claim;
   const int64_t xrows = x_rows_of(a), nch = a.K / 32;
   const uint8_t* images = nullptr;
   int* claims = nullptr;
   Tensor scratch;                  // held until both launches are queued
   if (xrows <= kPrepassMaxRows) {  // the x pre-pass (kPrepassMaxRows), with the claim counters after its images
     const int64_t img_bytes = (fp4_mma_images_layout(xrows, a.K).total + 15) / 16 * 16;
-    scratch = call_scratch(static_cast<size_t>(img_bytes + (deal && d.claim ? 4 * a.M : 0)));
+    scratch = call_scratch(static_cast<size_t>(img_bytes + (claim ? 4 * a.M : 0)));
     images = static_cast<const uint8_t*>(scratch.raw());
-    if (deal && d.claim) claims = reinterpret_cast<int*>(static_cast<uint8_t*>(scratch.raw()) + img_bytes);
+    if (claim) claims = reinterpret_cast<int*>(static_cast<uint8_t*>(scratch.raw()) + img_bytes);
     launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
                a.x, static_cast<int64_t>(a.ldx), xrows, a.K, static_cast<uint8_t*>(scratch.raw()), claims,
                claims != nullptr ? a.M : 0);
