@@ -58,6 +58,11 @@ const std::vector<EnvVar>& env_vars() {
        "row's 16-row groups; 3 / 4 four blocks of 4 / two of 7 warps per SM whose warps claim the next group from a "
        "counter (calls of at most 8 x rows); same bits in every mode",
        true},
+      {"DEEPINFER_CUDA_WHOLE_TABLES", "0",
+       "A/B: 1 gathers every row of a layer's state (window rows, compressed entries, index keys) into one table per "
+       "CUDA decode step, as before; 0 (default) gathers only the rows the attention's index lists name (at most "
+       "window + index_topk a query row) and lets the indexers read their keys where they are; same bits either way",
+       true},
       {"DEEPINFER_CUDA_SIDE_ROWS", "4",
        "tuning (A/B): decode steps of at most this many rows run independent work (the shared expert beside the "
        "routed experts, the attention's side projections) on a second CUDA stream; 0 never; same bits either way",

@@ -37,6 +37,90 @@ unsigned grid_for(int64_t n, int threads) { return static_cast<unsigned>((n + th
 __device__ __forceinline__ float exp_f(float x) { return __double2float_rn(exp(static_cast<double>(x))); }
 __device__ __forceinline__ float log1p_f(float x) { return __double2float_rn(log1p(static_cast<double>(x))); }
 
+// ---- a table's rows, contiguous or as runs (ops::RowSegment) ------------------------------------------------------
+// What index_scores' decode kernel and gather_listed read: row j of a table of `width` floats a row. TableRows: one
+// contiguous table. ParamRuns / UploadedRuns: runs laid end to end (a window ring's runs, a chunk's new rows, a paged
+// store's 64-row pages), their table in the launch's parameters (up to kParamRuns) or uploaded (first rows [n + 1],
+// then the source pointers [n]); row j is found by a binary search over the first rows (the same on every lane).
+struct TableRows {
+  const float* base;
+  __device__ const float* row(int64_t j, int width) const { return base + j * width; }
+};
+
+template <class Runs>
+__device__ __forceinline__ const float* run_row(const Runs& r, int64_t j, int width) {
+  int lo = 0, hi = r.n - 1;  // the last run whose first row is <= j
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (r.start(mid) <= j)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return r.at(lo) + (j - r.start(lo)) * width;
+}
+
+constexpr int kParamRuns = 16;  // runs whose table travels in the launch's parameters (a short context's table)
+
+struct ParamRuns {
+  const float* src[kParamRuns];
+  int64_t first[kParamRuns + 1];
+  int n;
+  __device__ int64_t start(int i) const { return first[i]; }
+  __device__ const float* at(int i) const { return src[i]; }
+  __device__ const float* row(int64_t j, int width) const { return run_row(*this, j, width); }
+};
+struct UploadedRuns {
+  const int64_t* first;
+  int n;
+  __device__ int64_t start(int i) const { return first[i]; }
+  __device__ const float* at(int i) const {
+    return reinterpret_cast<const float*>(static_cast<uintptr_t>(first[n + 1 + i]));
+  }
+  __device__ const float* row(int64_t j, int width) const { return run_row(*this, j, width); }
+};
+
+// The non-empty runs of `segments` as one of the two run tables (the uploaded one's device copy kept in `keep` until
+// the launch is queued), and whether every run starts 16-byte aligned; rows: their total.
+struct RunTables {
+  std::vector<ops::RowSegment> runs;
+  bool aligned = true;
+  int64_t rows = 0;
+  ParamRuns param{};
+  UploadedRuns uploaded{};
+  Tensor keep;
+  bool in_params() const { return runs.size() <= static_cast<size_t>(kParamRuns); }
+};
+RunTables run_tables(const std::vector<ops::RowSegment>& segments, int64_t width) {
+  RunTables t;
+  for (const ops::RowSegment& r : segments)
+    if (r.rows > 0) {
+      side_join_if_reads(r.src, static_cast<size_t>(r.rows * width) * sizeof(float));  // as copy_rows
+      t.runs.push_back(r);
+      t.aligned = t.aligned && reinterpret_cast<uintptr_t>(r.src) % 16 == 0;
+      t.rows += r.rows;
+    }
+  const int n = static_cast<int>(t.runs.size());
+  if (t.in_params()) {
+    t.param.n = n;
+    for (int i = 0; i < n; ++i) {
+      t.param.src[i] = t.runs[i].src;
+      t.param.first[i + 1] = t.param.first[i] + t.runs[i].rows;
+    }
+    return t;
+  }
+  Tensor table = Tensor::empty({2 * static_cast<int64_t>(n) + 1}, DType::kI64);
+  int64_t* p = table.data<int64_t>();
+  p[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    p[i + 1] = p[i] + t.runs[i].rows;
+    p[n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.runs[i].src));
+  }
+  t.keep = table.to(Device::kCUDA);  // queued without a synchronisation; lives until the launch
+  t.uploaded = UploadedRuns{t.keep.data<int64_t>(), n};
+  return t;
+}
+
 // ---- index_scores ----------------------------------------------------------------------------------
 constexpr int kKeys = 128;   // keys per block, one per thread
 constexpr int kQueries = 8;  // queries per block
@@ -129,8 +213,9 @@ constexpr int kDecHeads = 64;            // heads per block (2 per lane)
 constexpr int kTermPad = kDecHeads + 1;  // term rows, padded against bank conflicts
 constexpr int kDecMaxQueries = 16;       // at most this many queries take this kernel
 
+template <class Rows>
 __global__ void __launch_bounds__(kDecThreads)
-    index_scores_decode_kernel(const float* q, const float* keys, const float* w, const int32_t* counts,
+    index_scores_decode_kernel(const float* q, const __grid_constant__ Rows keys, const float* w, const int32_t* counts,
                                const int32_t* offsets, int64_t start_pos, int64_t ratio, int N, int W, int nh, int d,
                                int slice, bool round, float* out) {
   pdl_wait();
@@ -172,10 +257,17 @@ __global__ void __launch_bounds__(kDecThreads)
   for (int g = first + warp; g < vis_groups; g += stride) {
     const int j0 = g * kWarpKeys;
     const int nk = min(kWarpKeys, W - j0), nload = min(kWarpKeys, vis - j0);  // columns written, keys read
-    const float4* kg = reinterpret_cast<const float4*>(keys + (static_cast<int64_t>(off) + j0) * d);
-    __syncwarp();  // the previous group's terms consumed
-    for (int idx = lane; idx < kWarpKeys * dq; idx += 32)
-      ks[idx] = idx < nload * dq ? kg[idx] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // Lane kk < nload finds key j0 + kk's row (the group's keys may lie in two runs); every lane then copies its
+    // float4s of the group, each taking its key's row from that key's lane.
+    const float* mine = lane < nload ? keys.row(static_cast<int64_t>(off) + j0 + lane, d) : nullptr;
+    const unsigned long long mine_bits = reinterpret_cast<uintptr_t>(mine);
+    __syncwarp();                                            // the previous group's terms consumed
+    for (int base = 0; base < kWarpKeys * dq; base += 32) {  // a uniform trip count: every lane shuffles
+      const int idx = base + lane, kk = min(idx / dq, kWarpKeys - 1);
+      const float4* kr =
+          reinterpret_cast<const float4*>(static_cast<uintptr_t>(__shfl_sync(0xffffffffu, mine_bits, kk)));
+      if (idx < kWarpKeys * dq) ks[idx] = kk < nload ? kr[idx - kk * dq] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     __syncwarp();
     float acc0[kWarpKeys], acc1[kWarpKeys];
 #pragma unroll
@@ -740,16 +832,17 @@ __global__ void __launch_bounds__(32 * kRenormWarps)
 
 }  // namespace
 
-Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round) {
-  const char* op = "cuda::index_scores";
+namespace {
+
+// index_scores' argument checks for keys of N rows of d floats (a table or runs); returns the result's columns.
+int64_t index_scores_checks(const char* op, const Tensor& q, int64_t N, int64_t d, const Tensor& w,
+                            const ops::KeyVisibility& vis) {
   check_f32(q, op, "q");
-  check_f32(keys, op, "keys");
   check_f32(w, op, "w");
-  DI_CHECK(keys.dim() == 2 && w.dim() == 2 && q.dim() >= 2, "{}: expected keys [N, d], w [T, heads], got {}, {}", op,
-           keys.describe(), w.describe());
-  const int64_t T = q.size(0), N = keys.size(0), d = keys.size(1), nh = w.size(1);
-  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "{}: q {} does not match w {} and keys {}", op, q.describe(),
-           w.describe(), keys.describe());
+  DI_CHECK(w.dim() == 2 && q.dim() >= 2, "{}: expected w [T, heads], got {}", op, w.describe());
+  const int64_t T = q.size(0), nh = w.size(1);
+  DI_CHECK(w.size(0) == T && q.numel() == T * nh * d, "{}: q {} does not match w {} and keys of width {}", op,
+           q.describe(), w.describe(), d);
   DI_CHECK(vis.counts.defined() || vis.ratio > 0, "{}: ratio {} must be positive", op, vis.ratio);
   if (vis.counts.defined()) check_ids(vis.counts, T, op, "counts");
   const bool offs = vis.offsets.defined();
@@ -758,53 +851,102 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
     DI_CHECK(vis.counts.defined() && vis.width >= 0 && vis.width < (int64_t{1} << 31),
              "{}: offsets need counts and a width in [0, 2^31) (got {})", op, vis.width);
   }
-  const int64_t W = offs ? vis.width : N;  // the result's columns
-  if (T == 0) return Tensor::empty({0, W}, DType::kF32, Device::kCUDA);
   DI_CHECK(N < (int64_t{1} << 31) && T < (int64_t{1} << 24) * kQueries, "{}: [{}, {}] is too large", op, T, N);
-  // Few queries: the head-parallel kernel (same values, more parallelism for one query).
+  return offs ? vis.width : N;
+}
+
+// Few queries: the head-parallel decode kernel over `keys` (N rows of d floats; keys_aligned: every row 16-byte
+// aligned). Returns an undefined tensor when the call does not fit it (the caller takes the other kernel); rows over
+// their own keys (offsets) must fit it.
+template <class Rows>
+Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bool keys_aligned, int64_t N, int64_t d,
+                           const Tensor& w, const ops::KeyVisibility& vis, bool round) {
+  const int64_t T = q.size(0), nh = w.size(1);
+  const bool offs = vis.offsets.defined();
+  const int64_t W = offs ? vis.width : N;  // the result's columns
+  const bool aligned = reinterpret_cast<uintptr_t>(q.data<float>()) % 16 == 0 && keys_aligned;
+  const int64_t slice = std::max<int64_t>(kWarpKeys * d, kWarpKeys * kTermPad);  // floats per warp
+  const size_t dsmem = static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
+                       static_cast<size_t>(kDecWarps * slice) * sizeof(float);
+  // Rows over their own keys (offsets) always take it: the other kernel shares its keys between queries.
+  const int64_t max_rows = offs ? 65535 : kDecMaxQueries;
+  const bool fits = nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned && dsmem <= static_cast<size_t>(smem_optin());
+  DI_CHECK(!offs || (fits && T <= max_rows),
+           "{}: rows over their own keys need <= {} heads, d % 4 == 0, aligned rows and <= {} rows (got {} heads, d "
+           "{}, {} rows)",
+           op, kDecHeads, max_rows, nh, d, T);
+  if (T < 1 || T > max_rows || !fits) return Tensor();
+  static size_t dec_configured = 48 * 1024;  // per instance of the kernel, as these statics are
+  if (dsmem > dec_configured) {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel<Rows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(dsmem)));
+    dec_configured = dsmem;
+  }
+  static size_t occ_smem = 0;
+  static int occ_blocks = 1;
+  if (occ_smem != dsmem) {
+    int b = 0;
+    DI_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, index_scores_decode_kernel<Rows>, kDecThreads, dsmem));
+    occ_blocks = std::max(b, 1);
+    occ_smem = dsmem;
+  }
+  Tensor out = Tensor::empty({T, W}, DType::kF32, Device::kCUDA);
+  if (W == 0) return out;
+  const int64_t groups = (W + kWarpKeys - 1) / kWarpKeys;
+  const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
+  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(sm_count()) * occ_blocks / T);
+  const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
+  launch_pdl(index_scores_decode_kernel<Rows>, grid, kDecThreads, dsmem, nullptr, q.data<float>(), keys,
+             w.data<float>(), vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr,
+             offs ? vis.offsets.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(N),
+             static_cast<int>(W), static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round,
+             out.data<float>());
+  DI_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
+}  // namespace
+
+Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
+                         const ops::KeyVisibility& vis, bool round) {
+  const char* op = "cuda::index_scores";
+  DI_CHECK(d > 0 && q.defined(), "{}: key width {}", op, d);
+  // The decode kernel's calls read the keys where they are; the other kernel reads one table (a block's queries share
+  // its keys), gathered first.
+  if (q.size(0) >= 1 && (vis.offsets.defined() || q.size(0) <= kDecMaxQueries)) {
+    const RunTables t = run_tables(segments, d);
+    index_scores_checks(op, q, t.rows, d, w, vis);
+    const bool aligned = t.aligned && d % 4 == 0;
+    const Tensor out = t.in_params() ? index_scores_decode(op, q, t.param, aligned, t.rows, d, w, vis, round)
+                                     : index_scores_decode(op, q, t.uploaded, aligned, t.rows, d, w, vis, round);
+    if (out.defined()) return out;
+  }
+  int64_t n = 0;
+  for (const ops::RowSegment& s : segments) n += s.rows;
+  Tensor table = Tensor::empty({n, d}, DType::kF32, Device::kCUDA);
+  std::vector<ops::RowCopy> copies;
+  int64_t r = 0;
+  for (const ops::RowSegment& s : segments) {
+    copies.push_back({table.data<float>() + r * d, s.src, s.rows});
+    r += s.rows;
+  }
+  copy_rows(copies, d);
+  return cuda::index_scores(q, table, w, vis, round);
+}
+
+Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round) {
+  const char* op = "cuda::index_scores";
+  check_f32(keys, op, "keys");
+  DI_CHECK(keys.dim() == 2, "{}: expected keys [N, d], got {}", op, keys.describe());
+  const int64_t T = q.size(0), N = keys.size(0), d = keys.size(1);
+  const int64_t W = index_scores_checks(op, q, N, d, w, vis), nh = w.size(1);
+  if (T == 0) return Tensor::empty({0, W}, DType::kF32, Device::kCUDA);
   {
-    const bool aligned = reinterpret_cast<uintptr_t>(q.data<float>()) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(keys.data<float>()) % 16 == 0;
-    const int64_t slice = std::max<int64_t>(kWarpKeys * d, kWarpKeys * kTermPad);  // floats per warp
-    const size_t dsmem = static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
-                         static_cast<size_t>(kDecWarps * slice) * sizeof(float);
-    // Rows over their own keys (offsets) always take it: the other kernel shares its keys between queries.
-    const int64_t max_rows = offs ? 65535 : kDecMaxQueries;
-    const bool fits = nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned && dsmem <= static_cast<size_t>(smem_optin());
-    DI_CHECK(!offs || (fits && T <= max_rows),
-             "{}: rows over their own keys need <= {} heads, d % 4 == 0, aligned rows and <= {} rows (got {} heads, d "
-             "{}, {} rows)",
-             op, kDecHeads, max_rows, nh, d, T);
-    if (T >= 1 && T <= max_rows && fits) {
-      static size_t dec_configured = 48 * 1024;
-      if (dsmem > dec_configured) {
-        DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(dsmem)));
-        dec_configured = dsmem;
-      }
-      static size_t occ_smem = 0;
-      static int occ_blocks = 1;
-      if (occ_smem != dsmem) {
-        int b = 0;
-        DI_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, index_scores_decode_kernel, kDecThreads, dsmem));
-        occ_blocks = std::max(b, 1);
-        occ_smem = dsmem;
-      }
-      Tensor out = Tensor::empty({T, W}, DType::kF32, Device::kCUDA);
-      if (W == 0) return out;
-      const int64_t groups = (W + kWarpKeys - 1) / kWarpKeys;
-      const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
-      const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(sm_count()) * occ_blocks / T);
-      const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
-      launch_pdl(index_scores_decode_kernel, grid, kDecThreads, dsmem, nullptr, q.data<float>(), keys.data<float>(),
-                 w.data<float>(), vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr,
-                 offs ? vis.offsets.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(N),
-                 static_cast<int>(W), static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round,
-                 out.data<float>());
-      DI_CUDA_CHECK(cudaGetLastError());
-      return out;
-    }
+    const Tensor out =
+        index_scores_decode(op, q, TableRows{keys.data<float>()},
+                            reinterpret_cast<uintptr_t>(keys.data<float>()) % 16 == 0, N, d, w, vis, round);
+    if (out.defined()) return out;
   }
   const size_t smem = (static_cast<size_t>(d) * kPad + static_cast<size_t>(kQueries) * d) * sizeof(float);
   // The kernel's static shared memory, queried once (each query costs a driver round trip).
@@ -1182,6 +1324,70 @@ void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width) {
              reinterpret_cast<const float* const*>(first + n + 1), reinterpret_cast<float* const*>(first + 2 * n + 1),
              n, n4, static_cast<int>(width / 4));
   DI_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- gather_listed ------------------------------------------------------------------------------------------------
+namespace {
+
+// A warp per entry e of the lists (grid-stride): row j = idx[e] of the runs laid end to end into row e of dst, and
+// idx[e] = e; an empty entry (j < 0 or j >= the runs' rows) becomes -1. V4: 16-byte units (every run and dst 16-byte
+// aligned, width % 4 == 0).
+template <class Runs, bool V4>
+__global__ void gather_listed_kernel(const __grid_constant__ Runs runs, int32_t* idx, int64_t entries, float* dst,
+                                     int width) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t n_rows = runs.start(runs.n);
+  for (int64_t e = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; e < entries; e += warps) {
+    const int64_t j = idx[e];
+    const bool valid = j >= 0 && j < n_rows;
+    if (valid) {
+      const float* src = runs.row(j, width);
+      float* out = dst + e * width;
+      if (V4) {
+        for (int c = lane; c < width / 4; c += 32)
+          reinterpret_cast<float4*>(out)[c] = reinterpret_cast<const float4*>(src)[c];
+      } else {
+        for (int c = lane; c < width; c += 32) out[c] = src[c];
+      }
+    }
+    __syncwarp();  // every lane has read idx[e]
+    if (lane == 0) idx[e] = valid ? static_cast<int32_t>(e) : -1;
+  }
+}
+
+template <class Runs>
+void launch_gather_listed(const Runs& runs, bool v4, const Tensor& idx, const Tensor& dst) {
+  constexpr int kThreads = 256;
+  const int64_t entries = idx.numel();
+  const int64_t blocks = std::clamp<int64_t>((entries + kThreads / 32 - 1) / (kThreads / 32), 1, int64_t{1} << 16);
+  const int w = static_cast<int>(dst.size(1));
+  if (v4)
+    launch_pdl(gather_listed_kernel<Runs, true>, static_cast<unsigned>(blocks), kThreads, 0, nullptr, runs,
+               idx.data<int32_t>(), entries, dst.data<float>(), w);
+  else
+    launch_pdl(gather_listed_kernel<Runs, false>, static_cast<unsigned>(blocks), kThreads, 0, nullptr, runs,
+               idx.data<int32_t>(), entries, dst.data<float>(), w);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void gather_listed(const std::vector<ops::RowSegment>& segments, const Tensor& idx, const Tensor& dst) {
+  DI_CHECK(idx.device() == Device::kCUDA && dst.device() == Device::kCUDA && idx.dtype() == DType::kI32 &&
+               dst.dtype() == DType::kF32 && idx.is_contiguous() && dst.is_contiguous() && dst.dim() == 2 &&
+               dst.size(0) == idx.numel(),
+           "cuda::gather_listed: idx {} and dst {}", desc(idx), desc(dst));
+  const int64_t width = dst.size(1);
+  if (idx.numel() == 0 || width == 0) return;
+  const RunTables t = run_tables(segments, width);
+  const bool v4 = t.aligned && width % 4 == 0 && reinterpret_cast<uintptr_t>(dst.raw()) % 16 == 0;
+  if (t.in_params())  // the table in the launch's parameters: no upload (a decode step at a short context)
+    launch_gather_listed(t.param, v4, idx, dst);
+  else
+    launch_gather_listed(t.uploaded, v4, idx, dst);
 }
 
 void copy_into(const Tensor& dst, const Tensor& src) {

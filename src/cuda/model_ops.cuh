@@ -24,6 +24,11 @@
 namespace deepinfer::cuda {
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round);
+// index_scores over the keys of the table that ops::gather_segments(segments, ...) would build (d floats a row), read
+// where they are by the decode kernel (up to 16 queries, or rows over their own keys: a decode step's indexers), where
+// a gather copied every key of the layer at every step; other calls gather them first.
+Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
+                         const ops::KeyVisibility& vis, bool round);
 ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                        const ops::RouteOpts& opts);
 // quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h).
@@ -38,6 +43,8 @@ Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const T
 void copy_into(const Tensor& dst, const Tensor& src);
 // ops::copy_rows (and so ops::gather_segments): every run on the device.
 void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width);
+// ops::gather_listed: a warp per list entry (its row found by a binary search over the runs' first rows).
+void gather_listed(const std::vector<ops::RowSegment>& segments, const Tensor& idx, const Tensor& dst);
 // Device-to-device copies of any sizes and alignments in one PDL launch per 16 copies (their table in the launch's
 // parameters, 16-, 4- or 1-byte units as each copy's addresses and size allow): what a decode step's eager copies
 // (the attention's table runs and ring writes, the graphs' static inputs) use instead of a cudaMemcpyAsync each or an

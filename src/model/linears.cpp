@@ -37,11 +37,34 @@ Tensor indexer_head_weights(const Tensor& x, const ops::QWeight& proj, const Lay
   return w;
 }
 
+namespace {
+
+// DEEPINFER_CUDA_WHOLE_TABLES=1: CUDA gathers every row of a layer's state into one table per step for the attention
+// and the indexers, as before the rows were read in place (gather_listed, index_scores_segments): an A/B switch.
+bool whole_tables() {
+  static const bool on = env_int("DEEPINFER_CUDA_WHOLE_TABLES", 0) != 0;
+  return on;
+}
+
+// ops::index_scores_segments, or under whole_tables() on CUDA the keys gathered into one table first.
+Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segs, const Tensor& w,
+                         const ops::KeyVisibility& vis, bool round) {
+  if (q.device() == Device::kCPU || !whole_tables() || q.size(0) == 0 || w.dim() != 2 || w.size(1) == 0)
+    return ops::index_scores_segments(q, segs, w, vis, round);  // (which also reports a malformed call)
+  int64_t n = 0;
+  for (const ops::RowSegment& s : segs) n += s.rows;
+  Tensor table = Tensor::empty({n, q.numel() / (q.size(0) * w.size(1))}, DType::kF32, q.device());
+  ops::gather_segments(segs, table);
+  return ops::index_scores(q, table, w, vis, round);
+}
+
+}  // namespace
+
 Tensor index_scores_pages(const Tensor& q, const RowPages& keys, const Tensor& w, const ops::KeyVisibility& vis,
                           bool round) {
   std::vector<ops::RowSegment> segs;
   keys.segments(segs);
-  return ops::index_scores_segments(q, segs, w, vis, round);
+  return index_scores_runs(q, segs, w, vis, round);
 }
 
 Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, const Tensor& iw, int64_t nh, int64_t hd,
@@ -77,9 +100,9 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
   vis.counts = meta.slice(0, 0, R);
   vis.offsets = meta.slice(0, R, 2 * R);
   vis.width = W;
-  // The keys in their pages (ops::index_scores_segments): read in place on the CPU, where a table copied every key of
-  // the batch at every step (~0.95 ms of a 16k-token decode step of mini-v41); gathered into one table on CUDA.
-  return ops::index_scores_segments(iq.slice(0, lo, hi).view({R, nh, hd}), segs, iw.slice(0, lo, hi), vis, round);
+  // The keys in their pages (ops::index_scores_segments): read in place (on the CPU a table copied every key of the
+  // batch at every step: ~0.95 ms of a 16k-token decode step of mini-v41).
+  return index_scores_runs(iq.slice(0, lo, hi).view({R, nh, hd}), segs, iw.slice(0, lo, hi), vis, round);
 }
 
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,
@@ -104,7 +127,11 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
   // (a quarter of a 16k-token decode step of mini-v41 went to these copies). CUDA gathers (its kernels read one table);
   // so does a debug dump (the table is one of its files).
   const bool in_place = dev == Device::kCPU && !dump_enabled();
-  Tensor table = in_place ? Tensor() : Tensor::empty({n, D}, DType::kF32, dev);
+  // CUDA gathers the rows the lists name (ops::gather_listed: at most window + index_topk a query row, however long the
+  // context) where they are fewer than the table's (a decode step past a short context), else the whole table
+  // (prefill, where the rows share it); a debug dump keeps the whole table (one of its files).
+  const bool listed = !in_place && !dump_enabled() && !whole_tables() && rows * width < n;
+  Tensor table = in_place ? Tensor() : Tensor::empty({listed ? rows * width : n, D}, DType::kF32, dev);
   Tensor idx = Tensor::empty({rows, width}, DType::kI32, dev);
   // Every chunk's table part (its window rows [wstart, start_pos) from the ring, its own rows, its compressed entries)
   // as runs of rows, gathered by one ops::gather_segments: a decode batch's table took 3-4 copies per chunk and layer.
@@ -139,7 +166,10 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     ops::copy_rows(writes, D, dev);
   };
   if (!in_place) {
-    ops::gather_segments(segs, table);
+    if (listed)
+      ops::gather_listed(segs, idx, table);  // idx rewritten to the gathered rows
+    else
+      ops::gather_segments(segs, table);
     slide_rings();
   }
   if (dump_enabled()) {

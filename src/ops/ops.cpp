@@ -755,13 +755,16 @@ Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& seg
            q.defined() ? q.describe() : std::string("undefined"),
            w.defined() ? w.describe() : std::string("undefined"));
   const int64_t d = q.size(0) > 0 ? q.numel() / (q.size(0) * w.size(1)) : 0;
-  if (q.device() != Device::kCPU) {  // the CUDA kernel reads one table: gather the runs into it (one launch)
-    int64_t n = 0;
-    for (const RowSegment& s : segments) n += s.rows;
-    Tensor table = Tensor::empty({n, d}, DType::kF32, q.device());
-    gather_segments(segments, table);
-    return index_scores(q, table, w, vis, round);  // each op under its own profile scope, as before
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(q)) {  // the decode kernel reads the keys where they are; other calls gather them first
+    const OpScope scope("index_scores", q);
+    for (const RowSegment& s : segments)
+      DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "index_scores_segments: a run of {} rows at {}",
+               s.rows, static_cast<const void*>(s.src));
+    return cuda::index_scores_runs(q, segments, d, w, vis, round);
   }
+#endif
+  if (on_cuda(q)) no_kernel("index_scores", q);
   const OpScope scope("index_scores", q);
   const std::vector<const float*> rows = segment_rows(segments, d, "index_scores_segments");
   return cpu::index_scores_rows(q, rows.data(), static_cast<int64_t>(rows.size()), d, w, vis, round);
@@ -877,6 +880,43 @@ void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst)
     r += s.rows;
   }
   copy_rows(copies, width, dst.device());
+}
+
+void gather_listed(const std::vector<RowSegment>& segments, const Tensor& idx, const Tensor& dst) {
+  const OpScope scope("gather_listed", dst);
+  DI_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == DType::kI32 && idx.is_contiguous() && dst.defined() &&
+               dst.dim() == 2 && dst.dtype() == DType::kF32 && dst.is_contiguous() && dst.size(0) == idx.numel() &&
+               dst.device() == idx.device() && idx.numel() < (int64_t{1} << 31),
+           "gather_listed: expected idx int32 [R, K] and dst float32 [R K, width] (contiguous, one device), got idx {} "
+           "dst {}",
+           idx.defined() ? idx.describe() : std::string("undefined"),
+           dst.defined() ? dst.describe() : std::string("undefined"));
+  int64_t n = 0;
+  for (const RowSegment& s : segments) {
+    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "gather_listed: a run of {} rows at {}", s.rows,
+             static_cast<const void*>(s.src));
+    n += s.rows;
+  }
+  DI_CHECK(n < (int64_t{1} << 31), "gather_listed: {} rows in the runs", n);
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(dst)) return cuda::gather_listed(segments, idx, dst);
+#endif
+  if (on_cuda(dst)) no_kernel("gather_listed", dst);
+  const int64_t width = dst.size(1);
+  const std::vector<const float*> rows = segment_rows(segments, width, "gather_listed");
+  int32_t* list = idx.data<int32_t>();
+  for (int64_t e = 0; e < idx.numel(); ++e)  // every entry checked before any is rewritten
+    DI_CHECK(list[e] < n, "gather_listed: entry {} names row {} of a table of {} rows", e, list[e], n);
+  for (int64_t e = 0; e < idx.numel(); ++e) {
+    const int32_t j = list[e];
+    if (j < 0) {
+      list[e] = -1;
+      continue;
+    }
+    std::memcpy(dst.data<float>() + e * width, rows[static_cast<size_t>(j)],
+                static_cast<size_t>(width) * sizeof(float));
+    list[e] = static_cast<int32_t>(e);
+  }
 }
 
 void copy_rows(const std::vector<RowCopy>& copies, int64_t width, Device device) {

@@ -428,6 +428,16 @@ struct RowSegment {
   int64_t rows;
 };
 void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst);
+// The rows the index lists name, gathered out of the runs instead of the whole table: idx (int32 [R, K], contiguous,
+// on the runs' device) lists rows of the table that gather_segments(segments, ...) would build (N rows); entry e = t K
+// + p that names row j in [0, N) has row j copied into row e of dst (float32 [R K, width], contiguous) and is
+// rewritten to e; an empty entry (j < 0) is rewritten to -1 and its dst row is left as it was. So sparse_attention over
+// (dst, idx) afterwards gives the same bits as over (the whole table, idx before): it reads the same rows in the same
+// list order. A decode row's lists name at most window + index_topk rows (640 in V4.1-Flash) however long the context,
+// where the whole table copied every compressed entry of the layer at every step (attend_chunks on CUDA takes whichever
+// is smaller). An entry j >= N is rejected on the CPU; the CUDA kernel, which cannot report it, treats it as empty (as
+// its attention kernels do). One CUDA launch (the runs' table in its parameters up to 16 runs, else uploaded).
+void gather_listed(const std::vector<RowSegment>& segments, const Tensor& idx, const Tensor& dst);
 // sparse_attention over the table that gather_segments(segments, ...) would build (row j of the runs laid end to end,
 // q's D floats a row), read where the rows live instead: the same bits as gathering first. On the CPU only (host runs;
 // the CUDA kernels read one table): attend_chunks there reads a sequence's window ring, its new rows and its

@@ -172,6 +172,38 @@ TEST(Ops, SparseAttentionSegmentsReadsRowsInPlace) {
   EXPECT_THROW(ops::sparse_attention_segments(q, segs, idx, sink, 0.25f, true, true), Error);
 }
 
+// Only the listed rows gathered (attend_chunks on CUDA past a short context): the attention over them and the
+// rewritten lists gives the bits of the whole table's; empty entries (-1, -4) become -1; an entry past the runs is
+// refused before any entry is rewritten.
+TEST(Ops, GatherListedGivesTheWholeTablesAttention) {
+  const int64_t T = 4, H = 3, D = 32, N = 37, K = 9;
+  Tensor q = randn({T, H, D}, 31), kv = randn({N, D}, 32), sink = randn({H}, 33);
+  Tensor idx = Tensor::empty({T, K}, DType::kI32);
+  for (int64_t i = 0; i < idx.numel(); ++i)
+    idx.data<int32_t>()[i] = i % 5 == 3 ? -1 : i % 7 == 2 ? -4 : static_cast<int32_t>((i * 11) % N);
+  Tensor store;
+  const std::vector<ops::RowSegment> segs = stored_runs(kv, {{27, 0, 10}, {0, 10, 20}, {20, 30, 7}}, store);
+  const Tensor want = ops::sparse_attention(q, kv, idx, sink, 0.25f, true, true);
+  Tensor listed = idx.clone();
+  Tensor rows = Tensor::zeros({T * K, D}, DType::kF32);
+  ops::gather_listed(segs, listed, rows);
+  for (int64_t e = 0; e < idx.numel(); ++e) {
+    const int32_t j = idx.data<int32_t>()[e];
+    EXPECT_EQ(listed.data<int32_t>()[e], j < 0 ? -1 : e) << e;
+    if (j >= 0)
+      for (int64_t d = 0; d < D; ++d) EXPECT_EQ(rows.data<float>()[e * D + d], kv.data<float>()[j * D + d]);
+  }
+  const Tensor got = ops::sparse_attention(q, rows, listed, sink, 0.25f, true, true);
+  ASSERT_EQ(got.shape(), want.shape());
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+
+  Tensor bad = idx.clone();
+  bad.data<int32_t>()[idx.numel() - 1] = static_cast<int32_t>(N);  // one past the runs, in the last entry
+  EXPECT_THROW(ops::gather_listed(segs, bad, rows), Error);
+  for (int64_t e = 0; e + 1 < idx.numel(); ++e) EXPECT_EQ(bad.data<int32_t>()[e], idx.data<int32_t>()[e]) << e;
+  EXPECT_THROW(ops::gather_listed(segs, idx.clone(), Tensor::zeros({T * K - 1, D}, DType::kF32)), Error);
+}
+
 // YaRN table for compress_rope_theta 160000, factor 16, original 65536: dims i <= 15 keep their
 // frequency, i >= 25 are divided by 16, 16..24 blend with ramp (i - 15) / 10 (spec §2.1).
 TEST(Ops, RopeYarnCorrectionRange) {

@@ -1172,6 +1172,84 @@ void test_topk() {
 }
 
 // ---- the model-level ops (issue 8 step 2): indexer scores, MoE routing, SwiGLU, embedding, row gather ----
+// The rows of `table` [N, d] (host) as runs of the given lengths stored on the device in reverse order with a row of
+// gap between them (`store` keeps them); returns the runs in table order (a paged store's segments).
+std::vector<di::ops::RowSegment> device_runs(const di::Tensor& table, const std::vector<int64_t>& lengths,
+                                             di::Tensor& store) {
+  const int64_t N = table.size(0), d = table.size(1), n = static_cast<int64_t>(lengths.size());
+  di::Tensor host = di::Tensor::zeros({N + n, d}, di::DType::kF32);
+  std::vector<int64_t> at(lengths.size());
+  int64_t pos = 0;
+  for (int64_t i = n - 1; i >= 0; --i) {  // run i at `pos`, the last run first
+    at[i] = pos;
+    pos += lengths[i] + 1;
+  }
+  int64_t from = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(host.data<float>() + at[i] * d, table.data<float>() + from * d,
+                static_cast<size_t>(lengths[i] * d) * sizeof(float));
+    from += lengths[i];
+  }
+  store = dev(host);
+  std::vector<di::ops::RowSegment> runs;
+  for (int64_t i = 0; i < n; ++i) runs.push_back({store.data<float>() + at[i] * d, lengths[i]});
+  return runs;
+}
+
+// index_scores over keys kept as runs (ops::index_scores_segments: the indexer reading a paged store in place on CUDA)
+// against the CPU op over the same keys as one table, bit for bit: 64-row pages (a RowPages store: up to 313 runs,
+// the uploaded run table) and ragged runs of 1-30 rows (a warp's 8-key group across runs); decode rows with the causal
+// rule or counts, rows over their own keys (offsets), and a prefill chunk (the other kernel: gathered first).
+void test_index_scores_runs() {
+  struct Case {
+    const char* what;
+    int64_t T, N, nh, d, start_pos, ratio;
+    bool counts, offsets, round, pages;
+  };
+  const Case cases[] = {
+      {"flash decode, 64-row pages", 1, 20000, 64, 128, 4 * 20000 - 1, 4, false, false, true, true},
+      {"flash decode, ragged runs", 1, 3000, 64, 128, 2 * 3000 - 1, 2, false, false, true, false},
+      {"decode, 5 pages (runs in the parameters)", 1, 301, 64, 128, 301, 1, false, false, true, true},
+      {"decode batch counts, ragged", 7, 2000, 64, 128, 0, 1, true, false, true, false},
+      {"batch over own keys, pages", 9, 1500, 64, 128, 0, 1, true, true, true, true},
+      {"odd shapes fp32, ragged", 3, 301, 6, 40, 0, 1, true, false, false, false},
+      {"prefill chunk (gathered), pages", 96, 2100, 64, 128, 4104, 2, false, false, true, true},
+  };
+  uint32_t seed = 31500;
+  for (const Case& c : cases) {
+    run_case(std::string("index_scores runs ") + c.what, [&] {
+      std::mt19937 rng(seed++);
+      const di::Tensor q = normal_tensor({c.T, c.nh, c.d}, 1.0f, seed++, c.round);
+      const di::Tensor keys = normal_tensor({c.N, c.d}, 1.0f, seed++, c.round);
+      const di::Tensor w = normal_tensor({c.T, c.nh}, 0.05f, seed++, c.round);
+      di::ops::KeyVisibility vis{di::Tensor(), c.start_pos, c.ratio};
+      if (c.counts) {
+        vis.counts = di::Tensor::empty({c.T}, di::DType::kI32);
+        for (int64_t t = 0; t < c.T; ++t)
+          vis.counts.data<int32_t>()[t] = static_cast<int32_t>(t == 0 ? c.N : rng() % static_cast<uint32_t>(c.N + 1));
+      }
+      if (c.offsets) {  // row t's own keys start at t * N / T, width N / T + 3 (counts beyond the row's keys cut)
+        vis.offsets = di::Tensor::empty({c.T}, di::DType::kI32);
+        for (int64_t t = 0; t < c.T; ++t) vis.offsets.data<int32_t>()[t] = static_cast<int32_t>(t * c.N / c.T);
+        vis.width = c.N / c.T + 3;
+      }
+      std::vector<int64_t> lengths;
+      for (int64_t left = c.N; left > 0;) {
+        const int64_t n = std::min<int64_t>(left, c.pages ? 64 : 1 + static_cast<int64_t>(rng() % 30));
+        lengths.push_back(n);
+        left -= n;
+      }
+      di::Tensor store;
+      const std::vector<di::ops::RowSegment> runs = device_runs(keys, lengths, store);
+      di::ops::KeyVisibility vis_dev = vis;
+      if (c.counts) vis_dev.counts = dev(vis.counts);
+      if (c.offsets) vis_dev.offsets = dev(vis.offsets);
+      const di::Tensor want = di::ops::index_scores(q, keys, w, vis, c.round);
+      return exact(want, di::ops::index_scores_segments(dev(q), runs, dev(w), vis_dev, c.round));
+    });
+  }
+}
+
 void test_index_scores() {
   struct Case {
     const char* what;
@@ -1251,6 +1329,7 @@ void test_index_scores() {
       return exact(want, di::ops::index_scores(dev(q), dev(keys), dev(w), vis_dev, c.round));
     });
   }
+  test_index_scores_runs();
 }
 
 void test_moe_route() {
@@ -1631,6 +1710,76 @@ void test_gather_segments() {
   }
 }
 
+// gather_listed on the device against the CPU op, bit for bit (the gathered rows and the rewritten lists): runs
+// scattered in a store (3: the table in the launch's parameters; 40: uploaded), widths 512, 128 and 66 (not a float4
+// multiple: the one-float copies), lists of valid, empty (-1, -3) and (device only) out-of-range entries, which the CPU
+// reference gets as -1. Then the use: the split decode attention over the listed rows against the same kernel over the
+// whole table, bit for bit.
+void test_gather_listed() {
+  uint32_t seed = 39750;
+  for (const int64_t width : {512, 128, 66}) {
+    for (const int nseg : {3, 40}) {
+      run_case("gather_listed width " + std::to_string(width) + " segments " + std::to_string(nseg), [&] {
+        std::mt19937 rng(seed++);
+        const int64_t store_rows = 8192, R = 3, K = 200;
+        const di::Tensor host = normal_tensor({store_rows, width}, 1.0f, seed++, false);
+        const di::Tensor store = dev(host);
+        std::vector<di::ops::RowSegment> hs, ds;
+        int64_t N = 0;
+        for (int i = 0; i < nseg; ++i) {
+          const int64_t n = i % 7 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 130);
+          const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(store_rows - n));
+          hs.push_back({host.data<float>() + at * width, n});
+          ds.push_back({store.data<float>() + at * width, n});
+          N += n;
+        }
+        di::Tensor idx_h = di::Tensor::empty({R, K}, di::DType::kI32), idx_d = idx_h.clone();
+        for (int64_t e = 0; e < R * K; ++e) {
+          const uint32_t r = rng() % 10;
+          const int32_t j = r == 0 ? -1 : r == 1 ? -3 : static_cast<int32_t>(rng() % static_cast<uint32_t>(N));
+          idx_h.data<int32_t>()[e] = j;
+          idx_d.data<int32_t>()[e] = r == 2 ? static_cast<int32_t>(N + rng() % 50) : j;  // past the table: empty
+          if (r == 2) idx_h.data<int32_t>()[e] = -1;
+        }
+        di::Tensor want = di::Tensor::zeros({R * K, width}, di::DType::kF32);
+        di::Tensor got = di::Tensor::zeros({R * K, width}, di::DType::kF32, di::Device::kCUDA);
+        di::Tensor idx_dev = dev(idx_d);
+        di::ops::gather_listed(hs, idx_h, want);
+        di::ops::gather_listed(ds, idx_dev, got);
+        const std::string e = exact(want, got);
+        if (!e.empty()) return e;
+        const di::Tensor idx_back = di::cuda::copy_to_host(idx_dev);
+        for (int64_t i = 0; i < R * K; ++i)
+          if (idx_back.data<int32_t>()[i] != idx_h.data<int32_t>()[i])
+            return "list entry " + std::to_string(i) + ": cpu " + std::to_string(idx_h.data<int32_t>()[i]) + ", cuda " +
+                   std::to_string(idx_back.data<int32_t>()[i]);
+        return std::string();
+      });
+    }
+  }
+  run_case("gather_listed then the split decode attention (T=1, 64 x 512, 640 entries of 20,000 rows)", [&] {
+    const int64_t T = 1, H = 64, D = 512, K = 640, N = 20000;
+    const di::Tensor kv_h = normal_tensor({N, D}, 1.0f, seed++, true);
+    const di::Tensor q = dev(normal_tensor({T, H, D}, 0.05f, seed++, true));
+    const di::Tensor sink = dev(normal_tensor({H}, 1.0f, seed++, false));
+    const di::Tensor kv = dev(kv_h);
+    std::mt19937 rng(seed++);
+    di::Tensor idx_h = di::Tensor::empty({T, K}, di::DType::kI32);
+    for (int64_t e = 0; e < T * K; ++e)  // the window's empty slots first, then rows
+      idx_h.data<int32_t>()[e] = e < 40 ? -1 : static_cast<int32_t>(rng() % static_cast<uint32_t>(N));
+    // The table as runs of 64 rows (a paged store), one more run than the parameters hold.
+    std::vector<di::ops::RowSegment> runs;
+    for (int64_t r = 0; r < N; r += 64) runs.push_back({kv.data<float>() + r * D, std::min<int64_t>(64, N - r)});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const di::Tensor want = di::ops::sparse_attention(q, kv, dev(idx_h), sink, scale, true, true);
+    di::Tensor idx = dev(idx_h);
+    di::Tensor rows = di::Tensor::empty({T * K, D}, di::DType::kF32, di::Device::kCUDA);
+    di::ops::gather_listed(runs, idx, rows);
+    const di::Tensor got = di::ops::sparse_attention(q, rows, idx, sink, scale, true, true);
+    return exact(want, got);
+  });
+}
+
 // copy_rows on the device: runs scattered into a ring-like buffer (1 or 2 rows each, a decode batch's ring writes)
 // from one stacked source, against the same copies on the host, bit for bit; untouched rows stay.
 void test_copy_rows() {
@@ -1900,6 +2049,7 @@ int main() {
     test_scale_and_copies();
     test_side_work();
     test_gather_segments();
+    test_gather_listed();
     test_copy_rows();
     test_copy_bytes_many();
   });
