@@ -25,8 +25,7 @@
 // (wo_a's groups and the shared w1 + w3 at decode batches, walk against rows). BENCH_GROUPED_FP4=1: no dense or grouped
 // E4M3 rows (the dense table's header stays, empty), so the grouped FP4 table comes right away (with
 // BENCH_SKIP_BATCHED=1; BENCH_GROUPED_TOPK=k: its 1- and 4-token rows route each token to k experts instead of 6, which
-// scales the call's work with its shape kept; its last four columns: fp4_mma_gemv's deal and claim launches,
-// gemv_fp4_mma_set_deal); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
+// scales the call's work with its shape kept); BENCH_GROUPED_LARGE=1 then skips to the large-batch grouped table
 // (BENCH_GROUPED_TOKENS=<32|128|256>: that batch's rows alone; BENCH_GROUPED_VARIANTS=1,2,...: the tc GEMM also at
 // those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
 // (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact contract's prefill-sized one (grouped_exact_table).
@@ -813,9 +812,8 @@ void run() {
       topk_small, kExperts);
   std::printf(
       "| call | tokens | rows | distinct experts / list | weight MB / call | old us | GB/s | %% of read | new us | "
-      "GB/s | %% of read | mma us | GB/s | %% of read | mma / new | tc us (linear_tc_grouped) | %% of read | mma deal "
-      "1x16 us | mma deal 2x8 us | mma claim 4x4 us | mma claim 2x7 us |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "GB/s | %% of read | mma us | GB/s | %% of read | mma / new | tc us (linear_tc_grouped) | %% of read |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   std::vector<di::ops::QWeight> w1(kExperts), w3(kExperts), w2(kExperts);
   for (int e = 0; e < kExperts; ++e) {
@@ -894,15 +892,6 @@ void run() {
         di::cuda::gemv_set_fp4_variant(variant);
         ms[variant] = time_calls(st, kRoutings, routed_call);
       }
-      // fp4_mma_gemv's deal and claim launches (gemv_fp4_mma_set_deal 1: a block of 16 warps per SM, 2: two of 8; 3:
-      // claim, four blocks of 4 warps, 4: claim, two of 7), where the call fits them (else the mma column's launch).
-      double deal_ms[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
-      di::cuda::gemv_set_fp4_variant(4);
-      for (const int deal : {1, 2, 3, 4}) {
-        di::cuda::gemv_fp4_mma_set_deal(deal);
-        deal_ms[deal] = time_calls(st, kRoutings, routed_call);
-      }
-      di::cuda::gemv_fp4_mma_set_deal(-1);
       di::cuda::gemv_set_fp4_variant(0);
       // The tensor-core contract's grouped GEMV on the same call (x quantised per 32 in the kernel: act 32).
       {
@@ -924,12 +913,11 @@ void run() {
       const double gbs_old = bytes / ms[1] / 1e6, gbs_new = bytes / ms[2] / 1e6, gbs_mma = bytes / ms[4] / 1e6;
       std::printf(
           "| %s [%lld, %lld] | %d | %d | %.1f | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.0f | %.0f%% | %.2f | %.0f | "
-          "%.0f%% | %.2fx | %.2f | %.0f%% | %.2f | %.2f | %.2f | %.2f |\n",
+          "%.0f%% | %.2fx | %.2f | %.0f%% |\n",
           second ? "w2" : "w1 + w3", static_cast<long long>(N), static_cast<long long>(K), tokens, lists * rows,
           distinct, bytes / 1e6, ms[1] * 1e3, gbs_old, 100.0 * gbs_old / read_gbs, ms[2] * 1e3, gbs_new,
           100.0 * gbs_new / read_gbs, ms[4] * 1e3, gbs_mma, 100.0 * gbs_mma / read_gbs, ms[2] / ms[4], ms[3] * 1e3,
-          100.0 * bytes / ms[3] / 1e6 / read_gbs, deal_ms[1] * 1e3, deal_ms[2] * 1e3, deal_ms[3] * 1e3,
-          deal_ms[4] * 1e3);
+          100.0 * bytes / ms[3] / 1e6 / read_gbs);
       std::fflush(stdout);
     }
   }

@@ -241,15 +241,27 @@ int main(int argc, char** argv) {
         "fraction of roofline | host ms / step | head ms | layers' fraction |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const int64_t B : batches) {
-      // B sequences with `context` tokens each, prefilled 4096 tokens per forward at most.
+      // B sequences with `context` tokens each, prefilled 4096 tokens per forward at most: several sequences a
+      // forward at a short context, a long one in chunks of 4096 (one forward of 64k tokens needs more memory for its
+      // activations and index scores than an 80 GB GPU has beside the weights).
       std::vector<std::unique_ptr<di::SequenceState>> seqs;
       for (int64_t b = 0; b < B; ++b) seqs.push_back(model->new_sequence());
-      const int64_t per = std::max<int64_t>(1, 4096 / context);
+      constexpr int64_t kPrefillChunk = 4096;
+      const int64_t per = std::max<int64_t>(1, kPrefillChunk / context);
       for (int64_t b0 = 0; b0 < B; b0 += per) {
-        std::vector<di::SeqChunk> batch;
-        for (int64_t b = b0; b < std::min(B, b0 + per); ++b)
-          batch.push_back({seqs[b].get(), ids(context, cfg.vocab_size, static_cast<uint32_t>(b)), true, false});
-        model->forward_batch(batch, fo);
+        const int64_t b1 = std::min(B, b0 + per);
+        std::vector<std::vector<int32_t>> prompts;
+        for (int64_t b = b0; b < b1; ++b) prompts.push_back(ids(context, cfg.vocab_size, static_cast<uint32_t>(b)));
+        for (int64_t c0 = 0; c0 < context; c0 += kPrefillChunk) {
+          const int64_t c1 = std::min(context, c0 + kPrefillChunk);
+          std::vector<di::SeqChunk> batch;
+          for (int64_t b = b0; b < b1; ++b) {
+            const std::vector<int32_t>& p = prompts[static_cast<size_t>(b - b0)];
+            batch.push_back(
+                {seqs[b].get(), std::vector<int32_t>(p.begin() + c0, p.begin() + c1), c1 == context, false});
+          }
+          model->forward_batch(batch, fo);
+        }
       }
       std::vector<int32_t> next(B, 1);
       std::vector<di::SampleInput> greedy_rows(static_cast<size_t>(B));

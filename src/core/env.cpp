@@ -52,12 +52,6 @@ const std::vector<EnvVar>& env_vars() {
        "rows take fp8_wgmma_gemv, the rows' diagonals sharing one MMA per tile; 1 keeps it at one row of x (on "
        "16,384+ rows); same bits either way",
        true},
-      {"DEEPINFER_CUDA_FP4_DEAL", "0",
-       "tuning (A/B): how fp4_mma_gemv launches its one-wave calls (the routed experts at decode batch 1): 0 blocks of "
-       "4 warps placed by the GPU; 1 / 2 one block of 16 / two of 8 warps per SM, each on an equal share of its x "
-       "row's 16-row groups; 3 / 4 four blocks of 4 / two of 7 warps per SM whose warps claim the next group from a "
-       "counter (calls of at most 8 x rows); same bits in every mode",
-       true},
       {"DEEPINFER_CUDA_WHOLE_TABLES", "0",
        "A/B: 1 gathers every row of a layer's state (window rows, compressed entries, index keys) into one table per "
        "CUDA decode step, as before; 0 (default) gathers only the rows the attention's index lists name (at most "

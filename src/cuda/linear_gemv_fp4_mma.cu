@@ -40,11 +40,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
-#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -58,9 +56,7 @@ namespace {
 
 // This kernel's shared memory (mma_smem): the B images [K / 128 segments][8 lanes][16 words], per chunk (kx + 14) <<
 // 23, 64 zero bytes, and per warp the scale codes of its 16 rows [16][K / 32].
-__host__ __device__ inline MmaSmem fp4_mma_smem(int K, int warps) {
-  return mma_smem(K, 64, int64_t{16} * (K / 32), warps);
-}
+__host__ __device__ inline MmaSmem fp4_mma_smem(int K) { return mma_smem(K, 64, int64_t{16} * (K / 32)); }
 
 // Warps that took the slow path (gemv_fp4_mma_slow_warps: tests check which path ran).
 __device__ unsigned long long g_slow_warps;
@@ -92,13 +88,9 @@ __device__ __forceinline__ MmaChunk fp4_chunk_image(int c, float v, int lane, ui
 // (kx where the chunk qualifies, INT_MIN where not) into the call's scratch (fp4_mma_images_layout), a warp per chunk.
 // Built once per x row here instead of once per block in the GEMV's prologue: at batch 1, 432 blocks each over all
 // 160 chunks of K = 5,120, a sixth to a fifth of the GEMV's instructions (bench/RESULTS.md, eighteenth session).
-// claims: nclaims counters the GEMV's claim mode counts its row groups with, zeroed here (null: none).
-__global__ void __launch_bounds__(256)
-    fp4_mma_images(const float* x, int64_t ldx, int64_t rows, int K, uint8_t* out, int* claims, int nclaims) {
+__global__ void __launch_bounds__(256) fp4_mma_images(const float* x, int64_t ldx, int64_t rows, int K, uint8_t* out) {
   pdl_wait();
   pdl_launch_dependents();
-  if (claims != nullptr && blockIdx.x == 0 && blockIdx.y == 0)
-    for (int i = static_cast<int>(threadIdx.x); i < nclaims; i += static_cast<int>(blockDim.x)) claims[i] = 0;
   const int nch = K / 32, lane = static_cast<int>(threadIdx.x) & 31;
   const int c = static_cast<int>(blockIdx.x) * 8 + (static_cast<int>(threadIdx.x) >> 5);
   const int64_t r = blockIdx.y;
@@ -110,21 +102,11 @@ __global__ void __launch_bounds__(256)
   if (lane == 0) reinterpret_cast<int*>(out + L.rec)[r * nch + c] = m.ok ? m.kx : INT_MIN;
 }
 
-// How a block's warps find their 16-row groups (gemv_fp4_mma_set_deal): kSteps, the block walks steps of NW * 16
-// rows, step first, first + stride, ... (first, stride: the block's index among its x row's blocks and their count);
-// kDeal, the block makes one pass, warp w on group first + w * stride, so that with a grid of exactly the blocks that
-// fit the GPU at once every SM holds the same number of groups, give or take one; kClaim, each warp takes its x row's
-// next unclaimed group (p.claims, an atomic counter per row) until none is left, so that blocks which start late (their
-// SM held by another stream's kernel) find the work done instead of running it after everyone else.
-enum MmaSchedule { kSteps, kDeal, kClaim };
-
-// NW warps a block (4; 16 or 8 in deal mode; 4 or 7 in claim mode); S: the MmaSchedule.
-template <int NW, int S>
-__global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
+__global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   extern __shared__ __align__(16) uint8_t smem_b[];
   pdl_launch_dependents();
   const int K = p.K, N = p.N, nseg = K / 128, nch = K / 32;
-  const MmaSmem sm = fp4_mma_smem(K, NW);
+  const MmaSmem sm = fp4_mma_smem(K);
   uint32_t* img = reinterpret_cast<uint32_t*>(smem_b + sm.img);  // [nseg][8][16]
   int* kxs = reinterpret_cast<int*>(smem_b + sm.kxs);            // [nch]
   uint32_t* zeros = reinterpret_cast<uint32_t*>(smem_b + sm.zeros);
@@ -148,19 +130,8 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
   uint4 q0[kMmaDepth], q1[kMmaDepth];
   const bool codes8 =
       (reinterpret_cast<uintptr_t>(SC) | static_cast<uintptr_t>(p.lds) | static_cast<uintptr_t>(nch)) % 8 == 0;
-  // The loop's steps: kSteps, first, first + stride, ... < p.steps; kDeal, first alone; kClaim, the claimed groups
-  // (a warp's own sequence) < ngroups.
-  const int ngroups = (N + 15) / 16;
-  const int nsteps = S == kDeal ? first + 1 : S == kClaim ? ngroups : p.steps;
-  auto claim = [&] {
-    int v = 0;
-    if (lane == 0) v = atomicAdd(p.claims + mt, 1);
-    return __shfl_sync(0xffffffffu, v, 0);
-  };
-  auto next = [&](int step) { return S == kClaim ? claim() : step + stride; };
-  const int step0 = S == kClaim ? claim() : first;
   auto begin = [&](int step) {
-    base = S == kDeal ? 16 * (first + warp * stride) : S == kClaim ? 16 * step : step * (16 * NW) + warp * 16;
+    base = step * kMmaRowsPerStep + warp * 16;
     if (base >= N) return;  // warp-uniform: this warp has no rows in the step
     const int64_t n0 = min(base + g, N - 1), n1 = min(base + g + 8, N - 1);
     wr0 = W + n0 * p.ldw + 16 * t;
@@ -179,14 +150,13 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
     }
     cp_async_commit();
   };
-  if (step0 < nsteps) begin(step0);
-  if (S == kClaim && __syncthreads_or(step0 < nsteps) == 0) return;  // a late block: its row's groups are all taken
+  if (first < p.steps) begin(first);
 
   // The row's B images and kx words from the pre-pass (cp.async into this block's shared memory), and whether x
   // qualifies with its kx range (each thread folds a few chunk records, a warp's fold goes to the flags); without a
   // pre-pass the block builds them itself (a warp per chunk, a lane per column).
   if (p.images == nullptr) {
-    mma_x_chunks<NW>(xr, nch, warp, lane, flags, [&](int c, float v) { return fp4_chunk_image(c, v, lane, img, kxs); });
+    mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) { return fp4_chunk_image(c, v, lane, img, kxs); });
   } else {
     const MmaImagesLayout L = fp4_mma_images_layout(p.x_rows > 0 ? p.x_rows : p.M, K);  // the host's xrows
     const int64_t xrow = p.x_rows > 0 ? mt % p.x_rows : mt;
@@ -221,8 +191,8 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
   const uint32_t* crow0 = reinterpret_cast<const uint32_t*>(codes + g * nch);  // the codes of rows g, g + 8
   const uint32_t* crow1 = reinterpret_cast<const uint32_t*>(codes + (g + 8) * nch);
 
-  for (int step = step0; step < nsteps; step = next(step)) {
-    if (step != step0) begin(step);
+  for (int step = first; step < p.steps; step += stride) {
+    if (step != first) begin(step);
     if (base >= N) continue;  // warp-uniform; no block barrier below
     cp_async_wait_all();
     __syncwarp();           // the warp's codes are in
@@ -333,67 +303,7 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) fp4_mma_gemv(MmaParams p) {
   }
 }
 
-// The pre-pass (fp4_mma_images) runs for calls of at most this many x rows, where each row's images would otherwise be
-// built by many blocks (batch 1: 6 rows, 36 blocks each for w1 + w3). Measured on the H200 (bench/RESULTS.md,
-// eighteenth session): bench_cuda_gemv's grouped table at one token, w1 + w3 38.5 us against 42.3, w2 20.2 against
-// 21.5; bench_cuda_model on the V4.1 flash shape, batch 1, 1.205 ms against 1.235 (means of four alternated runs). With
-// more rows (the table's 4 tokens: 24 rows, 11 blocks each) it lost, w1 + w3 146 us against 130 (back to back in the
-// bench's graph, a GEMV's prologue overlaps the previous call's tail; behind the pre-pass it cannot). Both prologues
-// build the same images, so the choice never changes a bit.
-constexpr int64_t kPrepassMaxRows = 8;
-int64_t x_rows_of(const GemvArgs& a) { return a.x_rows > 0 ? a.x_rows : a.M; }
-
-// The deal mode in force: gemv_fp4_mma_set_deal's, else DEEPINFER_CUDA_FP4_DEAL (read once; default 0).
-std::atomic<int> g_deal_set{-1};  // atomic as gemv_set_fp4_variant's: set by tests, read by launches
-constexpr int kDealModes = 5;     // 0 off, 1 / 2 deal, 3 / 4 claim
-bool deal_mode_valid(int64_t v) { return v >= 0 && v < kDealModes; }
-int deal_mode() {
-  static const int env = [] {
-    const int64_t v = env_int("DEEPINFER_CUDA_FP4_DEAL", 0);
-    DI_CHECK(deal_mode_valid(v), "DEEPINFER_CUDA_FP4_DEAL must be 0 .. {} (got {})", kDealModes - 1, v);
-    return static_cast<int>(v);
-  }();
-  const int set = g_deal_set.load(std::memory_order_relaxed);
-  return set >= 0 ? set : env;
-}
-
-// A call's deal or claim launch: per_sm blocks of nw warps on every SM, per_mt of them per x row.
-struct DealLaunch {
-  void (*kernel)(MmaParams);
-  int per_sm, nw;
-  bool claim;
-  int64_t per_mt, smem;
-};
-
-// Whether a call runs in deal or claim mode: the mode is on, per_sm blocks of its shape fit an SM, every x row gets at
-// least one block of the grid that fits the GPU at once, and (deal) each block's share of its row's 16-row groups fits
-// its warps or (claim) the call has the pre-pass, which zeroes the claim counters.
-bool fp4_mma_deal_fits(const GemvArgs& a, DealLaunch* out = nullptr) {
-  const int mode = deal_mode();
-  if (mode == 0) return false;
-  DealLaunch d;
-  d.claim = mode >= 3;
-  d.nw = mode == 1 ? 16 : mode == 2 ? 8 : mode == 3 ? 4 : 7;
-  d.per_sm = 16 / d.nw;  // mode 4: two blocks of 7 warps, 14 an SM (see gemv_fp4_mma_set_deal)
-  d.kernel = mode == 1   ? fp4_mma_gemv<16, kDeal>
-             : mode == 2 ? fp4_mma_gemv<8, kDeal>
-             : mode == 3 ? fp4_mma_gemv<4, kClaim>
-                         : fp4_mma_gemv<7, kClaim>;
-  d.per_mt = int64_t{sm_count()} * d.per_sm / a.M;
-  d.smem = fp4_mma_smem(a.K, d.nw).total;
-  const int64_t groups = (a.N + 15) / 16;
-  if (d.per_mt < 1) return false;
-  if (d.claim ? x_rows_of(a) > kPrepassMaxRows : (groups + d.per_mt - 1) / d.per_mt > d.nw) return false;
-  if (gemv_blocks_per_sm(reinterpret_cast<const void*>(d.kernel), 32 * d.nw, d.smem) < d.per_sm) return false;
-  if (out != nullptr) *out = d;
-  return true;
-}
-
 }  // namespace
-
-void gemv_fp4_mma_set_deal(int mode) { g_deal_set.store(deal_mode_valid(mode) ? mode : -1, std::memory_order_relaxed); }
-
-bool gemv_fp4_mma_deal_taken(const GemvArgs& a) { return fp4_mma_deal_fits(a); }
 
 bool gemv_fp4_mma_supported(const GemvArgs& a) {
   if (a.fmt != 1 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
@@ -407,33 +317,24 @@ int64_t gemv_fp4_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_wa
 void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp4_mma_supported(a), "cuda::gemv: fp4_mma_gemv does not take this call (N {}, K {}, M {})", a.N, a.K,
            a.M);
-  DealLaunch d;
-  const bool deal = fp4_mma_deal_fits(a, &d), claim = deal && d.claim;
-  const int64_t xrows = x_rows_of(a), nch = a.K / 32;
-  const uint8_t* images = nullptr;
-  int* claims = nullptr;
-  Tensor scratch;                  // held until both launches are queued
-  if (xrows <= kPrepassMaxRows) {  // the x pre-pass (kPrepassMaxRows), with the claim counters after its images
-    const int64_t img_bytes = (fp4_mma_images_layout(xrows, a.K).total + 15) / 16 * 16;
-    scratch = call_scratch(static_cast<size_t>(img_bytes + (claim ? 4 * a.M : 0)));
-    images = static_cast<const uint8_t*>(scratch.raw());
-    if (claim) claims = reinterpret_cast<int*>(static_cast<uint8_t*>(scratch.raw()) + img_bytes);
-    launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
-               a.x, static_cast<int64_t>(a.ldx), xrows, a.K, static_cast<uint8_t*>(scratch.raw()), claims,
-               claims != nullptr ? a.M : 0);
+  // The x pre-pass for calls of few distinct x rows, where each row's images would otherwise be built by many blocks
+  // (batch 1: 6 rows, 36 blocks each for w1 + w3). Measured on the H200 (bench/RESULTS.md, eighteenth session):
+  // bench_cuda_gemv's grouped table at one token, w1 + w3 38.5 us against 42.3, w2 20.2 against 21.5;
+  // bench_cuda_model on the V4.1 flash shape, batch 1, 1.205 ms against 1.235 (means of four alternated runs). With
+  // more rows (the table's 4 tokens: 24 rows, 11 blocks each) it lost, w1 + w3 146 us against 130 (back to back in
+  // the bench's graph, a GEMV's prologue overlaps the previous call's tail; behind the pre-pass it cannot). Both
+  // prologues build the same images, so the choice never changes a bit.
+  constexpr int64_t kPrepassMaxRows = 8;
+  const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M, nch = a.K / 32;
+  if (xrows > kPrepassMaxRows) {
+    mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
+    return;
   }
-  if (deal) {
-    MmaParams p = {};
-    copy_gemv_args(a, p);
-    p.images = images;
-    p.claims = claims;
-    p.mtiles = a.M;
-    p.steps = 1;  // kDeal: one pass per block; kClaim counts to the row's groups instead
-    launch_pdl(d.kernel, dim3(static_cast<unsigned>(a.M * d.per_mt)), 32 * d.nw, d.smem, stream, p);
-  } else {
-    mma_launch(fp4_mma_gemv<kMmaWarps, kSteps>, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K, kMmaWarps).total,
-               stream, images);
-  }
+  const Tensor scratch = call_scratch(static_cast<size_t>(fp4_mma_images_layout(xrows, a.K).total));
+  uint8_t* images = static_cast<uint8_t*>(scratch.raw());
+  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
+             a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images);
+  mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images);
 }
 
 }  // namespace deepinfer::cuda

@@ -31,7 +31,7 @@ inline bool run_grouped(int64_t rows, Device device) {
 // Whether independent work over these rows runs as ops::SideWork beside the main stream: decode steps of up to
 // DEEPINFER_CUDA_SIDE_ROWS (4) rows, whose GEMVs leave HBM bandwidth unused (V4.1 batch 1 / 2 / 4: 1.44 / 2.25 /
 // 3.68 -> 1.37 / 2.16 / 3.58 ms; at batch 8 and 32 the concurrent GEMVs measured 9% and 32% slower, each sized to
-// fill the GPU alone). The variable is for A/B runs of kernels that assume the whole GPU (DEEPINFER_CUDA_FP4_DEAL).
+// fill the GPU alone). The variable is for A/B runs of kernels that assume the whole GPU.
 inline bool run_beside(int64_t rows) {
   static const int64_t side_rows_max = env_int("DEEPINFER_CUDA_SIDE_ROWS", 0);
   return rows <= side_rows_max;

@@ -604,14 +604,12 @@ void test_grouped() {
 // One call of an mma GEMV (fp4_mma_gemv or fp8_mma_gemv, through their own entry points) against `want`: dense on
 // wd[0] with one x row, or grouped (x_rows > 0: x row m % x_rows against table entry (m / x_rows) * n_experts +
 // ids[m % x_rows]); then the slow-path warp count against `slow` (0 none, 1 some but not all, 2 all). hang: the
-// kernel's record of a bounded barrier wait that gave up (fp8_wgmma_gemv; null for the others); launch_check: an
-// error when the call would not launch the way the case means to test (null: no check).
+// kernel's record of a bounded barrier wait that gave up (fp8_wgmma_gemv; null for the others).
 struct MmaKernel {
   bool (*supported)(const di::cuda::GemvArgs&);
   void (*into)(const di::cuda::GemvArgs&, cudaStream_t);
   int64_t (*slow_warps)(bool);
   std::string (*hang)() = nullptr;
-  std::function<std::string(const di::cuda::GemvArgs&)> launch_check = {};
 };
 std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& wd, const di::Tensor& x,
                       const di::Tensor& ids, int x_rows, int n_experts, const di::Tensor& want,
@@ -637,10 +635,6 @@ std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& w
     a.n_experts = n_experts;
   }
   if (!k.supported(a)) return "the mma kernel does not take the call";
-  if (k.launch_check) {
-    const std::string why = k.launch_check(a);
-    if (!why.empty()) return why;
-  }
   k.slow_warps(true);
   if (k.hang != nullptr) k.hang();  // clears an earlier record
   k.into(a, nullptr);
@@ -661,9 +655,7 @@ std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& w
 // fp4_mma_gemv's fast path: x fake-quantised beforehand and act_quant_block 0, as the model's grouped expert calls
 // pass it (the FP4 cases above mostly send it to its slow path: in-kernel act quant is not its call, raw x is not
 // exact in fp16). Each case states how many warps must take the slow path (gemv_fp4_mma_slow_warps), so a fast
-// path that silently stopped running fails too. Every case runs in each deal mode (gemv_fp4_mma_set_deal: off, one
-// block of 16 warps per SM, two of 8, claim with four blocks of 4 warps and two of 7); the one-token grouped calls must
-// take the deal launch when it is on, and every call of at most 8 x rows the claim launch.
+// path that silently stopped running fails too.
 void test_fp4_mma() {
   uint32_t seed = 9900;
   struct Case {
@@ -685,63 +677,46 @@ void test_fp4_mma() {
       {"grouped 4 tokens x q128", 2304, 5120, 128, 104, 127, 2, 16, 24, false, 0},
       {"dense scale codes 255 / 253 / 0 in three rows", 600, 1024, 128, 110, 127, 0, 0, 1, false, 1},
   };
-  const char* const mode_names[] = {"", " [deal 1x16]", " [deal 2x8]", " [claim 4x4]", " [claim 2x7]"};
-  for (const int deal : {0, 1, 2, 3, 4})
-    for (const Case& c : cases) {
-      char name[300];
-      std::snprintf(name, sizeof name, "gemv fp4 mma%s %s N=%lld K=%lld lists=%d rows=%d", mode_names[deal], c.what,
-                    static_cast<long long>(c.N), static_cast<long long>(c.K), c.lists, c.rows);
-      di::cuda::gemv_fp4_mma_set_deal(deal);
-      run_case(name, [&]() -> std::string {
-        const int L = std::max(c.lists, 1), E = c.lists > 0 ? c.experts : 1, R = c.rows, M = c.lists > 0 ? L * R : R;
-        std::vector<di::ops::QWeight> wh, wd;
-        for (int e = 0; e < L * E; ++e) {
-          wh.push_back(make_weight(di::DType::kE2M1x2, c.N, c.K, 0, seed++, c.slo, c.shi));
-          if (c.slow == 1) {  // a NaN scale, one whose weights overflow, and 2^-127
-            uint8_t* sc = wh.back().scale.data<uint8_t>();
-            sc[5 * (c.K / 32) + 3] = 255;
-            sc[40 * (c.K / 32) + 0] = 253;
-            sc[100 * (c.K / 32) + 7] = 0;
-          }
-          wd.push_back(to_device(wh.back()));
+  for (const Case& c : cases) {
+    char name[300];
+    std::snprintf(name, sizeof name, "gemv fp4 mma %s N=%lld K=%lld lists=%d rows=%d", c.what,
+                  static_cast<long long>(c.N), static_cast<long long>(c.K), c.lists, c.rows);
+    run_case(name, [&]() -> std::string {
+      const int L = std::max(c.lists, 1), E = c.lists > 0 ? c.experts : 1, R = c.rows, M = c.lists > 0 ? L * R : R;
+      std::vector<di::ops::QWeight> wh, wd;
+      for (int e = 0; e < L * E; ++e) {
+        wh.push_back(make_weight(di::DType::kE2M1x2, c.N, c.K, 0, seed++, c.slo, c.shi));
+        if (c.slow == 1) {  // a NaN scale, one whose weights overflow, and 2^-127
+          uint8_t* sc = wh.back().scale.data<uint8_t>();
+          sc[5 * (c.K / 32) + 3] = 255;
+          sc[40 * (c.K / 32) + 0] = 253;
+          sc[100 * (c.K / 32) + 7] = 0;
         }
-        di::Tensor x = make_x(R, c.K, seed++);
-        if (c.qblock > 0) di::ops::fake_quant_fp8(x, 0, c.K, c.qblock);
-        if (c.qblock > 0 && c.lists == 0) {  // a chunk spanning 2^-9 .. 448 of its group's scale: subnormal codes
-          for (int64_t k = 0; k < 32; ++k) x.data<float>()[k] = std::ldexp(static_cast<float>(k - 16), -12 + (k % 20));
-          di::ops::fake_quant_fp8(x, 0, c.K, c.qblock);
-        }
-        std::mt19937 rng(seed++);
-        std::uniform_int_distribution<int> pick(0, E - 1);
-        di::Tensor ids = di::Tensor::empty({R}, di::DType::kI32);
-        for (int m = 0; m < R; ++m) ids.data<int32_t>()[m] = c.lists > 0 ? pick(rng) : 0;
-        di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
-        di::ops::LinearOpts o;
-        o.round_out_bf16 = c.round;
-        for (int m = 0; m < M; ++m) {
-          const int r = m % R, l = m / R;
-          const di::Tensor ym =
-              di::ops::linear(x.slice(0, r, r + 1).contiguous(), wh[l * E + ids.data<int32_t>()[r]], o);
-          std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(),
-                      static_cast<size_t>(c.N) * 4);
-        }
-        MmaKernel k{di::cuda::gemv_fp4_mma_supported, di::cuda::gemv_fp4_mma_into, di::cuda::gemv_fp4_mma_slow_warps};
-        // One token's top-6 (w1 + w3: 12 x rows of 144 groups; w2: 6 of 320) fits the deal launch on 120+ SMs; the
-        // claim launch takes every call with the x pre-pass (at most 8 x rows).
-        int sms = 0;
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-        const bool want_deal =
-            deal >= 3 ? c.rows <= 8 && sms >= 16 : deal != 0 && c.lists > 0 && c.rows == 6 && sms >= 120;
-        k.launch_check = [&](const di::cuda::GemvArgs& a) -> std::string {
-          const bool taken = di::cuda::gemv_fp4_mma_deal_taken(a);
-          if (deal == 0 && taken) return "deal mode taken while off";
-          if (want_deal && !taken) return "deal / claim mode not taken";
-          return std::string();
-        };
-        return check_mma(k, wd, x, ids, c.lists > 0 ? R : 0, E, want, o, c.slow);
-      });
-    }
-  di::cuda::gemv_fp4_mma_set_deal(-1);
+        wd.push_back(to_device(wh.back()));
+      }
+      di::Tensor x = make_x(R, c.K, seed++);
+      if (c.qblock > 0) di::ops::fake_quant_fp8(x, 0, c.K, c.qblock);
+      if (c.qblock > 0 && c.lists == 0) {  // a chunk spanning 2^-9 .. 448 of its group's scale: subnormal codes
+        for (int64_t k = 0; k < 32; ++k) x.data<float>()[k] = std::ldexp(static_cast<float>(k - 16), -12 + (k % 20));
+        di::ops::fake_quant_fp8(x, 0, c.K, c.qblock);
+      }
+      std::mt19937 rng(seed++);
+      std::uniform_int_distribution<int> pick(0, E - 1);
+      di::Tensor ids = di::Tensor::empty({R}, di::DType::kI32);
+      for (int m = 0; m < R; ++m) ids.data<int32_t>()[m] = c.lists > 0 ? pick(rng) : 0;
+      di::Tensor want = di::Tensor::empty({M, c.N}, di::DType::kF32);
+      di::ops::LinearOpts o;
+      o.round_out_bf16 = c.round;
+      for (int m = 0; m < M; ++m) {
+        const int r = m % R, l = m / R;
+        const di::Tensor ym = di::ops::linear(x.slice(0, r, r + 1).contiguous(), wh[l * E + ids.data<int32_t>()[r]], o);
+        std::memcpy(want.data<float>() + static_cast<int64_t>(m) * c.N, ym.data<float>(), static_cast<size_t>(c.N) * 4);
+      }
+      const MmaKernel k{di::cuda::gemv_fp4_mma_supported, di::cuda::gemv_fp4_mma_into,
+                        di::cuda::gemv_fp4_mma_slow_warps};
+      return check_mma(k, wd, x, ids, c.lists > 0 ? R : 0, E, want, o, c.slow);
+    });
+  }
 }
 
 // An E4M3 case of a tensor-core GEMV (V4.1 tiles of 32, act_quant_block 32, bf16-rounded output) against the CPU op:

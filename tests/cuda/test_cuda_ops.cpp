@@ -1680,6 +1680,24 @@ void test_scale_and_copies() {
 
 // ---- side work (ops::SideWork): ops beside the main stream, bit for bit; a block freed inside it is not handed to
 // the main stream before the join ----
+// nseg runs of 1 to 130 rows (every seventh empty) at random places of a store of 8,192 rows of `width` (normal values
+// from `seed`), as host runs over `host` and the same runs over its device copy `store`; returns their rows in all.
+int64_t scattered_runs(int64_t width, int nseg, std::mt19937& rng, uint32_t seed, di::Tensor& host, di::Tensor& store,
+                       std::vector<di::ops::RowSegment>& hs, std::vector<di::ops::RowSegment>& ds) {
+  const int64_t store_rows = 8192;
+  host = normal_tensor({store_rows, width}, 1.0f, seed, false);
+  store = dev(host);
+  int64_t rows = 0;
+  for (int i = 0; i < nseg; ++i) {
+    const int64_t n = i % 7 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 130);
+    const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(store_rows - n));
+    hs.push_back({host.data<float>() + at * width, n});
+    ds.push_back({store.data<float>() + at * width, n});
+    rows += n;
+  }
+  return rows;
+}
+
 // gather_segments on the device against the CPU op, bit for bit: runs of 1 to 130 rows (a window's two runs, a chunk's
 // rows, 64-row pages) from scattered places of a store, some empty, widths 512 and 128.
 void test_gather_segments() {
@@ -1688,18 +1706,9 @@ void test_gather_segments() {
     for (const int nseg : {1, 3, 40}) {
       run_case("gather_segments width " + std::to_string(width) + " segments " + std::to_string(nseg), [&] {
         std::mt19937 rng(seed++);
-        const int64_t store_rows = 8192;
-        const di::Tensor host = normal_tensor({store_rows, width}, 1.0f, seed++, false);
-        const di::Tensor store = dev(host);
+        di::Tensor host, store;
         std::vector<di::ops::RowSegment> hs, ds;
-        int64_t rows = 0;
-        for (int i = 0; i < nseg; ++i) {
-          const int64_t n = i % 7 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 130);
-          const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(store_rows - n));
-          hs.push_back({host.data<float>() + at * width, n});
-          ds.push_back({store.data<float>() + at * width, n});
-          rows += n;
-        }
+        const int64_t rows = scattered_runs(width, nseg, rng, seed++, host, store, hs, ds);
         di::Tensor want = di::Tensor::zeros({rows, width}, di::DType::kF32);
         di::Tensor got = di::Tensor::zeros({rows, width}, di::DType::kF32, di::Device::kCUDA);
         di::ops::gather_segments(hs, want);
@@ -1721,18 +1730,10 @@ void test_gather_listed() {
     for (const int nseg : {3, 40}) {
       run_case("gather_listed width " + std::to_string(width) + " segments " + std::to_string(nseg), [&] {
         std::mt19937 rng(seed++);
-        const int64_t store_rows = 8192, R = 3, K = 200;
-        const di::Tensor host = normal_tensor({store_rows, width}, 1.0f, seed++, false);
-        const di::Tensor store = dev(host);
+        const int64_t R = 3, K = 200;
+        di::Tensor host, store;
         std::vector<di::ops::RowSegment> hs, ds;
-        int64_t N = 0;
-        for (int i = 0; i < nseg; ++i) {
-          const int64_t n = i % 7 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 130);
-          const int64_t at = static_cast<int64_t>(rng() % static_cast<uint32_t>(store_rows - n));
-          hs.push_back({host.data<float>() + at * width, n});
-          ds.push_back({store.data<float>() + at * width, n});
-          N += n;
-        }
+        const int64_t N = scattered_runs(width, nseg, rng, seed++, host, store, hs, ds);
         di::Tensor idx_h = di::Tensor::empty({R, K}, di::DType::kI32), idx_d = idx_h.clone();
         for (int64_t e = 0; e < R * K; ++e) {
           const uint32_t r = rng() % 10;
