@@ -242,8 +242,8 @@ int main(int argc, char** argv) {
         "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const int64_t B : batches) {
       // B sequences with `context` tokens each, prefilled 4096 tokens per forward at most: several sequences a
-      // forward at a short context, a long one in chunks of 4096 (one forward of 64k tokens needs more memory for its
-      // activations and index scores than an 80 GB GPU has beside the weights).
+      // forward at a short context, a long one in chunks of 4096 (as one forward, a 64k-token context gave no decode
+      // row on an 80 GB H100: bench/RESULTS.md, forty-third session).
       std::vector<std::unique_ptr<di::SequenceState>> seqs;
       for (int64_t b = 0; b < B; ++b) seqs.push_back(model->new_sequence());
       constexpr int64_t kPrefillChunk = 4096;

@@ -53,8 +53,6 @@ struct MmaParams : GemvCall {
   int steps;                        // ceil(N / rows per step)
   const uint8_t* images = nullptr;  // fp4_mma_gemv: the x pre-pass's scratch (fp4_mma_images_layout of its x rows:
                                     // x_rows if > 0, else M)
-  int* claims = nullptr;            // fp4_mma_gemv's claim mode: per x row the next unclaimed 16-row group (the
-                                    // pre-pass zeroes them)
 };
 
 // fp4_mma_gemv's x pre-pass scratch, byte offsets: per x row its B images (K * 4 bytes, the kernel's shared-memory

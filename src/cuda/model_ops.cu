@@ -911,28 +911,15 @@ Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bo
 Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
                          const ops::KeyVisibility& vis, bool round) {
   const char* op = "cuda::index_scores";
-  DI_CHECK(d > 0 && q.defined(), "{}: key width {}", op, d);
-  // The decode kernel's calls read the keys where they are; the other kernel reads one table (a block's queries share
-  // its keys), gathered first.
-  if (q.size(0) >= 1 && (vis.offsets.defined() || q.size(0) <= kDecMaxQueries)) {
-    const RunTables t = run_tables(segments, d);
-    index_scores_checks(op, q, t.rows, d, w, vis);
-    const bool aligned = t.aligned && d % 4 == 0;
-    const Tensor out = t.in_params() ? index_scores_decode(op, q, t.param, aligned, t.rows, d, w, vis, round)
-                                     : index_scores_decode(op, q, t.uploaded, aligned, t.rows, d, w, vis, round);
-    if (out.defined()) return out;
-  }
-  int64_t n = 0;
-  for (const ops::RowSegment& s : segments) n += s.rows;
-  Tensor table = Tensor::empty({n, d}, DType::kF32, Device::kCUDA);
-  std::vector<ops::RowCopy> copies;
-  int64_t r = 0;
-  for (const ops::RowSegment& s : segments) {
-    copies.push_back({table.data<float>() + r * d, s.src, s.rows});
-    r += s.rows;
-  }
-  copy_rows(copies, d);
-  return cuda::index_scores(q, table, w, vis, round);
+  DI_CHECK(q.defined(), "{}: no queries", op);
+  // Only calls the decode kernel may take build the run table (an upload past 16 runs).
+  if (q.size(0) < 1 || (!vis.offsets.defined() && q.size(0) > kDecMaxQueries)) return Tensor();
+  DI_CHECK(d > 0, "{}: key width {}", op, d);
+  const RunTables t = run_tables(segments, d);
+  index_scores_checks(op, q, t.rows, d, w, vis);
+  const bool aligned = t.aligned && d % 4 == 0;
+  return t.in_params() ? index_scores_decode(op, q, t.param, aligned, t.rows, d, w, vis, round)
+                       : index_scores_decode(op, q, t.uploaded, aligned, t.rows, d, w, vis, round);
 }
 
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round) {

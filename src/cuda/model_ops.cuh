@@ -26,7 +26,8 @@ namespace deepinfer::cuda {
 Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const ops::KeyVisibility& vis, bool round);
 // index_scores over the keys of the table that ops::gather_segments(segments, ...) would build (d floats a row), read
 // where they are by the decode kernel (up to 16 queries, or rows over their own keys: a decode step's indexers), where
-// a gather copied every key of the layer at every step; other calls gather them first.
+// a gather copied every key of the layer at every step; an undefined tensor for a call that kernel does not take (the
+// caller gathers the keys for cuda::index_scores).
 Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
                          const ops::KeyVisibility& vis, bool round);
 ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,

@@ -46,25 +46,13 @@ bool whole_tables() {
   return on;
 }
 
-// ops::index_scores_segments, or under whole_tables() on CUDA the keys gathered into one table first.
-Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segs, const Tensor& w,
-                         const ops::KeyVisibility& vis, bool round) {
-  if (q.device() == Device::kCPU || !whole_tables() || q.size(0) == 0 || w.dim() != 2 || w.size(1) == 0)
-    return ops::index_scores_segments(q, segs, w, vis, round);  // (which also reports a malformed call)
-  int64_t n = 0;
-  for (const ops::RowSegment& s : segs) n += s.rows;
-  Tensor table = Tensor::empty({n, q.numel() / (q.size(0) * w.size(1))}, DType::kF32, q.device());
-  ops::gather_segments(segs, table);
-  return ops::index_scores(q, table, w, vis, round);
-}
-
 }  // namespace
 
 Tensor index_scores_pages(const Tensor& q, const RowPages& keys, const Tensor& w, const ops::KeyVisibility& vis,
                           bool round) {
   std::vector<ops::RowSegment> segs;
   keys.segments(segs);
-  return index_scores_runs(q, segs, w, vis, round);
+  return ops::index_scores_segments(q, segs, w, vis, round, !whole_tables());
 }
 
 Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, const Tensor& iw, int64_t nh, int64_t hd,
@@ -102,7 +90,8 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
   vis.width = W;
   // The keys in their pages (ops::index_scores_segments): read in place (on the CPU a table copied every key of the
   // batch at every step: ~0.95 ms of a 16k-token decode step of mini-v41).
-  return index_scores_runs(iq.slice(0, lo, hi).view({R, nh, hd}), segs, iw.slice(0, lo, hi), vis, round);
+  return ops::index_scores_segments(iq.slice(0, lo, hi).view({R, nh, hd}), segs, iw.slice(0, lo, hi), vis, round,
+                                    !whole_tables());
 }
 
 Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tensor& sink, const int64_t* positions,

@@ -748,23 +748,32 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
 }
 
 Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& w,
-                             const KeyVisibility& vis, bool round) {
+                             const KeyVisibility& vis, bool round, bool in_place) {
   DI_CHECK(q.defined() && q.dim() >= 2 && w.defined() && w.dim() == 2 && w.size(1) > 0 &&
                (q.size(0) == 0 || q.numel() % (q.size(0) * w.size(1)) == 0),
            "index_scores_segments: expected q [T, heads, d] and w [T, heads], got q {} w {}",
            q.defined() ? q.describe() : std::string("undefined"),
            w.defined() ? w.describe() : std::string("undefined"));
   const int64_t d = q.size(0) > 0 ? q.numel() / (q.size(0) * w.size(1)) : 0;
+  if (q.device() != Device::kCPU) {
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(q)) {  // the decode kernel reads the keys where they are; other calls gather them first
-    const OpScope scope("index_scores", q);
-    for (const RowSegment& s : segments)
-      DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "index_scores_segments: a run of {} rows at {}",
-               s.rows, static_cast<const void*>(s.src));
-    return cuda::index_scores_runs(q, segments, d, w, vis, round);
-  }
+    if (in_place && on_cuda(q)) {  // the decode kernel reads the keys where they are
+      const OpScope scope("index_scores", q);
+      for (const RowSegment& s : segments)
+        DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "index_scores_segments: a run of {} rows at {}",
+                 s.rows, static_cast<const void*>(s.src));
+      const Tensor out = cuda::index_scores_runs(q, segments, d, w, vis, round);
+      if (out.defined()) return out;
+    }
 #endif
-  if (on_cuda(q)) no_kernel("index_scores", q);
+    // The other calls (the CUDA prefill kernel reads one table: a block's queries share its keys) gather the runs
+    // into one table (one launch).
+    int64_t n = 0;
+    for (const RowSegment& s : segments) n += s.rows;
+    Tensor table = Tensor::empty({n, d}, DType::kF32, q.device());
+    gather_segments(segments, table);
+    return index_scores(q, table, w, vis, round);  // each op under its own profile scope
+  }
   const OpScope scope("index_scores", q);
   const std::vector<const float*> rows = segment_rows(segments, d, "index_scores_segments");
   return cpu::index_scores_rows(q, rows.data(), static_cast<int64_t>(rows.size()), d, w, vis, round);

@@ -447,10 +447,11 @@ Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>&
                                  const AttnDerotate* derotate = nullptr);
 // index_scores over the key table that gather_segments(segments, ...) would build (key j of the runs laid end to end,
 // q's per-head width a row): the same bits as gathering first. The CPU reads the keys where they live (the indexer's
-// keys are a paged store, RowPages, which a table copied whole at every step); CUDA gathers them (its kernel reads one
-// table).
+// keys are a paged store, RowPages, which a table copied whole at every step), and so does CUDA's decode kernel (up to
+// 16 queries, or rows over their own keys); other CUDA calls, and every one when in_place is false (the A/B of
+// DEEPINFER_CUDA_WHOLE_TABLES), gather the keys into one table first.
 Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& w,
-                             const KeyVisibility& vis, bool round);
+                             const KeyVisibility& vis, bool round, bool in_place = true);
 // Row copies of one width on one device: copy i moves `rows` rows (`width` floats each, contiguous runs) from src to
 // dst. One CUDA kernel for all of them (a decode batch's window-ring writes; gather_segments is one use), a copy each
 // on the CPU. Exact; the runs must not overlap.
