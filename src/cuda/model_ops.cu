@@ -40,15 +40,16 @@ __device__ __forceinline__ float log1p_f(float x) { return __double2float_rn(log
 // ---- a table's rows, contiguous or as runs (ops::RowSegment) ------------------------------------------------------
 // What index_scores' decode kernel and gather_listed read: row j of a table of `width` floats a row. TableRows: one
 // contiguous table. ParamRuns / UploadedRuns: runs laid end to end (a window ring's runs, a chunk's new rows, a paged
-// store's 64-row pages), their table in the launch's parameters (up to kParamRuns) or uploaded (first rows [n + 1],
-// then the source pointers [n]); row j is found by a binary search over the first rows (the same on every lane).
+// store's 64-row pages), their table in the launch's parameters (up to kParamRuns entries, each a run or a whole paged
+// store whose page addresses are in device memory) or uploaded (first rows [n + 1], then the source pointers [n]: every
+// store as its pages' runs); row j is found by a binary search over the first rows (the same on every lane).
 struct TableRows {
   const float* base;
   __device__ const float* row(int64_t j, int width) const { return base + j * width; }
 };
 
 template <class Runs>
-__device__ __forceinline__ const float* run_row(const Runs& r, int64_t j, int width) {
+__device__ __forceinline__ int run_of(const Runs& r, int64_t j) {
   int lo = 0, hi = r.n - 1;  // the last run whose first row is <= j
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
@@ -57,55 +58,82 @@ __device__ __forceinline__ const float* run_row(const Runs& r, int64_t j, int wi
     else
       hi = mid - 1;
   }
-  return r.at(lo) + (j - r.start(lo)) * width;
+  return lo;
 }
 
-constexpr int kParamRuns = 16;  // runs whose table travels in the launch's parameters (a short context's table)
+constexpr int kParamRuns = 16;  // entries whose table travels in the launch's parameters
 
 struct ParamRuns {
-  const float* src[kParamRuns];
+  const float* src[kParamRuns];       // a run's first row
+  const uint64_t* pages[kParamRuns];  // or a paged store's page addresses (device memory), null for a run
   int64_t first[kParamRuns + 1];
+  int shift[kParamRuns];  // a paged store's log2(rows a page)
   int n;
   __device__ int64_t start(int i) const { return first[i]; }
-  __device__ const float* at(int i) const { return src[i]; }
-  __device__ const float* row(int64_t j, int width) const { return run_row(*this, j, width); }
+  __device__ const float* row(int64_t j, int width) const {
+    const int i = run_of(*this, j);
+    const int64_t r = j - first[i];
+    if (pages[i] == nullptr) return src[i] + r * width;
+    const float* page = reinterpret_cast<const float*>(static_cast<uintptr_t>(pages[i][r >> shift[i]]));
+    return page + (r & ((int64_t{1} << shift[i]) - 1)) * width;
+  }
 };
 struct UploadedRuns {
   const int64_t* first;
   int n;
   __device__ int64_t start(int i) const { return first[i]; }
-  __device__ const float* at(int i) const {
-    return reinterpret_cast<const float*>(static_cast<uintptr_t>(first[n + 1 + i]));
+  __device__ const float* row(int64_t j, int width) const {
+    const int i = run_of(*this, j);
+    return reinterpret_cast<const float*>(static_cast<uintptr_t>(first[n + 1 + i])) + (j - first[i]) * width;
   }
-  __device__ const float* row(int64_t j, int width) const { return run_row(*this, j, width); }
 };
 
-// The non-empty runs of `segments` as one of the two run tables (the uploaded one's device copy kept in `keep` until
-// the launch is queued), and whether every run starts 16-byte aligned; rows: their total.
+// The non-empty entries of `segments` as one of the two run tables (the uploaded one's device copy kept in `keep`
+// until the launch is queued), and whether every row starts 16-byte aligned; rows: their total. A paged store stays
+// one parameter entry when its page addresses are on the device and the entries fit, else it becomes its pages' runs.
 struct RunTables {
-  std::vector<ops::RowSegment> runs;
+  bool params = true;
   bool aligned = true;
   int64_t rows = 0;
   ParamRuns param{};
   UploadedRuns uploaded{};
   Tensor keep;
-  bool in_params() const { return runs.size() <= static_cast<size_t>(kParamRuns); }
+  bool in_params() const { return params; }
 };
 RunTables run_tables(const std::vector<ops::RowSegment>& segments, int64_t width) {
   RunTables t;
-  for (const ops::RowSegment& r : segments)
-    if (r.rows > 0) {
-      side_join_if_reads(r.src, static_cast<size_t>(r.rows * width) * sizeof(float));  // as copy_rows
-      t.runs.push_back(r);
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(float);
+  std::vector<ops::RowSegment> entries;
+  bool native = true;
+  for (const ops::RowSegment& r : segments) {
+    if (r.rows <= 0) continue;
+    entries.push_back(r);
+    native = native && (!r.paged() || r.device_pages != nullptr);
+  }
+  t.params = native && entries.size() <= static_cast<size_t>(kParamRuns);
+  if (!t.params) entries = ops::flat_runs(entries, "cuda run table");
+  for (const ops::RowSegment& r : entries) {
+    if (r.paged()) {  // every page: the side stream's pending writes joined, alignment
+      for (int64_t p = 0; p * r.page_rows < r.rows; ++p) {
+        const size_t n = static_cast<size_t>(std::min(r.page_rows, r.rows - p * r.page_rows));
+        side_join_if_reads(r.pages[p], n * row_bytes);  // as copy_rows
+        t.aligned = t.aligned && reinterpret_cast<uintptr_t>(r.pages[p]) % 16 == 0;
+      }
+    } else {
+      side_join_if_reads(r.src, static_cast<size_t>(r.rows) * row_bytes);  // as copy_rows
       t.aligned = t.aligned && reinterpret_cast<uintptr_t>(r.src) % 16 == 0;
-      t.rows += r.rows;
     }
-  const int n = static_cast<int>(t.runs.size());
-  if (t.in_params()) {
+    t.rows += r.rows;
+  }
+  const int n = static_cast<int>(entries.size());
+  if (t.params) {
     t.param.n = n;
     for (int i = 0; i < n; ++i) {
-      t.param.src[i] = t.runs[i].src;
-      t.param.first[i + 1] = t.param.first[i] + t.runs[i].rows;
+      const ops::RowSegment& r = entries[i];
+      t.param.src[i] = r.src;
+      t.param.pages[i] = r.paged() ? r.device_pages : nullptr;
+      t.param.shift[i] = r.paged() ? __builtin_ctzll(static_cast<unsigned long long>(r.page_rows)) : 0;
+      t.param.first[i + 1] = t.param.first[i] + r.rows;
     }
     return t;
   }
@@ -113,8 +141,8 @@ RunTables run_tables(const std::vector<ops::RowSegment>& segments, int64_t width
   int64_t* p = table.data<int64_t>();
   p[0] = 0;
   for (int i = 0; i < n; ++i) {
-    p[i + 1] = p[i] + t.runs[i].rows;
-    p[n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.runs[i].src));
+    p[i + 1] = p[i] + entries[i].rows;
+    p[n + 1 + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(entries[i].src));
   }
   t.keep = table.to(Device::kCUDA);  // queued without a synchronisation; lives until the launch
   t.uploaded = UploadedRuns{t.keep.data<int64_t>(), n};

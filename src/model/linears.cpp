@@ -51,7 +51,7 @@ bool whole_tables() {
 Tensor index_scores_pages(const Tensor& q, const RowPages& keys, const Tensor& w, const ops::KeyVisibility& vis,
                           bool round) {
   std::vector<ops::RowSegment> segs;
-  keys.segments(segs);
+  keys.paged_segment(segs);
   return ops::index_scores_segments(q, segs, w, vis, round, !whole_tables());
 }
 
@@ -65,7 +65,7 @@ Tensor index_scores_jobs(const std::vector<IndexJob>& jobs, const Tensor& iq, co
     DI_CHECK(j.row0 >= prev && j.T >= 0 && j.ratio > 0 && j.keys != nullptr && j.keys->width() == hd,
              "index_scores_jobs: job rows [{}, {}) after row {}, ratio {}", j.row0, j.row0 + j.T, prev, j.ratio);
     prev = j.row0 + j.T;
-    j.keys->segments(segs);
+    j.keys->paged_segment(segs);
     N += j.keys->rows();
     W = std::max(W, j.keys->rows());
   }
@@ -135,7 +135,7 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
              device_name(dev));
     k.ring->segments(k.wstart, k.start_pos, segs);
     segs.push_back({k.kv.data<float>(), T});
-    if (k.compressed) k.compressed->segments(segs);
+    if (k.compressed) k.compressed->paged_segment(segs);  // one entry, not a run per page (ops::RowSegment)
     ops::IndexLayout lay = k.lay;
     lay.base = base;
     lay.width = width;

@@ -55,7 +55,9 @@ RowPages::RowPages(RowPages&& o) noexcept
       pool_(std::move(o.pool_)),
       device_(o.device_),
       pages_(std::move(o.pages_)),
-      own_(std::move(o.own_)) {
+      own_(std::move(o.own_)),
+      device_pages_(std::move(o.device_pages_)),
+      device_synced_(std::exchange(o.device_synced_, 0)) {
   o.rows_ = 0;
   o.pages_.clear();
 }
@@ -68,6 +70,8 @@ RowPages& RowPages::operator=(RowPages&& o) noexcept {
     device_ = o.device_;
     pages_ = std::move(o.pages_);
     own_ = std::move(o.own_);
+    device_pages_ = std::move(o.device_pages_);
+    device_synced_ = std::exchange(o.device_synced_, 0);
     o.pages_.clear();
   }
   return *this;
@@ -77,6 +81,8 @@ void RowPages::clear() {
     for (float* p : pages_) pool_->release(p);
   pages_.clear();
   own_.clear();
+  device_pages_ = Tensor();
+  device_synced_ = 0;
   rows_ = 0;
 }
 
@@ -140,6 +146,30 @@ void RowPages::copy_to(const Tensor& dst) const {
 
 void RowPages::segments(std::vector<ops::RowSegment>& out) const {
   for (int64_t r = 0; r < rows_; r += kRowsPerPage) out.push_back({row(r), std::min(kRowsPerPage, rows_ - r)});
+}
+
+void RowPages::paged_segment(std::vector<ops::RowSegment>& out) const {
+  if (rows_ == 0) return;
+  ops::RowSegment s{nullptr, rows_};
+  s.pages = pages_.data();
+  s.page_rows = kRowsPerPage;
+  if (device_ == Device::kCUDA) {
+    const int64_t n = num_pages();
+    if (!device_pages_.defined() || device_pages_.numel() < n) {  // grown: the whole list uploaded again
+      int64_t cap = device_pages_.defined() ? device_pages_.numel() : 64;
+      while (cap < n) cap *= 2;
+      device_pages_ = Tensor::empty({cap}, DType::kI64, device_);
+      device_synced_ = 0;
+    }
+    static_assert(sizeof(float*) == sizeof(int64_t), "page addresses are stored as int64");
+    if (device_synced_ < n) {  // queued without a synchronisation (the pageable source is staged at once)
+      copy_bytes(device_pages_.data<int64_t>() + device_synced_, device_, pages_.data() + device_synced_, Device::kCPU,
+                 static_cast<size_t>(n - device_synced_) * sizeof(float*));
+      device_synced_ = n;
+    }
+    s.device_pages = reinterpret_cast<const uint64_t*>(device_pages_.data<int64_t>());
+  }
+  out.push_back(s);
 }
 
 WindowRing::WindowRing(int64_t window, int64_t width, std::shared_ptr<PagePool> pool, Device device)

@@ -74,6 +74,12 @@ class RowPages {
   void copy_to(const Tensor& dst) const;
   // Rows [0, rows()) as runs of contiguous rows, page by page, appended to `out` (ops::gather_segments).
   void segments(std::vector<ops::RowSegment>& out) const;
+  // Rows [0, rows()) as one paged segment (ops::RowSegment: the page addresses and, on CUDA, their copy in device
+  // memory), appended to `out` unless the store is empty. The device copy is brought up to date here, by one upload of
+  // the pages added since the last call (at decode, one page in 64 steps): the kernels that read the rows in place then
+  // take the store as one entry of their launch's parameters, where a run per page made a long context's table too
+  // large for them and cost an upload per layer and step.
+  void paged_segment(std::vector<ops::RowSegment>& out) const;
 
  private:
   void clear();
@@ -86,6 +92,9 @@ class RowPages {
   Device device_ = Device::kCPU;
   std::vector<float*> pages_;
   std::vector<Tensor> own_;  // without a pool
+  // On CUDA, pages_'s addresses in device memory (int64 [capacity]); the first device_synced_ are current.
+  mutable Tensor device_pages_;
+  mutable int64_t device_synced_ = 0;
 };
 
 // Ring of the last `window` rows: slot = position mod window (one pool page when given).

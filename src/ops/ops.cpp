@@ -614,18 +614,52 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
 
 namespace {
 
+// A run of rows >= 0 at a non-null address, or a paged store with a power-of-two page size.
+void check_segment(const RowSegment& s, const char* what) {
+  if (s.paged()) {
+    DI_CHECK(s.rows >= 0 && s.page_rows > 0 && (s.page_rows & (s.page_rows - 1)) == 0,
+             "{}: a paged store of {} rows in pages of {}", what, s.rows, s.page_rows);
+    return;
+  }
+  DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "{}: a run of {} rows at {}", what, s.rows,
+           static_cast<const void*>(s.src));
+}
+
+// Rows in all the segments.
+int64_t segment_total(const std::vector<RowSegment>& segments, const char* what) {
+  int64_t n = 0;
+  for (const RowSegment& s : segments) {
+    check_segment(s, what);
+    n += s.rows;
+  }
+  return n;
+}
+
 // The address of every row of the runs laid end to end (width floats a row): what the *_segments ops read.
 std::vector<const float*> segment_rows(const std::vector<RowSegment>& segments, int64_t width, const char* what) {
   std::vector<const float*> rows;
-  for (const RowSegment& s : segments) {
-    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "{}: a run of {} rows at null", what, s.rows);
+  for (const RowSegment& s : flat_runs(segments, what))
     for (int64_t r = 0; r < s.rows; ++r) rows.push_back(s.src + r * width);
-  }
   DI_CHECK(rows.size() < (size_t{1} << 31), "{}: {} rows", what, rows.size());
   return rows;
 }
 
 }  // namespace
+
+std::vector<RowSegment> flat_runs(const std::vector<RowSegment>& segments, const char* what) {
+  std::vector<RowSegment> runs;
+  runs.reserve(segments.size());
+  for (const RowSegment& s : segments) {
+    check_segment(s, what);
+    if (!s.paged()) {
+      if (s.rows > 0) runs.push_back({s.src, s.rows});
+      continue;
+    }
+    for (int64_t r = 0; r < s.rows; r += s.page_rows)
+      runs.push_back({s.pages[r / s.page_rows], std::min(s.page_rows, s.rows - r)});
+  }
+  return runs;
+}
 
 Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>& segments, const Tensor& idx,
                                  const Tensor& sink, float scale, bool bf16_probs, bool round,
@@ -759,17 +793,14 @@ Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& seg
 #if DEEPINFER_HAS_CUDA
     if (in_place && on_cuda(q)) {  // the decode kernel reads the keys where they are
       const OpScope scope("index_scores", q);
-      for (const RowSegment& s : segments)
-        DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "index_scores_segments: a run of {} rows at {}",
-                 s.rows, static_cast<const void*>(s.src));
+      segment_total(segments, "index_scores_segments");
       const Tensor out = cuda::index_scores_runs(q, segments, d, w, vis, round);
       if (out.defined()) return out;
     }
 #endif
     // The other calls (the CUDA prefill kernel reads one table: a block's queries share its keys) gather the runs
     // into one table (one launch).
-    int64_t n = 0;
-    for (const RowSegment& s : segments) n += s.rows;
+    const int64_t n = segment_total(segments, "index_scores_segments");
     Tensor table = Tensor::empty({n, d}, DType::kF32, q.device());
     gather_segments(segments, table);
     return index_scores(q, table, w, vis, round);  // each op under its own profile scope
@@ -872,19 +903,16 @@ void copy_into(const Tensor& dst, const Tensor& src) {
 
 void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst) {
   const OpScope scope("gather_segments", dst);
+  const std::vector<RowSegment> runs = flat_runs(segments, "gather_segments");
   int64_t rows = 0;
-  for (const RowSegment& s : segments) {
-    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "gather_segments: a segment of {} rows at {}", s.rows,
-             static_cast<const void*>(s.src));
-    rows += s.rows;
-  }
+  for (const RowSegment& s : runs) rows += s.rows;
   DI_CHECK(dst.defined() && dst.dim() == 2 && dst.dtype() == DType::kF32 && dst.is_contiguous() && dst.size(0) == rows,
            "gather_segments: {} rows of segments for {}", rows,
            dst.defined() ? dst.describe() : std::string("undefined"));
   const int64_t width = dst.size(1);
   std::vector<RowCopy> copies;
   int64_t r = 0;
-  for (const RowSegment& s : segments) {
+  for (const RowSegment& s : runs) {
     copies.push_back({dst.data<float>() + r * width, s.src, s.rows});
     r += s.rows;
   }
@@ -900,12 +928,7 @@ void gather_listed(const std::vector<RowSegment>& segments, const Tensor& idx, c
            "dst {}",
            idx.defined() ? idx.describe() : std::string("undefined"),
            dst.defined() ? dst.describe() : std::string("undefined"));
-  int64_t n = 0;
-  for (const RowSegment& s : segments) {
-    DI_CHECK(s.rows >= 0 && (s.rows == 0 || s.src != nullptr), "gather_listed: a run of {} rows at {}", s.rows,
-             static_cast<const void*>(s.src));
-    n += s.rows;
-  }
+  const int64_t n = segment_total(segments, "gather_listed");
   DI_CHECK(n < (int64_t{1} << 31), "gather_listed: {} rows in the runs", n);
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(dst)) return cuda::gather_listed(segments, idx, dst);

@@ -423,10 +423,24 @@ void copy_into(const Tensor& dst, const Tensor& src);
 // them (copy_rows): the attention's stacked KV table of a decode batch (every chunk's window runs, its new rows and
 // its compressed pages) and a paged store's rows (index_scores_segments: the indexer's keys), where a copy per run or
 // 64-row page cost a launch each; a copy per segment on the CPU. Exact.
+//
+// A segment is either a run (src: its first row, rows contiguous) or a paged store's rows [0, rows) (src null, pages
+// set: row r at pages[r / page_rows] + (r % page_rows) * width, page_rows a power of two). A paged store names its page
+// addresses on the host (pages) and, where the store keeps them there, in device memory too (device_pages, the same
+// addresses, u64): the CUDA kernels that read rows in place (gather_listed, index_scores_segments' decode kernel) then
+// take the whole store as one entry of their launch's run table instead of one run per page, so a long context's table
+// is not uploaded at every step. Every other consumer sees the store as its pages' runs (flat_runs).
 struct RowSegment {
   const float* src;
   int64_t rows;
+  float* const* pages = nullptr;
+  const uint64_t* device_pages = nullptr;
+  int64_t page_rows = 0;
+  bool paged() const { return pages != nullptr; }
 };
+// The segments with every paged store as its pages' runs (in order; empty runs kept out). Throws on a malformed
+// segment (negative rows, a run at null, a paged store without a power-of-two page_rows).
+std::vector<RowSegment> flat_runs(const std::vector<RowSegment>& segments, const char* what);
 void gather_segments(const std::vector<RowSegment>& segments, const Tensor& dst);
 // The rows the index lists name, gathered out of the runs instead of the whole table: idx (int32 [R, K], contiguous,
 // on the runs' device) lists rows of the table that gather_segments(segments, ...) would build (N rows); entry e = t K

@@ -204,6 +204,56 @@ TEST(Ops, GatherListedGivesTheWholeTablesAttention) {
   EXPECT_THROW(ops::gather_listed(segs, idx.clone(), Tensor::zeros({T * K - 1, D}, DType::kF32)), Error);
 }
 
+// A paged store (ops::RowSegment's paged form: rows found through page addresses) reads as its pages' runs: the
+// *_segments ops, gather_segments and gather_listed over [a run, a store of pages of 8 laid out of order, a run] give
+// the bits of the table; flat_runs lists the pages' runs; a page size that is not a power of two is refused.
+TEST(Ops, PagedSegmentReadsAsItsPagesRuns) {
+  const int64_t T = 2, H = 3, D = 32, N = 37, K = 9, P = 8;
+  Tensor q = randn({T, H, D}, 41), kv = randn({N, D}, 42), sink = randn({H}, 43);
+  // Rows [2, 34) in 4 pages of 8 stored in reverse order; rows [0, 2) and [34, 37) as runs of kv itself.
+  Tensor store = Tensor::empty({32, D}, DType::kF32);
+  std::vector<float*> pages;
+  for (int64_t p = 0; p < 4; ++p) {
+    float* page = store.data<float>() + (3 - p) * P * D;
+    std::copy(kv.data<float>() + (2 + p * P) * D, kv.data<float>() + (2 + (p + 1) * P) * D, page);
+    pages.push_back(page);
+  }
+  ops::RowSegment paged{nullptr, 32};
+  paged.pages = pages.data();
+  paged.page_rows = P;
+  const std::vector<ops::RowSegment> segs{{kv.data<float>(), 2}, paged, {kv.data<float>() + 34 * D, 3}};
+  const std::vector<ops::RowSegment> runs = ops::flat_runs(segs, "test");
+  ASSERT_EQ(runs.size(), 6u);
+  for (int64_t p = 0; p < 4; ++p) EXPECT_EQ(runs[1 + p].src, pages[p]);
+
+  Tensor table = Tensor::zeros({N, D}, DType::kF32);
+  ops::gather_segments(segs, table);
+  for (int64_t i = 0; i < kv.numel(); ++i) ASSERT_EQ(table.data<float>()[i], kv.data<float>()[i]) << i;
+
+  Tensor idx = Tensor::empty({T, K}, DType::kI32);
+  for (int64_t i = 0; i < idx.numel(); ++i)
+    idx.data<int32_t>()[i] = i % 5 == 3 ? -1 : static_cast<int32_t>((i * 11) % N);
+  const Tensor want = ops::sparse_attention(q, kv, idx, sink, 0.25f, true, true);
+  const Tensor got = ops::sparse_attention_segments(q, segs, idx, sink, 0.25f, true, true);
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+  Tensor listed = idx.clone(), rows = Tensor::zeros({T * K, D}, DType::kF32);
+  ops::gather_listed(segs, listed, rows);
+  const Tensor via_rows = ops::sparse_attention(q, rows, listed, sink, 0.25f, true, true);
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(via_rows.data<float>()[i], want.data<float>()[i]) << i;
+
+  const ops::KeyVisibility vis{Tensor(), N - 1, 1};  // a decode row seeing every key
+  const Tensor q1 = randn({1, H, D}, 45), w1 = randn({1, H}, 46);
+  const Tensor s_want = ops::index_scores(q1, kv, w1, vis, true);
+  const Tensor s_got = ops::index_scores_segments(q1, segs, w1, vis, true);
+  ASSERT_EQ(s_got.shape(), s_want.shape());
+  for (int64_t i = 0; i < s_want.numel(); ++i) EXPECT_EQ(s_got.data<float>()[i], s_want.data<float>()[i]) << i;
+
+  ops::RowSegment odd = paged;
+  odd.page_rows = 6;
+  EXPECT_THROW(ops::flat_runs({odd}, "test"), Error);
+  EXPECT_THROW(ops::gather_segments({odd}, Tensor::zeros({32, D}, DType::kF32)), Error);
+}
+
 // YaRN table for compress_rope_theta 160000, factor 16, original 65536: dims i <= 15 keep their
 // frequency, i >= 25 are divided by 16, 16..24 blend with ramp (i - 15) / 10 (spec §2.1).
 TEST(Ops, RopeYarnCorrectionRange) {

@@ -54,6 +54,27 @@ TEST(RowPages, AppendCopiesGiveTheStoreAppendRowsGives) {
   }
 }
 
+// paged_segment: one entry naming the store's pages (no device copy on the CPU) that reads as the store; nothing for an
+// empty store.
+TEST(RowPages, PagedSegmentNamesTheStoresPages) {
+  constexpr int64_t kWidth = 3, kPage = RowPages::kRowsPerPage;
+  RowPages p(kWidth);
+  std::vector<ops::RowSegment> segs;
+  p.paged_segment(segs);
+  EXPECT_TRUE(segs.empty());
+  p.append_rows(rows_of(2 * kPage + 5, kWidth, 7.0f));
+  p.paged_segment(segs);
+  ASSERT_EQ(segs.size(), 1u);
+  EXPECT_TRUE(segs[0].paged());
+  EXPECT_EQ(segs[0].rows, 2 * kPage + 5);
+  EXPECT_EQ(segs[0].page_rows, kPage);
+  EXPECT_EQ(segs[0].device_pages, nullptr);
+  for (int64_t pg = 0; pg < p.num_pages(); ++pg) EXPECT_EQ(segs[0].pages[pg], p.row(pg * kPage));
+  Tensor out = Tensor::empty({p.rows(), kWidth}, DType::kF32);
+  ops::gather_segments(segs, out);
+  EXPECT_EQ(std::vector<float>(out.data<float>(), out.data<float>() + out.numel()), contents(p));
+}
+
 TEST(RowPages, AppendCopiesRejectsRowsOfAnotherWidth) {
   RowPages p(4);
   std::vector<ops::RowCopy> copies;

@@ -1781,6 +1781,98 @@ void test_gather_listed() {
   });
 }
 
+// A table [N, d] (host) as a paged store on the device: pages of `page_rows` rows, laid in reverse order with a page of
+// gap between them (`store`), their addresses on the host (`host_pages`) and on the device (`table`, u64), as
+// RowPages::paged_segment gives them. device_table false: the store without its device copy (the runs' fallback).
+di::ops::RowSegment paged_store(const di::Tensor& t, int64_t page_rows, bool device_table, di::Tensor& store,
+                                std::vector<float*>& host_pages, di::Tensor& table) {
+  const int64_t N = t.size(0), d = t.size(1), P = (N + page_rows - 1) / page_rows;
+  di::Tensor host = di::Tensor::zeros({2 * P * page_rows, d}, di::DType::kF32);
+  for (int64_t p = 0; p < P; ++p)  // page p at slot 2 (P - 1 - p)
+    std::memcpy(host.data<float>() + 2 * (P - 1 - p) * page_rows * d, t.data<float>() + p * page_rows * d,
+                static_cast<size_t>(std::min(page_rows, N - p * page_rows) * d) * sizeof(float));
+  store = dev(host);
+  host_pages.clear();
+  di::Tensor addr = di::Tensor::empty({std::max<int64_t>(P, 1)}, di::DType::kI64);
+  for (int64_t p = 0; p < P; ++p) {
+    host_pages.push_back(store.data<float>() + 2 * (P - 1 - p) * page_rows * d);
+    addr.data<int64_t>()[p] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(host_pages.back()));
+  }
+  table = dev(addr);
+  di::ops::RowSegment s{nullptr, N};
+  s.pages = host_pages.data();
+  s.page_rows = page_rows;
+  if (device_table) s.device_pages = reinterpret_cast<const uint64_t*>(table.data<int64_t>());
+  return s;
+}
+
+// Paged stores read in place (ops::RowSegment's paged form, one entry of the launch's run table however many pages):
+// gather_listed and the indexer's decode kernel over [a run, a paged store, a run] and over 20 stores (more entries
+// than the parameters hold: the pages' runs uploaded), and a store without its device copy (its pages' runs), against
+// the CPU ops over the same rows as one table, bit for bit.
+void test_paged_stores() {
+  uint32_t seed = 39770;
+  struct Case {
+    const char* what;
+    int64_t N, page_rows;
+    int stores;
+    bool device_table;
+  };
+  const Case cases[] = {
+      {"one store of 313 pages between two runs", 20000, 64, 1, true},
+      {"one store of pages of 16", 1001, 16, 1, true},
+      {"20 stores (uploaded as runs)", 3000, 64, 20, true},
+      {"a store without its device table", 5000, 64, 1, false},
+  };
+  for (const Case& c : cases) {
+    run_case(std::string("paged stores ") + c.what, [&]() -> std::string {
+      std::mt19937 rng(seed++);
+      const int64_t d = 128, nh = 64, lead = 3, tail = 2;  // a window's run before, a chunk's rows after
+      const int64_t N = lead + c.N + tail;
+      const di::Tensor all = normal_tensor({N, d}, 1.0f, seed++, true);
+      const di::Tensor all_dev = dev(all);
+      std::vector<di::ops::RowSegment> segs{{all_dev.data<float>(), lead}};
+      std::vector<di::Tensor> stores(c.stores), tables(c.stores);
+      std::vector<std::vector<float*>> pages(c.stores);
+      int64_t at = lead;
+      for (int i = 0; i < c.stores; ++i) {  // store i: rows [at, at + n) of `all`
+        const int64_t n = c.N / c.stores + (i < c.N % c.stores ? 1 : 0);
+        segs.push_back(paged_store(all.slice(0, at, at + n).contiguous(), c.page_rows, c.device_table, stores[i],
+                                   pages[i], tables[i]));
+        at += n;
+      }
+      segs.push_back({all_dev.data<float>() + at * d, tail});
+      // gather_listed: lists of rows anywhere in the table, some empty.
+      const int64_t R = 2, K = 640;
+      di::Tensor idx_h = di::Tensor::empty({R, K}, di::DType::kI32);
+      for (int64_t e = 0; e < R * K; ++e)
+        idx_h.data<int32_t>()[e] = e % 9 == 4 ? -1 : static_cast<int32_t>(rng() % static_cast<uint32_t>(N));
+      di::Tensor want = di::Tensor::zeros({R * K, d}, di::DType::kF32);
+      di::Tensor got = di::Tensor::zeros({R * K, d}, di::DType::kF32, di::Device::kCUDA);
+      di::Tensor idx_want = idx_h.clone(), idx_dev = dev(idx_h);
+      di::ops::gather_listed({{all.data<float>(), N}}, idx_want, want);
+      di::ops::gather_listed(segs, idx_dev, got);
+      std::string e = exact(want, got);
+      if (!e.empty()) return "gather_listed: " + e;
+      const di::Tensor idx_back = di::cuda::copy_to_host(idx_dev);
+      for (int64_t i = 0; i < R * K; ++i)
+        if (idx_back.data<int32_t>()[i] != idx_want.data<int32_t>()[i]) return "list entry " + std::to_string(i);
+      // The indexer's decode kernel over the same keys (one decode row seeing every key).
+      const di::Tensor q = normal_tensor({1, nh, d}, 1.0f, seed++, true);
+      const di::Tensor w = normal_tensor({1, nh}, 0.05f, seed++, true);
+      const di::ops::KeyVisibility vis{di::Tensor(), N - 1, 1};
+      const di::Tensor want_s = di::ops::index_scores(q, all, w, vis, true);
+      e = exact(want_s, di::ops::index_scores_segments(dev(q), segs, dev(w), vis, true));
+      if (!e.empty()) return "index_scores: " + e;
+      // And gather_segments (the whole-table path) over the same segments.
+      di::Tensor table = di::Tensor::zeros({N, d}, di::DType::kF32, di::Device::kCUDA);
+      di::ops::gather_segments(segs, table);
+      e = exact(all, table);
+      return e.empty() ? e : "gather_segments: " + e;
+    });
+  }
+}
+
 // copy_rows on the device: runs scattered into a ring-like buffer (1 or 2 rows each, a decode batch's ring writes)
 // from one stacked source, against the same copies on the host, bit for bit; untouched rows stay.
 void test_copy_rows() {
@@ -2051,6 +2143,7 @@ int main() {
     test_side_work();
     test_gather_segments();
     test_gather_listed();
+    test_paged_stores();
     test_copy_rows();
     test_copy_bytes_many();
   });
