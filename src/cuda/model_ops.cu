@@ -111,20 +111,13 @@ RunTables run_tables(const std::vector<ops::RowSegment>& segments, int64_t width
     native = native && (!r.paged() || r.device_pages != nullptr);
   }
   t.params = native && entries.size() <= static_cast<size_t>(kParamRuns);
-  if (!t.params) entries = ops::flat_runs(entries, "cuda run table");
-  for (const ops::RowSegment& r : entries) {
-    if (r.paged()) {  // every page: the side stream's pending writes joined, alignment
-      for (int64_t p = 0; p * r.page_rows < r.rows; ++p) {
-        const size_t n = static_cast<size_t>(std::min(r.page_rows, r.rows - p * r.page_rows));
-        side_join_if_reads(r.pages[p], n * row_bytes);  // as copy_rows
-        t.aligned = t.aligned && reinterpret_cast<uintptr_t>(r.pages[p]) % 16 == 0;
-      }
-    } else {
-      side_join_if_reads(r.src, static_cast<size_t>(r.rows) * row_bytes);  // as copy_rows
-      t.aligned = t.aligned && reinterpret_cast<uintptr_t>(r.src) % 16 == 0;
-    }
+  std::vector<ops::RowSegment> runs = ops::flat_runs(entries, "cuda run table");
+  for (const ops::RowSegment& r : runs) {  // every run and page: the side stream's pending writes joined, alignment
+    side_join_if_reads(r.src, static_cast<size_t>(r.rows) * row_bytes);  // as copy_rows
+    t.aligned = t.aligned && reinterpret_cast<uintptr_t>(r.src) % 16 == 0;
     t.rows += r.rows;
   }
+  if (!t.params) entries = std::move(runs);
   const int n = static_cast<int>(entries.size());
   if (t.params) {
     t.param.n = n;

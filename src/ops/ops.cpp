@@ -790,17 +790,16 @@ Tensor index_scores_segments(const Tensor& q, const std::vector<RowSegment>& seg
            w.defined() ? w.describe() : std::string("undefined"));
   const int64_t d = q.size(0) > 0 ? q.numel() / (q.size(0) * w.size(1)) : 0;
   if (q.device() != Device::kCPU) {
+    const int64_t n = segment_total(segments, "index_scores_segments");
 #if DEEPINFER_HAS_CUDA
     if (in_place && on_cuda(q)) {  // the decode kernel reads the keys where they are
       const OpScope scope("index_scores", q);
-      segment_total(segments, "index_scores_segments");
       const Tensor out = cuda::index_scores_runs(q, segments, d, w, vis, round);
       if (out.defined()) return out;
     }
 #endif
     // The other calls (the CUDA prefill kernel reads one table: a block's queries share its keys) gather the runs
     // into one table (one launch).
-    const int64_t n = segment_total(segments, "index_scores_segments");
     Tensor table = Tensor::empty({n, d}, DType::kF32, q.device());
     gather_segments(segments, table);
     return index_scores(q, table, w, vis, round);  // each op under its own profile scope
