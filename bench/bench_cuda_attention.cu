@@ -23,6 +23,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
+#include "cuda/topk.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -46,6 +47,42 @@ di::Tensor random_bf16_grid(const std::vector<int64_t>& shape, float sigma) {
     p[i] = di::round_bf16(s * sigma * 1.7f);
   }
   return di::cuda::copy_to_device(h);
+}
+
+// The indexer's top-k at decode (k = 512 picks listed by index, as V4.1's indexers ask) over rows of n index keys
+// (a context of 4n tokens at ratio 4), in the three forms of cuda::topk_set_staging: the row over a cluster of 8 CTAs
+// (from 8k keys), staged in one block's shared memory (up to ~57k keys), read from global memory on every pass. A form
+// that does not apply to a row falls back to the next. Anchor: a device-to-device copy of the same rows (the bytes a
+// one-pass kernel would move), timed in the same graph form. Scores on a BF16 grid, as index_scores leaves them.
+void topk_table(cudaStream_t st) {
+  constexpr int kCalls = 16;
+  const int64_t k = 512;
+  std::printf("\ntopk_rows, k = %lld by index (the indexer's decode picks), us per call\n", static_cast<long long>(k));
+  std::printf("%4s %8s %10s %10s %10s %10s\n", "T", "n", "cluster", "staged", "global", "copy");
+  for (int64_t T : {1, 4}) {
+    for (int64_t n : {4096, 8192, 16384, 32768, 57344, 65536, 131072, 262144}) {
+      const di::Tensor scores = random_bf16_grid({T, n}, 1.0f);
+      di::Tensor out = di::Tensor::empty({T, k}, di::DType::kI32, di::Device::kCUDA);
+      di::Tensor copy = di::Tensor::empty({T, n}, di::DType::kF32, di::Device::kCUDA);
+      double us[3];
+      for (int stage : {2, 1, 0}) {
+        di::cuda::topk_set_staging(stage);
+        di::cuda::topk_rows_into(scores, k, true, out, reinterpret_cast<CUstream_st*>(st));  // set-up outside capture
+        CK(cudaStreamSynchronize(st));
+        us[2 - stage] = 1e3 * time_graph(st, kCalls, [&](int) {
+                          di::cuda::topk_rows_into(scores, k, true, out, reinterpret_cast<CUstream_st*>(st));
+                        });
+      }
+      di::cuda::topk_set_staging(-1);
+      const double copy_us =
+          1e3 * time_graph(st, kCalls, [&](int) {
+            CK(cudaMemcpyAsync(copy.data<float>(), scores.data<float>(), static_cast<size_t>(T * n) * sizeof(float),
+                               cudaMemcpyDeviceToDevice, st));
+          });
+      std::printf("%4lld %8lld %10.1f %10.1f %10.1f %10.1f\n", static_cast<long long>(T), static_cast<long long>(n),
+                  us[0], us[1], us[2], copy_us);
+    }
+  }
 }
 
 }  // namespace
@@ -86,9 +123,10 @@ int main() {
               static_cast<long long>(N));
   std::printf("%6s %4s %10s %10s %8s %9s\n", "T", "HG", "us/call", "GB/s", "%copy", "TFLOP/s");
   // BENCH_ATTN_CASES: a bit mask of the tables to run (1: the 1 GiB pool, 2 / 4 / 8: the model's decode cases with
-  // 512, 32 or no valid picks); all by default. Lets a profiler's first launch be the case wanted.
+  // 512, 32 or no valid picks, 16: the indexer's top-k); all by default. Lets a profiler's first launch be the case
+  // wanted.
   const char* cases_env = std::getenv("BENCH_ATTN_CASES");
-  const int cases = cases_env != nullptr ? std::atoi(cases_env) : 15;
+  const int cases = cases_env != nullptr ? std::atoi(cases_env) : 31;
   for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 128}) {
     if ((cases & 1) == 0) break;
     const di::Tensor q = random_bf16_grid({T, H, D}, 1.0f);
@@ -162,6 +200,7 @@ int main() {
       }
     }
   }
+  if ((cases & 16) != 0) topk_table(st);
   CK(cudaStreamDestroy(st));
   return 0;
 }

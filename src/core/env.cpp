@@ -52,6 +52,12 @@ const std::vector<EnvVar>& env_vars() {
        "rows take fp8_wgmma_gemv, the rows' diagonals sharing one MMA per tile; 1 keeps it at one row of x (on "
        "16,384+ rows); same bits either way",
        true},
+      {"DEEPINFER_CUDA_TOPK_STAGE", "2",
+       "tuning (A/B): where the CUDA top-k (the indexers' picks) keeps a row's keys in launches of up to 64 rows: 2 "
+       "(default) a decode row of 8k+ keys listed by index over a cluster of 8 CTAs, each staging a slice in shared "
+       "memory, else as 1; 1 staged in one block's shared memory (rows of up to ~57k keys); 0 read from global memory "
+       "on every pass; the same indices either way",
+       true},
       {"DEEPINFER_CUDA_WHOLE_TABLES", "0",
        "A/B: 1 gathers every row of a layer's state (window rows, compressed entries, index keys) into one table per "
        "CUDA decode step, as before; 0 (default) gathers only the rows the attention's index lists name (at most "

@@ -36,6 +36,7 @@
 #include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
+#include "cuda/topk.cuh"
 #include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -1154,19 +1155,31 @@ void test_topk() {
       {"large n", 4, 65536, 2048, true},
       {"k = 1", 8, 1000, 1, true},
       {"n = 1", 3, 1, 4, false},
+      // A long context's decode rows (V4.1-Flash: 4 tokens an index key): over a cluster of CTAs from 8k keys (by
+      // index), staged in one block's shared memory up to ~57k keys, else read from global memory.
+      {"decode 32k", 1, 32768, 512, false},
+      {"decode 32k", 1, 32768, 512, true},
+      {"decode 48k", 2, 49152, 512, false},
+      {"decode past the stage", 1, 70000, 512, false},
+      {"decode 256k (a 1M-token context)", 3, 262144, 512, false},
+      {"64 rows at the cluster's least", 64, 8192, 512, true},
+      {"65 rows (not staged)", 65, 3000, 512, false},
   };
   uint32_t seed = 26000;
   for (const Case& c : cases) {
     const di::Tensor s = topk_scores(c.T, c.n, seed++, c.ties);
     const di::Tensor sd = dev(s);
     for (bool by_index : {false, true}) {
-      char name[160];
-      std::snprintf(name, sizeof name, "topk_rows %s T=%lld n=%lld k=%lld ties=%d order=%s", c.what,
-                    static_cast<long long>(c.T), static_cast<long long>(c.n), static_cast<long long>(c.k),
-                    c.ties ? 1 : 0, by_index ? "index" : "score");
-      run_case(name, [&] {
-        return compare_idx(di::ops::topk_rows(s, c.k, by_index), di::ops::topk_rows(sd, c.k, by_index));
-      });
+      const di::Tensor want = di::ops::topk_rows(s, c.k, by_index);
+      for (int stage : {2, 1, 0}) {  // a row over a cluster, staged in one block, read from global memory
+        char name[192];
+        std::snprintf(name, sizeof name, "topk_rows %s T=%lld n=%lld k=%lld ties=%d order=%s stage=%d", c.what,
+                      static_cast<long long>(c.T), static_cast<long long>(c.n), static_cast<long long>(c.k),
+                      c.ties ? 1 : 0, by_index ? "index" : "score", stage);
+        di::cuda::topk_set_staging(stage);
+        run_case(name, [&] { return compare_idx(want, di::ops::topk_rows(sd, c.k, by_index)); });
+      }
+      di::cuda::topk_set_staging(-1);
     }
   }
 }
