@@ -23,6 +23,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
+#include "cuda/model_ops.cuh"
 #include "cuda/topk.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
@@ -85,6 +86,55 @@ void topk_table(cudaStream_t st) {
   }
 }
 
+// The indexer's decode scores (V4.1-Flash: 64 heads of 128, one query row or four) over n keys of one table, with
+// the decode kernel's groups of 8, 16 and 32 keys a warp (cuda::index_scores_set_group). Timed eagerly (each call
+// allocates its output), 20 calls between two events after a warm-up. Anchor: the FP32 issue floor of the contract's
+// products (a multiply and an add each: T x n x 64 x 128 x 2 instructions over every SM's 4 schedulers at 1.98 GHz,
+// the H100's and H200's boost clock) and the read of the keys at the copy ceiling.
+void index_table(cudaStream_t st, double copy_gbs) {
+  constexpr int kCalls = 20;
+  const int64_t nh = 64, d = 128;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("\nindex_scores decode (64 heads x 128, BF16-rounded), us per call\n");
+  std::printf("%4s %8s %10s %10s %10s %10s %10s\n", "T", "n", "group 8", "group 16", "group 32", "fp32 floor",
+              "keys read");
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const di::cuda::StreamScope scope(reinterpret_cast<CUstream_st*>(st));  // the ops' launches go to st
+  for (int64_t T : {1, 4}) {
+    for (int64_t n : {1024, 4096, 8192, 16384, 32768, 65536, 131072}) {
+      const di::Tensor q = random_bf16_grid({T, nh, d}, 1.0f);
+      const di::Tensor keys = random_bf16_grid({n, d}, 1.0f);
+      const di::Tensor w = random_bf16_grid({T, nh}, 0.05f);
+      const di::ops::KeyVisibility vis{di::Tensor(), 4 * n - 1, 4};
+      double us[3];
+      int col = 0;
+      for (int group : {8, 16, 32}) {
+        di::cuda::index_scores_set_group(group);
+        di::cuda::index_scores(q, keys, w, vis, true);  // warm-up: the kernel's one-time set-up
+        CK(cudaStreamSynchronize(st));
+        CK(cudaEventRecord(a, st));
+        for (int c = 0; c < kCalls; ++c) di::cuda::index_scores(q, keys, w, vis, true);
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        us[col++] = 1e3 * ms / kCalls;
+      }
+      di::cuda::index_scores_set_group(0);
+      const double floor_us =
+          static_cast<double>(T) * n * nh * d * 2 / 32 / (prop.multiProcessorCount * 4 * 1.98e9) * 1e6;
+      const double read_us = static_cast<double>(n) * d * 4 / (copy_gbs / 2 * 1e3);
+      std::printf("%4lld %8lld %10.1f %10.1f %10.1f %10.1f %10.1f\n", static_cast<long long>(T),
+                  static_cast<long long>(n), us[0], us[1], us[2], floor_us, read_us);
+    }
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+}
+
 }  // namespace
 
 int main() {
@@ -123,10 +173,10 @@ int main() {
               static_cast<long long>(N));
   std::printf("%6s %4s %10s %10s %8s %9s\n", "T", "HG", "us/call", "GB/s", "%copy", "TFLOP/s");
   // BENCH_ATTN_CASES: a bit mask of the tables to run (1: the 1 GiB pool, 2 / 4 / 8: the model's decode cases with
-  // 512, 32 or no valid picks, 16: the indexer's top-k); all by default. Lets a profiler's first launch be the case
-  // wanted.
+  // 512, 32 or no valid picks, 16: the indexer's top-k, 32: its scores); all by default. Lets a profiler's first launch
+  // be the case wanted.
   const char* cases_env = std::getenv("BENCH_ATTN_CASES");
-  const int cases = cases_env != nullptr ? std::atoi(cases_env) : 31;
+  const int cases = cases_env != nullptr ? std::atoi(cases_env) : 63;
   for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 128}) {
     if ((cases & 1) == 0) break;
     const di::Tensor q = random_bf16_grid({T, H, D}, 1.0f);
@@ -201,6 +251,7 @@ int main() {
     }
   }
   if ((cases & 16) != 0) topk_table(st);
+  if ((cases & 32) != 0) index_table(st, copy_gbs);
   CK(cudaStreamDestroy(st));
   return 0;
 }

@@ -52,6 +52,11 @@ const std::vector<EnvVar>& env_vars() {
        "rows take fp8_wgmma_gemv, the rows' diagonals sharing one MMA per tile; 1 keeps it at one row of x (on "
        "16,384+ rows); same bits either way",
        true},
+      {"DEEPINFER_CUDA_INDEX_GROUP", "auto",
+       "tuning (A/B): keys per warp group of the CUDA indexer's decode kernel (8, 16 or 32; larger groups share each "
+       "query load among more keys, smaller ones spread short rows over more warps); auto picks by the call's rows x "
+       "keys (16 from 16k rows x keys, else 8); the same scores either way",
+       true},
       {"DEEPINFER_CUDA_TOPK_STAGE", "2",
        "tuning (A/B): where the CUDA top-k (the indexers' picks) keeps a row's keys in launches of up to 64 rows: 2 "
        "(default) a decode row of 8k+ keys listed by index over a cluster of 8 CTAs, each staging a slice in shared "

@@ -2,10 +2,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(kKeys)
 }
 
 // Few queries (decode): one block per (query, key range). The query's heads are staged in shared memory
-// once per block; each warp then takes groups of kWarpKeys keys, staged in its own slice of shared
+// once per block; each warp then takes groups of KW keys, staged in its own slice of shared
 // memory. Lane l owns heads l and l + 32 and forms their dots with each of the group's keys, every
 // dot its own sequential fp32 chain over i ascending (float4 loads, the 4 values used in order, no
 // FMA). The lanes then store their heads' terms (rd(rd(dot) * w) for rd(dot) > 0, else +0.0: the
@@ -229,12 +231,16 @@ __global__ void __launch_bounds__(kKeys)
 // heads <= 64 and d % 4 == 0.
 constexpr int kDecWarps = 8;
 constexpr int kDecThreads = kDecWarps * 32;
-constexpr int kWarpKeys = 8;             // keys per warp group
+// Keys per warp group: 8, 16 or 32 (the kernel's KW, decode_group). DEEPINFER_CUDA_INDEX_GROUP=auto takes 16 from
+// this many rows x keys a call, else 8 (bench_cuda_attention's index table on the H100, bench/RESULTS.md's
+// forty-fifth section: a row of 32k keys 38.0 us in groups of 8, 29.5 in 16, 29.8 in 32; 8k keys 11.1 / 17.7 / 29.5);
+// 32 is never picked (no row where it beat 16), only asked for.
+constexpr int64_t kIndexGroup16Keys = 16384;
 constexpr int kDecHeads = 64;            // heads per block (2 per lane)
 constexpr int kTermPad = kDecHeads + 1;  // term rows, padded against bank conflicts
 constexpr int kDecMaxQueries = 16;       // at most this many queries take this kernel
 
-template <class Rows>
+template <class Rows, int KW>
 __global__ void __launch_bounds__(kDecThreads)
     index_scores_decode_kernel(const float* q, const __grid_constant__ Rows keys, const float* w, const int32_t* counts,
                                const int32_t* offsets, int64_t start_pos, int64_t ratio, int N, int W, int nh, int d,
@@ -256,11 +262,11 @@ __global__ void __launch_bounds__(kDecThreads)
     vis = static_cast<int>(c < 0 ? 0 : (c > cap ? cap : c));
   }
   float* out_row = out + static_cast<int64_t>(t) * W;
-  const int groups = (W + kWarpKeys - 1) / kWarpKeys, vis_groups = (vis + kWarpKeys - 1) / kWarpKeys;
+  const int groups = (W + KW - 1) / KW, vis_groups = (vis + KW - 1) / KW;
   const int first = blockIdx.x * kDecWarps, stride = gridDim.x * kDecWarps;
   // Groups no query row sees: -inf only.
   for (int g = first + warp; g < groups; g += stride)
-    if (g >= vis_groups && lane < kWarpKeys && g * kWarpKeys + lane < W) out_row[g * kWarpKeys + lane] = -INFINITY;
+    if (g >= vis_groups && lane < KW && g * KW + lane < W) out_row[g * KW + lane] = -INFINITY;
   if (first >= vis_groups) return;  // block-uniform
   const float4* qrow = reinterpret_cast<const float4*>(q + static_cast<int64_t>(t) * nh * d);
   for (int idx = tid; idx < kDecHeads * dq; idx += kDecThreads) {
@@ -271,32 +277,41 @@ __global__ void __launch_bounds__(kDecThreads)
   const float w0 = h0 < nh ? w[static_cast<int64_t>(t) * nh + h0] : 0.0f;
   const float w1 = h1 < nh ? w[static_cast<int64_t>(t) * nh + h1] : 0.0f;
   __syncthreads();
-  float4* ks = reinterpret_cast<float4*>(warp_smem + static_cast<int64_t>(warp) * slice);  // [kWarpKeys][dq]
-  float* terms = warp_smem + static_cast<int64_t>(warp) * slice;                           // [kWarpKeys][kTermPad]
+  float4* ks = reinterpret_cast<float4*>(warp_smem + static_cast<int64_t>(warp) * slice);  // [KW][dq]
+  float* terms = warp_smem + static_cast<int64_t>(warp) * slice;                           // [KW][kTermPad]
   const float4* qa = qs + h0 * qstride;
   const float4* qb = qs + h1 * qstride;
   for (int g = first + warp; g < vis_groups; g += stride) {
-    const int j0 = g * kWarpKeys;
-    const int nk = min(kWarpKeys, W - j0), nload = min(kWarpKeys, vis - j0);  // columns written, keys read
+    const int j0 = g * KW;
+    const int nk = min(KW, W - j0), nload = min(KW, vis - j0);  // columns written, keys read
     // Lane kk < nload finds key j0 + kk's row (the group's keys may lie in two runs); every lane then copies its
     // float4s of the group, each taking its key's row from that key's lane.
     const float* mine = lane < nload ? keys.row(static_cast<int64_t>(off) + j0 + lane, d) : nullptr;
     const unsigned long long mine_bits = reinterpret_cast<uintptr_t>(mine);
-    __syncwarp();                                            // the previous group's terms consumed
-    for (int base = 0; base < kWarpKeys * dq; base += 32) {  // a uniform trip count: every lane shuffles
-      const int idx = base + lane, kk = min(idx / dq, kWarpKeys - 1);
+    __syncwarp();  // the previous group's terms consumed
+    // cp.async: every copy of the group in flight at once (a load into registers then a store held ~4 rows of
+    // HBM latency in flight per lane, which a 32-key group pays 8 times over).
+    for (int base = 0; base < KW * dq; base += 32) {  // a uniform trip count: every lane shuffles
+      const int idx = base + lane, kk = min(idx / dq, KW - 1);
       const float4* kr =
           reinterpret_cast<const float4*>(static_cast<uintptr_t>(__shfl_sync(0xffffffffu, mine_bits, kk)));
-      if (idx < kWarpKeys * dq) ks[idx] = kk < nload ? kr[idx - kk * dq] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (idx < KW * dq) {
+        if (kk < nload) {
+          cp_async16(&ks[idx], kr + (idx - kk * dq));
+        } else {
+          ks[idx] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+      }
     }
+    cp_async_wait_all();
     __syncwarp();
-    float acc0[kWarpKeys], acc1[kWarpKeys];
+    float acc0[KW], acc1[KW];
 #pragma unroll
-    for (int kk = 0; kk < kWarpKeys; ++kk) acc0[kk] = acc1[kk] = 0.0f;
+    for (int kk = 0; kk < KW; ++kk) acc0[kk] = acc1[kk] = 0.0f;
     for (int i = 0; i < dq; ++i) {
       const float4 a = qa[i], b = qb[i];
 #pragma unroll
-      for (int kk = 0; kk < kWarpKeys; ++kk) {
+      for (int kk = 0; kk < KW; ++kk) {
         const float4 kv = ks[kk * dq + i];
         acc0[kk] = __fadd_rn(acc0[kk], __fmul_rn(a.x, kv.x));
         acc1[kk] = __fadd_rn(acc1[kk], __fmul_rn(b.x, kv.x));
@@ -310,7 +325,7 @@ __global__ void __launch_bounds__(kDecThreads)
     }
     __syncwarp();  // every lane done reading ks before terms (same memory) are written
 #pragma unroll
-    for (int kk = 0; kk < kWarpKeys; ++kk) {
+    for (int kk = 0; kk < KW; ++kk) {
       const float d0 = round ? round_to_bf16(acc0[kk]) : acc0[kk];
       const float d1 = round ? round_to_bf16(acc1[kk]) : acc1[kk];
       float p0 = 0.0f, p1 = 0.0f;
@@ -879,28 +894,45 @@ int64_t index_scores_checks(const char* op, const Tensor& q, int64_t N, int64_t 
 // Few queries: the head-parallel decode kernel over `keys` (N rows of d floats; keys_aligned: every row 16-byte
 // aligned). Returns an undefined tensor when the call does not fit it (the caller takes the other kernel); rows over
 // their own keys (offsets) must fit it.
-template <class Rows>
-Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bool keys_aligned, int64_t N, int64_t d,
-                           const Tensor& w, const ops::KeyVisibility& vis, bool round) {
+// Keys per warp group (the kernel's KW): 8, 16 or 32; 0 follows DEEPINFER_CUDA_INDEX_GROUP.
+std::atomic<int> g_index_group{0};
+
+int64_t decode_slice(int KW, int64_t d) { return std::max<int64_t>(KW * d, KW * kTermPad); }  // floats per warp
+size_t decode_smem(int KW, int64_t d) {
+  return static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
+         static_cast<size_t>(kDecWarps * decode_slice(KW, d)) * sizeof(float);
+}
+
+// Which group size a call takes: a larger group shares each q load and each loop step among more keys (fewer
+// instructions a key), a smaller one spreads a short row over more warps.
+int decode_group(int64_t T, int64_t W, int64_t d) {
+  int kw = g_index_group.load(std::memory_order_relaxed);
+  if (kw == 0) {
+    static const int env = [] {
+      const std::string v = env_value("DEEPINFER_CUDA_INDEX_GROUP");
+      DI_CHECK(v == "auto" || v == "8" || v == "16" || v == "32",
+               "DEEPINFER_CUDA_INDEX_GROUP must be auto, 8, 16 or 32 (got '{}')", v);
+      return v == "auto" ? 0 : std::stoi(v);
+    }();
+    kw = env;
+  }
+  if (kw == 0) kw = T * W >= kIndexGroup16Keys ? 16 : 8;
+  while (kw > 8 && decode_smem(kw, d) > static_cast<size_t>(smem_optin())) kw /= 2;
+  return kw;
+}
+
+template <class Rows, int KW>
+Tensor launch_decode(const Tensor& q, const Rows& keys, int64_t N, int64_t d, const Tensor& w,
+                     const ops::KeyVisibility& vis, bool round) {
   const int64_t T = q.size(0), nh = w.size(1);
   const bool offs = vis.offsets.defined();
   const int64_t W = offs ? vis.width : N;  // the result's columns
-  const bool aligned = reinterpret_cast<uintptr_t>(q.data<float>()) % 16 == 0 && keys_aligned;
-  const int64_t slice = std::max<int64_t>(kWarpKeys * d, kWarpKeys * kTermPad);  // floats per warp
-  const size_t dsmem = static_cast<size_t>(kDecHeads * (d / 4 + 1)) * sizeof(float4) +
-                       static_cast<size_t>(kDecWarps * slice) * sizeof(float);
-  // Rows over their own keys (offsets) always take it: the other kernel shares its keys between queries.
-  const int64_t max_rows = offs ? 65535 : kDecMaxQueries;
-  const bool fits = nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned && dsmem <= static_cast<size_t>(smem_optin());
-  DI_CHECK(!offs || (fits && T <= max_rows),
-           "{}: rows over their own keys need <= {} heads, d % 4 == 0, aligned rows and <= {} rows (got {} heads, d "
-           "{}, {} rows)",
-           op, kDecHeads, max_rows, nh, d, T);
-  if (T < 1 || T > max_rows || !fits) return Tensor();
+  const int64_t slice = decode_slice(KW, d);
+  const size_t dsmem = decode_smem(KW, d);
   static size_t dec_configured = 48 * 1024;  // per instance of the kernel, as these statics are
   if (dsmem > dec_configured) {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel<Rows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(dsmem)));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_decode_kernel<Rows, KW>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dsmem)));
     dec_configured = dsmem;
   }
   static size_t occ_smem = 0;
@@ -908,17 +940,17 @@ Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bo
   if (occ_smem != dsmem) {
     int b = 0;
     DI_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, index_scores_decode_kernel<Rows>, kDecThreads, dsmem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, index_scores_decode_kernel<Rows, KW>, kDecThreads, dsmem));
     occ_blocks = std::max(b, 1);
     occ_smem = dsmem;
   }
   Tensor out = Tensor::empty({T, W}, DType::kF32, Device::kCUDA);
   if (W == 0) return out;
-  const int64_t groups = (W + kWarpKeys - 1) / kWarpKeys;
+  const int64_t groups = (W + KW - 1) / KW;
   const int64_t need = (groups + kDecWarps - 1) / kDecWarps;
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(sm_count()) * occ_blocks / T);
   const dim3 grid(static_cast<unsigned>(std::min(need, cap)), static_cast<unsigned>(T));
-  launch_pdl(index_scores_decode_kernel<Rows>, grid, kDecThreads, dsmem, nullptr, q.data<float>(), keys,
+  launch_pdl(index_scores_decode_kernel<Rows, KW>, grid, kDecThreads, dsmem, nullptr, q.data<float>(), keys,
              w.data<float>(), vis.counts.defined() ? vis.counts.data<int32_t>() : nullptr,
              offs ? vis.offsets.data<int32_t>() : nullptr, vis.start_pos, vis.ratio, static_cast<int>(N),
              static_cast<int>(W), static_cast<int>(nh), static_cast<int>(d), static_cast<int>(slice), round,
@@ -927,7 +959,35 @@ Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bo
   return out;
 }
 
+template <class Rows>
+Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bool keys_aligned, int64_t N, int64_t d,
+                           const Tensor& w, const ops::KeyVisibility& vis, bool round) {
+  const int64_t T = q.size(0), nh = w.size(1);
+  const bool offs = vis.offsets.defined();
+  const int64_t W = offs ? vis.width : N;  // the result's columns
+  const bool aligned = reinterpret_cast<uintptr_t>(q.data<float>()) % 16 == 0 && keys_aligned;
+  // Rows over their own keys (offsets) always take it: the other kernel shares its keys between queries.
+  const int64_t max_rows = offs ? 65535 : kDecMaxQueries;
+  const bool fits =
+      nh <= kDecHeads && d % 4 == 0 && d > 0 && aligned && decode_smem(8, d) <= static_cast<size_t>(smem_optin());
+  DI_CHECK(!offs || (fits && T <= max_rows),
+           "{}: rows over their own keys need <= {} heads, d % 4 == 0, aligned rows and <= {} rows (got {} heads, d "
+           "{}, {} rows)",
+           op, kDecHeads, max_rows, nh, d, T);
+  if (T < 1 || T > max_rows || !fits) return Tensor();
+  switch (decode_group(T, W, d)) {
+    case 32:
+      return launch_decode<Rows, 32>(q, keys, N, d, w, vis, round);
+    case 16:
+      return launch_decode<Rows, 16>(q, keys, N, d, w, vis, round);
+    default:
+      return launch_decode<Rows, 8>(q, keys, N, d, w, vis, round);
+  }
+}
+
 }  // namespace
+
+void index_scores_set_group(int keys) { g_index_group.store(keys, std::memory_order_relaxed); }
 
 Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
                          const ops::KeyVisibility& vis, bool round) {

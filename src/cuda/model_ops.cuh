@@ -30,6 +30,9 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
 // caller gathers the keys for cuda::index_scores).
 Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
                          const ops::KeyVisibility& vis, bool round);
+// The decode kernel's keys per warp group: 8, 16 or 32 for every call (tests and benchmarks compare them; the same
+// bits either way), 0 (the default) as DEEPINFER_CUDA_INDEX_GROUP says.
+void index_scores_set_group(int keys);
 ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                        const ops::RouteOpts& opts);
 // quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h).

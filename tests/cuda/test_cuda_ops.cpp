@@ -1213,6 +1213,11 @@ std::vector<di::ops::RowSegment> device_runs(const di::Tensor& table, const std:
 // against the CPU op over the same keys as one table, bit for bit: 64-row pages (a RowPages store: up to 313 runs,
 // the uploaded run table) and ragged runs of 1-30 rows (a warp's 8-key group across runs); decode rows with the causal
 // rule or counts, rows over their own keys (offsets), and a prefill chunk (the other kernel: gathered first).
+// The decode kernel's keys per warp group under test (cuda::index_scores_set_group; 0: the default), named in the
+// cases.
+int g_index_group = 0;
+std::string group_tag() { return g_index_group == 0 ? std::string() : " group=" + std::to_string(g_index_group); }
+
 void test_index_scores_runs() {
   struct Case {
     const char* what;
@@ -1230,7 +1235,7 @@ void test_index_scores_runs() {
   };
   uint32_t seed = 31500;
   for (const Case& c : cases) {
-    run_case(std::string("index_scores runs ") + c.what, [&] {
+    run_case(std::string("index_scores runs ") + c.what + group_tag(), [&] {
       std::mt19937 rng(seed++);
       const di::Tensor q = normal_tensor({c.T, c.nh, c.d}, 1.0f, seed++, c.round);
       const di::Tensor keys = normal_tensor({c.N, c.d}, 1.0f, seed++, c.round);
@@ -1272,7 +1277,9 @@ void test_index_scores() {
   // V4.1-Flash indexer: 64 heads of 128; decode rows see up to 1M/4 keys, prefill is causal.
   const Case cases[] = {
       {"flash decode", 1, 20000, 64, 128, 4 * 20000 - 1, 4, false, true},
+      {"flash decode, a 160k-token context", 1, 40000, 64, 128, 4 * 40000 - 3, 4, false, true},
       {"flash decode batch", 7, 5000, 64, 128, 0, 1, true, true},
+      {"flash decode batch of 4, ragged counts", 4, 9001, 64, 128, 0, 1, true, true},
       {"flash prefill causal r4", 1024, 256, 64, 128, 0, 4, false, true},
       {"flash chunk r2", 96, 2100, 64, 128, 4104, 2, false, true},
       {"flash chunk long", 16, 16384, 64, 128, 4 * 16384 - 16, 4, false, true},
@@ -1286,7 +1293,7 @@ void test_index_scores() {
     std::snprintf(name, sizeof name, "index_scores %s T=%lld N=%lld heads=%lld d=%lld round=%d", c.what,
                   static_cast<long long>(c.T), static_cast<long long>(c.N), static_cast<long long>(c.nh),
                   static_cast<long long>(c.d), c.round ? 1 : 0);
-    run_case(name, [&] {
+    run_case(name + group_tag(), [&] {
       const di::Tensor q = normal_tensor({c.T, c.nh, c.d}, 1.0f, seed++, c.round);
       const di::Tensor keys = normal_tensor({c.N, c.d}, 1.0f, seed++, c.round);
       const di::Tensor w = normal_tensor({c.T, c.nh}, 0.05f, seed++, c.round);
@@ -1319,7 +1326,7 @@ void test_index_scores() {
     char name[200];
     std::snprintf(name, sizeof name, "index_scores offsets %s T=%lld W=%lld", c.what, static_cast<long long>(c.T),
                   static_cast<long long>(c.W));
-    run_case(name, [&] {
+    run_case(name + group_tag(), [&] {
       std::mt19937 rng(seed++);
       di::ops::KeyVisibility vis;
       vis.counts = di::Tensor::empty({c.T}, di::DType::kI32);
@@ -2146,6 +2153,13 @@ int main() {
     test_topk();
     test_index_lists();
     test_index_scores();
+    for (int group : {8, 16, 32}) {  // every keys-per-group form of the decode kernel, whatever the default picks
+      g_index_group = group;
+      di::cuda::index_scores_set_group(group);
+      test_index_scores();
+    }
+    g_index_group = 0;
+    di::cuda::index_scores_set_group(0);
     test_moe_route();
     test_swiglu();
     test_embedding_gather();
