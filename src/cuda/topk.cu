@@ -88,6 +88,104 @@ __device__ __forceinline__ void boundary_bin(const int* hist, int rem, int* s_di
   }
 }
 
+// Where the radix select stands: picked are the keys whose top bits (mask) lie above `prefix`, and the first `rem` in
+// index order of those equal to it; with `all` (no more candidates than k) every candidate.
+struct Boundary {
+  uint32_t prefix = 0, mask = 0;
+  int rem = 0;
+  bool all = true;
+  // Before the first pass, over `candidates` keys.
+  __device__ Boundary(int candidates, int k) : rem(candidates <= k ? 0 : k), all(candidates <= k) {}
+  __device__ bool in_play(uint32_t key) const { return key != kNegInfKey && (key & mask) == prefix; }
+  __device__ bool above(uint32_t key) const { return key != kNegInfKey && (all || (key & mask) > prefix); }
+  __device__ bool on(uint32_t key) const { return !all && in_play(key); }
+  // The bin the pass at `shift` found (boundary_bin): its keys are the ones in play from now on.
+  __device__ void narrow(int digit, int shift, int left) {
+    prefix |= static_cast<uint32_t>(digit) << shift;
+    mask |= 255u << shift;
+    rem = left;
+  }
+};
+
+// Clears a radix pass's histogram and low bits (a barrier must follow).
+__device__ __forceinline__ void clear_pass(int* hist, unsigned* low) {
+  for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
+  if (threadIdx.x == 0) *low = 0;
+}
+
+// One radix pass over this block's keys [0, n): hist counts the digit at `shift` of every key in play, and *low
+// gathers the or of their bits below that digit: zero means the keys still in play are equal once the digit is
+// chosen, and the passes after it would find them all in bin 0.
+template <class Keys>
+__device__ void hist_pass(const Keys& keys, int n, int shift, const Boundary& bd, int* hist, unsigned* low_out) {
+  const uint32_t low_mask = (1u << shift) - 1u;
+  uint32_t low = 0;
+  for (int c0 = 0; c0 < n; c0 += kThreads) {  // warp-uniform trip count (hist_add's ballot)
+    const int i = c0 + static_cast<int>(threadIdx.x);
+    const uint32_t key = i < n ? keys[i] : kNegInfKey;
+    const bool in_play = bd.in_play(key);
+    hist_add(hist, (key >> shift) & 255u, in_play);
+    if (in_play) low |= key & low_mask;
+  }
+  low = __reduce_or_sync(kFull, low);
+  if ((threadIdx.x & 31) == 0 && low != 0) atomicOr(low_out, low);
+}
+
+// The ordered gather, by warps that each own a contiguous stretch [lo, hi) of the block's n keys in index order
+// (whole 32-key steps). Pass A: the warp's keys above the boundary and on it, into warp_above / warp_on (a barrier
+// must follow before they are read); every lane gets its warp's stretch and its count on the boundary.
+template <class Keys>
+__device__ void gather_counts(const Keys& keys, int n, const Boundary& bd, int* warp_above, int* warp_on, int* lo,
+                              int* hi, int* on) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seg = ((n + kWarps - 1) / kWarps + 31) & ~31;
+  *lo = min(n, warp * seg);
+  *hi = min(n, *lo + seg);
+  int a = 0, e = 0;
+  for (int c0 = *lo; c0 < *hi; c0 += 32) {
+    const int i = c0 + lane;
+    const uint32_t key = i < *hi ? keys[i] : kNegInfKey;
+    a += __popc(__ballot_sync(kFull, bd.above(key)));
+    e += __popc(__ballot_sync(kFull, bd.on(key)));
+  }
+  if (lane == 0) {
+    warp_above[warp] = a;
+    warp_on[warp] = e;
+  }
+  *on = e;
+}
+
+// The scan: warp `warp`'s first output slot and (in *take) how many of its boundary keys it picks, its first ones,
+// from the counts of the warps before it, after `base` slots and `on_before` boundary keys of what precedes them.
+__device__ __forceinline__ int warp_slot(const int* warp_above, const int* warp_on, int warp, int rem, int base,
+                                         int on_before, int on, int* take) {
+  for (int w = 0; w < warp; ++w) {
+    base += warp_above[w] + min(max(rem - on_before, 0), warp_on[w]);
+    on_before += warp_on[w];
+  }
+  *take = min(max(rem - on_before, 0), on);
+  return base;
+}
+
+// Pass B: emit(pos, i, key) for every pick of [lo, hi), at positions base, base + 1, ... in index order.
+template <class Keys, class Emit>
+__device__ void warp_picks(const Keys& keys, int lo, int hi, const Boundary& bd, int base, int take, Emit emit) {
+  const int lane = threadIdx.x & 31;
+  const unsigned below_lane = (1u << lane) - 1u;
+  int on_seen = 0;
+  for (int c0 = lo; c0 < hi; c0 += 32) {
+    const int i = c0 + lane;
+    const uint32_t key = i < hi ? keys[i] : kNegInfKey;
+    const bool is_on = bd.on(key);
+    const unsigned onb = __ballot_sync(kFull, is_on);
+    const bool pick = bd.above(key) || (is_on && on_seen + __popc(onb & below_lane) < take);
+    const unsigned pb = __ballot_sync(kFull, pick);
+    if (pick) emit(base + __popc(pb & below_lane), i, key);
+    base += __popc(pb);
+    on_seen += __popc(onb);
+  }
+}
+
 // Dynamic shared memory: [P] 64-bit sort keys when the list is ordered by score (P = the power of two >= k), then
 // the row's [n] staged keys when kStaged.
 template <bool kStaged>
@@ -97,12 +195,12 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
   extern __shared__ unsigned long long dyn[];
   __shared__ int hist[256];
-  __shared__ int warp_above[kWarps], warp_eq[kWarps];
+  __shared__ int warp_above[kWarps], warp_on[kWarps];
   __shared__ int s_digit, s_rem, s_whole;
   __shared__ unsigned s_low;
   const float* row = scores + static_cast<int64_t>(blockIdx.x) * ld;
   int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5;
   int P = 1;
   while (P < k) P <<= 1;
   unsigned long long* sel = dyn;
@@ -120,86 +218,36 @@ __global__ void __launch_bounds__(kThreads)
   const RowKeys<kStaged> keys{row, staged};
   const int m = min(cnt, k);
 
-  // Radix select of the boundary: picked are the keys whose top bits (mask) lie above `prefix`, and the first `rem`
-  // in index order of those equal to it. The select ends early once the boundary bin is taken whole, or once the
-  // keys still in play have no bits set below the digit just read: they are then equal, and every pass after would
-  // find them in bin 0 (scores on the BF16 grid, as index_scores leaves them, need two passes, not four).
-  uint32_t prefix = 0, mask = 0;
-  int rem = 0;
-  const bool all = cnt <= k;
-  if (!all) {
-    rem = k;
+  // Radix select of the boundary, 8 bits a pass. It ends early once the boundary bin is taken whole, or once the keys
+  // still in play are equal (hist_pass): scores on the BF16 grid, as index_scores leaves them, take two passes.
+  Boundary bd(cnt, k);
+  if (!bd.all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
-      if (tid == 0) s_low = 0;
+      clear_pass(hist, &s_low);
       __syncthreads();
-      const uint32_t low_mask = (1u << shift) - 1u;
-      uint32_t low = 0;                           // this thread's in-play keys' bits below the digit, or-ed
-      for (int c0 = 0; c0 < n; c0 += kThreads) {  // warp-uniform trip count (hist_add's ballot)
-        const int i = c0 + tid;
-        const uint32_t key = i < n ? keys[i] : kNegInfKey;
-        const bool in_play = key != kNegInfKey && (key & mask) == prefix;
-        hist_add(hist, (key >> shift) & 255u, in_play);
-        if (in_play) low |= key & low_mask;
-      }
-      low = __reduce_or_sync(kFull, low);
-      if (lane == 0 && low != 0) atomicOr(&s_low, low);
+      hist_pass(keys, n, shift, bd, hist, &s_low);
       __syncthreads();
-      if (tid < 32) boundary_bin(hist, rem, &s_digit, &s_rem, &s_whole);
+      if (tid < 32) boundary_bin(hist, bd.rem, &s_digit, &s_rem, &s_whole);
       __syncthreads();
-      prefix |= static_cast<uint32_t>(s_digit) << shift;
-      mask |= 255u << shift;
-      rem = s_rem;
+      bd.narrow(s_digit, shift, s_rem);
       const bool whole = s_whole != 0 || s_low == 0;
       __syncthreads();
       if (whole) break;
     }
   }
 
-  // Ordered gather: warp w owns [lo, hi); pass A counts its picks above the boundary and its keys on it, a scan over
-  // the warps gives each its first output slot and its share of the `rem` boundary keys, pass B writes.
-  const int seg = ((n + kWarps - 1) / kWarps + 31) & ~31;
-  const int lo = min(n, warp * seg), hi = min(n, lo + seg);
-  auto above_of = [&](uint32_t key) { return key != kNegInfKey && (all || (key & mask) > prefix); };
-  auto on_boundary = [&](uint32_t key) { return !all && key != kNegInfKey && (key & mask) == prefix; };
-  int above = 0, eq = 0;
-  for (int c0 = lo; c0 < hi; c0 += 32) {
-    const int i = c0 + lane;
-    const uint32_t key = i < hi ? keys[i] : kNegInfKey;
-    above += __popc(__ballot_sync(kFull, above_of(key)));
-    eq += __popc(__ballot_sync(kFull, on_boundary(key)));
-  }
-  if (lane == 0) {
-    warp_above[warp] = above;
-    warp_eq[warp] = eq;
-  }
+  // Ordered gather (gather_counts, warp_slot, warp_picks).
+  int lo, hi, on, take;
+  gather_counts(keys, n, bd, warp_above, warp_on, &lo, &hi, &on);
   __syncthreads();
-  int base = 0, eq_before = 0;
-  for (int w = 0; w < warp; ++w) {
-    base += warp_above[w] + min(max(rem - eq_before, 0), warp_eq[w]);
-    eq_before += warp_eq[w];
-  }
-  const int take = min(max(rem - eq_before, 0), eq);  // this warp's boundary keys to pick, its first ones
-  const unsigned below_lane = (1u << lane) - 1u;
-  int eq_seen = 0;
-  for (int c0 = lo; c0 < hi; c0 += 32) {
-    const int i = c0 + lane;
-    const uint32_t key = i < hi ? keys[i] : kNegInfKey;
-    const bool is_eq = on_boundary(key);
-    const unsigned eqb = __ballot_sync(kFull, is_eq);
-    const bool pick = above_of(key) || (is_eq && eq_seen + __popc(eqb & below_lane) < take);
-    const unsigned pb = __ballot_sync(kFull, pick);
-    if (pick) {
-      const int pos = base + __popc(pb & below_lane);
-      if (by_index) {
-        o[pos] = i;
-      } else {
-        sel[pos] = (static_cast<unsigned long long>(~key) << 32) | static_cast<unsigned long long>(i);
-      }
+  const int base = warp_slot(warp_above, warp_on, warp, bd.rem, 0, 0, on, &take);
+  warp_picks(keys, lo, hi, bd, base, take, [&](int pos, int i, uint32_t key) {
+    if (by_index) {
+      o[pos] = i;
+    } else {
+      sel[pos] = (static_cast<unsigned long long>(~key) << 32) | static_cast<unsigned long long>(i);
     }
-    base += __popc(pb);
-    eq_seen += __popc(eqb);
-  }
+  });
   if (by_index) {  // already in index order
     for (int i = m + tid; i < k; i += kThreads) o[i] = -1;
     return;
@@ -238,8 +286,8 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ uint32_t slice_keys[];
   __shared__ int hist[256], ghist[256];
-  __shared__ int warp_above[kWarps], warp_eq[kWarps];
-  __shared__ int s_cnt, s_total, s_above, s_eq, s_base, s_eq_before;
+  __shared__ int warp_above[kWarps], warp_on[kWarps];
+  __shared__ int s_cnt, s_total, s_above, s_on, s_base, s_on_before;
   __shared__ int s_digit, s_rem, s_whole;
   __shared__ unsigned s_low, s_glow;
   const int rank = static_cast<int>(cluster.block_rank());
@@ -249,6 +297,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
   const int s_lo = min(n, rank * per), s_n = min(n, s_lo + per) - s_lo;
   const float* row = scores + t * ld + s_lo;
   int32_t* o = out + t * k;
+  const RowKeys<true> keys{nullptr, slice_keys};
 
   int cnt = 0;
 #pragma unroll 4
@@ -268,27 +317,13 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
   __syncthreads();
   const int total = s_total;
   const int m = min(total, k);
-  const bool all = total <= k;
 
-  uint32_t prefix = 0, mask = 0;
-  int rem = 0;
-  if (!all) {
-    rem = k;
+  Boundary bd(total, k);
+  if (!bd.all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
-      if (tid == 0) s_low = 0;
+      clear_pass(hist, &s_low);
       __syncthreads();
-      const uint32_t low_mask = (1u << shift) - 1u;
-      uint32_t low = 0;
-      for (int c0 = 0; c0 < s_n; c0 += kThreads) {
-        const int i = c0 + tid;
-        const uint32_t key = i < s_n ? slice_keys[i] : kNegInfKey;
-        const bool in_play = key != kNegInfKey && (key & mask) == prefix;
-        hist_add(hist, (key >> shift) & 255u, in_play);
-        if (in_play) low |= key & low_mask;
-      }
-      low = __reduce_or_sync(kFull, low);
-      if (lane == 0 && low != 0) atomicOr(&s_low, low);
+      hist_pass(keys, s_n, shift, bd, hist, &s_low);
       cluster.sync();  // every slice's histogram is complete
       if (tid < 256) {
         int v = 0;
@@ -301,70 +336,38 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
         s_glow = l;
       }
       __syncthreads();
-      if (tid < 32) boundary_bin(ghist, rem, &s_digit, &s_rem, &s_whole);
+      if (tid < 32) boundary_bin(ghist, bd.rem, &s_digit, &s_rem, &s_whole);
       __syncthreads();
-      prefix |= static_cast<uint32_t>(s_digit) << shift;
-      mask |= 255u << shift;
-      rem = s_rem;
+      bd.narrow(s_digit, shift, s_rem);
       const bool whole = s_whole != 0 || s_glow == 0;
       cluster.sync();  // no CTA reads this one's histogram any more: the next pass may clear it
       if (whole) break;
     }
   }
 
-  const int seg = ((s_n + kWarps - 1) / kWarps + 31) & ~31;
-  const int lo = min(s_n, warp * seg), hi = min(s_n, lo + seg);
-  auto above_of = [&](uint32_t key) { return key != kNegInfKey && (all || (key & mask) > prefix); };
-  auto on_boundary = [&](uint32_t key) { return !all && key != kNegInfKey && (key & mask) == prefix; };
-  int above = 0, eq = 0;
-  for (int c0 = lo; c0 < hi; c0 += 32) {
-    const int i = c0 + lane;
-    const uint32_t key = i < hi ? slice_keys[i] : kNegInfKey;
-    above += __popc(__ballot_sync(kFull, above_of(key)));
-    eq += __popc(__ballot_sync(kFull, on_boundary(key)));
-  }
-  if (lane == 0) {
-    warp_above[warp] = above;
-    warp_eq[warp] = eq;
-  }
+  int lo, hi, on, take;
+  gather_counts(keys, s_n, bd, warp_above, warp_on, &lo, &hi, &on);
   __syncthreads();
   if (tid == 0) {
     int a = 0, e = 0;
-    for (int w = 0; w < kWarps; ++w) a += warp_above[w], e += warp_eq[w];
+    for (int w = 0; w < kWarps; ++w) a += warp_above[w], e += warp_on[w];
     s_above = a;
-    s_eq = e;
+    s_on = e;
   }
   cluster.sync();
   if (tid == 0) {  // the slots and boundary keys of the slices before this one
-    int base = 0, eq_before = 0;
+    int base = 0, on_before = 0;
     for (int r = 0; r < rank; ++r) {
-      const int e = *cluster.map_shared_rank(&s_eq, r);
-      base += *cluster.map_shared_rank(&s_above, r) + min(max(rem - eq_before, 0), e);
-      eq_before += e;
+      const int e = *cluster.map_shared_rank(&s_on, r);
+      base += *cluster.map_shared_rank(&s_above, r) + min(max(bd.rem - on_before, 0), e);
+      on_before += e;
     }
     s_base = base;
-    s_eq_before = eq_before;
+    s_on_before = on_before;
   }
   cluster.sync();  // also: no CTA leaves while another still reads its counts
-  int base = s_base, eq_before = s_eq_before;
-  for (int w = 0; w < warp; ++w) {
-    base += warp_above[w] + min(max(rem - eq_before, 0), warp_eq[w]);
-    eq_before += warp_eq[w];
-  }
-  const int take = min(max(rem - eq_before, 0), eq);
-  const unsigned below_lane = (1u << lane) - 1u;
-  int eq_seen = 0;
-  for (int c0 = lo; c0 < hi; c0 += 32) {
-    const int i = c0 + lane;
-    const uint32_t key = i < hi ? slice_keys[i] : kNegInfKey;
-    const bool is_eq = on_boundary(key);
-    const unsigned eqb = __ballot_sync(kFull, is_eq);
-    const bool pick = above_of(key) || (is_eq && eq_seen + __popc(eqb & below_lane) < take);
-    const unsigned pb = __ballot_sync(kFull, pick);
-    if (pick) o[base + __popc(pb & below_lane)] = s_lo + i;
-    base += __popc(pb);
-    eq_seen += __popc(eqb);
-  }
+  const int base = warp_slot(warp_above, warp_on, warp, bd.rem, s_base, s_on_before, on, &take);
+  warp_picks(keys, lo, hi, bd, base, take, [&](int pos, int i, uint32_t) { o[pos] = s_lo + i; });
   for (int i = m + rank * kThreads + tid; i < k; i += kThreads * kClusterCtas) o[i] = -1;
 }
 
