@@ -891,9 +891,6 @@ int64_t index_scores_checks(const char* op, const Tensor& q, int64_t N, int64_t 
   return offs ? vis.width : N;
 }
 
-// Few queries: the head-parallel decode kernel over `keys` (N rows of d floats; keys_aligned: every row 16-byte
-// aligned). Returns an undefined tensor when the call does not fit it (the caller takes the other kernel); rows over
-// their own keys (offsets) must fit it.
 // Keys per warp group (the kernel's KW): 8, 16 or 32; 0 follows DEEPINFER_CUDA_INDEX_GROUP.
 std::atomic<int> g_index_group{0};
 
@@ -959,6 +956,9 @@ Tensor launch_decode(const Tensor& q, const Rows& keys, int64_t N, int64_t d, co
   return out;
 }
 
+// Few queries: the head-parallel decode kernel over `keys` (N rows of d floats; keys_aligned: every row 16-byte
+// aligned). Returns an undefined tensor when the call does not fit it (the caller takes the other kernel); rows over
+// their own keys (offsets) must fit it.
 template <class Rows>
 Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bool keys_aligned, int64_t N, int64_t d,
                            const Tensor& w, const ops::KeyVisibility& vis, bool round) {
@@ -987,7 +987,11 @@ Tensor index_scores_decode(const char* op, const Tensor& q, const Rows& keys, bo
 
 }  // namespace
 
-void index_scores_set_group(int keys) { g_index_group.store(keys, std::memory_order_relaxed); }
+void index_scores_set_group(int keys) {
+  DI_CHECK(keys == 0 || keys == 8 || keys == 16 || keys == 32,
+           "cuda::index_scores_set_group: keys per group must be 0, 8, 16 or 32 (got {})", keys);
+  g_index_group.store(keys, std::memory_order_relaxed);
+}
 
 Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& segments, int64_t d, const Tensor& w,
                          const ops::KeyVisibility& vis, bool round) {

@@ -155,17 +155,18 @@ __device__ void gather_counts(const Keys& keys, int n, const Boundary& bd, int* 
   *on = e;
 }
 
-// The scan: warp `warp`'s first output slot and (in *take) how many of its boundary keys it picks, its first ones,
-// from the counts of the warps before it, after `base` slots and `on_before` boundary keys of what precedes them.
-__device__ __forceinline__ int warp_slot(const int* warp_above, const int* warp_on, int warp, int rem, int base,
-                                         int on_before, int on, int* take) {
-  for (int w = 0; w < warp; ++w) {
-    base += warp_above[w] + min(max(rem - on_before, 0), warp_on[w]);
-    on_before += warp_on[w];
+// The gather's scan over stretches in index order (the CTAs of a cluster, then a CTA's warps): advances *base (output
+// slots) and *on_before (boundary keys) past the first `count` stretches, whose counts above the boundary and on it
+// are above[] / on[]; each stretch picks its first boundary keys while fewer than rem have been picked before it.
+__device__ __forceinline__ void scan_slots(const int* above, const int* on, int count, int rem, int* base,
+                                           int* on_before) {
+  for (int w = 0; w < count; ++w) {
+    *base += above[w] + min(max(rem - *on_before, 0), on[w]);
+    *on_before += on[w];
   }
-  *take = min(max(rem - on_before, 0), on);
-  return base;
 }
+// How many of its `on` boundary keys a stretch picks (its first ones), after `on_before` boundary keys before it.
+__device__ __forceinline__ int take_of(int rem, int on_before, int on) { return min(max(rem - on_before, 0), on); }
 
 // Pass B: emit(pos, i, key) for every pick of [lo, hi), at positions base, base + 1, ... in index order.
 template <class Keys, class Emit>
@@ -236,12 +237,12 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Ordered gather (gather_counts, warp_slot, warp_picks).
-  int lo, hi, on, take;
+  // Ordered gather (gather_counts, scan_slots, warp_picks).
+  int lo, hi, on, base = 0, on_before = 0;
   gather_counts(keys, n, bd, warp_above, warp_on, &lo, &hi, &on);
   __syncthreads();
-  const int base = warp_slot(warp_above, warp_on, warp, bd.rem, 0, 0, on, &take);
-  warp_picks(keys, lo, hi, bd, base, take, [&](int pos, int i, uint32_t key) {
+  scan_slots(warp_above, warp_on, warp, bd.rem, &base, &on_before);
+  warp_picks(keys, lo, hi, bd, base, take_of(bd.rem, on_before, on), [&](int pos, int i, uint32_t key) {
     if (by_index) {
       o[pos] = i;
     } else {
@@ -287,7 +288,8 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
   extern __shared__ uint32_t slice_keys[];
   __shared__ int hist[256], ghist[256];
   __shared__ int warp_above[kWarps], warp_on[kWarps];
-  __shared__ int s_cnt, s_total, s_above, s_on, s_base, s_on_before;
+  __shared__ int cta_above[kClusterCtas], cta_on[kClusterCtas];
+  __shared__ int s_cnt, s_total, s_above, s_on;
   __shared__ int s_digit, s_rem, s_whole;
   __shared__ unsigned s_low, s_glow;
   const int rank = static_cast<int>(cluster.block_rank());
@@ -345,29 +347,25 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
     }
   }
 
-  int lo, hi, on, take;
+  int lo, hi, on, base = 0, on_before = 0;
   gather_counts(keys, s_n, bd, warp_above, warp_on, &lo, &hi, &on);
   __syncthreads();
-  if (tid == 0) {
+  if (tid == 0) {  // this slice's counts, for the CTAs after it
     int a = 0, e = 0;
     for (int w = 0; w < kWarps; ++w) a += warp_above[w], e += warp_on[w];
     s_above = a;
     s_on = e;
   }
   cluster.sync();
-  if (tid == 0) {  // the slots and boundary keys of the slices before this one
-    int base = 0, on_before = 0;
-    for (int r = 0; r < rank; ++r) {
-      const int e = *cluster.map_shared_rank(&s_on, r);
-      base += *cluster.map_shared_rank(&s_above, r) + min(max(bd.rem - on_before, 0), e);
-      on_before += e;
-    }
-    s_base = base;
-    s_on_before = on_before;
+  if (tid < kClusterCtas) {  // every slice's counts, read in parallel
+    cta_above[tid] = *cluster.map_shared_rank(&s_above, tid);
+    cta_on[tid] = *cluster.map_shared_rank(&s_on, tid);
   }
   cluster.sync();  // also: no CTA leaves while another still reads its counts
-  const int base = warp_slot(warp_above, warp_on, warp, bd.rem, s_base, s_on_before, on, &take);
-  warp_picks(keys, lo, hi, bd, base, take, [&](int pos, int i, uint32_t) { o[pos] = s_lo + i; });
+  scan_slots(cta_above, cta_on, rank, bd.rem, &base, &on_before);  // the slices before this one
+  scan_slots(warp_above, warp_on, warp, bd.rem, &base, &on_before);
+  warp_picks(keys, lo, hi, bd, base, take_of(bd.rem, on_before, on),
+             [&](int pos, int i, uint32_t) { o[pos] = s_lo + i; });
   for (int i = m + rank * kThreads + tid; i < k; i += kThreads * kClusterCtas) o[i] = -1;
 }
 

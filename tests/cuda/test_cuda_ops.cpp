@@ -1209,15 +1209,15 @@ std::vector<di::ops::RowSegment> device_runs(const di::Tensor& table, const std:
   return runs;
 }
 
-// index_scores over keys kept as runs (ops::index_scores_segments: the indexer reading a paged store in place on CUDA)
-// against the CPU op over the same keys as one table, bit for bit: 64-row pages (a RowPages store: up to 313 runs,
-// the uploaded run table) and ragged runs of 1-30 rows (a warp's 8-key group across runs); decode rows with the causal
-// rule or counts, rows over their own keys (offsets), and a prefill chunk (the other kernel: gathered first).
 // The decode kernel's keys per warp group under test (cuda::index_scores_set_group; 0: the default), named in the
 // cases.
 int g_index_group = 0;
 std::string group_tag() { return g_index_group == 0 ? std::string() : " group=" + std::to_string(g_index_group); }
 
+// index_scores over keys kept as runs (ops::index_scores_segments: the indexer reading a paged store in place on CUDA)
+// against the CPU op over the same keys as one table, bit for bit: 64-row pages (a RowPages store: up to 313 runs,
+// the uploaded run table) and ragged runs of 1-30 rows (a warp's key group across runs); decode rows with the causal
+// rule or counts, rows over their own keys (offsets), and a prefill chunk (the other kernel: gathered first).
 void test_index_scores_runs() {
   struct Case {
     const char* what;
