@@ -2,12 +2,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "core/env.h"
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
@@ -282,10 +284,11 @@ constexpr int kMaxNstv = 5;
 struct SplitLayout {
   int ntiles, Kp, Emax, DC, QS, cw, sst, nst, nstv;
   int vrow, vpos, lst, tstart, tlist, wcnt, qs, P, sown, pm, tm, mn, mo, rs, ts, lf, mf, pvd, region;
+  int pall;  // every valid entry's p as doubles [V][HG] after the P.V tile stages, or -1: converted tile by tile
   int words;
 };
 
-inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst) {
+inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst, bool pall = false) {
   auto r4 = [](int64_t x) { return static_cast<int>((x + 3) / 4 * 4); };
   SplitLayout L{};
   L.ntiles = (K + kTile - 1) / kTile;
@@ -320,7 +323,9 @@ inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst) {
   // The region holds the score stages, then the P.V tile stages: as many of those as about fit in the same room.
   const int64_t score_words = int64_t{stages} * L.Emax * L.sst, tile_words = int64_t{kTile} * L.DC;
   L.nstv = static_cast<int>(std::clamp<int64_t>((score_words + tile_words / 2) / tile_words, kNstv, kMaxNstv));
-  L.region = o, o += r4(std::max<int64_t>(score_words, L.nstv * tile_words));
+  const int64_t pv_words = L.nstv * tile_words + (pall ? int64_t{2} * K * HG : 0);
+  L.pall = pall ? static_cast<int>(o + L.nstv * tile_words) : -1;
+  L.region = o, o += r4(std::max<int64_t>(score_words, pv_words));
   L.words = o;
   return L;
 }
@@ -412,7 +417,8 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   float* LF = smem + L.lf;                                // [HG] l + exp(sink - m)
   float* MF = smem + L.mf;                                // [HG] final m
   double* pvd = reinterpret_cast<double*>(smem + L.pvd);  // [2][64][HG] probabilities as used in P.V
-  float* region = smem + L.region;                        // score chunk stages, then P.V tile stages
+  double* pall = reinterpret_cast<double*>(smem + (L.pall >= 0 ? L.pall : 0));  // [V][HG] (L.pall >= 0)
+  float* region = smem + L.region;  // score chunk stages, then P.V tile stages
 
   // Nothing may be stored into another CTA's shared memory before every CTA of the cluster runs.
   cluster_arrive_relaxed();
@@ -581,28 +587,31 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     }
     cp_async_commit();
   };
-  auto convert_tile = [&](int u) {  // helpers only: pv of the valid entries as doubles, [i][h]
-    const int j = tlist[u];
-    const int tb = tstart[j], nv = tstart[j + 1] - tb;
-    double* pd = pvd + (u & 1) * kTile * HG;
-    // In batches of 4 per thread, every load first: each value is two dependent shared loads (its list position,
-    // then p), and the stores in between would otherwise keep the next value's loads from starting early.
+  // p of the entries [tb, tb + nv) of the compacted list as doubles into dst [i][h], by `nth` threads from `first`: in
+  // batches of 4 per thread with every load first (each value is two dependent shared loads, its list position and
+  // then p, and the stores in between would otherwise keep the next value's loads from starting early).
+  auto convert_p = [&](int tb, int nv, double* dst, int first, int nth) {
     constexpr int kB = 4;
     const int n = nv * HG;
-    for (int x0 = hid; x0 < n; x0 += kB * nhelp) {
+    for (int x0 = first; x0 < n; x0 += kB * nth) {
       float p[kB];
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        const int x = x0 + b * nhelp, i = x / HG, h = x - i * HG;
+        const int x = x0 + b * nth, i = x / HG, h = x - i * HG;
         p[b] = x < n ? P[h * Kp + vpos[tb + i]] : 0.0f;
       }
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        const int x = x0 + b * nhelp;
-        if (x < n) pd[x] = static_cast<double>(bf16_probs ? round_to_bf16(p[b]) : p[b]);
+        const int x = x0 + b * nth;
+        if (x < n) dst[x] = static_cast<double>(bf16_probs ? round_to_bf16(p[b]) : p[b]);
       }
     }
   };
+  auto convert_tile = [&](int u) {  // helpers only: pv of the u-th walked tile's valid entries
+    const int j = tlist[u];
+    convert_p(tstart[j], tstart[j + 1] - tstart[j], pvd + (u & 1) * kTile * HG, hid, nhelp);
+  };
+  const bool p_all = L.pall >= 0;
   if (helper) {
 #pragma unroll
     for (int u = 0; u < L.nstv - 1; ++u) issue_tile(u);
@@ -671,7 +680,10 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     TS[x] = tsum;
     RS[x] = exp_f(__fsub_rn(MO[x], m_new));
   }
-  if (helper && nnt > 0) convert_tile(0);
+  if (p_all)  // every valid entry's p at once, by all threads (the helpers then only copy tiles)
+    convert_p(0, tstart[ntiles], pall, tid, kThreads);
+  else if (helper && nnt > 0)
+    convert_tile(0);
   __syncthreads();
   if (tid < HG) {
     const int h = tid;
@@ -695,7 +707,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
 #pragma unroll
     for (int u = 0; u < HPT; ++u) acc[u] = __dmul_rn(acc[u], static_cast<double>(RS[(hq * HPT + u) * ntiles + j]));
     const float* vs = region + (w % L.nstv) * vstage + cl;
-    const double* pd = pvd + (w & 1) * kTile * HG + hq * HPT;
+    const double* pd = (p_all ? pall + tstart[j] * HG : pvd + (w & 1) * kTile * HG) + hq * HPT;
     // Entries in batches of kPvBatch: every load of a batch first, then its FMAs in entry order, so a batch
     // costs one shared-memory round trip and the FMA chains (one per head) run back to back (one entry at a
     // time waited on its loads and conversion: ~50 cycles per entry, 1.6 us per full tile).
@@ -736,7 +748,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     __syncthreads();  // the w-th tile staged and converted; the one before consumed
     if (helper) {
       issue_tile(w + L.nstv - 1);
-      if (w + 1 < nnt) convert_tile(w + 1);
+      if (w + 1 < nnt && !p_all) convert_tile(w + 1);
     } else if (col_ok) {
       pv_tile(w);
     }
@@ -758,6 +770,20 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     if (derot.rope_dim > 0) v = derotate(v, d, D, derot, rot, round);
     if (store) out[(t * H + h0 + h) * D + d] = v;
   }
+}
+
+std::atomic<int> g_p_all{-1};  // sparse_attention_set_p_all: -1 follows DEEPINFER_CUDA_ATTN_P_ALL
+
+// The split kernel converts every entry's p to FP64 at once before P.V (all threads), where the doubles fit in shared
+// memory without more waves, instead of tile by tile in the helpers (DEEPINFER_CUDA_ATTN_P_ALL, default 0; A/B).
+bool split_p_all() {
+  static const bool env = [] {
+    const std::string v = env_value("DEEPINFER_CUDA_ATTN_P_ALL");
+    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_ATTN_P_ALL must be '0' or '1' (got '{}')", v);
+    return v == "1";
+  }();
+  const int mode = g_p_all.load(std::memory_order_relaxed);
+  return mode < 0 ? env : mode == 1;
 }
 
 void check_dev(const Tensor& t, DType dt, const char* what) {
@@ -819,12 +845,19 @@ SplitLayout split_plan(int64_t T, int64_t H, int64_t D, int64_t K, int hg) {
   const int64_t base = waves(narrow);
   const int whole = (static_cast<int>(D) + 31) / 32 * 32;
   const std::pair<int, int> tries[] = {{whole, 1}, {256, 2}, {128, 3}, {128, 2}, {64, 4}, {64, 3}, {64, 2}};
+  // With split_p_all(), each layout with every p converted before P.V (pall) where that fits in as few waves.
+  const bool p_all = split_p_all();
+  auto with_pall = [&](const SplitLayout& L, int cw, int nst) {
+    if (!p_all) return L;
+    const SplitLayout P = split_layout(static_cast<int>(K), static_cast<int>(D), hg, cw, nst, true);
+    return waves(P) <= waves(L) ? P : L;
+  };
   for (const auto& [cw, nst] : tries) {
     if (cw > whole) continue;
     const SplitLayout L = split_layout(static_cast<int>(K), static_cast<int>(D), hg, cw, nst);
-    if (waves(L) <= base) return L;
+    if (waves(L) <= base) return with_pall(L, cw, nst);
   }
-  return narrow;
+  return with_pall(narrow, 32, kNsts);
 }
 
 template <int HG>
@@ -915,6 +948,8 @@ void dispatch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor
 }
 
 }  // namespace
+
+void sparse_attention_set_p_all(int mode) { g_p_all.store(mode < 0 ? -1 : (mode > 0 ? 1 : 0)); }
 
 void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                            bool bf16_probs, bool round, Tensor& out, CUstream_st* stream, int heads_per_cta,
