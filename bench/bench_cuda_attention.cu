@@ -237,21 +237,14 @@ int main() {
       }
       const di::Tensor idx = di::cuda::copy_to_device(h);
       di::Tensor out = di::Tensor::empty({T, H, D}, di::DType::kF32, di::Device::kCUDA);
-      // p_all: the split kernel's p converted tile by tile (0) or all at once (1, DEEPINFER_CUDA_ATTN_P_ALL).
-      for (int p_all : {0, 1}) {
-        di::cuda::sparse_attention_set_p_all(p_all);
-        for (int hg : {0, 4, 8, 16, -4, -8, -16}) {
-          if (p_all == 1 && hg > 0) continue;
-          const double ms = time_graph(st, kCalls, [&](int) {
-            di::cuda::sparse_attention_into(q, table, idx, sink, scale, true, true, out,
-                                            reinterpret_cast<CUstream_st*>(st), hg);
-          });
-          const std::string hgs = hg == 0 ? "auto" : (hg < 0 ? "s" + std::to_string(-hg) : std::to_string(hg));
-          std::printf("%6lld %4s %10.1f%s\n", static_cast<long long>(T), hgs.c_str(), ms * 1e3,
-                      p_all == 1 ? "  (p all at once)" : "");
-        }
+      for (int hg : {0, 4, 8, 16, -4, -8, -16}) {
+        const double ms = time_graph(st, kCalls, [&](int) {
+          di::cuda::sparse_attention_into(q, table, idx, sink, scale, true, true, out,
+                                          reinterpret_cast<CUstream_st*>(st), hg);
+        });
+        std::printf("%6lld %4s %10.1f\n", static_cast<long long>(T),
+                    hg == 0 ? "auto" : (hg < 0 ? "s" + std::to_string(-hg) : std::to_string(hg)).c_str(), ms * 1e3);
       }
-      di::cuda::sparse_attention_set_p_all(-1);
     }
   }
   if ((cases & 16) != 0) topk_table(st);

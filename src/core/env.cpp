@@ -57,11 +57,6 @@ const std::vector<EnvVar>& env_vars() {
        "query load among more keys, smaller ones spread short rows over more warps); auto picks by the call's rows x "
        "keys (16 from 16k rows x keys, else 8); the same scores either way",
        true},
-      {"DEEPINFER_CUDA_ATTN_P_ALL", "0",
-       "tuning (A/B): 1 has the CUDA decode attention's split kernel convert every entry's probability to FP64 at "
-       "once before P.V (all threads, where the doubles fit in shared memory), leaving its helper warps only the "
-       "copies of the value tiles; 0 (default) converts tile by tile in the helpers; the same output either way",
-       true},
       {"DEEPINFER_CUDA_TOPK_STAGE", "2",
        "tuning (A/B): where the CUDA top-k (the indexers' picks) keeps a row's keys in launches of up to 64 rows: 2 "
        "(default) a decode row of 8k+ keys listed by index over a cluster of 8 CTAs, each staging a slice in shared "

@@ -2,14 +2,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
-#include "core/env.h"
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
@@ -284,11 +282,10 @@ constexpr int kMaxNstv = 5;
 struct SplitLayout {
   int ntiles, Kp, Emax, DC, QS, cw, sst, nst, nstv;
   int vrow, vpos, lst, tstart, tlist, wcnt, qs, P, sown, pm, tm, mn, mo, rs, ts, lf, mf, pvd, region;
-  int pall;  // every valid entry's p as doubles [V][HG] after the P.V tile stages, or -1: converted tile by tile
   int words;
 };
 
-inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst, bool pall = false) {
+inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst) {
   auto r4 = [](int64_t x) { return static_cast<int>((x + 3) / 4 * 4); };
   SplitLayout L{};
   L.ntiles = (K + kTile - 1) / kTile;
@@ -323,9 +320,7 @@ inline SplitLayout split_layout(int K, int D, int HG, int cw, int nst, bool pall
   // The region holds the score stages, then the P.V tile stages: as many of those as about fit in the same room.
   const int64_t score_words = int64_t{stages} * L.Emax * L.sst, tile_words = int64_t{kTile} * L.DC;
   L.nstv = static_cast<int>(std::clamp<int64_t>((score_words + tile_words / 2) / tile_words, kNstv, kMaxNstv));
-  const int64_t pv_words = L.nstv * tile_words + (pall ? int64_t{2} * K * HG : 0);
-  L.pall = pall ? static_cast<int>(o + L.nstv * tile_words) : -1;
-  L.region = o, o += r4(std::max<int64_t>(score_words, pv_words));
+  L.region = o, o += r4(std::max<int64_t>(score_words, L.nstv * tile_words));
   L.words = o;
   return L;
 }
@@ -383,27 +378,6 @@ __device__ __forceinline__ void cp_async16_relaxed(void* smem, const void* gmem)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 
-// Stages columns [col0, col0 + 4 n4) of the kv rows rows[0..nrows) into st (row stride sst) by 16-byte copies, thread
-// `first` of `nth`. Where the threads are a whole number of rows' column groups, each keeps one group and steps over
-// rows, with no division per copy (measured on the H100: 37.8 -> 34.3 us a decode call at 640 entries, where the
-// helpers' copies had been the P.V loop's critical path); else the copies are dealt out one by one.
-__device__ __forceinline__ void stage_rows(float* st, int sst, const float* __restrict__ kv, const int* rows, int nrows,
-                                           int D, int col0, int n4, int first, int nth) {
-  if (n4 <= 0) return;
-  if (nth % n4 == 0) {
-    const int c4 = first % n4, step = nth / n4;
-#pragma unroll 4
-    for (int r = first / n4; r < nrows; r += step)
-      cp_async16_relaxed(st + r * sst + c4 * 4, kv + static_cast<int64_t>(rows[r]) * D + col0 + c4 * 4);
-  } else {
-#pragma unroll 4
-    for (int x = first; x < nrows * n4; x += nth) {
-      const int r = x / n4, c4 = x - r * n4;
-      cp_async16_relaxed(st + r * sst + c4 * 4, kv + static_cast<int64_t>(rows[r]) * D + col0 + c4 * 4);
-    }
-  }
-}
-
 template <int HG>
 __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 ? 1 : 2)
     sparse_attn_split_kernel(const float* __restrict__ q, const float* __restrict__ kv, const int32_t* __restrict__ idx,
@@ -438,8 +412,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   float* LF = smem + L.lf;                                // [HG] l + exp(sink - m)
   float* MF = smem + L.mf;                                // [HG] final m
   double* pvd = reinterpret_cast<double*>(smem + L.pvd);  // [2][64][HG] probabilities as used in P.V
-  double* pall = reinterpret_cast<double*>(smem + (L.pall >= 0 ? L.pall : 0));  // [V][HG] (L.pall >= 0)
-  float* region = smem + L.region;  // score chunk stages, then P.V tile stages
+  float* region = smem + L.region;                        // score chunk stages, then P.V tile stages
 
   // Nothing may be stored into another CTA's shared memory before every CTA of the cluster runs.
   cluster_arrive_relaxed();
@@ -534,7 +507,19 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   auto issue_chunk = [&](int k) {
     if (k < nck) {
       const int n4 = min(cw, D - k * cw) / 4;
-      stage_rows(region + (k % L.nst) * sstage, sst, kv, vrow + e0, nown, D, k * cw, n4, tid, kThreads);
+      float* st = region + (k % L.nst) * sstage;
+      if (kThreads % n4 == 0) {  // each thread keeps one column group and steps over rows: no division per copy
+        const int c4 = tid % n4, step = kThreads / n4;
+#pragma unroll 4
+        for (int el = tid / n4; el < nown; el += step)
+          cp_async16_relaxed(st + el * sst + c4 * 4, kv + static_cast<int64_t>(vrow[e0 + el]) * D + k * cw + c4 * 4);
+      } else {
+#pragma unroll 4
+        for (int x = tid; x < nown * n4; x += kThreads) {
+          const int el = x / n4, c4 = x - el * n4;
+          cp_async16_relaxed(st + el * sst + c4 * 4, kv + static_cast<int64_t>(vrow[e0 + el]) * D + k * cw + c4 * 4);
+        }
+      }
     }
     cp_async_commit();
   };
@@ -572,39 +557,52 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   const int vstage = kTile * DC;
   // P.V walks the tiles with valid entries (u-th: tile tlist[u]); stages and p buffers go by u.
   const int nnt = tlist[ntiles];
+  // A helper's copies: where the helpers are a whole number of rows' column groups, each keeps its group (c4 fixed)
+  // and steps over rows, with no division per copy (measured on the H100: 37.8 -> 34.3 us a decode call at 640
+  // entries; the helpers had been the P.V loop's critical path, its threads waiting at the tile barrier).
+  const bool fixed_c4 = ncol4 > 0 && nhelp % ncol4 == 0;
+  const int my_c4 = fixed_c4 ? hid % ncol4 : 0, my_i0 = fixed_c4 ? hid / ncol4 : 0, di = fixed_c4 ? nhelp / ncol4 : 0;
   auto issue_tile = [&](int u) {  // helpers only
     if (u < nnt) {
       const int j = tlist[u];
-      const int tb = tstart[j];
-      stage_rows(region + (u % L.nstv) * vstage, DC, kv, vrow + tb, tstart[j + 1] - tb, D, c0, ncol4, hid, nhelp);
+      const int tb = tstart[j], nv = tstart[j + 1] - tb;
+      float* st = region + (u % L.nstv) * vstage;
+      if (fixed_c4) {
+#pragma unroll 4
+        for (int i = my_i0; i < nv; i += di)
+          cp_async16_relaxed(st + i * DC + my_c4 * 4, kv + static_cast<int64_t>(vrow[tb + i]) * D + c0 + my_c4 * 4);
+      } else {
+#pragma unroll 4
+        for (int x = hid; x < nv * ncol4; x += nhelp) {
+          const int i = x / ncol4, c4 = x - i * ncol4;
+          cp_async16_relaxed(st + i * DC + c4 * 4, kv + static_cast<int64_t>(vrow[tb + i]) * D + c0 + c4 * 4);
+        }
+      }
     }
     cp_async_commit();
   };
-  // p of the entries [tb, tb + nv) of the compacted list as doubles into dst [i][h], by `nth` threads from `first`: in
-  // batches of 4 per thread with every load first (each value is two dependent shared loads, its list position and
-  // then p, and the stores in between would otherwise keep the next value's loads from starting early).
-  auto convert_p = [&](int tb, int nv, double* dst, int first, int nth) {
+  auto convert_tile = [&](int u) {  // helpers only: pv of the valid entries as doubles, [i][h]
+    const int j = tlist[u];
+    const int tb = tstart[j], nv = tstart[j + 1] - tb;
+    double* pd = pvd + (u & 1) * kTile * HG;
+    // In batches of 4 per thread, every load first: each value is two dependent shared loads (its list position,
+    // then p), and the stores in between would otherwise keep the next value's loads from starting early.
     constexpr int kB = 4;
     const int n = nv * HG;
-    for (int x0 = first; x0 < n; x0 += kB * nth) {
+    for (int x0 = hid; x0 < n; x0 += kB * nhelp) {
       float p[kB];
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        const int x = x0 + b * nth, i = x / HG, h = x - i * HG;
+        const int x = x0 + b * nhelp, i = x / HG, h = x - i * HG;
         p[b] = x < n ? P[h * Kp + vpos[tb + i]] : 0.0f;
       }
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        const int x = x0 + b * nth;
-        if (x < n) dst[x] = static_cast<double>(bf16_probs ? round_to_bf16(p[b]) : p[b]);
+        const int x = x0 + b * nhelp;
+        if (x < n) pd[x] = static_cast<double>(bf16_probs ? round_to_bf16(p[b]) : p[b]);
       }
     }
   };
-  auto convert_tile = [&](int u) {  // helpers only: pv of the u-th walked tile's valid entries
-    const int j = tlist[u];
-    convert_p(tstart[j], tstart[j + 1] - tstart[j], pvd + (u & 1) * kTile * HG, hid, nhelp);
-  };
-  const bool p_all = L.pall >= 0;
   if (helper) {
 #pragma unroll
     for (int u = 0; u < L.nstv - 1; ++u) issue_tile(u);
@@ -673,10 +671,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     TS[x] = tsum;
     RS[x] = exp_f(__fsub_rn(MO[x], m_new));
   }
-  if (p_all)  // every valid entry's p at once, by all threads (the helpers then only copy tiles)
-    convert_p(0, tstart[ntiles], pall, tid, kThreads);
-  else if (helper && nnt > 0)
-    convert_tile(0);
+  if (helper && nnt > 0) convert_tile(0);
   __syncthreads();
   if (tid < HG) {
     const int h = tid;
@@ -700,7 +695,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
 #pragma unroll
     for (int u = 0; u < HPT; ++u) acc[u] = __dmul_rn(acc[u], static_cast<double>(RS[(hq * HPT + u) * ntiles + j]));
     const float* vs = region + (w % L.nstv) * vstage + cl;
-    const double* pd = (p_all ? pall + tstart[j] * HG : pvd + (w & 1) * kTile * HG) + hq * HPT;
+    const double* pd = pvd + (w & 1) * kTile * HG + hq * HPT;
     // Entries in batches of kPvBatch: every load of a batch first, then its FMAs in entry order, so a batch
     // costs one shared-memory round trip and the FMA chains (one per head) run back to back (one entry at a
     // time waited on its loads and conversion: ~50 cycles per entry, 1.6 us per full tile).
@@ -741,7 +736,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     __syncthreads();  // the w-th tile staged and converted; the one before consumed
     if (helper) {
       issue_tile(w + L.nstv - 1);
-      if (w + 1 < nnt && !p_all) convert_tile(w + 1);
+      if (w + 1 < nnt) convert_tile(w + 1);
     } else if (col_ok) {
       pv_tile(w);
     }
@@ -763,20 +758,6 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
     if (derot.rope_dim > 0) v = derotate(v, d, D, derot, rot, round);
     if (store) out[(t * H + h0 + h) * D + d] = v;
   }
-}
-
-std::atomic<int> g_p_all{-1};  // sparse_attention_set_p_all: -1 follows DEEPINFER_CUDA_ATTN_P_ALL
-
-// The split kernel converts every entry's p to FP64 at once before P.V (all threads), where the doubles fit in shared
-// memory without more waves, instead of tile by tile in the helpers (DEEPINFER_CUDA_ATTN_P_ALL, default 0; A/B).
-bool split_p_all() {
-  static const bool env = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_ATTN_P_ALL");
-    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_ATTN_P_ALL must be '0' or '1' (got '{}')", v);
-    return v == "1";
-  }();
-  const int mode = g_p_all.load(std::memory_order_relaxed);
-  return mode < 0 ? env : mode == 1;
 }
 
 void check_dev(const Tensor& t, DType dt, const char* what) {
@@ -838,19 +819,12 @@ SplitLayout split_plan(int64_t T, int64_t H, int64_t D, int64_t K, int hg) {
   const int64_t base = waves(narrow);
   const int whole = (static_cast<int>(D) + 31) / 32 * 32;
   const std::pair<int, int> tries[] = {{whole, 1}, {256, 2}, {128, 3}, {128, 2}, {64, 4}, {64, 3}, {64, 2}};
-  // With split_p_all(), each layout with every p converted before P.V (pall) where that fits in as few waves.
-  const bool p_all = split_p_all();
-  auto with_pall = [&](const SplitLayout& L, int cw, int nst) {
-    if (!p_all) return L;
-    const SplitLayout P = split_layout(static_cast<int>(K), static_cast<int>(D), hg, cw, nst, true);
-    return waves(P) <= waves(L) ? P : L;
-  };
   for (const auto& [cw, nst] : tries) {
     if (cw > whole) continue;
     const SplitLayout L = split_layout(static_cast<int>(K), static_cast<int>(D), hg, cw, nst);
-    if (waves(L) <= base) return with_pall(L, cw, nst);
+    if (waves(L) <= base) return L;
   }
-  return with_pall(narrow, 32, kNsts);
+  return narrow;
 }
 
 template <int HG>
@@ -941,8 +915,6 @@ void dispatch(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor
 }
 
 }  // namespace
-
-void sparse_attention_set_p_all(int mode) { g_p_all.store(mode < 0 ? -1 : (mode > 0 ? 1 : 0)); }
 
 void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                            bool bf16_probs, bool round, Tensor& out, CUstream_st* stream, int heads_per_cta,

@@ -53,9 +53,4 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
                            bool bf16_probs, bool round, Tensor& out, CUstream_st* stream = nullptr,
                            int heads_per_cta = 0, const ops::AttnDerotate* derotate = nullptr);
 
-// The split kernel's conversion of p to FP64 (same bits either way): 1 every entry's at once by all threads before
-// P.V, where the doubles fit in shared memory without more waves of clusters; 0 tile by tile in the helper warps;
-// -1 follows DEEPINFER_CUDA_ATTN_P_ALL (default 0). Tests, A/B. Not yet run on a GPU (forty-sixth session).
-void sparse_attention_set_p_all(int mode);
-
 }  // namespace deepinfer::cuda

@@ -1024,96 +1024,79 @@ void test_sparse_attention() {
     }
     return idx;
   };
-  // Every case with the split kernel's p converted tile by tile (p_all 0), then the split-capable ones (hg <= 0) with
-  // every p converted at once (p_all 1), bit for bit against the first form.
-  for (int p_all : {0, 1}) {
-    di::cuda::sparse_attention_set_p_all(p_all);
-    uint32_t seed = 25000;
-    for (const Case& c : cases) {
-      if (p_all == 1 && c.hg > 0) continue;
-      char name[240];
-      std::snprintf(name, sizeof name,
-                    "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d hg=%d p_all=%d",
-                    c.what, static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
-                    static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0,
-                    c.hg, p_all);
-      run_case(name, [&] {
-        const di::Tensor q = normal_tensor({c.T, c.H, c.D}, 1.0f, seed++, true);
-        const di::Tensor kv = normal_tensor({c.N, c.D}, 1.0f, seed++, true);
-        const di::Tensor sink = normal_tensor({c.H}, 1.0f, seed++, false);
-        di::Tensor idx, idx_ref;
-        if (c.lists == Lists::kDecode) {
-          idx = idx_ref = decode_idx(c.T, c.K, c.N, seed++);
-        } else if (c.lists == Lists::kOutOfRange) {
-          std::mt19937 rng(seed++);
-          idx = di::Tensor::empty({c.T, c.K}, di::DType::kI32);
-          idx_ref = di::Tensor::empty({c.T, c.K}, di::DType::kI32);
-          for (int64_t i = 0; i < c.T * c.K; ++i) {
-            const int32_t j = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.N + 33)) - 3;
-            idx.data<int32_t>()[i] = j;
-            idx_ref.data<int32_t>()[i] = j < c.N ? j : -1;
-          }
-        } else {
-          idx = idx_ref = attention_idx(c.T, c.K, c.N, seed++, c.holes);
+  uint32_t seed = 25000;
+  for (const Case& c : cases) {
+    char name[240];
+    std::snprintf(
+        name, sizeof name, "sparse_attention %s T=%lld H=%lld D=%lld N=%lld K=%lld bf16_probs=%d round=%d hg=%d",
+        c.what, static_cast<long long>(c.T), static_cast<long long>(c.H), static_cast<long long>(c.D),
+        static_cast<long long>(c.N), static_cast<long long>(c.K), c.bf16_probs ? 1 : 0, c.round ? 1 : 0, c.hg);
+    run_case(name, [&] {
+      const di::Tensor q = normal_tensor({c.T, c.H, c.D}, 1.0f, seed++, true);
+      const di::Tensor kv = normal_tensor({c.N, c.D}, 1.0f, seed++, true);
+      const di::Tensor sink = normal_tensor({c.H}, 1.0f, seed++, false);
+      di::Tensor idx, idx_ref;
+      if (c.lists == Lists::kDecode) {
+        idx = idx_ref = decode_idx(c.T, c.K, c.N, seed++);
+      } else if (c.lists == Lists::kOutOfRange) {
+        std::mt19937 rng(seed++);
+        idx = di::Tensor::empty({c.T, c.K}, di::DType::kI32);
+        idx_ref = di::Tensor::empty({c.T, c.K}, di::DType::kI32);
+        for (int64_t i = 0; i < c.T * c.K; ++i) {
+          const int32_t j = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.N + 33)) - 3;
+          idx.data<int32_t>()[i] = j;
+          idx_ref.data<int32_t>()[i] = j < c.N ? j : -1;
         }
-        const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-        const di::Tensor want = di::ops::sparse_attention(q, kv, idx_ref, sink, scale, c.bf16_probs, c.round);
-        di::Tensor got;
-        if (c.hg == 0) {
-          got = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round);
-        } else {
-          got = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
-          di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got,
-                                          nullptr, c.hg);
-        }
-        std::string err = attention_close(want, got, c.D);
-        if (!err.empty()) return err;
-        if (p_all == 1) {  // the same bits as p converted tile by tile
-          di::Tensor tiles = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
-          di::cuda::sparse_attention_set_p_all(0);
-          di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, tiles,
-                                          nullptr, c.hg);
-          di::cuda::sparse_attention_set_p_all(1);
-          err = exact(tiles, got);
-          if (!err.empty()) return "p converted at once against tile by tile: " + err;
-        }
-        // The fused de-rotation (ops::AttnDerotate, the model's o): bit for bit the same kernel's output followed by
-        // apply_rope(inverse), and the CPU op's within the tolerance. Positions a progression (odd seeds) or scattered.
-        const int64_t rd = c.D >= 128 ? 64 : c.D / 4 * 2;
-        const di::ops::RopeFreqs f = di::ops::rope_freqs(rd, 10000.0, 1.0, 0, 32.0, 1.0);
-        std::vector<int64_t> pos(static_cast<size_t>(c.T));
-        std::mt19937 prng(seed++);
-        const bool progression = (seed & 1) != 0;
-        for (int64_t t = 0; t < c.T; ++t) pos[t] = progression ? 700 + t : static_cast<int64_t>(prng() % 9000);
-        const di::ops::AttnDerotate derot{pos.data(), &f, rd};
-        const di::Tensor want_d = di::ops::sparse_attention(q, kv, idx_ref, sink, scale, c.bf16_probs, c.round, &derot);
-        di::Tensor got_d;
-        if (c.hg == 0) {
-          got_d = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, &derot);
-        } else {
-          got_d = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
-          di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got_d,
-                                          nullptr, c.hg, &derot);
-        }
-        di::ops::apply_rope(got, c.D, rd, pos.data(), f, true, c.round);
-        std::printf("     de-rotated (rope dims %lld, %s positions) against the kernel then apply_rope:\n",
-                    static_cast<long long>(rd), progression ? "progression" : "scattered");
-        err = exact(got, got_d);
-        if (!err.empty()) return "de-rotated: " + err;
-        if (c.hg == 0) {  // into a caller's buffer (ops::sparse_attention's out: the model's graph input slot)
-          di::Tensor buf = di::Tensor::zeros({c.T, c.H * c.D}, di::DType::kF32).to(di::Device::kCUDA);
-          const di::Tensor into = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs,
-                                                            c.round, &derot, buf);
-          if (into.raw() != buf.raw()) return std::string("out: the result is not in the caller's buffer");
-          err = exact(got_d, into);
-          if (!err.empty()) return "into a buffer: " + err;
-        }
-        err = attention_close(want_d, got_d, c.D);
-        return err.empty() ? err : "de-rotated against the CPU: " + err;
-      });
-    }
+      } else {
+        idx = idx_ref = attention_idx(c.T, c.K, c.N, seed++, c.holes);
+      }
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+      const di::Tensor want = di::ops::sparse_attention(q, kv, idx_ref, sink, scale, c.bf16_probs, c.round);
+      di::Tensor got;
+      if (c.hg == 0) {
+        got = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round);
+      } else {
+        got = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
+        di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got,
+                                        nullptr, c.hg);
+      }
+      std::string err = attention_close(want, got, c.D);
+      if (!err.empty()) return err;
+      // The fused de-rotation (ops::AttnDerotate, the model's o): bit for bit the same kernel's output followed by
+      // apply_rope(inverse), and the CPU op's within the tolerance. Positions a progression (odd seeds) or scattered.
+      const int64_t rd = c.D >= 128 ? 64 : c.D / 4 * 2;
+      const di::ops::RopeFreqs f = di::ops::rope_freqs(rd, 10000.0, 1.0, 0, 32.0, 1.0);
+      std::vector<int64_t> pos(static_cast<size_t>(c.T));
+      std::mt19937 prng(seed++);
+      const bool progression = (seed & 1) != 0;
+      for (int64_t t = 0; t < c.T; ++t) pos[t] = progression ? 700 + t : static_cast<int64_t>(prng() % 9000);
+      const di::ops::AttnDerotate derot{pos.data(), &f, rd};
+      const di::Tensor want_d = di::ops::sparse_attention(q, kv, idx_ref, sink, scale, c.bf16_probs, c.round, &derot);
+      di::Tensor got_d;
+      if (c.hg == 0) {
+        got_d = di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, &derot);
+      } else {
+        got_d = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
+        di::cuda::sparse_attention_into(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got_d,
+                                        nullptr, c.hg, &derot);
+      }
+      di::ops::apply_rope(got, c.D, rd, pos.data(), f, true, c.round);
+      std::printf("     de-rotated (rope dims %lld, %s positions) against the kernel then apply_rope:\n",
+                  static_cast<long long>(rd), progression ? "progression" : "scattered");
+      err = exact(got, got_d);
+      if (!err.empty()) return "de-rotated: " + err;
+      if (c.hg == 0) {  // into a caller's buffer (ops::sparse_attention's out: the model's graph input slot)
+        di::Tensor buf = di::Tensor::zeros({c.T, c.H * c.D}, di::DType::kF32).to(di::Device::kCUDA);
+        const di::Tensor into =
+            di::ops::sparse_attention(dev(q), dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, &derot, buf);
+        if (into.raw() != buf.raw()) return std::string("out: the result is not in the caller's buffer");
+        err = exact(got_d, into);
+        if (!err.empty()) return "into a buffer: " + err;
+      }
+      err = attention_close(want_d, got_d, c.D);
+      return err.empty() ? err : "de-rotated against the CPU: " + err;
+    });
   }
-  di::cuda::sparse_attention_set_p_all(-1);
 }
 
 // Scores with many ties (a small value set), some -inf (masked), +inf, -0 / +0, and per-row visible counts.
