@@ -559,7 +559,9 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   const int nnt = tlist[ntiles];
   // A helper's copies: where the helpers are a whole number of rows' column groups, each keeps its group (c4 fixed)
   // and steps over rows, with no division per copy (measured on the H100: 37.8 -> 34.3 us a decode call at 640
-  // entries; the helpers had been the P.V loop's critical path, its threads waiting at the tile barrier).
+  // entries; the helpers had been the P.V loop's critical path, its threads waiting at the tile barrier). The score
+  // chunks' copies above take the same form; one helper for both measured 0.6-1.2 us a call slower (H100,
+  // bench/RESULTS.md forty-seventh session), so the two loops stay apart.
   const bool fixed_c4 = ncol4 > 0 && nhelp % ncol4 == 0;
   const int my_c4 = fixed_c4 ? hid % ncol4 : 0, my_i0 = fixed_c4 ? hid / ncol4 : 0, di = fixed_c4 ? nhelp / ncol4 : 0;
   auto issue_tile = [&](int u) {  // helpers only
