@@ -322,9 +322,12 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     const di::ops::SegmentGraphs::Stats gs = model->graph_stats();
-    std::printf("\ncuda graphs%s: %lld decode pieces captured, %lld replayed, %lld run eagerly, %lld failed captures\n",
-                eager ? " (off: --eager)" : "", static_cast<long long>(gs.captures), static_cast<long long>(gs.replays),
-                static_cast<long long>(gs.eager), static_cast<long long>(gs.failures));
+    std::printf(
+        "\ncuda graphs%s: %lld decode pieces captured, %lld replayed, %lld run eagerly, %lld failed captures; spans "
+        "(middles and pieces) launched as one graph %lld, one by one %lld\n",
+        eager ? " (off: --eager)" : "", static_cast<long long>(gs.captures), static_cast<long long>(gs.replays),
+        static_cast<long long>(gs.eager), static_cast<long long>(gs.failures), static_cast<long long>(gs.spans_merged),
+        static_cast<long long>(gs.spans_split));
     if (prefill > 0) {
       auto seq = model->new_sequence();
       const std::vector<int32_t> p = ids(prefill, cfg.vocab_size, 4242);

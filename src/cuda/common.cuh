@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuda/device.h"
 #include "deepinfer/error.h"
 #include "deepinfer/tensor.h"
 
@@ -45,6 +46,7 @@ class GrowingBuffer {
   void* get(size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     if (bytes_ < bytes) {
+      flush_deferred();
       if (p_ != nullptr) {
         DI_CHECK(cudaDeviceSynchronize() == cudaSuccess && cudaFree(p_) == cudaSuccess,
                  "cuda: could not release a workspace of {} bytes", bytes_);

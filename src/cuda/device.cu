@@ -117,7 +117,8 @@ void* cached_malloc(size_t size) {
   void* p = nullptr;
   if (cudaMalloc(&p, size) == cudaSuccess) return p;
   (void)cudaGetLastError();
-  {  // out of memory: give the cached blocks back and retry once
+  {                    // out of memory: give the cached blocks back and retry once
+    flush_deferred();  // deferred launches may still name cached blocks
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto& [sz, list] : c.free)
       for (void* q : list) (void)cudaFree(q);
@@ -233,6 +234,7 @@ void check_not_capturing(const char* what) {
 // step (index lists, positions, token ids).
 void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t spitch, Device src_dev,
                size_t row_bytes, size_t rows) {
+  flush_deferred();
   if (src_dev == Device::kCPU || dst_dev == Device::kCPU) check_not_capturing("a copy between the host and the device");
   DI_CHECK(dst_dev != Device::kCPU || t_side_scope == 0,
            "a copy to the host inside side work (it would not wait for the side stream)");
@@ -251,6 +253,7 @@ void cuda_copy(void* dst, size_t dpitch, Device dst_dev, const void* src, size_t
 }
 
 void cuda_memset(void* dst, int value, size_t nbytes) {
+  flush_deferred();
   DI_CUDA_CHECK(cudaMemsetAsync(dst, value, nbytes, current_stream()));  // device memory: async as cudaMemset is
 }
 
@@ -276,6 +279,7 @@ void init() {
 }
 
 void synchronize() {
+  flush_deferred();
   check_not_capturing("a device synchronisation");
   DI_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -292,10 +296,21 @@ thread_local cudaStream_t t_stream = nullptr;  // StreamScope's, per thread
 }  // namespace
 
 cudaStream_t current_stream() { return t_stream; }
+
+namespace {
+thread_local LaunchRecorder* t_recorder = nullptr;
+}  // namespace
+
+LaunchRecorder* launch_recorder() { return t_recorder; }
+void set_launch_recorder(LaunchRecorder* r) { t_recorder = r; }
+void flush_deferred() {
+  if (t_recorder != nullptr) t_recorder->flush();
+}
 StreamScope::StreamScope(cudaStream_t s) : prev_(t_stream) { t_stream = s; }
 StreamScope::~StreamScope() { t_stream = prev_; }
 
 cudaStream_t side_fork() {
+  flush_deferred();  // the side stream must wait for everything queued before, deferred launches included
   SideStream& s = side();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.stream == nullptr) {
@@ -338,6 +353,7 @@ void end_side_work(bool wait) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (wait) {
       if (!s.pending.load(std::memory_order_relaxed)) return;
+      flush_deferred();
       DI_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
     }
     s.buffers.clear();
@@ -399,6 +415,7 @@ EventPool& event_pool() {
 }  // namespace
 
 int op_event_record() {
+  flush_deferred();
   EventPool& p = event_pool();
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.used == p.events.size()) {
@@ -429,6 +446,7 @@ void op_events_reset() {
 Tensor copy_to_device(const Tensor& t) {
   DI_CHECK(t.defined(), "copy_to_device: undefined tensor");
   init();
+  flush_deferred();
   check_not_capturing("copy_to_device");
   if (t.device() == Device::kCUDA) {
     DI_CHECK(t.is_contiguous(), "copy_to_device: non-contiguous CUDA tensor {}", t.describe());
@@ -446,6 +464,7 @@ Tensor copy_to_device(const Tensor& t) {
 Tensor copy_to_host(const Tensor& t) {
   DI_CHECK(t.defined(), "copy_to_host: undefined tensor");
   if (t.device() == Device::kCPU) return t.clone();
+  flush_deferred();
   check_not_capturing("copy_to_host");
   DI_CHECK(t.is_contiguous(), "copy_to_host: non-contiguous CUDA tensor {}", t.describe());
   Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::kCPU);

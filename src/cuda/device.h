@@ -27,6 +27,11 @@ int device_count();
 // Blocks until all work queued on the current device has finished; throws on a pending error.
 void synchronize();
 
+// Launches what a decode step's recorder has deferred (launch_record.h, SegmentGraphs in graph.cu), if any: called
+// first by every GPU operation that is not a launch_pdl (copies, memsets, events, synchronisation, frees), so that
+// the device sees the work in the host's order. A no-op when nothing is deferred.
+void flush_deferred();
+
 // The stream the backend's work goes to: the legacy default stream (nullptr), unless a StreamScope on this thread
 // named another. Every launch (launch_pdl with a null stream), upload, memset, side-stream fork / join and the
 // sampler's round trip resolve it here, so that a decode step's pieces can be issued into a capturable stream (CUDA

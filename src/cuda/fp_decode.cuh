@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/device.h"
+#include "cuda/launch_record.h"
 
 namespace deepinfer::cuda {
 
@@ -184,6 +185,12 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  // A decode step whose launches SegmentGraphs records (graph.cu): the recorder may defer this one into the step's
+  // graph.
+  if (LaunchRecorder* rec = launch_recorder();
+      rec != nullptr &&
+      rec->on_launch(cfg.stream, make_launch_record(kernel, cfg, cfg.numAttrs > 0, static_cast<KArgs>(args)...)))
+    return;
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 

@@ -185,6 +185,7 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
 // Host: a kernel's slow-path warp counter (a __device__ unsigned long long), after a device sync; reset sets it to 0.
 inline int64_t mma_read_counter(const void* symbol, bool reset) {
   unsigned long long n = 0;
+  flush_deferred();
   DI_CUDA_CHECK(cudaDeviceSynchronize());
   DI_CUDA_CHECK(cudaMemcpyFromSymbol(&n, symbol, sizeof n));
   if (reset) {

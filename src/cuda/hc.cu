@@ -311,6 +311,7 @@ int* arrival_counters(int64_t rows) {
   static int64_t cap = 0;
   std::lock_guard<std::mutex> lock(mu);
   if (rows > cap) {
+    flush_deferred();
     if (buf != nullptr) {
       DI_CUDA_CHECK(cudaDeviceSynchronize());
       DI_CUDA_CHECK(cudaFree(buf));

@@ -526,6 +526,7 @@ void linear_exact(const Tensor& x, const ops::QWeight& qw, const ops::LinearOpts
            w.describe());
   if (M == 0 || N == 0) return;
   if (K == 0) {
+    flush_deferred();
     DI_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream != nullptr ? stream : current_stream()));
     return;
   }

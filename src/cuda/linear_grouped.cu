@@ -87,6 +87,7 @@ const uint8_t* const* expert_table(const std::vector<const std::vector<ops::QWei
     for (const std::vector<ops::QWeight>* list : lists)
       for (const ops::QWeight& w : *list) want.push_back(w.scale.defined() ? w.scale.raw() : nullptr);
     check_experts(lists);
+    flush_deferred();
     if (t.device != nullptr) {
       DI_CUDA_CHECK(cudaDeviceSynchronize());  // a launch queued earlier may still read the old table
       DI_CUDA_CHECK(cudaFree(t.device));

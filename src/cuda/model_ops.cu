@@ -1187,6 +1187,7 @@ ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_exp
   }
   // Without the host offsets the row count is taken as P (every id in range, as moe_route returns
   // them); zeroed first so that a row left unwritten still names a valid expert.
+  flush_deferred();  // the memsets and the host copy below are not launch_pdl
   if (!host_offsets && P > 0) DI_CUDA_CHECK(cudaMemsetAsync(rexp.raw(), 0, P * sizeof(int32_t), current_stream()));
   Tensor counts = Tensor::empty({2 * E + 1}, DType::kI32, Device::kCUDA);  // counts [E], offsets [E + 1]
   int32_t* cp = counts.data<int32_t>();
@@ -1371,6 +1372,7 @@ void copy_rows(const std::vector<ops::RowCopy>& copies, int64_t width) {
     return;
   }
   if (!aligned) {  // a plain copy each
+    flush_deferred();
     for (const ops::RowCopy& c : cs)
       DI_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, static_cast<size_t>(c.rows * width) * sizeof(float),
                                     cudaMemcpyDeviceToDevice, current_stream()));
@@ -1467,8 +1469,10 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape() && dst.dtype() == src.dtype(),
            "cuda::copy_into: dst {} and src {} must be contiguous CUDA tensors of one shape and dtype", desc(dst),
            desc(src));
-  if (src.nbytes() > 0)
+  if (src.nbytes() > 0) {
+    flush_deferred();
     DI_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, current_stream()));
+  }
 }
 
 Tensor compress_pool(const Tensor& kv, const Tensor& score, const Tensor& ape, int64_t ratio, int64_t d, bool overlap,

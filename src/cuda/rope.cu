@@ -104,6 +104,7 @@ const PositionTable& position_table(const ops::RopeFreqs& f, int64_t need_rows) 
   // New buffers (the old ones go back to the allocator; work on a reused block is stream-ordered after them).
   Tensor dcs = Tensor::empty({rows, half}, DType::kF32, Device::kCUDA);
   Tensor dsn = Tensor::empty({rows, half}, DType::kF32, Device::kCUDA);
+  flush_deferred();
   DI_CUDA_CHECK(cudaMemcpy(dcs.raw(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
   DI_CUDA_CHECK(cudaMemcpy(dsn.raw(), sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
   t->cs = dcs;

@@ -972,6 +972,7 @@ void check_ids(const std::vector<int32_t>* ids, int64_t vocab, const char* what)
 
 std::vector<float> row_to_host(const float* dev_row, int64_t V) {
   std::vector<float> h(static_cast<size_t>(V));
+  flush_deferred();
   DI_CUDA_CHECK(cudaMemcpy(h.data(), dev_row, static_cast<size_t>(V) * sizeof(float), cudaMemcpyDeviceToHost));
   return h;
 }
@@ -1124,6 +1125,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, const std::vector<Sa
   char* d_res = static_cast<char*>(ws.d_res.get(res_bytes));
   float* d_overlay =
       any_special ? static_cast<float*>(ws.d_overlay.get(static_cast<size_t>(R * V) * sizeof(float))) : nullptr;
+  flush_deferred();
   if (!mapped_up) DI_CUDA_CHECK(cudaMemcpyAsync(d_up, up, up_bytes, cudaMemcpyHostToDevice, current_stream()));
 
   KernelArgs ka{};

@@ -34,6 +34,7 @@ Tensor ModelV4::forward_batch(const std::vector<SeqChunk>& batch, const ForwardO
   Tensor pos_dev = device_positions(positions);
   Tensor token_ids = cfg.n_hash_layers > 0 ? ids_tensor(tokens, device_) : Tensor();
   const bool graphs = begin_graphs(batch, opts, T);  // a decode step replays its dense pieces as CUDA graphs
+  const ops::SegmentGraphs::AbortGuard graph_guard{graphs ? graphs_.get() : nullptr};  // an exception closes the step
 
   // A layer's two dense pieces (ops::SegmentGraphs): A, the attention's input (the mixes, the stream collapsed and
   // normed, every row's projections), inputs {stream, positions}, outputs {stream, positions, post, comb, the

@@ -128,6 +128,7 @@ Tensor ModelV41::forward_batch(const std::vector<SeqChunk>& batch, const Forward
   Tensor token_ids = hashed ? ids_tensor(layer_tokens, device_) : Tensor();
   // A decode step replays its dense pieces as CUDA graphs (Model::begin_graphs); bounded replay is prefill only.
   const bool graphs = !replay && begin_graphs(batch, opts, T);
+  const ops::SegmentGraphs::AbortGuard graph_guard{graphs ? graphs_.get() : nullptr};  // an exception closes the step
   // A layer's two dense pieces (ops::SegmentGraphs): A, the attention's input (this layer's mixes on the side
   // stream: only the sublayer's end reads them; the stream collapsed with the incoming pre-mix and normed; every
   // row's projections), inputs {stream, pre, positions}, outputs {stream, positions, attn pre / post / comb, the

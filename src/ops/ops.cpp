@@ -286,12 +286,26 @@ void SegmentGraphs::end_step() {
 #endif
 }
 
+void SegmentGraphs::abort_step() {
+#if DEEPINFER_HAS_CUDA
+  if (impl_->cuda) impl_->cuda->abort_step();
+#endif
+}
+
+SegmentGraphs::AbortGuard::~AbortGuard() {
+  try {
+    if (graphs != nullptr) graphs->abort_step();
+  } catch (...) {  // a destructor does not throw (the device is lost if this fails)
+  }
+}
+
 SegmentGraphs::Stats SegmentGraphs::stats() const {
   Stats s;
 #if DEEPINFER_HAS_CUDA
   if (impl_->cuda) {
     const cuda::GraphStats& c = impl_->cuda->stats();
     s.captures = c.captures, s.replays = c.replays, s.eager = c.eager, s.failures = c.failures;
+    s.spans_merged = c.spans_merged, s.spans_split = c.spans_split;
   }
 #endif
   return s;

@@ -55,9 +55,17 @@ class SegmentGraphs {
   // run() would copy that input into), else undefined: a caller that writes the input there saves that copy.
   Tensor input_buffer(int64_t key, size_t i) const;
   void end_step();
+  // Closes a step that end_step did not (an exception): what it deferred is launched in order. A no-op otherwise.
+  void abort_step();
+  // Calls abort_step when it goes out of scope (null: nothing).
+  struct AbortGuard {
+    SegmentGraphs* graphs;
+    ~AbortGuard();
+  };
   // Captures, replays and eager runs of pieces so far (tests and benchmarks).
   struct Stats {
     int64_t captures = 0, replays = 0, eager = 0, failures = 0;
+    int64_t spans_merged = 0, spans_split = 0;  // replayed spans (middles and pieces) as one graph / one by one
   };
   Stats stats() const;
 
