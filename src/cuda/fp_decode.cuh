@@ -180,11 +180,8 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, int threads, int64_t smem, 
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream != nullptr ? stream : current_stream();  // null: the backend's stream (device.h)
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, pdl_enabled());
   // A decode step whose launches SegmentGraphs records (graph.cu): the recorder may defer this one into the step's
   // graph.
   if (LaunchRecorder* rec = launch_recorder();

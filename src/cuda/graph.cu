@@ -35,21 +35,6 @@ bool graph_middles() {
 constexpr size_t kSpanVariants = 4;
 constexpr int kSpanFailures = 3;
 
-// Launches a recorded kernel as launch_pdl would have.
-void launch_record(LaunchRecord& r, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = r.grid;
-  cfg.blockDim = r.block;
-  cfg.dynamicSmemBytes = r.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = r.pdl ? 1 : 0;
-  DI_CUDA_CHECK(cudaLaunchKernelExC(&cfg, r.func, r.params.data()));
-}
-
 std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t g) {
   size_t n = 0;
   DI_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
@@ -173,7 +158,7 @@ class SpanRecorder final : public LaunchRecorder {
       if (it.seg >= 0)
         DI_CUDA_CHECK(cudaGraphLaunch(segs_[static_cast<size_t>(it.seg)].exec, main_));
       else
-        launch_record(it.k, main_);
+        it.k.launch(main_);
     }
   }
   cudaStream_t stream() const { return main_; }
@@ -198,8 +183,8 @@ SegmentGraphs::~SegmentGraphs() {
 }
 
 void SegmentGraphs::drop(Bucket& b) {
+  stop_recording();  // what is deferred names these graphs: it goes out first
   if (b.segs.empty()) return;
-  stop_recording();
   DI_CUDA_CHECK(cudaDeviceSynchronize());  // a replay may still run; its static inputs go back to the pool
   for (Segment& s : b.segs) {
     s.spans.clear();
@@ -492,7 +477,6 @@ std::vector<Tensor> SegmentGraphs::run(int64_t key, const std::vector<Tensor>& i
     }
     // The step strayed from the captured order or shapes: its batch size is captured again at its next step.
     log_warn("cuda graphs: a step of batch size {} did not match its captured segments; capturing it again", b.size);
-    stop_recording();
     drop(b);
     mode_ = Mode::kEager;
   }

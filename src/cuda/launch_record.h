@@ -10,7 +10,18 @@
 #include <memory>
 #include <vector>
 
+#include "cuda/device.h"
+
 namespace deepinfer::cuda {
+
+// Sets cfg's programmatic stream serialisation (PDL) on or off, attr being the storage of its one attribute: how
+// launch_pdl (fp_decode.cuh) and LaunchRecord::launch configure a launch.
+inline void set_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, bool on) {
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = on ? 1 : 0;
+}
 
 // One launch: the kernel, its shape, whether it was launched with programmatic dependent launch, and a copy of its
 // arguments (each at its offset in `args`, aligned as its type), enough to launch it later or to set a graph kernel
@@ -46,6 +57,17 @@ struct LaunchRecord {
     p.sharedMemBytes = static_cast<unsigned>(smem);
     p.kernelParams = params.empty() ? nullptr : params.data();
     return p;
+  }
+  // Launches it on `stream` as launch_pdl would have.
+  void launch(cudaStream_t stream) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    set_pdl(cfg, attr, pdl);
+    DI_CUDA_CHECK(cudaLaunchKernelExC(&cfg, func, params.data()));
   }
 
  private:
