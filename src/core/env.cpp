@@ -78,10 +78,11 @@ const std::vector<EnvVar>& env_vars() {
        "either way",
        true},
       {"DEEPINFER_CUDA_GRAPH_MAX_BATCH", "128", "the largest decode batch whose step is replayed as CUDA graphs", true},
-      {"DEEPINFER_CUDA_GRAPH_MIDDLES", "0",
-       "experimental (A/B): 1 runs a replayed decode step's attention middles inside the graphs (launches deferred "
-       "in spans of a few layers, each launched as one CUDA graph whose middle kernels take the step's parameters); "
-       "0 launches each middle's kernels eagerly between the pieces' graphs; same bits either way",
+      {"DEEPINFER_CUDA_GRAPH_MIDDLES", "2",
+       "tuning: 1 or 2 runs a replayed decode step's attention middles inside the graphs (launches deferred in "
+       "spans of a few layers, each launched as one CUDA graph whose middle kernels take the step's parameters; 1 "
+       "ends a span after a piece, 2 opens it with one); 0 launches each middle's kernels eagerly between the "
+       "pieces' graphs; same bits either way",
        true},
       {"DEEPINFER_CUDA_PDL", "1",
        "tuning: 1 launches the CUDA kernels with programmatic dependent launch (a kernel's launch overlaps the "

@@ -1,6 +1,7 @@
 // CUDA graphs of a decode step's dense pieces. See graph.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <unordered_map>
@@ -21,14 +22,22 @@ namespace {
 
 std::atomic<int> g_middles{-1};  // set_graph_middles; -1: DEEPINFER_CUDA_GRAPH_MIDDLES
 
-bool graph_middles() {
-  static const bool env_on = [] {
+// 0: middles eager; 1: spans end after a piece; 2: spans open with a piece (graph.h).
+int graph_middles() {
+  static const int env_mode = [] {
     const std::string v = env_value("DEEPINFER_CUDA_GRAPH_MIDDLES");
-    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_GRAPH_MIDDLES must be '0' or '1' (got '{}')", v);
-    return v == "1";
+    DI_CHECK(v == "0" || v == "1" || v == "2", "DEEPINFER_CUDA_GRAPH_MIDDLES must be '0', '1' or '2' (got '{}')", v);
+    return v[0] - '0';
   }();
   const int v = g_middles.load(std::memory_order_relaxed);
-  return v < 0 ? env_on : v == 1;
+  return v < 0 ? env_mode : v;
+}
+
+// Whether piece k ends a span of fourfold growth: pieces 0, 1, 5, 21, ... (k -> 4 k + 1).
+bool fourfold_end(size_t k) {
+  size_t end = 0;
+  while (end < k) end = 4 * end + 1;
+  return end == k;
 }
 
 // Span graphs per piece (variants of the middle before it), and how many failures to build or update one end the tries.
@@ -84,7 +93,7 @@ cudaGraphNode_t copy_node(cudaGraph_t g, cudaGraphNode_t n, bool& kernel) {
 }  // namespace
 
 int set_graph_middles(int on) {
-  DI_CHECK(on >= -1 && on <= 1, "set_graph_middles: {} is not -1, 0 or 1", on);
+  DI_CHECK(on >= -1 && on <= 2, "set_graph_middles: {} is not -1, 0, 1 or 2", on);
   return g_middles.exchange(on, std::memory_order_relaxed);
 }
 
@@ -196,7 +205,8 @@ void SegmentGraphs::drop(Bucket& b) {
 }
 
 void SegmentGraphs::start_recording() {
-  if (!graph_middles()) return;
+  span_mode_ = graph_middles();
+  if (span_mode_ == 0) return;
   rec_ = std::make_unique<SpanRecorder>(current_stream(), cur_->segs);
   set_launch_recorder(rec_.get());
 }
@@ -213,25 +223,26 @@ void SegmentGraphs::launch_span(size_t seg) {
     DI_CUDA_CHECK(cudaGraphLaunch(cur_->segs[seg].exec, current_stream()));
     return;
   }
+  // Spans grow fourfold: the host, several times faster than the GPU, builds a span while the GPU runs the ones
+  // before it, about four times its work; piece 0 goes out at once (at a step's start the GPU has nothing else).
+  // Mode 1 ends them after pieces 0, 1, 5, 21, ...; mode 2 after piece 0 and before pieces 2, 6, 22, ..., so that
+  // a span but the second opens with a piece, whose first node is long. end_step ends the last span.
+  if (span_mode_ == 2 && seg >= 2 && fourfold_end(seg - 1)) close_span();
   rec_->piece(static_cast<int>(seg));
-  // Spans end after pieces 0, 1, 5, 21, ... (k -> 4 k + 1): the host, several times faster than the GPU, builds a
-  // span while the GPU runs the ones before it, about four times its work; piece 0 goes out at once (at a step's
-  // start the GPU has nothing else). end_step ends the last span.
-  size_t end = 0;
-  while (end < seg) end = 4 * end + 1;
-  if (end == seg) close_span();
+  if (span_mode_ == 2 ? seg == 0 : fourfold_end(seg)) close_span();
 }
 
 void SegmentGraphs::close_span() {
   std::vector<SpanItem> items = rec_->take();
   if (items.empty()) return;
-  if (items.size() == 1 || items.back().seg < 0) {  // one launch, or kernels after the last piece: as they are
+  const auto first = std::find_if(items.begin(), items.end(), [](const SpanItem& it) { return it.seg >= 0; });
+  if (items.size() == 1 || first == items.end()) {  // one launch, or a middle's kernels alone: as they are
     rec_->launch(items);
     return;
   }
-  Segment& last = cur_->segs[static_cast<size_t>(items.back().seg)];  // a span's graphs live with its last piece
-  for (size_t v = 0; v < last.spans.size(); ++v) {
-    SpanGraph& g = *last.spans[v];
+  Segment& owner = cur_->segs[static_cast<size_t>(first->seg)];  // a span's graphs live with its first piece
+  for (size_t v = 0; v < owner.spans.size(); ++v) {
+    SpanGraph& g = *owner.spans[v];
     if (!g.matches(items)) continue;
     bool ok = true;
     for (size_t i = 0, j = 0; ok && i < items.size(); ++i) {
@@ -246,23 +257,23 @@ void SegmentGraphs::close_span() {
     }
     (void)cudaGetLastError();
     log_warn("cuda graphs: a span graph of batch size {} could not take a step's parameters; dropped", cur_->size);
-    last.spans.erase(last.spans.begin() + static_cast<std::ptrdiff_t>(v));
-    ++last.span_failures;
+    owner.spans.erase(owner.spans.begin() + static_cast<std::ptrdiff_t>(v));
+    ++owner.span_failures;
     break;
   }
   // No graph for these launches: one by one, and a graph of them for the next time.
   rec_->launch(items);
   ++stats_.spans_split;
-  if (last.spans.size() >= kSpanVariants || last.span_failures >= kSpanFailures) return;
+  if (owner.spans.size() >= kSpanVariants || owner.span_failures >= kSpanFailures) return;
   try {
     std::shared_ptr<SpanGraph> g = build_span(items);
     if (g)
-      last.spans.push_back(std::move(g));
+      owner.spans.push_back(std::move(g));
     else
-      last.span_failures = kSpanFailures;
+      owner.span_failures = kSpanFailures;
   } catch (const std::exception& e) {
     (void)cudaGetLastError();
-    ++last.span_failures;
+    ++owner.span_failures;
     log_warn("cuda graphs: building a span graph of batch size {} failed ({})", cur_->size, e.what());
   }
 }

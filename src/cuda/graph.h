@@ -13,20 +13,23 @@
 // views that do not own the pool's memory; they are valid until the same segment runs again, and what the caller
 // keeps between steps must be copies (the model's state is).
 //
-// Middles inside the graphs (DEEPINFER_CUDA_GRAPH_MIDDLES=1; off by default until the span form is measured). Between
-// the pieces run the attention's middles, eager because their launches' parameters follow each sequence's length. Each
-// eager middle and the graph launch after it cost ~5 us of idle GPU per layer (H100 ktraces), and the next piece's
-// first kernel could not start under the middle's last one (PDL). So a replay defers its launches (every launch_pdl,
-// launch_record.h, and each piece's graph) in spans that end after pieces 0, 1, 5, 21, ...: where a span ends, if its
-// launches are those of a span graph built before (the same kernels and pieces in the same order) the kernels' nodes
-// take this step's parameters (grids, arguments) and that one graph is launched; otherwise they go out one by one, as
-// without spans, and a span graph of them is built for the next steps of that variant (a few per span: e.g. the steps
-// where a compressor emits): the kernels as kernel nodes, the pieces' nodes copied in, the stream order as edges
-// (programmatic where the launches were PDL). The spans grow fourfold because the host builds a span while the GPU runs
-// the ones before it (the engine waits for a step's tokens before it builds the next, so at a step's start the GPU
-// waits for the host: piece 0 goes out alone). GPU work that is not a launch_pdl (a copy, a memset, an event, a
-// synchronisation, a free) calls flush_deferred() first, which sends out what is deferred in order; the rest of that
-// span runs as without spans.
+// Middles inside the graphs (DEEPINFER_CUDA_GRAPH_MIDDLES: 2 by default, 1, or 0 for eager middles). Between the
+// pieces run the attention's middles, whose launches' parameters follow each sequence's length. An eager middle and
+// the graph launch after it cost ~5 us of idle GPU per layer (H100 ktraces), and the next piece's first kernel could
+// not start under the middle's last one (PDL). So a replay defers its launches (every launch_pdl, launch_record.h, and
+// each piece's graph) in spans: where a span ends, if its launches are those of a span graph built before (the same
+// kernels and pieces in the same order) the kernels' nodes take this step's parameters (grids, arguments) and that one
+// graph is launched; otherwise they go out one by one, as without spans, and a span graph of them is built for the
+// next steps of that variant (a few per span: e.g. the steps where a compressor emits): the kernels as kernel nodes,
+// the pieces' nodes copied in, the stream order as edges (programmatic where the launches were PDL).
+// The spans grow fourfold because the host builds a span while the GPU runs the ones before it (the engine waits for
+// a step's tokens before it builds the next, so at a step's start the GPU waits for the host: piece 0 goes out
+// alone). Form 1 ends them after pieces 0, 1, 5, 21, ...; form 2 after piece 0 and before pieces 2, 6, 22, ..., so
+// that every span but the second opens with a piece: a graph's second node starts ~4 us late when its first is short,
+// as a middle's first kernels are, and a piece opens with wo_a (bench/RESULTS.md, forty-ninth session: both forms
+// +0.5% at batch 1 on the H100, form 2 the shorter queued step).
+// GPU work that is not a launch_pdl (a copy, a memset, an event, a synchronisation, a free) calls flush_deferred()
+// first, which sends out what is deferred in order; the rest of that span runs as without spans.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +53,8 @@ struct GraphStats {
   int64_t spans_merged = 0, spans_split = 0;  // deferred spans launched as one graph / one by one
 };
 
-// Turns the middles inside the graphs on (1) or off (0) for the steps that begin after it, or back to
-// DEEPINFER_CUDA_GRAPH_MIDDLES (-1); returns the setting before (tests).
+// Sets the middles inside the graphs (0 off, 1 or 2 a span form, as DEEPINFER_CUDA_GRAPH_MIDDLES) for the steps that
+// begin after it, or back to DEEPINFER_CUDA_GRAPH_MIDDLES (-1); returns the setting before (tests).
 int set_graph_middles(int on);
 
 class SpanRecorder;  // graph.cu: a middle's deferred launches
@@ -85,7 +88,7 @@ class SegmentGraphs {
     int64_t key = 0;
     ::CUgraphExec_st* exec = nullptr;
     ::CUgraph_st* graph = nullptr;                  // kept to build span graphs from
-    std::vector<std::shared_ptr<SpanGraph>> spans;  // the spans that end with it, one per variant of their launches
+    std::vector<std::shared_ptr<SpanGraph>> spans;  // the spans whose first piece it is, one per launches' variant
     int span_failures = 0;                          // span graphs that could not be built or updated
     std::vector<const void*> in_ptr;                // each input's address in the graph (null: undefined)
     std::vector<Shape> in_shape;
@@ -122,6 +125,7 @@ class SegmentGraphs {
   size_t next_ = 0;  // the replay's position in cur_->segs
   GraphStats stats_;
   std::unique_ptr<SpanRecorder> rec_;
+  int span_mode_ = 0;  // the step's DEEPINFER_CUDA_GRAPH_MIDDLES
 };
 
 }  // namespace deepinfer::cuda

@@ -226,12 +226,14 @@ struct Exact {
   }
 };
 
-bool graphs_case(const std::string& dir) {
-  // The middles join the graphs here whatever DEEPINFER_CUDA_GRAPH_MIDDLES says (src/cuda/graph.h).
+bool graphs_case(const std::string& dir, int span_form) {
+  // The middles join the graphs here in the span form given, whatever DEEPINFER_CUDA_GRAPH_MIDDLES says
+  // (src/cuda/graph.h).
   struct Middles {
-    int prev = di::cuda::set_graph_middles(1);
+    int prev;
+    explicit Middles(int form) : prev(di::cuda::set_graph_middles(form)) {}
     ~Middles() { di::cuda::set_graph_middles(prev); }
-  } middles_on;
+  } middles_on(span_form);
   const di::ModelConfig& cfg = di::load_model_config(dir);
   auto graphs = di::Model::load(dir, di::Device::kCUDA);
   auto eager = di::Model::load(dir, di::Device::kCUDA);
@@ -271,9 +273,10 @@ bool graphs_case(const std::string& dir) {
   const bool ok = ex.differ == 0 && st.captures > 0 && st.replays > 0 && st.failures == 0 && se_st.replays == 0 &&
                   st.spans_merged > 0;
   std::printf(
-      "%s %s CUDA graphs: %d logits rows, %d forwards differ from eager; %lld pieces captured, %lld replayed, "
+      "%s %s CUDA graphs (span form %d): %d logits rows, %d forwards differ from eager; %lld pieces captured, %lld "
+      "replayed, "
       "%lld eager, %lld failed captures; spans (middles and pieces) launched as one graph %lld, one by one %lld\n",
-      ok ? "PASS" : "FAIL", dir.c_str(), ex.rows, ex.differ, static_cast<long long>(st.captures),
+      ok ? "PASS" : "FAIL", dir.c_str(), span_form, ex.rows, ex.differ, static_cast<long long>(st.captures),
       static_cast<long long>(st.replays), static_cast<long long>(st.eager), static_cast<long long>(st.failures),
       static_cast<long long>(st.spans_merged), static_cast<long long>(st.spans_split));
   return ok;
@@ -300,7 +303,7 @@ int main(int argc, char** argv) {
       failed += !single(*cpu, *gpu, dir + " chunked prefill (7)+16 decode", 7, 16);
       failed += !batched(*cpu, *gpu, dir + " batch of 3 +32 decode", 32);
       failed += !engine_case(dir);
-      failed += !graphs_case(dir);
+      for (int form : {1, 2}) failed += !graphs_case(dir, form);
     } catch (const std::exception& e) {
       std::printf("FAIL %s: threw: %s\n", dir.c_str(), e.what());
       ++failed;
