@@ -225,7 +225,7 @@ void SegmentGraphs::launch_span(size_t seg) {
   }
   // Spans grow fourfold: the host, several times faster than the GPU, builds a span while the GPU runs the ones
   // before it, about four times its work; piece 0 goes out at once (at a step's start the GPU has nothing else).
-  // Mode 1 ends them after pieces 0, 1, 5, 21, ...; mode 2 after piece 0 and before pieces 2, 6, 22, ..., so that
+  // Form 1 ends them after pieces 0, 1, 5, 21, ...; form 2 after piece 0 and before pieces 2, 6, 22, ..., so that
   // a span but the second opens with a piece, whose first node is long. end_step ends the last span.
   if (span_mode_ == 2 && seg >= 2 && fourfold_end(seg - 1)) close_span();
   rec_->piece(static_cast<int>(seg));
