@@ -129,6 +129,13 @@ int64_t env_int(const char* name, int64_t min_value) {
   return static_cast<int64_t>(n);
 }
 
+int env_switch(const char* name, int max_value) {
+  const std::string v = env_value(name);
+  DI_CHECK(v.size() == 1 && v[0] >= '0' && v[0] - '0' <= max_value, "{} must be a digit from 0 to {} (got '{}')", name,
+           max_value, v);
+  return v[0] - '0';
+}
+
 void check_env() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -24,5 +24,7 @@ std::string env_table();  // the table as text, with each variable's current val
 std::string env_value(const char* name);
 // env_value as a whole number >= min_value; a clear error otherwise (the tuning row counts).
 int64_t env_int(const char* name, int64_t min_value);
+// env_value as a switch: one digit from 0 to max_value (at most 9); a clear error otherwise.
+int env_switch(const char* name, int max_value);
 
 }  // namespace deepinfer

@@ -474,11 +474,7 @@ Tensor copy_to_host(const Tensor& t) {
 }
 
 bool pdl_enabled() {
-  static const bool on = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_PDL");
-    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_PDL must be '0' or '1' (got '{}')", v);
-    return v == "1";
-  }();
+  static const bool on = env_switch("DEEPINFER_CUDA_PDL", 1) == 1;
   return on;
 }
 

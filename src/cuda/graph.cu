@@ -24,11 +24,7 @@ std::atomic<int> g_middles{-1};  // set_graph_middles; -1: DEEPINFER_CUDA_GRAPH_
 
 // 0: middles eager; 1: spans end after a piece; 2: spans open with a piece (graph.h).
 int graph_middles() {
-  static const int env_mode = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_GRAPH_MIDDLES");
-    DI_CHECK(v == "0" || v == "1" || v == "2", "DEEPINFER_CUDA_GRAPH_MIDDLES must be '0', '1' or '2' (got '{}')", v);
-    return v[0] - '0';
-  }();
+  static const int env_mode = env_switch("DEEPINFER_CUDA_GRAPH_MIDDLES", 2);
   const int v = g_middles.load(std::memory_order_relaxed);
   return v < 0 ? env_mode : v;
 }

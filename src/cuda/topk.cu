@@ -372,11 +372,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
 // 0: every row from global memory; 1: a row staged in one block's shared memory where it fits; 2: as 1, but a decode
 // row of kClusterMinKeys+ keys listed by index over a cluster of CTAs (topk_cluster_kernel).
 int staging_mode() {
-  static const int env = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_TOPK_STAGE");
-    DI_CHECK(v == "0" || v == "1" || v == "2", "DEEPINFER_CUDA_TOPK_STAGE must be '0', '1' or '2' (got '{}')", v);
-    return v[0] - '0';
-  }();
+  static const int env = env_switch("DEEPINFER_CUDA_TOPK_STAGE", 2);
   const int mode = g_staging.load(std::memory_order_relaxed);
   return mode < 0 ? env : mode;
 }

@@ -232,11 +232,7 @@ void synchronize(Device d) {
 
 bool graphs_enabled(Device d, int64_t rows) {
   if (d != Device::kCUDA || op_profile() != nullptr) return false;
-  static const bool on = [] {
-    const std::string v = env_value("DEEPINFER_CUDA_GRAPHS");
-    DI_CHECK(v == "0" || v == "1", "DEEPINFER_CUDA_GRAPHS must be '0' or '1' (got '{}')", v);
-    return v == "1";
-  }();
+  static const bool on = env_switch("DEEPINFER_CUDA_GRAPHS", 1) == 1;
   static const int64_t max_rows = env_int("DEEPINFER_CUDA_GRAPH_MAX_BATCH", 0);
   return on && rows >= 1 && rows <= max_rows;
 }

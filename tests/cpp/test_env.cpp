@@ -1,4 +1,5 @@
-// The DEEPINFER_* table's integer reader (src/core/env.h): defaults, set values, and a clear error for bad ones.
+// The DEEPINFER_* table's integer and switch readers (src/core/env.h): defaults, set values, and a clear error for bad
+// ones.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -49,4 +50,27 @@ TEST(Env, IntRejectsWhatIsNotAWholeNumberInRange) {
   }
   ScopedEnv zero("DEEPINFER_CUDA_GRAPH_MAX_BATCH", "0");
   EXPECT_EQ(env_int("DEEPINFER_CUDA_GRAPH_MAX_BATCH", 0), 0);
+}
+
+TEST(Env, SwitchReadsTheDefaultAndSetDigits) {
+  unsetenv("DEEPINFER_CUDA_GRAPH_MIDDLES");
+  EXPECT_EQ(env_switch("DEEPINFER_CUDA_GRAPH_MIDDLES", 2), 2);  // the table's default
+  for (const char* v : {"0", "1", "2"}) {
+    ScopedEnv e("DEEPINFER_CUDA_GRAPH_MIDDLES", v);
+    EXPECT_EQ(env_switch("DEEPINFER_CUDA_GRAPH_MIDDLES", 2), v[0] - '0');
+  }
+}
+
+TEST(Env, SwitchRejectsWhatIsNotADigitInRange) {
+  for (const char* bad : {"", "3", "-1", "01", "on", "1 "}) {
+    ScopedEnv e("DEEPINFER_CUDA_GRAPH_MIDDLES", bad);
+    try {
+      (void)env_switch("DEEPINFER_CUDA_GRAPH_MIDDLES", 2);
+      FAIL() << "accepted '" << bad << "'";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("DEEPINFER_CUDA_GRAPH_MIDDLES must be a digit from 0 to 2"),
+                std::string::npos)
+          << err.what();
+    }
+  }
 }
