@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "core/env.h"
@@ -27,6 +28,20 @@ class ScopedEnv {
   bool had_ = false;
 };
 
+// Each value of `bad` set in `name` makes read(name) throw an Error whose message contains `message`.
+template <typename Read>
+void expect_rejected(const char* name, std::initializer_list<const char*> bad, Read read, const std::string& message) {
+  for (const char* v : bad) {
+    ScopedEnv e(name, v);
+    try {
+      (void)read(name);
+      ADD_FAILURE() << name << " accepted '" << v << "'";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(message), std::string::npos) << err.what();
+    }
+  }
+}
+
 }  // namespace
 
 TEST(Env, IntReadsTheDefaultAndSetValues) {
@@ -37,17 +52,9 @@ TEST(Env, IntReadsTheDefaultAndSetValues) {
 }
 
 TEST(Env, IntRejectsWhatIsNotAWholeNumberInRange) {
-  for (const char* bad : {"", "abc", "12x", "0", "-3", "1.5"}) {
-    ScopedEnv e("DEEPINFER_CUDA_TC_GROUPED_ROWS", bad);
-    try {
-      (void)env_int("DEEPINFER_CUDA_TC_GROUPED_ROWS", 1);
-      FAIL() << "accepted '" << bad << "'";
-    } catch (const Error& err) {
-      EXPECT_NE(std::string(err.what()).find("DEEPINFER_CUDA_TC_GROUPED_ROWS must be a whole number >= 1"),
-                std::string::npos)
-          << err.what();
-    }
-  }
+  expect_rejected(
+      "DEEPINFER_CUDA_TC_GROUPED_ROWS", {"", "abc", "12x", "0", "-3", "1.5"},
+      [](const char* name) { return env_int(name, 1); }, "DEEPINFER_CUDA_TC_GROUPED_ROWS must be a whole number >= 1");
   ScopedEnv zero("DEEPINFER_CUDA_GRAPH_MAX_BATCH", "0");
   EXPECT_EQ(env_int("DEEPINFER_CUDA_GRAPH_MAX_BATCH", 0), 0);
 }
@@ -62,15 +69,7 @@ TEST(Env, SwitchReadsTheDefaultAndSetDigits) {
 }
 
 TEST(Env, SwitchRejectsWhatIsNotADigitInRange) {
-  for (const char* bad : {"", "3", "-1", "01", "on", "1 "}) {
-    ScopedEnv e("DEEPINFER_CUDA_GRAPH_MIDDLES", bad);
-    try {
-      (void)env_switch("DEEPINFER_CUDA_GRAPH_MIDDLES", 2);
-      FAIL() << "accepted '" << bad << "'";
-    } catch (const Error& err) {
-      EXPECT_NE(std::string(err.what()).find("DEEPINFER_CUDA_GRAPH_MIDDLES must be a digit from 0 to 2"),
-                std::string::npos)
-          << err.what();
-    }
-  }
+  expect_rejected(
+      "DEEPINFER_CUDA_GRAPH_MIDDLES", {"", "3", "-1", "01", "on", "1 "},
+      [](const char* name) { return env_switch(name, 2); }, "DEEPINFER_CUDA_GRAPH_MIDDLES must be a digit from 0 to 2");
 }
