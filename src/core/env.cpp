@@ -47,6 +47,11 @@ const std::vector<EnvVar>& env_vars() {
        "tuning (A/B): fp8_wgmma_gemv at one row of x: 1 pipelines its stage loop two stages deep and runs two blocks "
        "per SM when the weight has more 64-row units than SMs; 2 the pipeline alone; 0 neither; same bits either way",
        true},
+      {"DEEPINFER_CUDA_WALK_WHOLE", "1",
+       "tuning (A/B): 1 runs fp8_walk_gemv in its whole-chunk form (a lane per 32-column tile and weight row, no "
+       "shuffle exchange) where every weight row is read by one x row; 0 in the pair form (two lanes per tile) "
+       "everywhere; same bits either way",
+       true},
       {"DEEPINFER_CUDA_WGMMA_ROWS", "1",
        "tuning (A/B): dense E4M3 calls of 2 up to this many rows of act-quantised x (at most 4) on weights of 4,096+ "
        "rows take fp8_wgmma_gemv, the rows' diagonals sharing one MMA per tile; 1 keeps it at one row of x (on "

@@ -21,6 +21,20 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
+// Two e4m3 codes (the low / high 16 bits of v) -> an f16x2 of the same values (exact; NaN codes to NaN). The high
+// half goes to the conversion in place (SASS: F2FP.F16.E4M3.UNPACK_B's .H1 operand), so it costs no shift: the E4M3
+// decode GEMVs run one conversion per two weights and nothing else to reach them.
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(d) : "r"(v));
+  return d;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(d) : "r"(v));
+  return d;
+}
+
 __device__ __forceinline__ float half_bits(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
@@ -139,6 +153,16 @@ __device__ __forceinline__ void fp4_any_weights(uint32_t A, uint32_t B, uint32_t
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The same 16 bytes through L1 (allocated, evicted first): for kernels whose lanes read the two halves of a 32-byte
+// sector in two instructions, so that the second may find the sector in L1 instead of asking L2 again.
+__device__ __forceinline__ uint4 ldg_stream_l1(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::evict_first.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;

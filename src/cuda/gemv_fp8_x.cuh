@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/fp_decode.cuh"
 #include "cuda/quant.cuh"
 
 namespace deepinfer::cuda {
@@ -18,8 +19,9 @@ namespace deepinfer::cuda {
 // Four e4m3 codes (byte i = element i) -> f[i] = e4m3 (kScaled: e4m3 * 2^-8), exact; NaN codes give NaN.
 template <bool kScaled>
 __device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
-  __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3));
-  __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+  const uint32_t l = e4m3x2_lo(w), h = e4m3x2_hi(w);  // fp_decode.cuh: the high codes converted in place
+  __half2 lo = *reinterpret_cast<const __half2*>(&l);
+  __half2 hi = *reinterpret_cast<const __half2*>(&h);
   if constexpr (kScaled) {
     // e4m3 * 2^-8 is an fp16 (normal, or subnormal on the 2^-24 grid), so the fp16 multiply is exact.
     const __half2 k = __float2half2_rn(0x1p-8f);

@@ -1002,6 +1002,17 @@ std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
+// fp8_walk_gemv's form: 1 = the pair form (two lanes per tile, a shuffle exchange per 32 bytes), 2 = the whole-chunk
+// form where it applies (gemv_fp8_walk_into), 0 = DEEPINFER_CUDA_WALK_WHOLE (1, the default: the whole-chunk form).
+// gemv_set_fp8_walk_form.
+std::atomic<int> g_walk_form{0};
+
+bool walk_whole() {
+  static const bool env = env_switch("DEEPINFER_CUDA_WALK_WHOLE", 1) != 0;
+  const int f = g_walk_form.load(std::memory_order_relaxed);
+  return f == 0 ? env : f == 2;
+}
+
 }  // namespace
 
 int gemv_set_fp4_variant(int v) {
@@ -1015,6 +1026,11 @@ int gemv_set_fp8_variant(int v) {
 }
 
 int gemv_fp8_variant() { return g_fp8_variant.load(std::memory_order_relaxed); }
+
+int gemv_set_fp8_walk_form(int form) {
+  DI_CHECK(form >= 0 && form <= 2, "gemv_set_fp8_walk_form: {} is not 0 .. 2", form);
+  return g_walk_form.exchange(form, std::memory_order_relaxed);
+}
 
 int gemv_set_bf16_variant(int v) {
   DI_CHECK(v >= 0 && v <= 3, "gemv_set_bf16_variant: {} is not 0 .. 3", v);
@@ -1183,7 +1199,7 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   else if (a.fmt == kFp8 && fp8_uses_mma(a))
     gemv_fp8_mma_into(a, stream);
   else if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N, a.M))
-    gemv_fp8_walk_into(a, stream);
+    gemv_fp8_walk_into(a, walk_whole(), stream);
   else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_uses_mma(a))

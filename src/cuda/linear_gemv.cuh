@@ -126,6 +126,12 @@ int gemv_set_fp4_variant(int v);
 // force; gemv_fp8_uses_walk whether a call of this shape (grouped or dense with N weight rows and M rows of x) runs
 // fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);
+// Tests and benchmarks: the form of fp8_walk_gemv in the following gemv_into calls, 1 = the pair form (two lanes per
+// 32-column tile, a shuffle exchange per 32 bytes), 2 = the whole-chunk form (a lane per tile and weight row, two
+// 16-byte loads through L1) where it applies (tiles of 32, every weight row read by one x row; the pair form
+// elsewhere), 0 = DEEPINFER_CUDA_WALK_WHOLE (1, the default: the whole-chunk form; 0: the pair form). The same bits
+// either way. Returns the form set before the call.
+int gemv_set_fp8_walk_form(int form);
 // Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_lane_gemv (a lane
 // per chain: one x row on narrow weights) or bf16_tile_gemv (4 weight rows x 4 x rows per lane) for the dense calls
 // without act quant they take (linear_gemv_bf16.cuh; chain_gemv for the others), 3 = bf16_lane_gemv where it takes

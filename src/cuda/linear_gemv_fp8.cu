@@ -15,6 +15,15 @@
 // loads, 16 FMAs), so the whole warp folds, every warp independently: no block barrier after the prologue.
 // After the last segment of a row group, 8-lane shuffles form the CPU's hsum and lane l = 0 stores y.
 //
+// The whole-chunk form (kWhole; tiles of 32 at one x row per block, R = 2 or 4, where every weight row is read by one
+// x row: DEEPINFER_CUDA_WALK_WHOLE): lane h of pair pp takes rows 2k + h of the group (k < R / 2) and loads both
+// 16-byte halves of its tile of each, so its words 2j + e hold elements 8j + 4e + i, all 8 chains of the tile: no
+// shuffles and no selects (2 SHFL + 6 SEL per 16 bytes in the pair form), for twice the x loads per item (8 float4,
+// shared by the lane's R / 2 rows). Same loads in flight per item (R per lane), same s buffer and fold (the two lanes
+// of a tile store rows 2k, 2k + 1: kFoldRow is 16 banks off). Its loads go through L1 (ldg_stream_l1), since a sector's
+// halves come in two instructions. The batch-1 fast loop's SASS (R = 4, 128 weights a lane per pass): 658 instructions
+// against the pair form's 761 (798 before the high e4m3 pair was converted in place, e4m3x2_hi).
+//
 // Pipeline. Each lane keeps a ring of D items (item = one segment of the row group: R x G 16-byte loads and
 // the tile's scale code), up to 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1 and for 4-row
 // groups at one x row; D <= 4, as the unrolled pass's code must stay in the instruction cache: WalkShape). Slot d is
@@ -70,18 +79,23 @@ struct WalkParams : GemvCall {
   int xcols;   // x columns staged per row: 16 S B (zeros beyond K)
 };
 
-constexpr int kSegTiles = 16;                          // tiles per segment (one per lane pair)
-constexpr int kLStride = 20;                           // floats between the chains l of a fold row: conflict free
-constexpr int kFoldRow = 8 * kLStride;                 // floats per fold row of the s buffer
+constexpr int kSegTiles = 16;  // tiles per segment (one per lane pair)
+constexpr int kLStride = 20;   // floats between the chains l of a fold row: conflict free
+// Floats per fold row of the s buffer: 16 banks past a multiple of 32, so that the whole-chunk form's two lanes of a
+// tile (rows 2k and 2k + 1) store into different banks.
+constexpr int kFoldRow = 8 * kLStride + 16;
 constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][8][20] and tile factors [16]
 constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
-template <int MT, int G, int R>
+template <int MT, int G, int R, bool kWhole = false>
 struct WalkShape {
   static_assert(R * MT <= 4 && 4 % (R * MT) == 0, "at most 4 fold rows");
-  static constexpr int kSlots = MT == 1 ? 16 : 8;  // 16-byte loads in flight per lane, at most
-  static constexpr int kItem = R * G;              // 16-byte loads per item
+  static_assert(!kWhole || (MT == 1 && G == 1 && R % 2 == 0), "the whole-chunk form: one x row, tiles of 32");
+  static constexpr int kRows = kWhole ? R / 2 : R;  // weight rows per lane
+  static constexpr int kLoads = kWhole ? 2 : G;     // 16-byte loads per row and item
+  static constexpr int kSlots = MT == 1 ? 16 : 8;   // 16-byte loads in flight per lane, at most
+  static constexpr int kItem = R * G;               // 16-byte loads per item
   static constexpr int kFit = kSlots / kItem > 0 ? kSlots / kItem : 1;
   // Items in the ring: 4 at most, 2 for groups of 4 rows at one x row (8 loads per lane in flight): the unrolled
   // pass's code must stay in the instruction cache (ncu: "no instruction" was the walk's largest stall reason). A
@@ -107,10 +121,10 @@ __host__ __device__ inline int64_t walk_smem_floats(int MT, int xcols, int warps
   return static_cast<int64_t>(MT) * xcols + static_cast<int64_t>(warps) * kWarpFloats + 2 * ((MT * ng + 3) & ~3);
 }
 
-template <int MT, int G, int R>
+template <int MT, int G, int R, bool kWhole>
 __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p) {
-  using Shape = WalkShape<MT, G, R>;
-  constexpr int D = Shape::kD, B = 32 * G;
+  using Shape = WalkShape<MT, G, R, kWhole>;
+  constexpr int D = Shape::kD, B = 32 * G, RL = Shape::kRows, NL = Shape::kLoads;
   extern __shared__ __align__(16) float smem_walk[];
   pdl_launch_dependents();
   const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
@@ -134,34 +148,45 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   const uint8_t* SC = p.sc;
 
   // The ring: item (row group lg, segment lseg) of the loader; slot d holds rows [lg R, lg R + R) (clamped
-  // to N - 1) of this lane's tile half, chunk by chunk, zeros beyond the row, and the tile's scale code.
+  // to N - 1) of this lane's tile half, chunk by chunk (the whole-chunk form: rows lg R + 2 k + h, k < R / 2, both
+  // halves of the tile), zeros beyond the row, and the tile's scale code.
   // The loader keeps a pointer per row (and one to the scale codes) at its tile of the segment and advances them
   // by a segment per item; they are recomputed only when it moves to its next row group.
-  uint4 ring[D][R][G];
+  uint4 ring[D][RL][NL];
   uint32_t ring_e[D];
   int lg = gw, lseg = 0;
   bool lv = lg < p.groups;
   const int tlast = T - kSegTiles * (S - 1);  // tiles of the last segment, 1 .. 16
   const int lastch = (K - (T - 1) * B) >> 5;  // chunks of the last tile, 1 .. G
-  const uint8_t* lp[R];
+  const uint8_t* lp[RL];
   const uint8_t* ls = nullptr;
   auto set_rows = [&]() {
     const int n0 = lg * R;
 #pragma unroll
-    for (int r = 0; r < R; ++r) lp[r] = W + static_cast<int64_t>(min(n0 + r, N - 1)) * p.ldw + pp * B + 16 * h;
+    for (int r = 0; r < RL; ++r) {
+      if constexpr (kWhole)
+        lp[r] = W + static_cast<int64_t>(min(n0 + 2 * r + h, N - 1)) * p.ldw + pp * B;
+      else
+        lp[r] = W + static_cast<int64_t>(min(n0 + r, N - 1)) * p.ldw + pp * B + 16 * h;
+    }
     ls = SC + static_cast<int64_t>(n0 / B) * p.lds + pp;  // rows n0 .. n0 + R - 1 share a scale row: R divides B
   };
   auto load_item = [&](int d) {
     const bool tv = lv && (lseg < S - 1 || pp < tlast);
     const int nch = G == 1 ? 1 : lseg * kSegTiles + pp == T - 1 ? lastch : G;
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < RL; ++r)
 #pragma unroll
-      for (int c = 0; c < G; ++c)
-        ring[d][r][c] = tv && c < nch ? ldg_stream(lp[r] + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+      for (int c = 0; c < NL; ++c)
+        // The whole-chunk form reads a sector's two halves in two instructions: through L1, so that the second
+        // finds it there (with ldg_stream, which asks L2 for the sector twice, the shared w2 took 7.3 us against the
+        // pair form's 6.8; through L1 6.6; bench/RESULTS.md, fifty-first session).
+        ring[d][r][c] = !(tv && (kWhole || c < nch)) ? make_uint4(0u, 0u, 0u, 0u)
+                        : kWhole                     ? ldg_stream_l1(lp[r] + 16 * c)
+                                                     : ldg_stream(lp[r] + 32 * c);
     ring_e[d] = tv ? static_cast<uint32_t>(__ldg(ls)) : 0u;
 #pragma unroll
-    for (int r = 0; r < R; ++r) lp[r] += kSegTiles * B;
+    for (int r = 0; r < RL; ++r) lp[r] += kSegTiles * B;
     ls += kSegTiles;
     if (++lseg == S) {
       lseg = 0, lg += gstride, lv = lg < p.groups;
@@ -210,6 +235,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   int xoff[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) xoff[j] = 4 * (8 * pp * G + 2 * (j ^ (pp & 3)) + h);
+  // The whole-chunk form's x: float4 pointers to (j, e = 0) of this lane's tile in segment 0 (e = 1 is the next
+  // float4), so that an item's 8 loads cost 4 address adds (the float offsets cost a multiply and a shift each).
+  const float4* xq[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) xq[j] = reinterpret_cast<const float4*>(xs + xoff[j] - 4 * h);
   auto walk = [&](auto fast_tag) {
     constexpr bool kFast = decltype(fast_tag)::value;
     float tot = 0.0f;
@@ -228,48 +258,99 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
             for (int j = 0; j < 4; ++j)
               xw[m][j] = *reinterpret_cast<const float4*>(xseg + m * p.xcols + 32 * c + xoff[j]);
         };
-        float4 xw[MT][4];
-        if constexpr (G == 1) load_x(0, xw);  // shared by the R rows
+        if constexpr (kWhole) {
+          // This lane's whole tile of rows 2 r + h: x as xa[j][e] = x[32 t + 8 j + 4 e .. + 3] (float4 8 t + 2 j + e,
+          // at its x_slot), shared by the lane's R / 2 rows; word 2 j + e of a row's chunk holds the codes of elements
+          // 8 j + 4 e + i, i.e. of chains l = 4 e + i, so the lane runs all 8 chains of its rows: no exchange.
+          float4 xa[4][2];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float v[MT][4][4];  // the chains v[j][4h + i] of each x row
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int c = 0; c < G; ++c) {
-            const uint4 q = ring[d][r][c];
-            // Lane 0 loaded bytes 0..15 of the chunk, lane 1 bytes 16..31; wj[j] = bytes 8j + 4h .. + 3.
-            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q.x : q.y, 1);
-            const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q.z : q.w, 1);
-            const uint32_t wj[4] = {h ? r0 : q.x, h ? r1 : q.z, h ? q.y : r0, h ? q.w : r1};
-            float wf[4][4];
+            for (int e = 0; e < 2; ++e) xa[j][e] = xq[j][128 * cseg + e];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) decode4<!kFast>(wj[j], wf[j]);
-            if constexpr (G > 1) load_x(c, xw);
+          for (int r = 0; r < RL; ++r) {
+            const uint4 q0 = ring[d][r][0], q1 = ring[d][r][1];
+            const uint32_t wd[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};
+            float s[2][4];
+            if constexpr (kFast) {  // exact products: the chain sum fused (see the top)
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float wf[4];
+                  decode4<false>(wd[j][e], wf);
+                  const float xv[4] = {xa[j][e].x, xa[j][e].y, xa[j][e].z, xa[j][e].w};
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) s[e][i] = __fmaf_rn(wf[i], xv[i], j == 0 ? 0.0f : s[e][i]);
+                }
+            } else {  // each product rounded, then s = ((v0 + v1) + v2) + v3
+              float v[4][2][4];
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float wf[4];
+                  decode4<true>(wd[j][e], wf);
+                  const float xv[4] = {xa[j][e].x, xa[j][e].y, xa[j][e].z, xa[j][e].w};
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) v[j][e][i] = __fmaf_rn(wf[i], xv[i], 0.0f);
+                }
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                  s[e][i] = __fadd_rn(__fadd_rn(__fadd_rn(v[0][e][i], v[1][e][i]), v[2][e][i]), v[3][e][i]);
+            }
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) sb[(2 * r + h) * kFoldRow + (4 * e + i) * kLStride + pp] = s[e][i];
+          }
+        } else {
+          float4 xw[MT][4];
+          if constexpr (G == 1) load_x(0, xw);  // shared by the R rows
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float v[MT][4][4];  // the chains v[j][4h + i] of each x row
+#pragma unroll
+            for (int c = 0; c < G; ++c) {
+              const uint4 q = ring[d][r][c];
+              // Lane 0 loaded bytes 0..15 of the chunk, lane 1 bytes 16..31; wj[j] = bytes 8j + 4h .. + 3.
+              const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q.x : q.y, 1);
+              const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q.z : q.w, 1);
+              const uint32_t wj[4] = {h ? r0 : q.x, h ? r1 : q.z, h ? q.y : r0, h ? q.w : r1};
+              float wf[4][4];
+#pragma unroll
+              for (int j = 0; j < 4; ++j) decode4<!kFast>(wj[j], wf[j]);
+              if constexpr (G > 1) load_x(c, xw);
+#pragma unroll
+              for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  const float xv[4] = {xw[m][j].x, xw[m][j].y, xw[m][j].z, xw[m][j].w};
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+                    if constexpr (G == 1 && kFast)  // exact products: the chain sum fused (see the top)
+                      v[m][0][i] = __fmaf_rn(wf[j][i], xv[i], j == 0 ? 0.0f : v[m][0][i]);
+                    else
+                      v[m][j][i] = __fmaf_rn(wf[j][i], xv[i], c == 0 ? 0.0f : v[m][j][i]);
+                  }
+                }
+            }
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const float xv[4] = {xw[m][j].x, xw[m][j].y, xw[m][j].z, xw[m][j].w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  if constexpr (G == 1 && kFast)  // exact products: the chain sum fused (see the top)
-                    v[m][0][i] = __fmaf_rn(wf[j][i], xv[i], j == 0 ? 0.0f : v[m][0][i]);
-                  else
-                    v[m][j][i] = __fmaf_rn(wf[j][i], xv[i], c == 0 ? 0.0f : v[m][j][i]);
-                }
+              for (int i = 0; i < 4; ++i) {
+                float s = v[m][0][i];
+                if constexpr (!(G == 1 && kFast))
+                  s = __fadd_rn(__fadd_rn(__fadd_rn(v[m][0][i], v[m][1][i]), v[m][2][i]), v[m][3][i]);
+                sb[(r * MT + m) * kFoldRow + (4 * h + i) * kLStride + pp] = s;
               }
           }
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              float s = v[m][0][i];
-              if constexpr (!(G == 1 && kFast))
-                s = __fadd_rn(__fadd_rn(__fadd_rn(v[m][0][i], v[m][1][i]), v[m][2][i]), v[m][3][i]);
-              sb[(r * MT + m) * kFoldRow + (4 * h + i) * kLStride + pp] = s;
-            }
         }
-        // Tiles beyond T: s = 0 (zero weights and x) and factor 0, so their fma leaves tot as it is.
-        if (h == 0) sfac[pp] = t < T ? fp8_tile_factor(ring_e[d]) : 0.0f;
+        // Tiles beyond T: s = 0 (zero weights and x) and factor 0, so their fma leaves tot as it is. Both lanes of the
+        // tile store the same factor (they loaded the same code): no branch.
+        sfac[pp] = t < T ? fp8_tile_factor(ring_e[d]) : 0.0f;
         load_item(d);  // the slot is consumed: refill it with the item D ahead
         __syncwarp();
         const float* sp = sb + f * kFoldRow + l * kLStride;
@@ -311,7 +392,7 @@ constexpr int64_t kWalkSmemBudget = 200 << 10;  // per block: one block per SM
 
 }  // namespace
 
-void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
+void gemv_fp8_walk_into(const GemvArgs& a, bool whole, cudaStream_t stream) {
   WalkParams p = {};
   copy_gemv_args(a, p);
   const int B = a.B, G = B / 32;
@@ -341,15 +422,25 @@ void gemv_fp8_walk_into(const GemvArgs& a, cudaStream_t stream) {
   p.groups = (p.N + R - 1) / R;
   const int64_t per_mt = std::min<int64_t>(p.groups, per_mt_max);
 
+  // The whole-chunk form where every weight row is read by one x row: dense calls of one row, grouped calls whose
+  // matrices serve one x row each (wo_a's groups and the shared w1 / w3 at one token). Where x-row groups share the
+  // weights through L2, its second load per sector costs more than the exchange it saves (bench_cuda_gemv, H100: wo_a's
+  // 8 groups at 4 / 8 tokens 32.1 / 59.7 us against the pair form's 30.1 / 54.8).
+  const int xr = a.x_rows > 0 ? a.x_rows : a.M;
+  whole = whole && (grouped ? (a.row_period > 0 ? xr / a.row_period : xr) == 1 : a.M == 1);
   void (*kernel)(WalkParams) = nullptr;
-  if (G == 1)
-    kernel = MT == 1   ? (R == 4 ? fp8_walk_gemv<1, 1, 4> : fp8_walk_gemv<1, 1, 2>)
-             : MT == 2 ? fp8_walk_gemv<2, 1, 2>
-                       : fp8_walk_gemv<4, 1, 1>;
+  if (G == 1 && MT == 1 && whole)
+    kernel = R == 4 ? fp8_walk_gemv<1, 1, 4, true> : fp8_walk_gemv<1, 1, 2, true>;
+  else if (G == 1)
+    kernel = MT == 1   ? (R == 4 ? fp8_walk_gemv<1, 1, 4, false> : fp8_walk_gemv<1, 1, 2, false>)
+             : MT == 2 ? fp8_walk_gemv<2, 1, 2, false>
+                       : fp8_walk_gemv<4, 1, 1, false>;
   else if (G == 2)
-    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 2, 4> : fp8_walk_gemv<1, 2, 2>) : fp8_walk_gemv<2, 2, 2>;
+    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 2, 4, false> : fp8_walk_gemv<1, 2, 2, false>)
+                     : fp8_walk_gemv<2, 2, 2, false>;
   else
-    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 4, 4> : fp8_walk_gemv<1, 4, 2>) : fp8_walk_gemv<2, 4, 2>;
+    kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 4, 4, false> : fp8_walk_gemv<1, 4, 2, false>)
+                     : fp8_walk_gemv<2, 4, 2, false>;
   launch_sm_blocks(
       kernel, p, p.mtiles, per_mt, p.groups, kMaxWarps,
       [&](int nw) { return 4 * walk_smem_floats(MT, p.xcols, nw, p.ng); }, "fp8_walk_gemv", stream);

@@ -54,12 +54,6 @@ __host__ __device__ inline MmaSmem fp8_mma_smem(int K) { return mma_smem(K, 32, 
 // Warps that took the slow path (gemv_fp8_mma_slow_warps).
 __device__ unsigned long long g_slow_warps;
 
-// Two e4m3 codes (the low 16 bits of v) as fp16x2, exactly (NaN codes to NaN).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
 // A segment's 16 bytes of rows g and g + 8 (v0, v1), regrouped (word r' = pairs r' and 4 + r') into the warp's
 // transpose buffer tb; the caller syncs the warp before segment_sums reads it.
 __device__ __forceinline__ void stage_segment(uint4 v0, uint4 v1, uint32_t* tb, int g, int r) {
@@ -84,10 +78,11 @@ __device__ __forceinline__ void segment_sums(const uint32_t* tb, int g, int r, u
     // Words r of the tile's two halves: pairs j = 0, 1 and 2, 3 of rows g, g + 8.
     const uint32_t h00 = tb[g * kMmaTStride + 8 * cs + r], h01 = tb[g * kMmaTStride + 8 * cs + 4 + r];
     const uint32_t h10 = tb[(g + 8) * kMmaTStride + 8 * cs + r], h11 = tb[(g + 8) * kMmaTStride + 8 * cs + 4 + r];
-    const uint32_t pr0[4] = {h00, h00 >> 16, h01, h01 >> 16}, pr1[4] = {h10, h10 >> 16, h11, h11 >> 16};
+    const uint32_t a0[4] = {e4m3x2_lo(h00), e4m3x2_hi(h00), e4m3x2_lo(h01), e4m3x2_hi(h01)};
+    const uint32_t a1[4] = {e4m3x2_lo(h10), e4m3x2_hi(h10), e4m3x2_lo(h11), e4m3x2_hi(h11)};
     float dd[4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) mma_f16(dd[j], e4m3x2_to_f16x2(pr0[j]), e4m3x2_to_f16x2(pr1[j]), bw[4 * cs + j]);
+    for (int j = 0; j < 4; ++j) mma_f16(dd[j], a0[j], a1[j], bw[4 * cs + j]);
 #pragma unroll
     for (int q = 0; q < 4; ++q) sl[cs][q] = __fadd_rn(__fadd_rn(__fadd_rn(dd[0][q], dd[1][q]), dd[2][q]), dd[3][q]);
   }

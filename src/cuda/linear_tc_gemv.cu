@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
             const float sc = tc::x_scale(amax);
             const uint32_t codes = x_codes4(v[q], tc::x_inv(sc));
             if constexpr (X16)
-              *reinterpret_cast<uint2*>(qr + 8 * c) = make_uint2(tc::e4m3x2_lo(codes), tc::e4m3x2_hi(codes));
+              *reinterpret_cast<uint2*>(qr + 8 * c) = make_uint2(e4m3x2_lo(codes), e4m3x2_hi(codes));
             else
               *reinterpret_cast<uint32_t*>(qr + 4 * c) = codes;
             if (c % 8 == 0) sx[(c / 8) * 8 + m] = sc;

@@ -24,18 +24,6 @@ __device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t
   hi = mh | (sh & 0x80808080u);
 }
 
-// Two e4m3 codes (the low / high 16 bits of v) -> an f16x2 of the same values (exact).
-__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
-  uint32_t d;
-  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(d) : "r"(v));
-  return d;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
-  uint32_t d;
-  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(d) : "r"(v));
-  return d;
-}
-
 // d += A(16x16 f16, row) . B(16x8 f16, col), FP32 accumulation.
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

@@ -47,17 +47,20 @@ using namespace cuda_test;  // NOLINT: the shared test helpers
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
 
 // Runs a case once per kernel of its weight format, the name tagged with the kernel: E4M3 "[fp8 old]" (fp8_gemv) /
-// "[fp8 walk]" (fp8_walk_gemv) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv) / "[fp8 wgmma]"
-// (fp8_wgmma_gemv; the calls these three do not take run the default kernels), BF16 "[bf16 chain]" (chain_gemv) /
+// "[fp8 walk]" (fp8_walk_gemv, its pair form) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv) / "[fp8
+// wgmma]" (fp8_wgmma_gemv; the calls these three do not take run the default kernels) / "[fp8 walk whole]"
+// (fp8_walk_gemv's whole-chunk form where it applies), BF16 "[bf16
+// chain]" (chain_gemv) /
 // "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]" (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the
 // format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
-  const char* tags[5] = {"", "", "", "", ""};
+  const char* tags[6] = {"", "", "", "", "", ""};
   int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
-    tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", tags[4] = " [fp8 wgmma]", variants = 5;
+    tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", tags[4] = " [fp8 wgmma]", tags[5] = " [fp8 walk whole]";
+    variants = 6;
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
@@ -70,9 +73,13 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
   }
   for (int v = 1; v <= variants; ++v) {
     // Variant 4: the mma kernel wherever it takes the call (3 is a by-size rule); 6: the rows kernel likewise; 7: the
-    // wgmma kernel likewise.
-    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v);
+    // wgmma kernel likewise. The walk kernel twice for E4M3: its pair form, then its whole-chunk form
+    // (gemv_set_fp8_walk_form).
+    const bool walk = dt == di::DType::kE4M3 && (v == 2 || v == 6);
+    if (walk) di::cuda::gemv_set_fp8_walk_form(v == 6 ? 2 : 1);
+    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v == 6 ? 2 : v);
     run_case(name + tags[v - 1], body);
+    if (walk) di::cuda::gemv_set_fp8_walk_form(0);
   }
   set_variant(0);
 }
