@@ -149,22 +149,20 @@ __device__ __forceinline__ void fp4_any_weights(uint32_t A, uint32_t B, uint32_t
 }
 
 // 16 bytes of a weight stream: read once, so bypass L1 and ask L2 to fetch the surrounding 256 bytes
-// (the next steps of the same row).
+// (the next steps of the same row). kL1: through L1 instead (allocated, evicted first), for kernels whose lanes read
+// the two halves of a 32-byte sector in two instructions, so that the second finds the sector in L1 instead of asking
+// L2 for it again.
+template <bool kL1 = false>
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// The same 16 bytes through L1 (allocated, evicted first): for kernels whose lanes read the two halves of a 32-byte
-// sector in two instructions, so that the second may find the sector in L1 instead of asking L2 again.
-__device__ __forceinline__ uint4 ldg_stream_l1(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::evict_first.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (kL1)
+    asm volatile("ld.global.nc.L1::evict_first.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
   return v;
 }
 

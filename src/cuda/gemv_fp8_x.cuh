@@ -34,6 +34,14 @@ __device__ __forceinline__ void decode4(uint32_t w, float (&f)[4]) {
   f[3] = __high2float(hi);
 }
 
+// The pair exchange of the E4M3 walks: lanes 2p and 2p + 1 (h = 0, 1) loaded bytes [16h, 16h + 16) of one 32-byte
+// chunk each (q); one shuffle pair gives lane h wj[j] = bytes 8j + 4h .. 8j + 4h + 3, the codes of chains 4h .. 4h + 3.
+__device__ __forceinline__ void pair_words(uint4 q, int h, uint32_t (&wj)[4]) {
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q.x : q.y, 1);
+  const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q.z : q.w, 1);
+  wj[0] = h ? r0 : q.x, wj[1] = h ? r1 : q.z, wj[2] = h ? q.y : r0, wj[3] = h ? q.w : r1;
+}
+
 // v * k value by value (k a power of two here: the fast path's 2^-8 and its undoing, exact).
 __device__ __forceinline__ float4 mul4(float4 v, float k) {
   return make_float4(__fmul_rn(v.x, k), __fmul_rn(v.y, k), __fmul_rn(v.z, k), __fmul_rn(v.w, k));

@@ -20,9 +20,9 @@
 // 16-byte halves of its tile of each, so its words 2j + e hold elements 8j + 4e + i, all 8 chains of the tile: no
 // shuffles and no selects (2 SHFL + 6 SEL per 16 bytes in the pair form), for twice the x loads per item (8 float4,
 // shared by the lane's R / 2 rows). Same loads in flight per item (R per lane), same s buffer and fold (the two lanes
-// of a tile store rows 2k, 2k + 1: kFoldRow is 16 banks off). Its loads go through L1 (ldg_stream_l1), since a sector's
-// halves come in two instructions. The batch-1 fast loop's SASS (R = 4, 128 weights a lane per pass): 658 instructions
-// against the pair form's 761 (798 before the high e4m3 pair was converted in place, e4m3x2_hi).
+// of a tile store rows 2k, 2k + 1: kFoldRow is 16 banks off). Its loads go through L1 (ldg_stream<true>), since a
+// sector's halves come in two instructions. The batch-1 fast loop's SASS (R = 4, 128 weights a lane per pass): 658
+// instructions against the pair form's 761 (798 before the high e4m3 pair was converted in place, e4m3x2_hi).
 //
 // Pipeline. Each lane keeps a ring of D items (item = one segment of the row group: R x G 16-byte loads and
 // the tile's scale code), up to 16 loads (256 bytes per lane, 8 KB per warp) in flight (8 for MT > 1 and for 4-row
@@ -179,11 +179,10 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 #pragma unroll
       for (int c = 0; c < NL; ++c)
         // The whole-chunk form reads a sector's two halves in two instructions: through L1, so that the second
-        // finds it there (with ldg_stream, which asks L2 for the sector twice, the shared w2 took 7.3 us against the
-        // pair form's 6.8; through L1 6.6; bench/RESULTS.md, fifty-first session).
-        ring[d][r][c] = !(tv && (kWhole || c < nch)) ? make_uint4(0u, 0u, 0u, 0u)
-                        : kWhole                     ? ldg_stream_l1(lp[r] + 16 * c)
-                                                     : ldg_stream(lp[r] + 32 * c);
+        // finds it there (with ldg_stream<false>, which asks L2 for the sector twice, the shared w2 took 7.3 us against
+        // the pair form's 6.8; through L1 6.6; bench/RESULTS.md, fifty-first session).
+        ring[d][r][c] =
+            tv && (kWhole || c < nch) ? ldg_stream<kWhole>(lp[r] + (kWhole ? 16 : 32) * c) : make_uint4(0u, 0u, 0u, 0u);
     ring_e[d] = tv ? static_cast<uint32_t>(__ldg(ls)) : 0u;
 #pragma unroll
     for (int r = 0; r < RL; ++r) lp[r] += kSegTiles * B;
@@ -271,30 +270,25 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
           for (int r = 0; r < RL; ++r) {
             const uint4 q0 = ring[d][r][0], q1 = ring[d][r][1];
             const uint32_t wd[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};
-            float s[2][4];
-            if constexpr (kFast) {  // exact products: the chain sum fused (see the top)
+            // Fast x: the chain sum fused (exact products, see the top); else each product rounded, then s = ((v0 +
+            // v1) + v2) + v3.
+            float s[2][4], v[4][2][4];
 #pragma unroll
-              for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < 4; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  float wf[4];
-                  decode4<false>(wd[j][e], wf);
-                  const float xv[4] = {xa[j][e].x, xa[j][e].y, xa[j][e].z, xa[j][e].w};
+              for (int e = 0; e < 2; ++e) {
+                float wf[4];
+                decode4<!kFast>(wd[j][e], wf);
+                const float xv[4] = {xa[j][e].x, xa[j][e].y, xa[j][e].z, xa[j][e].w};
 #pragma unroll
-                  for (int i = 0; i < 4; ++i) s[e][i] = __fmaf_rn(wf[i], xv[i], j == 0 ? 0.0f : s[e][i]);
+                for (int i = 0; i < 4; ++i) {
+                  if constexpr (kFast)
+                    s[e][i] = __fmaf_rn(wf[i], xv[i], j == 0 ? 0.0f : s[e][i]);
+                  else
+                    v[j][e][i] = __fmaf_rn(wf[i], xv[i], 0.0f);
                 }
-            } else {  // each product rounded, then s = ((v0 + v1) + v2) + v3
-              float v[4][2][4];
-#pragma unroll
-              for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  float wf[4];
-                  decode4<true>(wd[j][e], wf);
-                  const float xv[4] = {xa[j][e].x, xa[j][e].y, xa[j][e].z, xa[j][e].w};
-#pragma unroll
-                  for (int i = 0; i < 4; ++i) v[j][e][i] = __fmaf_rn(wf[i], xv[i], 0.0f);
-                }
+              }
+            if constexpr (!kFast) {
 #pragma unroll
               for (int e = 0; e < 2; ++e)
 #pragma unroll
@@ -315,10 +309,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 #pragma unroll
             for (int c = 0; c < G; ++c) {
               const uint4 q = ring[d][r][c];
-              // Lane 0 loaded bytes 0..15 of the chunk, lane 1 bytes 16..31; wj[j] = bytes 8j + 4h .. + 3.
-              const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? q.x : q.y, 1);
-              const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? q.z : q.w, 1);
-              const uint32_t wj[4] = {h ? r0 : q.x, h ? r1 : q.z, h ? q.y : r0, h ? q.w : r1};
+              uint32_t wj[4];  // lane 0 loaded bytes 0..15 of the chunk, lane 1 bytes 16..31
+              pair_words(q, h, wj);
               float wf[4][4];
 #pragma unroll
               for (int j = 0; j < 4; ++j) decode4<!kFast>(wj[j], wf[j]);

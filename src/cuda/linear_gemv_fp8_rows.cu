@@ -180,11 +180,9 @@ __global__ void __launch_bounds__(32 * kRowsMaxWarps, 1) fp8_rows_gemv(RowsParam
         if (cg >= p.groups) break;  // uniform over the warp
         const uint4 qw = ring[d];
         const float fac = fp8_tile_factor(ring_e[d]);
-        load_item(d);  // the slot is consumed: refill it with the item D ahead
-        // Lane 2r loaded bytes 0..15 of the chunk, lane 2r + 1 bytes 16..31; wj[j] = bytes 8j + 4h .. + 3.
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, h ? qw.x : qw.y, 1);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, h ? qw.z : qw.w, 1);
-        const uint32_t wj[4] = {h ? r0 : qw.x, h ? r1 : qw.z, h ? qw.y : r0, h ? qw.w : r1};
+        load_item(d);    // the slot is consumed: refill it with the item D ahead
+        uint32_t wj[4];  // lane 2r loaded bytes 0..15 of the chunk, lane 2r + 1 bytes 16..31
+        pair_words(qw, h, wj);
         float wf[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) decode4<!kFast>(wj[j], wf[j]);
