@@ -84,7 +84,7 @@ constexpr int kLStride = 20;   // floats between the chains l of a fold row: con
 // Floats per fold row of the s buffer: 16 banks past a multiple of 32, so that the whole-chunk form's two lanes of a
 // tile (rows 2k and 2k + 1) store into different banks.
 constexpr int kFoldRow = 8 * kLStride + 16;
-constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][8][20] and tile factors [16]
+constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][kFoldRow] and tile factors [16]
 constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
