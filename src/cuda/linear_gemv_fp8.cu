@@ -419,9 +419,9 @@ void gemv_fp8_walk_into(const GemvArgs& a, bool whole, cudaStream_t stream) {
   // weights through L2, its second load per sector costs more than the exchange it saves (bench_cuda_gemv, H100: wo_a's
   // 8 groups at 4 / 8 tokens 32.1 / 59.7 us against the pair form's 30.1 / 54.8).
   const int xr = a.x_rows > 0 ? a.x_rows : a.M;
-  whole = whole && (grouped ? (a.row_period > 0 ? xr / a.row_period : xr) == 1 : a.M == 1);
+  const bool one_reader = grouped ? (a.row_period > 0 ? xr / a.row_period : xr) == 1 : a.M == 1;
   void (*kernel)(WalkParams) = nullptr;
-  if (G == 1 && MT == 1 && whole)
+  if (G == 1 && MT == 1 && whole && one_reader)
     kernel = R == 4 ? fp8_walk_gemv<1, 1, 4, true> : fp8_walk_gemv<1, 1, 2, true>;
   else if (G == 1)
     kernel = MT == 1   ? (R == 4 ? fp8_walk_gemv<1, 1, 4, false> : fp8_walk_gemv<1, 1, 2, false>)

@@ -47,12 +47,11 @@ using namespace cuda_test;  // NOLINT: the shared test helpers
 constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never compares equal
 
 // Runs a case once per kernel of its weight format, the name tagged with the kernel: E4M3 "[fp8 old]" (fp8_gemv) /
-// "[fp8 walk]" (fp8_walk_gemv, its pair form) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv) / "[fp8
-// wgmma]" (fp8_wgmma_gemv; the calls these three do not take run the default kernels) / "[fp8 walk whole]"
-// (fp8_walk_gemv's whole-chunk form where it applies), BF16 "[bf16
-// chain]" (chain_gemv) /
-// "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]" (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the
-// format's gemv_set_*_variant (1, 2; 0 restores).
+// "[fp8 walk]" (fp8_walk_gemv, its pair form) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv) /
+// "[fp8 wgmma]" (fp8_wgmma_gemv; the calls these three do not take run the default kernels) / "[fp8 walk whole]"
+// (fp8_walk_gemv's whole-chunk form where it applies), BF16 "[bf16 chain]" (chain_gemv) / "[bf16 tile]"
+// (bf16_tile_gemv), FP4 "[fp4 old]" (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the format's
+// gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
   const char* tags[6] = {"", "", "", "", "", ""};
