@@ -52,6 +52,14 @@ const std::vector<EnvVar>& env_vars() {
        "shuffle exchange) where every weight row is read by one x row; 0 in the pair form (two lanes per tile) "
        "everywhere; same bits either way",
        true},
+      {"DEEPINFER_CUDA_MOE_DISPATCH", "0",
+       "tuning (A/B): 1 routes, groups and gathers a one-token MoE in one launch (ops::moe_dispatch) instead of three; "
+       "same bits either way",
+       true},
+      {"DEEPINFER_CUDA_WALK_MIN_ROWS", "2048",
+       "tuning (A/B): dense E4M3 calls of one row of x on weights of at least this many rows take fp8_walk_gemv (a "
+       "warp per 2-4 weight rows over all of K) instead of fp8_gemv (K split across a block); same bits either way",
+       true},
       {"DEEPINFER_CUDA_WGMMA_ROWS", "1",
        "tuning (A/B): dense E4M3 calls of 2 up to this many rows of act-quantised x (at most 4) on weights of 4,096+ "
        "rows take fp8_wgmma_gemv, the rows' diagonals sharing one MMA per tile; 1 keeps it at one row of x (on "

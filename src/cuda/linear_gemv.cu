@@ -1047,10 +1047,10 @@ bool gemv_fp8_uses_walk(bool grouped, int64_t N, int64_t M) {
   // from M = 2 to 64 (bench_cuda_gemv's batched table), 1.1x to 2.3x. In the model wq_a and wkv run stacked, [1792,
   // 5120] in V4.1: a batch-1 step's ktrace gave that call 13.2-13.4 us on fp8_gemv against 14.5-17.1 on the walk
   // kernel (from the norm before it to its end), hence the threshold above it (bench/RESULTS.md, twenty-first
-  // session: bench_cuda_model +0.56% [-0.4%, +1.5%]).
-  constexpr int64_t kWalkMinRows = 2048;
+  // session: bench_cuda_model +0.56% [-0.4%, +1.5%]). DEEPINFER_CUDA_WALK_MIN_ROWS moves the threshold (A/B).
+  static const int64_t walk_min_rows = env_int("DEEPINFER_CUDA_WALK_MIN_ROWS", 1);
   const int v = gemv_fp8_variant();
-  return v == 2 || (v >= 3 && (grouped || N >= kWalkMinRows || M >= 2));
+  return v == 2 || (v >= 3 && (grouped || N >= walk_min_rows || M >= 2));
 }
 
 namespace {

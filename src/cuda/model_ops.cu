@@ -356,10 +356,113 @@ __global__ void __launch_bounds__(kDecThreads)
 constexpr int kRouteThreads = 512;  // a thread per expert at one token for up to 512 experts (FP64 exp / log1p each)
 constexpr int kRoutePerLane = 24;   // the register top-k: up to 768 experts
 
-__global__ void __launch_bounds__(kRouteThreads, 1)
+// What a single token's route also does in its launch under moe_dispatch (rows == nullptr: nothing): warp 0 of block 0
+// groups the k pairs after the top-k, as moe_group_small_kernel would, while blocks 1.. gather x's one row k times,
+// fake-quantised per `block` columns (0: copied) as gather_rows_quant_kernel would (every pair of a single token, and
+// every row moe_group leaves unused, reads row 0). Each output gets the bits of the op it replaces.
+struct RouteDispatch {
+  int32_t* rows = nullptr;
+  float* wout = nullptr;
+  int32_t* slots = nullptr;
+  int32_t* row_expert = nullptr;
+  const float* x = nullptr;  // [1, width]
+  int64_t width = 0, block = 0;
+  float* xout = nullptr;  // [k, width]
+};
+
+// moe_group_small_kernel's grouping of one token's P <= 32 pairs by warp 0 (lane i: pair i), from the ids and weights
+// lane 0 wrote (visible after the __syncwarp).
+__device__ void route_group_pairs(const int32_t* ids, const float* w, int P, int k, int E, const RouteDispatch& d,
+                                  int lane) {
+  __syncwarp();
+  int32_t e = -1;
+  float wi = 0.0f;
+  if (lane < P) {
+    e = ids[lane];
+    if (e < 0 || e >= E) e = -1;
+    wi = w[lane];
+  }
+  int pos = 0;
+  for (int j = 0; j < P; ++j) {
+    const int32_t ej = __shfl_sync(0xffffffffu, e, j);
+    pos += ej >= 0 && (ej < e || (ej == e && j < lane));
+  }
+  const int R = __popc(__ballot_sync(0xffffffffu, lane < P && e >= 0));
+  if (lane < P && e >= 0) {
+    d.rows[pos] = lane / k;
+    d.row_expert[pos] = e;
+    d.wout[pos] = wi;
+  }
+  if (lane < P) d.slots[lane] = e >= 0 ? pos : -1;
+  __syncwarp();
+  if (lane >= R && lane < P) d.rows[lane] = 0, d.row_expert[lane] = 0, d.wout[lane] = 0.0f;
+}
+
+// One quant group [c0, c0 + block) of gather_rows(x, rows, block) for P rows that all read x's row 0, by one warp:
+// groups of up to 128 columns in registers (every load issued first; no read-back of written values), quantised as
+// warp_fake_quant_fp8 does (fp8_group_scale, fp8_fake_quant: the same bits), then written to the P rows; wider groups
+// through the first output row as gather_rows_quant_kernel. block 0: a plain copy of 128 columns.
+__device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, int lane) {
+  const int64_t width = d.width, span = d.block > 0 ? d.block : 128, c1 = min(c0 + span, width);
+  if (span <= 128) {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = c0 + lane + 32 * j;
+      v[j] = c < c1 ? __ldg(d.x + c) : 0.0f;
+    }
+    if (d.block > 0) {
+      float amax = 0.0f;  // the zeros past c1 do not change it
+#pragma unroll
+      for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float sc = fp8_group_scale(amax);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = fp8_fake_quant(v[j], sc);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = c0 + lane + 32 * j;
+      if (c < c1)
+        for (int r = 0; r < P; ++r) d.xout[r * width + c] = v[j];
+    }
+    return;
+  }
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) {
+    const float v = d.x[c];
+    d.xout[c] = v;
+    amax = fmaxf(amax, fabsf(v));
+  }
+  warp_fake_quant_fp8(d.xout, c0, c1, lane, amax);  // each lane rereads only its own columns
+  for (int64_t c = c0 + lane; c < c1; c += 32) {
+    const float v = d.xout[c];
+    for (int r = 1; r < P; ++r) d.xout[r * width + c] = v;
+  }
+}
+
+// The gather's blocks (blocks 1.. of a dispatch launch, sized in route_launch): a warp per quant group. In blocks of
+// their own on other SMs: with the gather in the route block's idle warps (114 registers a thread) the launch ended
+// 11-27 us after the gate against 6-7 for the route alone, so the two launches it saved were lost (ktrace,
+// bench/RESULTS.md, fifty-second session). This form is built, not yet measured.
+__device__ void route_gather(const RouteDispatch& d, int P) {
+  const int64_t span = d.block > 0 ? d.block : 128;
+  const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
+  for (int64_t g = (static_cast<int64_t>(blockIdx.x) - 1) * warps + static_cast<int>(threadIdx.x) / 32;
+       g * span < d.width; g += static_cast<int64_t>(gridDim.x - 1) * warps)
+    route_gather_group(d, P, g * span, lane);
+}
+
+__global__ void __launch_bounds__(kRouteThreads, 2)
     moe_route_kernel(const float* logits, int E, int k, int func, float temp, const float* bias, const void* tid2eid,
                      bool tid_i64, int64_t vocab, const int32_t* tokens, bool normalize, float norm_eps,
-                     float route_scale, int32_t* ids, float* weights) {
+                     float route_scale, int32_t* ids, float* weights, RouteDispatch dispatch) {
+  if (dispatch.rows != nullptr && blockIdx.x > 0) {  // a dispatch's gather block
+    pdl_wait();
+    pdl_launch_dependents();
+    route_gather(dispatch, k);
+    return;
+  }
   extern __shared__ float sh[];
   float* s = sh;                 // [E] scores
   float* biased = sh + E;        // [E] selection keys (first the bias)
@@ -406,6 +509,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   }
   int32_t* ti = ids + t * k;
   float* tw = weights + t * k;
+  const int lane = tid & 31;
   if (tid2eid) {
     if (tid == 0) {
       const int64_t tok = tokens[t];
@@ -428,6 +532,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
         tw[j] = __fmul_rn(v, route_scale);
       }
     }
+    if (dispatch.rows != nullptr && tid < 32) route_group_pairs(ti, tw, k, k, E, dispatch, lane);
     return;
   }
   for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias ? __fadd_rn(s[e], biased[e]) : s[e];
@@ -439,7 +544,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   // lane ends with the same pick (for NaN-free keys); the chosen entry leaves its lane. Up to 32 * kRoutePerLane
   // experts the candidates stay in registers and only the winning lane rescans its own (a pass was a scan of shared
   // memory by every lane: the top-k was most of the kernel's ~8 us at one token); beyond, they stay in shared memory.
-  const int lane = tid;
   float sum = 0.0f;
   auto butterfly = [&](int& best, float& bv) {
 #pragma unroll
@@ -505,13 +609,15 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
       record(j, best);
     }
   }
-  if (lane != 0) return;
-  const float denom = __fadd_rn(sum, norm_eps);
-  for (int j = 0; j < k; ++j) {
-    float v = picked_w[j];
-    if (normalize) v = __fdiv_rn(v, denom);
-    tw[j] = __fmul_rn(v, route_scale);
+  if (lane == 0) {
+    const float denom = __fadd_rn(sum, norm_eps);
+    for (int j = 0; j < k; ++j) {
+      float v = picked_w[j];
+      if (normalize) v = __fdiv_rn(v, denom);
+      tw[j] = __fmul_rn(v, route_scale);
+    }
   }
+  if (dispatch.rows != nullptr) route_group_pairs(ti, tw, k, k, E, dispatch, lane);
 }
 
 // ---- swiglu, embedding, gather_rows ------------------------------------------------------------------
@@ -1047,8 +1153,11 @@ Tensor index_scores(const Tensor& q, const Tensor& keys, const Tensor& w, const 
   return out;
 }
 
-ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
-                       const ops::RouteOpts& o) {
+namespace {
+
+// moe_route's checks and launch; a dispatch (RouteDispatch::rows set) only for one token with k <= 32.
+ops::Routing route_launch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
+                          int64_t k, const ops::RouteOpts& o, const RouteDispatch& dispatch) {
   const char* op = "cuda::moe_route";
   check_f32(logits, op, "logits");
   DI_CHECK(logits.dim() == 2, "{}: logits must be [T, E], got {}", op, logits.describe());
@@ -1076,14 +1185,69 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
     return true;
   }();
   (void)configured;
-  launch_pdl(moe_route_kernel, static_cast<unsigned>(T), kRouteThreads, (2 * E + k) * sizeof(float), nullptr,
-             logits.data<float>(), static_cast<int>(E), static_cast<int>(k), func, o.temp,
+  // A dispatch adds the gather's blocks, a warp per quant group (route_gather).
+  const int64_t gather_blocks =
+      dispatch.rows == nullptr
+          ? 0
+          : (dispatch.width + (dispatch.block > 0 ? dispatch.block : 128) * (kRouteThreads / 32) - 1) /
+                ((dispatch.block > 0 ? dispatch.block : 128) * (kRouteThreads / 32));
+  launch_pdl(moe_route_kernel, static_cast<unsigned>(T + gather_blocks), kRouteThreads, (2 * E + k) * sizeof(float),
+             nullptr, logits.data<float>(), static_cast<int>(E), static_cast<int>(k), func, o.temp,
              bias.defined() ? bias.data<float>() : nullptr, hash ? tid2eid.raw() : nullptr,
              hash && tid2eid.dtype() == DType::kI64, hash ? tid2eid.size(0) : 0,
              hash ? tokens.data<int32_t>() : nullptr, o.normalize, o.norm_eps, o.route_scale, r.ids.data<int32_t>(),
-             r.weights.data<float>());
+             r.weights.data<float>(), dispatch);
   DI_CUDA_CHECK(cudaGetLastError());
   return r;
+}
+
+}  // namespace
+
+ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
+                       const ops::RouteOpts& o) {
+  return route_launch(logits, bias, tid2eid, tokens, k, o, RouteDispatch{});
+}
+
+namespace {
+std::atomic<int> g_dispatch_mode{0};  // moe_dispatch_set_mode
+}  // namespace
+
+int moe_dispatch_set_mode(int mode) {
+  DI_CHECK(mode >= 0 && mode <= 2, "moe_dispatch_set_mode: {} is not 0 .. 2", mode);
+  return g_dispatch_mode.exchange(mode, std::memory_order_relaxed);
+}
+
+ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
+                              int64_t k, const ops::RouteOpts& o, int64_t n_experts, const Tensor& x,
+                              int64_t quant_block) {
+  ops::MoeDispatch d;
+  static const bool env = env_switch("DEEPINFER_CUDA_MOE_DISPATCH", 1) != 0;
+  const int mode = g_dispatch_mode.load(std::memory_order_relaxed);
+  if (!(mode == 0 ? env : mode == 2)) return d;
+  if (!logits.defined() || logits.dim() != 2 || logits.size(0) != 1 || logits.size(1) != n_experts || k < 1 || k > 32 ||
+      !x.defined() || x.device() != Device::kCUDA || x.dtype() != DType::kF32 || !x.is_contiguous() || x.dim() != 2 ||
+      x.size(0) != 1 || x.size(1) == 0 || quant_block < 0)
+    return d;  // not a single token's call: the caller runs the three ops
+  const int64_t width = x.size(1);
+  Tensor rows = Tensor::empty({k}, DType::kI32, Device::kCUDA);
+  Tensor wout = Tensor::empty({k}, DType::kF32, Device::kCUDA);
+  Tensor rexp = Tensor::empty({k}, DType::kI32, Device::kCUDA);
+  Tensor slots = Tensor::empty({1, k}, DType::kI32, Device::kCUDA);
+  Tensor xout = Tensor::empty({k, width}, DType::kF32, Device::kCUDA);
+  side_join_if_reads(x.raw(), x.nbytes());  // as gather_rows
+  RouteDispatch rd;
+  rd.rows = rows.data<int32_t>();
+  rd.wout = wout.data<float>();
+  rd.slots = slots.data<int32_t>();
+  rd.row_expert = rexp.data<int32_t>();
+  rd.x = x.data<float>();
+  rd.width = width;
+  rd.block = quant_block;
+  rd.xout = xout.data<float>();
+  d.routing = route_launch(logits, bias, tid2eid, tokens, k, o, rd);
+  d.groups.rows = rows, d.groups.weights = wout, d.groups.slots = slots, d.groups.row_expert = rexp;
+  d.x = xout;
+  return d;
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block) {

@@ -35,6 +35,16 @@ Tensor index_scores_runs(const Tensor& q, const std::vector<ops::RowSegment>& se
 void index_scores_set_group(int keys);
 ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                        const ops::RouteOpts& opts);
+// ops::moe_dispatch of a single token (logits [1, n_experts], k <= 32, x float32 [1, width]) without host offsets:
+// moe_route's launch also groups the pairs (warp 0, after the top-k) and gathers x (the other warps), with the bits of
+// moe_route, moe_group and gather_rows. Returns an undefined routing (ids) for any other call, and for every call
+// unless the one launch is on (moe_dispatch_set_mode).
+ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
+                              int64_t k, const ops::RouteOpts& opts, int64_t n_experts, const Tensor& x,
+                              int64_t quant_block);
+// Whether cuda::moe_dispatch takes the calls it can: 0 = DEEPINFER_CUDA_MOE_DISPATCH (0, the default: the three ops),
+// 1 = never, 2 = always (tests). Returns the previous mode.
+int moe_dispatch_set_mode(int mode);
 // quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h).
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round,
               int64_t quant_block = 0);

@@ -19,23 +19,25 @@ Tensor expert_forward(const ExpertWeights& e, const Tensor& x, const Tensor& wei
   return linear_q(ops::swiglu(g, u, weights, c.cfg.swiglu_limit, c.num.bf16), e.w2, c);
 }
 
-// expert_forward over grouped rows: grouped row r (token groups.rows[r]) goes through expert row_expert[r]. The
-// same linear, swiglu and linear as the per-expert loop, row for row, so the same bits. For few rows the linears'
-// input quantisation (act_quant_block) is done once per row by the gather and the swiglu instead of in every block
-// of the grouped GEMV (at batch 1 ~70 blocks share each row: a fifth of the FP4 kernel's instructions).
-Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x_tokens, const ops::MoeGroups& groups,
+// The block by which the gather of `rows` grouped rows quantises them for the experts' linears (their input site,
+// act_quant_block), or 0 where the linears quantise x themselves. For few rows the quantisation is done once per row
+// by the gather and the swiglu instead of in every block of the grouped GEMV (at batch 1 ~70 blocks share each row: a
+// fifth of the FP4 kernel's instructions): up to kPrequantRows grouped rows (decode batches up to 10 tokens at
+// top-6), where the FP4 w1 + w3 / w2 kernels went from 57 / 36 to 49 / 26 us at batch 1 (ncu, V4.1-Flash shape),
+// neutral at 48 rows; at 192 rows (batch 32) the step measured 5% slower with it. Under the tensor-core contract
+// (ops::linear_tc_mode) the grouped GEMV quantises x itself.
+int64_t gather_quant_block(int64_t rows, Device d, const LayerCtx& c) {
+  constexpr int64_t kPrequantRows = 64;
+  return rows <= kPrequantRows && !ops::linear_tc_mode(d) ? linear_q_opts(c).act_quant_block : 0;
+}
+
+// expert_forward over grouped rows: grouped row r (x's row r, gathered from token groups.rows[r] and quantised by
+// qb, gather_quant_block) goes through expert row_expert[r]. The same linear, swiglu and linear as the per-expert
+// loop, row for row, so the same bits.
+Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, int64_t qb, const ops::MoeGroups& groups,
                                const LayerCtx& c) {
   ops::LinearOpts o = linear_q_opts(c);
-  // Up to kPrequantRows grouped rows (decode batches up to 10 tokens at top-6), where each row's quantisation was
-  // repeated by ~70 blocks: the FP4 w1 + w3 / w2 kernels went from 57 / 36 to 49 / 26 us at batch 1 (ncu, V4.1-Flash
-  // shape), neutral at 48 rows; at 192 rows (batch 32) the step measured 5% slower with it, so larger calls keep the
-  // quantisation in the GEMV.
-  // Under the tensor-core contract (ops::linear_tc_mode) the grouped GEMV quantises x itself.
-  constexpr int64_t kPrequantRows = 64;
-  const int64_t qb =
-      groups.rows.size(0) <= kPrequantRows && !ops::linear_tc_mode(x_tokens.device()) ? o.act_quant_block : 0;
   if (qb > 0) o.act_quant_block = 0;
-  const Tensor x = ops::gather_rows(x_tokens, groups.rows, qb);
   const int64_t R = x.size(0);
   const std::vector<const std::vector<ops::QWeight>*> w13{&w.routed_w1, &w.routed_w3};
   // moe_group's rows are sorted by expert: from kTileFromRows rows on (256 tokens of top-6), experts that several
@@ -107,8 +109,38 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
   const bool hash = w.tid2eid.defined();
   DI_CHECK(!hash || (token_ids.defined() && token_ids.numel() == T),
            "layer {}: a hash-routed MoE needs the {} rows' token ids", c.layer, T);
-  const ops::Routing routing = hash ? ops::moe_route(logits, Tensor(), w.tid2eid, token_ids, K, ro)
-                                    : ops::moe_route(logits, w.gate_bias, Tensor(), Tensor(), K, ro);
+  const Tensor bias = hash ? Tensor() : w.gate_bias;
+  const Tensor tid2eid = hash ? w.tid2eid : Tensor();
+  const Tensor tokens = hash ? token_ids : Tensor();
+
+  // Dispatch by expert (ops::moe_group), each expert's FFN on its rows (the FP32 combine in ascending expert order
+  // plus the shared expert follows: ffn_moe). Where linear_grouped serves rows sorted by expert a tile at a time (CUDA,
+  // whatever the contract) every chunk is grouped, prefill chunks too: one launch per matrix gives each row the bits of
+  // the per-expert loop, whose 384 calls per matrix each filled part of the GPU (a 4,096-token prefill's experts 3x
+  // faster grouped under the exact contract; tc: its grouped GEMM). Chunks of over kGroupedRowsMax rows pass the tile
+  // promise of grouped_experts_forward. The grouped path routes, groups and gathers in one op (ops::moe_dispatch: at
+  // one token one launch on CUDA where DEEPINFER_CUDA_MOE_DISPATCH asks for it).
+  const bool grouped = ops::linear_grouped_tiled(x.device());
+  ops::Routing routing;
+  ops::MoeGroups groups;
+  Tensor yg;
+  if (grouped) {
+    const int64_t qb = gather_quant_block(T * K, x.device(), c);
+    ops::MoeDispatch d = ops::moe_dispatch(logits, bias, tid2eid, tokens, K, ro, E, /*host_offsets=*/false, x, qb);
+    routing = std::move(d.routing);
+    groups = std::move(d.groups);
+    yg = grouped_experts_forward(w, d.x, qb, groups, c);
+  } else {
+    routing = ops::moe_route(logits, bias, tid2eid, tokens, K, ro);
+    groups = ops::moe_group(routing.ids, routing.weights, E);
+    yg = Tensor::empty({groups.rows.size(0), dim}, DType::kF32, x.device());
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t a = groups.offsets[e], b = groups.offsets[e + 1];
+      if (a == b) continue;
+      const Tensor xe = ops::gather_rows(x, groups.rows.slice(0, a, b));
+      ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
+    }
+  }
   if (c.trace) {
     const Tensor ids = routing.ids.to(Device::kCPU);
     const int32_t* idx = ids.data<int32_t>();
@@ -117,27 +149,6 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
       std::vector<int32_t> row(idx + t * K, idx + (t + 1) * K);
       std::sort(row.begin(), row.end());
       rec.insert(rec.end(), row.begin(), row.end());
-    }
-  }
-
-  // Dispatch by expert (ops::moe_group), each expert's FFN on its rows (the FP32 combine in ascending expert order
-  // plus the shared expert follows: ffn_moe). Where linear_grouped serves rows sorted by expert a tile at a time (CUDA,
-  // whatever the contract) every chunk is grouped, prefill chunks too: one launch per matrix gives each row the bits of
-  // the per-expert loop, whose 384 calls per matrix each filled part of the GPU (a 4,096-token prefill's experts 3x
-  // faster grouped under the exact contract; tc: its grouped GEMM). Chunks of over kGroupedRowsMax rows pass the tile
-  // promise of grouped_experts_forward.
-  const bool grouped = ops::linear_grouped_tiled(x.device());
-  const ops::MoeGroups groups = ops::moe_group(routing.ids, routing.weights, E, /*host_offsets=*/!grouped);
-  Tensor yg;
-  if (grouped) {
-    yg = grouped_experts_forward(w, x, groups, c);
-  } else {
-    yg = Tensor::empty({groups.rows.size(0), dim}, DType::kF32, x.device());
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t a = groups.offsets[e], b = groups.offsets[e + 1];
-      if (a == b) continue;
-      const Tensor xe = ops::gather_rows(x, groups.rows.slice(0, a, b));
-      ops::copy_into(yg.slice(0, a, b), expert_forward(w.experts[e], xe, groups.weights.slice(0, a, b), c));
     }
   }
   dump("shared_out", c.layer, ys);

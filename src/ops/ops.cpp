@@ -873,6 +873,23 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts,
   return cpu::moe_group(ids, weights, n_experts);
 }
 
+MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
+                         int64_t k, const RouteOpts& opts, int64_t n_experts, bool host_offsets, const Tensor& x_tokens,
+                         int64_t quant_block) {
+#if DEEPINFER_HAS_CUDA
+  if (on_cuda(logits) && !host_offsets) {
+    const OpScope scope("moe_dispatch", logits);  // the three ops below profile themselves
+    MoeDispatch d = cuda::moe_dispatch(logits, bias, tid2eid, tokens, k, opts, n_experts, x_tokens, quant_block);
+    if (d.routing.ids.defined()) return d;
+  }
+#endif
+  MoeDispatch d;
+  d.routing = moe_route(logits, bias, tid2eid, tokens, k, opts);
+  d.groups = moe_group(d.routing.ids, d.routing.weights, n_experts, host_offsets);
+  d.x = gather_rows(x_tokens, d.groups.rows, quant_block);
+  return d;
+}
+
 Tensor moe_combine_expand(const Tensor& expert_out, const Tensor& slots, const Tensor& shared, const Tensor& stream,
                           const Tensor& post, const Tensor& comb, bool round) {
   const OpScope scope("moe_combine_expand", stream);

@@ -390,6 +390,20 @@ struct MoeGroups {
 };
 MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);
 
+// The grouped experts' dispatch: routing = moe_route(logits, bias, tid2eid, tokens, k, opts), groups =
+// moe_group(routing.ids, routing.weights, n_experts, host_offsets), x = gather_rows(x_tokens, groups.rows,
+// quant_block), with those ops' bits. On CUDA a single token's call without host offsets (a decode step at batch 1) can
+// be one launch (cuda::moe_dispatch, DEEPINFER_CUDA_MOE_DISPATCH): the route's launch also groups and gathers, two
+// launches fewer between the gate and the experts.
+struct MoeDispatch {
+  Routing routing;
+  MoeGroups groups;
+  Tensor x;
+};
+MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
+                         int64_t k, const RouteOpts& opts, int64_t n_experts, bool host_offsets, const Tensor& x_tokens,
+                         int64_t quant_block);
+
 // MoE combine: expert_out float32 [R, dim] (the experts' weighted outputs in the grouped order of
 // moe_group), slots int32 [T, k] (moe_group's; -1 = no pair), shared float32 [T, dim] (the shared
 // expert). out[t, :] = rd(acc + shared[t, :]) with acc = 0.0f + expert_out[s_1] + expert_out[s_2] + ...

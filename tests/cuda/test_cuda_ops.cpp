@@ -1423,6 +1423,84 @@ void test_moe_route() {
   }
 }
 
+// ops::moe_dispatch: a single token's route, grouping and gather in the route's launch (cuda::moe_dispatch) against the
+// three ops run one after the other on the GPU, bit for bit (each of those is checked against the CPU: test_moe_route,
+// test_moe_group, test_embedding_gather), plus the ids against the CPU's route; the op's fallback for other calls.
+void test_moe_dispatch_fused() {
+  struct Case {
+    const char* what;
+    int64_t T, E, k, width, block;
+    bool hash, ties;
+  };
+  const Case cases[] = {
+      {"v4.1 flash decode", 1, 384, 6, 4096, 128, false, false},
+      {"quant 32", 1, 384, 6, 5120, 32, false, false},
+      {"no quant (tc)", 1, 384, 6, 4096, 0, false, false},
+      {"ragged width 1000 block 128", 1, 256, 8, 1000, 128, false, false},
+      {"hash (repeated experts)", 1, 64, 8, 4096, 128, true, false},
+      {"ties, k 32", 1, 256, 32, 512, 128, false, true},
+      {"k 1", 1, 100, 1, 300, 128, false, false},
+      {"1000 experts (shared-memory top-k)", 1, 1000, 6, 2048, 128, false, false},
+      {"block 48 (the generic gather)", 1, 384, 6, 4096, 48, false, false},
+      {"width 16384 (the generic gather)", 1, 384, 6, 16384, 128, false, false},
+      {"two tokens (the three ops)", 2, 384, 6, 4096, 128, false, false},
+      {"k 40 (the three ops)", 1, 256, 40, 512, 128, false, true},
+  };
+  uint32_t seed = 32500;
+  for (const Case& c : cases) {
+    char name[200];
+    std::snprintf(name, sizeof name, "moe_dispatch %s T=%lld E=%lld k=%lld width=%lld block=%lld", c.what,
+                  static_cast<long long>(c.T), static_cast<long long>(c.E), static_cast<long long>(c.k),
+                  static_cast<long long>(c.width), static_cast<long long>(c.block));
+    run_case(name, [&] {
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> normal(0.0f, 2.5f);
+      di::Tensor logits = di::Tensor::empty({c.T, c.E}, di::DType::kF32);
+      for (int64_t i = 0; i < logits.numel(); ++i)
+        logits.data<float>()[i] = c.ties ? static_cast<float>(static_cast<int>(rng() % 9) - 4) * 0.5f : normal(rng);
+      di::Tensor bias, tid2eid, tokens;
+      if (c.hash) {
+        const int64_t vocab = 50;
+        tid2eid = di::Tensor::empty({vocab, c.k}, di::DType::kI32);
+        for (int64_t i = 0; i < tid2eid.numel(); ++i) tid2eid.data<int32_t>()[i] = static_cast<int32_t>(rng() % 9);
+        tokens = di::Tensor::empty({c.T}, di::DType::kI32);
+        for (int64_t t = 0; t < c.T; ++t) tokens.data<int32_t>()[t] = static_cast<int32_t>(rng() % vocab);
+      } else {
+        bias = normal_tensor({c.E}, 0.1f, seed++, false);
+      }
+      const di::Tensor x = normal_tensor({c.T, c.width}, 1.0f, seed++, true);
+      di::ops::RouteOpts o;
+      o.temp = 1.7f;
+      o.norm_eps = 1e-20f;
+      o.route_scale = 2.5f;
+      const di::Tensor dl = dev(logits), db = c.hash ? di::Tensor() : dev(bias);
+      const di::Tensor dt = c.hash ? dev(tid2eid) : di::Tensor(), dk = c.hash ? dev(tokens) : di::Tensor();
+      const di::Tensor dx = dev(x);
+      const di::ops::MoeDispatch fused = di::cuda::moe_dispatch(dl, db, dt, dk, c.k, o, c.E, dx, c.block);
+      const bool single = c.T == 1 && c.k <= 32;
+      if (fused.routing.ids.defined() != single)
+        return std::string(single ? "the fused launch did not take a single token" : "the fused launch took the call");
+      const di::ops::MoeDispatch got = di::ops::moe_dispatch(dl, db, dt, dk, c.k, o, c.E, false, dx, c.block);
+      const di::ops::Routing r = di::ops::moe_route(dl, db, dt, dk, c.k, o);
+      const di::ops::MoeGroups g = di::ops::moe_group(r.ids, r.weights, c.E, /*host_offsets=*/false);
+      const di::Tensor xg = di::ops::gather_rows(dx, g.rows, c.block);
+      const di::ops::Routing cpu = di::ops::moe_route(logits, bias, tid2eid, tokens, c.k, o);
+      std::string p = compare_idx(cpu.ids, got.routing.ids);
+      const auto idx = [](const di::Tensor& want_dev, const di::Tensor& got_dev) {
+        return compare_idx(di::cuda::copy_to_host(want_dev), got_dev);
+      };
+      if (p.empty()) p = idx(r.ids, got.routing.ids);
+      if (p.empty()) p = exact(r.weights, got.routing.weights);
+      if (p.empty()) p = idx(g.rows, got.groups.rows);
+      if (p.empty()) p = idx(g.row_expert, got.groups.row_expert);
+      if (p.empty()) p = idx(g.slots, got.groups.slots);
+      if (p.empty()) p = exact(g.weights, got.groups.weights);
+      if (p.empty() && !got.groups.offsets.empty()) p = "host offsets returned";
+      return p.empty() ? exact(xg, got.x) : p;
+    });
+  }
+}
+
 void test_swiglu() {
   struct Case {
     int64_t T, I;
@@ -2161,6 +2239,11 @@ int main() {
     g_index_group = 0;
     di::cuda::index_scores_set_group(0);
     test_moe_route();
+    {
+      const int mode = di::cuda::moe_dispatch_set_mode(2);  // the one launch, whatever the default
+      test_moe_dispatch_fused();
+      di::cuda::moe_dispatch_set_mode(mode);
+    }
     test_swiglu();
     test_embedding_gather();
     test_moe_dispatch();
