@@ -356,7 +356,24 @@ __global__ void __launch_bounds__(kDecThreads)
 constexpr int kRouteThreads = 512;  // a thread per expert at one token for up to 512 experts (FP64 exp / log1p each)
 constexpr int kRoutePerLane = 24;   // the register top-k: up to 768 experts
 
-// What a single token's route also does in its launch under moe_dispatch (rows == nullptr: nothing): warp 0 of block 0
+// Whether pair j (expert ej) comes before pair i (expert e) in moe_group's order: valid experts ascending, then the
+// pair order (moe_group_small_kernel and the dispatch's route_group_pairs).
+__device__ __forceinline__ bool group_before(int32_t ej, int j, int32_t e, int i) {
+  return ej >= 0 && (ej < e || (ej == e && j < i));
+}
+
+// Columns [c0, c1) of a source row into dst, fake-quantised in place as one group by a whole warp (gather_rows_quant).
+__device__ __forceinline__ void gather_quant_group(const float* src, float* dst, int64_t c0, int64_t c1, int lane) {
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) {
+    const float v = src[c];
+    dst[c] = v;
+    amax = fmaxf(amax, fabsf(v));
+  }
+  warp_fake_quant_fp8(dst, c0, c1, lane, amax);
+}
+
+// What a single token's route also does in its launch under moe_dispatch (moe_route_kernel<true>): warp 0 of block 0
 // groups the k pairs after the top-k, as moe_group_small_kernel would, while blocks 1.. gather x's one row k times,
 // fake-quantised per `block` columns (0: copied) as gather_rows_quant_kernel would (every pair of a single token, and
 // every row moe_group leaves unused, reads row 0). Each output gets the bits of the op it replaces.
@@ -371,9 +388,8 @@ struct RouteDispatch {
 };
 
 // moe_group_small_kernel's grouping of one token's P <= 32 pairs by warp 0 (lane i: pair i), from the ids and weights
-// lane 0 wrote (visible after the __syncwarp).
-__device__ void route_group_pairs(const int32_t* ids, const float* w, int P, int k, int E, const RouteDispatch& d,
-                                  int lane) {
+// lane 0 wrote (visible after the __syncwarp). Every pair is token 0's, so every row is 0.
+__device__ void route_group_pairs(const int32_t* ids, const float* w, int P, int E, const RouteDispatch& d, int lane) {
   __syncwarp();
   int32_t e = -1;
   float wi = 0.0f;
@@ -385,11 +401,11 @@ __device__ void route_group_pairs(const int32_t* ids, const float* w, int P, int
   int pos = 0;
   for (int j = 0; j < P; ++j) {
     const int32_t ej = __shfl_sync(0xffffffffu, e, j);
-    pos += ej >= 0 && (ej < e || (ej == e && j < lane));
+    pos += group_before(ej, j, e, lane);
   }
   const int R = __popc(__ballot_sync(0xffffffffu, lane < P && e >= 0));
   if (lane < P && e >= 0) {
-    d.rows[pos] = lane / k;
+    d.rows[pos] = 0;
     d.row_expert[pos] = e;
     d.wout[pos] = wi;
   }
@@ -398,12 +414,15 @@ __device__ void route_group_pairs(const int32_t* ids, const float* w, int P, int
   if (lane >= R && lane < P) d.rows[lane] = 0, d.row_expert[lane] = 0, d.wout[lane] = 0.0f;
 }
 
+// The columns of a quant group (block 0: a plain copy, 128 columns a warp).
+__host__ __device__ inline int64_t route_gather_span(const RouteDispatch& d) { return d.block > 0 ? d.block : 128; }
+
 // One quant group [c0, c0 + block) of gather_rows(x, rows, block) for P rows that all read x's row 0, by one warp:
 // groups of up to 128 columns in registers (every load issued first; no read-back of written values), quantised as
-// warp_fake_quant_fp8 does (fp8_group_scale, fp8_fake_quant: the same bits), then written to the P rows; wider groups
-// through the first output row as gather_rows_quant_kernel. block 0: a plain copy of 128 columns.
+// warp_fake_quant_fp8 does (warp_fp8_group_scale, fp8_fake_quant: the same bits), then written to the P rows; wider
+// groups through the first output row as gather_rows_quant_kernel. block 0: a plain copy of 128 columns.
 __device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, int lane) {
-  const int64_t width = d.width, span = d.block > 0 ? d.block : 128, c1 = min(c0 + span, width);
+  const int64_t width = d.width, span = route_gather_span(d), c1 = min(c0 + span, width);
   if (span <= 128) {
     float v[4];
 #pragma unroll
@@ -415,8 +434,7 @@ __device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, in
       float amax = 0.0f;  // the zeros past c1 do not change it
 #pragma unroll
       for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float sc = fp8_group_scale(amax);
+      const float sc = warp_fp8_group_scale(amax);
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] = fp8_fake_quant(v[j], sc);
     }
@@ -428,13 +446,7 @@ __device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, in
     }
     return;
   }
-  float amax = 0.0f;
-  for (int64_t c = c0 + lane; c < c1; c += 32) {
-    const float v = d.x[c];
-    d.xout[c] = v;
-    amax = fmaxf(amax, fabsf(v));
-  }
-  warp_fake_quant_fp8(d.xout, c0, c1, lane, amax);  // each lane rereads only its own columns
+  gather_quant_group(d.x, d.xout, c0, c1, lane);  // each lane rereads only its own columns below
   for (int64_t c = c0 + lane; c < c1; c += 32) {
     const float v = d.xout[c];
     for (int r = 1; r < P; ++r) d.xout[r * width + c] = v;
@@ -446,22 +458,27 @@ __device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, in
 // 11-27 us after the gate against 6-7 for the route alone, so the two launches it saved were lost (ktrace,
 // bench/RESULTS.md, fifty-second session). This form is built, not yet measured.
 __device__ void route_gather(const RouteDispatch& d, int P) {
-  const int64_t span = d.block > 0 ? d.block : 128;
+  const int64_t span = route_gather_span(d);
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
   for (int64_t g = (static_cast<int64_t>(blockIdx.x) - 1) * warps + static_cast<int>(threadIdx.x) / 32;
        g * span < d.width; g += static_cast<int64_t>(gridDim.x - 1) * warps)
     route_gather_group(d, P, g * span, lane);
 }
 
-__global__ void __launch_bounds__(kRouteThreads, 2)
+// kDispatch: moe_dispatch's launch (block 0 the token's route and grouping, blocks 1.. the gather), held to 64
+// registers a thread; without it the route alone, compiled as before the dispatch existed (47 registers).
+template <bool kDispatch>
+__global__ void __launch_bounds__(kRouteThreads, kDispatch ? 2 : 1)
     moe_route_kernel(const float* logits, int E, int k, int func, float temp, const float* bias, const void* tid2eid,
                      bool tid_i64, int64_t vocab, const int32_t* tokens, bool normalize, float norm_eps,
                      float route_scale, int32_t* ids, float* weights, RouteDispatch dispatch) {
-  if (dispatch.rows != nullptr && blockIdx.x > 0) {  // a dispatch's gather block
-    pdl_wait();
-    pdl_launch_dependents();
-    route_gather(dispatch, k);
-    return;
+  if constexpr (kDispatch) {
+    if (blockIdx.x > 0) {  // a gather block
+      pdl_wait();
+      pdl_launch_dependents();
+      route_gather(dispatch, k);
+      return;
+    }
   }
   extern __shared__ float sh[];
   float* s = sh;                 // [E] scores
@@ -532,7 +549,7 @@ __global__ void __launch_bounds__(kRouteThreads, 2)
         tw[j] = __fmul_rn(v, route_scale);
       }
     }
-    if (dispatch.rows != nullptr && tid < 32) route_group_pairs(ti, tw, k, k, E, dispatch, lane);
+    if (kDispatch && tid < 32) route_group_pairs(ti, tw, k, E, dispatch, lane);
     return;
   }
   for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias ? __fadd_rn(s[e], biased[e]) : s[e];
@@ -617,7 +634,7 @@ __global__ void __launch_bounds__(kRouteThreads, 2)
       tw[j] = __fmul_rn(v, route_scale);
     }
   }
-  if (dispatch.rows != nullptr) route_group_pairs(ti, tw, k, k, E, dispatch, lane);
+  if constexpr (kDispatch) route_group_pairs(ti, tw, k, E, dispatch, lane);
 }
 
 // ---- swiglu, embedding, gather_rows ------------------------------------------------------------------
@@ -673,15 +690,7 @@ __global__ void gather_rows_quant_kernel(const float* x, const int32_t* rows, in
   if (gw >= R * groups) return;  // whole warps
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t r = gw / groups, c0 = gw % groups * block, c1 = min(c0 + block, width);
-  const float* src = x + static_cast<int64_t>(rows[r]) * width;
-  float* dst = out + r * width;
-  float amax = 0.0f;
-  for (int64_t c = c0 + lane; c < c1; c += 32) {
-    const float v = src[c];
-    dst[c] = v;
-    amax = fmaxf(amax, fabsf(v));
-  }
-  warp_fake_quant_fp8(dst, c0, c1, lane, amax);
+  gather_quant_group(x + static_cast<int64_t>(rows[r]) * width, out + r * width, c0, c1, lane);
 }
 
 __global__ void embedding_kernel(const void* table, bool bf16, const int32_t* ids, int64_t T, int copies, int64_t dim,
@@ -827,7 +836,7 @@ __global__ void __launch_bounds__(kGroupSmallMax)
   if (i < P && e >= 0) {
     for (int j = 0; j < P; ++j) {
       const int32_t ej = sid[j];
-      pos += ej >= 0 && (ej < e || (ej == e && j < i));
+      pos += group_before(ej, j, e, i);
     }
     rows[pos] = i / k;
     row_expert[pos] = e;
@@ -1178,23 +1187,23 @@ ops::Routing route_launch(const Tensor& logits, const Tensor& bias, const Tensor
   if (T == 0) return r;
   const int func = o.func == ops::ScoreFunc::kSqrtSoftplus ? 0 : o.func == ops::ScoreFunc::kSigmoid ? 1 : 2;
   static const bool configured = [] {  // up to 16,384 experts: 2 E + k floats need the opt-in size
-    cudaFuncAttributes a{};
-    DI_CUDA_CHECK(cudaFuncGetAttributes(&a, moe_route_kernel));
-    DI_CUDA_CHECK(cudaFuncSetAttribute(moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       smem_optin() - static_cast<int>(a.sharedSizeBytes)));
+    for (auto* kernel : {moe_route_kernel<false>, moe_route_kernel<true>}) {
+      cudaFuncAttributes a{};
+      DI_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+      DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         smem_optin() - static_cast<int>(a.sharedSizeBytes)));
+    }
     return true;
   }();
   (void)configured;
   // A dispatch adds the gather's blocks, a warp per quant group (route_gather).
-  const int64_t gather_blocks =
-      dispatch.rows == nullptr
-          ? 0
-          : (dispatch.width + (dispatch.block > 0 ? dispatch.block : 128) * (kRouteThreads / 32) - 1) /
-                ((dispatch.block > 0 ? dispatch.block : 128) * (kRouteThreads / 32));
-  launch_pdl(moe_route_kernel, static_cast<unsigned>(T + gather_blocks), kRouteThreads, (2 * E + k) * sizeof(float),
-             nullptr, logits.data<float>(), static_cast<int>(E), static_cast<int>(k), func, o.temp,
-             bias.defined() ? bias.data<float>() : nullptr, hash ? tid2eid.raw() : nullptr,
-             hash && tid2eid.dtype() == DType::kI64, hash ? tid2eid.size(0) : 0,
+  const bool fused = dispatch.rows != nullptr;
+  const int64_t per_block = route_gather_span(dispatch) * (kRouteThreads / 32);
+  const int64_t gather_blocks = fused ? (dispatch.width + per_block - 1) / per_block : 0;
+  launch_pdl(fused ? moe_route_kernel<true> : moe_route_kernel<false>, static_cast<unsigned>(T + gather_blocks),
+             kRouteThreads, (2 * E + k) * sizeof(float), nullptr, logits.data<float>(), static_cast<int>(E),
+             static_cast<int>(k), func, o.temp, bias.defined() ? bias.data<float>() : nullptr,
+             hash ? tid2eid.raw() : nullptr, hash && tid2eid.dtype() == DType::kI64, hash ? tid2eid.size(0) : 0,
              hash ? tokens.data<int32_t>() : nullptr, o.normalize, o.norm_eps, o.route_scale, r.ids.data<int32_t>(),
              r.weights.data<float>(), dispatch);
   DI_CUDA_CHECK(cudaGetLastError());

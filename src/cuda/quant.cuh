@@ -114,9 +114,14 @@ __device__ __forceinline__ float4 fp8_fake_quant4_groups(float4 v, int k, int A,
 // Columns [c0, c1) of row p fake-quantised in place as one fake_quant_fp8 group by a whole warp (lane l: columns
 // c0 + l, c0 + l + 32, ...), `amax` being the max of |value| over the lane's own columns (a kernel that just wrote
 // them has it). The group's max is order-independent, so the bits are fake_quant_fp8's.
-__device__ __forceinline__ void warp_fake_quant_fp8(float* p, int64_t c0, int64_t c1, int lane, float amax) {
+// The scale of a group whose lanes each hold `amax`, the max of |value| over their own columns (the whole warp calls
+// it).
+__device__ __forceinline__ float warp_fp8_group_scale(float amax) {
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = fp8_group_scale(amax);
+  return fp8_group_scale(amax);
+}
+__device__ __forceinline__ void warp_fake_quant_fp8(float* p, int64_t c0, int64_t c1, int lane, float amax) {
+  const float s = warp_fp8_group_scale(amax);
   for (int64_t c = c0 + lane; c < c1; c += 32) p[c] = fp8_fake_quant(p[c], s);
 }
 // The same, the lanes' maxima read from p first.
