@@ -52,9 +52,9 @@ const std::vector<EnvVar>& env_vars() {
        "shuffle exchange) where every weight row is read by one x row; 0 in the pair form (two lanes per tile) "
        "everywhere; same bits either way",
        true},
-      {"DEEPINFER_CUDA_MOE_DISPATCH", "0",
+      {"DEEPINFER_CUDA_MOE_DISPATCH", "1",
        "tuning (A/B): 1 routes, groups and gathers a one-token MoE in one launch (ops::moe_dispatch) instead of three; "
-       "same bits either way",
+       "0 the three launches; same bits either way",
        true},
       {"DEEPINFER_CUDA_WALK_MIN_ROWS", "2048",
        "tuning (A/B): dense E4M3 calls of one row of x on weights of at least this many rows take fp8_walk_gemv (a "

@@ -119,7 +119,7 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
   // the per-expert loop, whose 384 calls per matrix each filled part of the GPU (a 4,096-token prefill's experts 3x
   // faster grouped under the exact contract; tc: its grouped GEMM). Chunks of over kGroupedRowsMax rows pass the tile
   // promise of grouped_experts_forward. The grouped path routes, groups and gathers in one op (ops::moe_dispatch: at
-  // one token one launch on CUDA where DEEPINFER_CUDA_MOE_DISPATCH asks for it).
+  // one token one launch on CUDA unless DEEPINFER_CUDA_MOE_DISPATCH=0).
   const bool grouped = ops::linear_grouped_tiled(x.device());
   ops::Routing routing;
   ops::MoeGroups groups;
