@@ -10,14 +10,11 @@ before it can be told from noise.
 Exits 2 when a binary gives no decode row (no GPU: bench_cuda_model prints SKIP).
 """
 import argparse
-import math
 import statistics
 import subprocess
 import sys
 
-# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (beyond: 1.96).
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+from welch import interval
 
 
 def run(binary, a):
@@ -55,15 +52,11 @@ def main():
             print(f"pair {i + 1} {name}: {r[0]:.3f} ms / step, {r[1]:.1f} tokens/s per sequence", flush=True)
     ma, mb = statistics.mean(tps["A"]), statistics.mean(tps["B"])
     sa, sb = statistics.stdev(tps["A"]), statistics.stdev(tps["B"])
-    na, nb = len(tps["A"]), len(tps["B"])
-    se = math.sqrt(sa * sa / na + sb * sb / nb)
-    # Welch-Satterthwaite degrees of freedom.
-    df = se ** 4 / ((sa * sa / na) ** 2 / (na - 1) + (sb * sb / nb) ** 2 / (nb - 1)) if se > 0 else float(na + nb - 2)
-    t = 1.96 if df > len(T975) else T975[max(1, int(df)) - 1]
-    d = mb - ma
+    na = len(tps["A"])
+    d, h = interval(tps["A"], tps["B"])
     print(f"\nA {ma:.1f} tokens/s (sd {sa:.1f}), B {mb:.1f} (sd {sb:.1f}), n = {na} each")
-    print(f"B - A = {d:+.1f} tokens/s ({100 * d / ma:+.2f}%), 95% interval [{d - t * se:+.1f}, {d + t * se:+.1f}]"
-          f" ({'differs' if abs(d) > t * se else 'not distinguishable from noise'})")
+    print(f"B - A = {d:+.1f} tokens/s ({100 * d / ma:+.2f}%), 95% interval [{d - h:+.1f}, {d + h:+.1f}]"
+          f" ({'differs' if abs(d) > h else 'not distinguishable from noise'})")
 
 
 if __name__ == "__main__":

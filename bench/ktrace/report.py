@@ -31,6 +31,48 @@ def short(name):
     return name.replace("void ", "")[:48]
 
 
+def load(path):
+    """The trace's kernel and copy rows (start ns, end ns, stream, demangled name), sorted by start, and its host API
+    rows (start ns, end ns, name) when it has them."""
+    rows, api = [], []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if r["stream"] == "api":
+                api.append((int(r["start_ns"]), int(r["end_ns"]), r["name"][4:]))
+            else:
+                rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["name"]))
+    rows.sort()
+    api.sort()
+    plain = demangle(sorted({r[3] for r in rows}))
+    return [(s, e, st, plain[n]) for s, e, st, n in rows], api
+
+
+def steps(rows, marker):
+    """The index ranges [i0, i1) of the trace's steps: each from one launch whose name contains marker to the next (the
+    last to the trace's end)."""
+    marks = [i for i, r in enumerate(rows) if marker in r[3]]
+    return [(m, marks[k + 1] if k + 1 < len(marks) else len(rows)) for k, m in enumerate(marks)]
+
+
+def pick_step(rows, marker, step, path):
+    """One step's rows: --step's index into steps() (-2, the default, is the last complete one)."""
+    ranges = steps(rows, marker)
+    if len(ranges) < 2:
+        raise SystemExit(f"fewer than two {marker} launches in {path}")
+    i0, i1 = ranges[step % len(ranges)]  # --step -1: the last marker to the trace's end (e.g. a prefill forward)
+    return rows[i0:i1]
+
+
+def busy_span(step):
+    """(span, idle) of a step in ns: from its first start to its last end, and the time with no kernel on any stream."""
+    t0 = step[0][0]
+    busy_until, idle = t0, 0
+    for s, e, _, _ in step:
+        idle += max(0, s - busy_until)
+        busy_until = max(busy_until, e)
+    return busy_until - t0, idle
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
@@ -41,24 +83,8 @@ def main():
     ap.add_argument("--api", action="store_true", help="list the host's runtime calls (KTRACE_API=1 traces)")
     ap.add_argument("--segments", default="", help="cut the step at each kernel whose name contains this")
     a = ap.parse_args()
-    rows, api = [], []
-    with open(a.csv) as f:
-        for r in csv.DictReader(f):
-            if r["stream"] == "api":
-                api.append((int(r["start_ns"]), int(r["end_ns"]), r["name"][4:]))
-            else:
-                rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["name"]))
-    rows.sort()
-    api.sort()
-    plain = demangle(sorted({r[3] for r in rows}))
-    rows = [(s, e, st, plain[n]) for s, e, st, n in rows]
-    marks = [i for i, r in enumerate(rows) if a.marker in r[3]]
-    if len(marks) < 2:
-        raise SystemExit(f"fewer than two {a.marker} launches in {a.csv}")
-    k = a.step % len(marks)  # --step -1: the last marker to the trace's end (e.g. a prefill forward)
-    i0 = marks[k]
-    i1 = marks[k + 1] if k + 1 < len(marks) else len(rows)
-    step = rows[i0:i1]
+    rows, api = load(a.csv)
+    step = pick_step(rows, a.marker, a.step, a.csv)
     t0 = step[0][0]
     streams = {s: k for k, s in enumerate(sorted({r[2] for r in step}))}
     busy_until = t0
