@@ -42,8 +42,8 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
 ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
                               int64_t k, const ops::RouteOpts& opts, int64_t n_experts, const Tensor& x,
                               int64_t quant_block);
-// Whether cuda::moe_dispatch takes the calls it can: 0 = DEEPINFER_CUDA_MOE_DISPATCH (1, the default: one launch; 0: the three ops),
-// 1 = never, 2 = always (tests). Returns the previous mode.
+// Whether cuda::moe_dispatch takes the calls it can: 0 = DEEPINFER_CUDA_MOE_DISPATCH (1, the default: one launch; 0:
+// the three ops), 1 = never, 2 = always (tests). Returns the previous mode.
 int moe_dispatch_set_mode(int mode);
 // quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h).
 Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round,
