@@ -456,7 +456,7 @@ __device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, in
 // The gather's blocks (blocks 1.. of a dispatch launch, sized in route_launch): a warp per quant group. In blocks of
 // their own on other SMs: with the gather in the route block's idle warps (114 registers a thread) the launch ended
 // 11-27 us after the gate against 6-7 for the route alone, so the two launches it saved were lost (ktrace,
-// bench/RESULTS.md, fifty-second session). This form is built, not yet measured.
+// bench/RESULTS.md, fifty-second session); in blocks of their own the step's GPU time fell 13 us (fifty-third).
 __device__ void route_gather(const RouteDispatch& d, int P) {
   const int64_t span = route_gather_span(d);
   const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;

@@ -36,9 +36,9 @@ void index_scores_set_group(int keys);
 ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens, int64_t k,
                        const ops::RouteOpts& opts);
 // ops::moe_dispatch of a single token (logits [1, n_experts], k <= 32, x float32 [1, width]) without host offsets:
-// moe_route's launch also groups the pairs (warp 0, after the top-k) and gathers x (the other warps), with the bits of
-// moe_route, moe_group and gather_rows. Returns an undefined routing (ids) for any other call, and for every call
-// unless the one launch is on (moe_dispatch_set_mode).
+// moe_route's launch also groups the pairs (warp 0, after the top-k) and gathers x (blocks beside the route's), with
+// the bits of moe_route, moe_group and gather_rows. Returns an undefined routing (ids) for any other call, and for
+// every call unless the one launch is on (moe_dispatch_set_mode).
 ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
                               int64_t k, const ops::RouteOpts& opts, int64_t n_experts, const Tensor& x,
                               int64_t quant_block);
