@@ -289,6 +289,14 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
 
 }  // namespace
 
+namespace {
+// Queues the x pre-pass over `rows` rows of x (row stride ldx floats) into out (fp4_mma_images_layout(rows, K)).
+void launch_images(const float* x, int64_t ldx, int64_t rows, int K, uint8_t* out, cudaStream_t stream) {
+  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((K / 32 + 7) / 8), static_cast<unsigned>(rows)), 256, 0, stream,
+             x, ldx, rows, K, out);
+}
+}  // namespace
+
 bool fp4_mma_images_fit(int64_t x_rows, int64_t K) {
   constexpr int64_t kPrepassMaxRows = 8;
   return x_rows >= 1 && x_rows <= kPrepassMaxRows && K % 128 == 0 && K <= kMmaMaxK;
@@ -313,8 +321,7 @@ Tensor fp4_mma_images_of(const Tensor& x) {
            "cuda::fp4_mma_images_of: x {} (float32 rows that fp4_mma_images_fit)", x.describe());
   const int64_t rows = x.size(0), K = x.size(1);
   Tensor out = Tensor::empty({fp4_mma_images_bytes(rows, K)}, DType::kU8, Device::kCUDA);
-  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((K / 32 + 7) / 8), static_cast<unsigned>(rows)), 256, 0,
-             nullptr, x.data<float>(), K, rows, static_cast<int>(K), static_cast<uint8_t*>(out.raw()));
+  launch_images(x.data<float>(), K, rows, static_cast<int>(K), static_cast<uint8_t*>(out.raw()), nullptr);
   return out;
 }
 
@@ -328,21 +335,21 @@ void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   // more rows (the table's 4 tokens: 24 rows, 11 blocks each) it lost, w1 + w3 146 us against 130 (back to back in
   // the bench's graph, a GEMV's prologue overlaps the previous call's tail; behind the pre-pass it cannot). Both
   // prologues build the same images, so the choice never changes a bit.
-  const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M, nch = a.K / 32;
+  const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M;
   if (!fp4_mma_images_fit(xrows, a.K)) {
     mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
     return;
   }
   // Images the op that made x wrote (GemvArgs::x_images: the one-token MoE dispatch's gather, the routed swiglu), else
   // the pre-pass: the same bytes.
-  if (a.x_images != nullptr && a.x_images_bytes == fp4_mma_images_layout(xrows, a.K).total) {
+  const int64_t bytes = fp4_mma_images_bytes(xrows, a.K);
+  if (a.x_images != nullptr && a.x_images_bytes == bytes) {
     mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, a.x_images);
     return;
   }
-  const Tensor scratch = call_scratch(static_cast<size_t>(fp4_mma_images_layout(xrows, a.K).total));
+  const Tensor scratch = call_scratch(static_cast<size_t>(bytes));
   uint8_t* images = static_cast<uint8_t*>(scratch.raw());
-  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
-             a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images);
+  launch_images(a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images, stream);
   mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images);
 }
 
