@@ -3,7 +3,7 @@
 # the env table), for bench/ktrace/ab.py:
 #   bash bench/ktrace/take.sh BIN CKPT OUT_DIR ROUNDS NAME=ENV [NAME=ENV ...]
 # e.g. bash bench/ktrace/take.sh build/bench/bench_cuda_model /tmp/ck41 /tmp/kts 3 \
-#        off="DEEPINFER_CUDA_ROTATE_Q=0" on="DEEPINFER_CUDA_ROTATE_Q=1"
+#        off="DEEPINFER_CUDA_WALK_WHOLE=0" on="DEEPINFER_CUDA_WALK_WHOLE=1"
 # writes OUT_DIR/kt_NAME_I.csv for I = 1..ROUNDS, every variant once per round in the order given (a drift of the
 # machine then hits them alike), each trace a queued decode (KT_ARGS, default: --batches 1 --context 128 --steps 6
 # --prefill 0 --queued). ENV: space-separated VAR=VALUE words, or empty for the binary's defaults. The tracer is built

@@ -56,21 +56,6 @@ const std::vector<EnvVar>& env_vars() {
        "tuning (A/B): 1 routes, groups and gathers a one-token MoE in one launch (ops::moe_dispatch) instead of three; "
        "0 the three launches; same bits either way",
        true},
-      {"DEEPINFER_CUDA_BRANCHES", "0",
-       "tuning (A/B, not yet run on a GPU): 1 queues a decode step's window-ring slide before the attention's index "
-       "lists and gather and lets the step's span graph run it beside them (nothing later in the step reads it); 0 "
-       "(default) slides after the gather, in stream order; same bits either way",
-       true},
-      {"DEEPINFER_CUDA_ROTATE_Q", "0",
-       "tuning (A/B, not yet run on a GPU): 1 lets the CUDA attention kernels rotate q's rope tails as they load it "
-       "(one launch fewer on a decode step's path); 0 (default) runs apply_rope on q before the attention; same bits "
-       "either way",
-       true},
-      {"DEEPINFER_CUDA_FP4_X_IMAGES", "0",
-       "tuning (A/B, not yet run on a GPU): 1 lets the ops that make the routed experts' x at few rows (the one-token "
-       "MoE dispatch's gather, the swiglu) also write the FP4 decode GEMV's x images, so its pre-pass launch goes; 0 "
-       "(default) leaves them to the pre-pass; same bits either way",
-       true},
       {"DEEPINFER_CUDA_WALK_MIN_ROWS", "2048",
        "tuning (A/B): dense E4M3 calls of one row of x on weights of at least this many rows take fp8_walk_gemv (a "
        "warp per 2-4 weight rows over all of K) instead of fp8_gemv (K split across a block); same bits either way",

@@ -18,20 +18,11 @@ namespace deepinfer::cuda {
 
 namespace {
 
-// The output's inverse RoPE (ops::AttnDerotate) as the kernels take it; rope_dim 0: none. rotate_q: q's tails are
-// rotated on load first (apply_rope's bits: the launch of that kernel fewer on the decode step's path).
+// The output's inverse RoPE (ops::AttnDerotate) as the kernels take it; rope_dim 0: none.
 struct Derot {
   RopeRows rows;
   int rope_dim = 0;
-  bool rotate_q = false;
 };
-
-// Query row t's pair i of its rope tail, (x0, x1), rotated forward as apply_rope(q, D, rope_dim, positions, freqs,
-// false, round) rotates it (rope_rotate: the same operations).
-__device__ __forceinline__ float2 rotate_q_pair(float x0, float x1, int64_t i, int64_t t, const Derot& r, bool round) {
-  const int64_t half = r.rope_dim / 2, p = rope_position(r.rows, t);
-  return rope_rotate(x0, x1, r.rows.cs[p * half + i], r.rows.sn[p * half + i], round);
-}
 
 // The rotation of output column d (of D) of query row t: its pair's cos and negated sine (1, 0 outside the last
 // rope_dim columns). Loaded at the kernel's start, so that the table's latency is not at its end.
@@ -96,19 +87,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.y;
   const int nh = min(HG, H - h0);  // heads of this CTA
 
-  const int qr0 = derot.rotate_q ? D - derot.rope_dim : D;  // q's first column rotated on load (D: none)
   for (int e = tid; e < HG * D; e += kThreads) {
     const int h = e / D, d = e % D;
-    const float* qrow = q + (t * H + h0 + h) * D;
-    float v = h < nh ? qrow[d] : 0.0f;
-    if (h < nh && d >= qr0) {  // the pair's other column (qr0 is even) read as well
-      const bool odd = ((d - qr0) & 1) != 0;
-      const float o = qrow[d ^ 1];
-      const float2 y = odd ? rotate_q_pair(o, v, (d - qr0) >> 1, t, derot, round)
-                           : rotate_q_pair(v, o, (d - qr0) >> 1, t, derot, round);
-      v = odd ? y.y : y.x;
-    }
-    qs[e] = v;
+    qs[e] = h < nh ? q[(t * H + h0 + h) * D + d] : 0.0f;
   }
   if (tid < HG) {
     m_s[tid] = -INFINITY;
@@ -451,22 +432,13 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
   for (int pos = tid; pos < K; pos += kThreads) cp_async4(lst + pos, list + pos);
   cp_async_commit();
   const int D4 = D / 4;
-  // Rotated on load (derot.rotate_q, rope_dim % 4 == 0: sparse_attention_into): the tail's float4s, two pairs each,
-  // by plain loads while the list's copies are in flight.
-  const int qr4 = derot.rotate_q ? (D - derot.rope_dim) / 4 : D4;
   for (int e = tid; e < HG * D4; e += kThreads) {
     const int h = e / D4, c4 = e - h * D4;
     float* dst = qs + h * QS + 4 * c4;
-    if (h < nh && c4 < qr4) {
+    if (h < nh)
       cp_async16(dst, q + (t * H + h0 + h) * D + 4 * c4);
-    } else if (h < nh) {
-      const float4 v = *reinterpret_cast<const float4*>(q + (t * H + h0 + h) * D + 4 * c4);
-      const int64_t i = 2 * (c4 - qr4);
-      const float2 a = rotate_q_pair(v.x, v.y, i, t, derot, round), b = rotate_q_pair(v.z, v.w, i + 1, t, derot, round);
-      *reinterpret_cast<float4*>(dst) = make_float4(a.x, a.y, b.x, b.y);
-    } else {
+    else
       *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
   }
   cp_async_commit();
   for (int e = tid; e < HG * Kp; e += kThreads) P[e] = 0.0f;  // before the cluster barrier A
@@ -973,20 +945,11 @@ void sparse_attention_into(const Tensor& q, const Tensor& kv, const Tensor& idx,
              "cuda::sparse_attention: the de-rotation needs positions and a table of rope_dim / 2 frequencies, an even "
              "rope_dim in (0, {}], got {}",
              D, derotate->rope_dim);
-    if (derotate->rotate_q && derotate->rope_dim % 4 != 0) {  // the split kernel rotates whole float4s: a rotated copy
-      Tensor qr = q.clone();
-      cuda::apply_rope(qr, D, derotate->rope_dim, derotate->positions, *derotate->freqs, false, round);
-      ops::AttnDerotate d = *derotate;
-      d.rotate_q = false;
-      sparse_attention_into(qr, kv, idx, sink, scale, bf16_probs, round, out, stream, heads_per_cta, &d);
-      return;
-    }
     // The table and the rows' positions as apply_rope finds them; the launch is queued under the table's lock.
     with_rope_rows(*derotate->freqs, derotate->positions, T, "cuda::sparse_attention", [&](const RopeRows& rows) {
       Derot d;
       d.rows = rows;
       d.rope_dim = static_cast<int>(derotate->rope_dim);
-      d.rotate_q = derotate->rotate_q;
       dispatch(q, kv, idx, sink, scale, bf16_probs, round, out, stream, heads_per_cta, d);
     });
     return;

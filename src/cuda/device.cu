@@ -391,25 +391,6 @@ void SideScope::done(const std::vector<Tensor>& writes) {
   pend(bufs, std::move(reads_));
 }
 
-namespace {
-thread_local int t_branch = 0;  // BranchScope's depth on this thread
-}  // namespace
-
-bool branches_on() {
-  static const bool on = env_switch("DEEPINFER_CUDA_BRANCHES", 1) == 1;
-  return on;
-}
-
-BranchScope::BranchScope(std::vector<Tensor> reads) : on_(branches_on()) {
-  if (!on_) return;
-  if (LaunchRecorder* r = launch_recorder()) r->hold(std::move(reads));
-  ++t_branch;
-}
-BranchScope::~BranchScope() {
-  if (on_) --t_branch;
-}
-bool in_branch() { return t_branch > 0; }
-
 SideScope::~SideScope() {
   try {
     done({});

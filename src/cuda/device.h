@@ -94,26 +94,6 @@ class SideScope {
   std::optional<StreamScope> on_side_;  // engaged while the scope is open
 };
 
-// Work that nothing later in the step reads, in a scope: the launches queued while a BranchScope lives on this thread
-// are branches (LaunchRecord::branch). A replay's span graph (graph.cu) hangs such a kernel off the work before it and
-// lets the work after it start at once, the graph's end joining it; launched any other way it runs in stream order, as
-// usual. For writes that only a later step reads: a decode step's window-ring slide, read by the next step's gather of
-// that layer (queued before the index lists and the gather, it runs beside those small kernels instead of in line).
-// `reads` are held until the deferred launches go out, so that their memory is handed to no work queued after them.
-// DEEPINFER_CUDA_BRANCHES=0 (the default until measured): no branches (stream order).
-class BranchScope {
- public:
-  explicit BranchScope(std::vector<Tensor> reads);
-  ~BranchScope();
-  BranchScope(const BranchScope&) = delete;
-  BranchScope& operator=(const BranchScope&) = delete;
-
- private:
-  bool on_;
-};
-bool in_branch();    // a BranchScope lives on this thread (and branches are on)
-bool branches_on();  // DEEPINFER_CUDA_BRANCHES
-
 // Drops the pending side work without waiting for it (a capture that failed: its events belong to the abandoned
 // graph).
 void side_reset();

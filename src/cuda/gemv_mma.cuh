@@ -128,32 +128,6 @@ __device__ __forceinline__ F16Chunk f16_chunk(float v, int kx_lo, int kx_hi) {
   return F16Chunk{bits, kx, __all_sync(0xffffffffu, ok) != 0};
 }
 
-// The x images of one 32-column chunk c of an x row (a lane per column, v = x[32 c + lane]): the lane's B image half
-// into img (the row's [K / 128 segments][8 lanes][16 words]), the chunk's (kx + 14) << 23 into kxs[c] and whether it
-// qualifies with its kx (MmaChunk; warp-uniform).
-__device__ __forceinline__ MmaChunk fp4_chunk_image(int c, float v, int lane, uint32_t* img, int* kxs) {
-  const F16Chunk f = f16_chunk(v, -127, 112);  // 2^-kx a normal float
-  // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half e.
-  const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
-  img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = f.bits << (16 * e);
-  if (lane == 0) kxs[c] = (f.kx + 14) * (1 << 23);
-  return MmaChunk{f.kx, f.ok};
-}
-
-// One 32-column chunk c of x row r (a lane per column: v = x[r][32 c + lane]) into fp4_mma_gemv's x pre-pass scratch
-// `out` (fp4_mma_images_layout(rows, K)): its B images, kx word and record, what the pre-pass kernel writes for it.
-// Any kernel that holds the chunk as the GEMV will read it may write them (the one-token MoE dispatch's gather, the
-// routed swiglu), so that the pre-pass launch goes.
-__device__ __forceinline__ void fp4_mma_image_chunk(uint8_t* out, int64_t rows, int K, int64_t r, int c, float v,
-                                                    int lane) {
-  const int nch = K / 32;
-  const MmaImagesLayout L = fp4_mma_images_layout(rows, K);
-  uint32_t* img = reinterpret_cast<uint32_t*>(out + L.img + r * K * 4);
-  int* kxs = reinterpret_cast<int*>(out + L.kxs) + r * nch;
-  const MmaChunk m = fp4_chunk_image(c, v, lane, img, kxs);
-  if (lane == 0) reinterpret_cast<int*>(out + L.rec)[r * nch + c] = m.ok ? m.kx : INT_MIN;
-}
-
 // A warp's fold of its chunks into the block's flags (mma_block_flags'): x_ok, kx min, kx max (warp-uniform values).
 __device__ __forceinline__ void mma_fold_flags(int* flags, int lane, bool ok, int kmin, int kmax) {
   if (lane == 0) {

@@ -106,7 +106,6 @@ struct SpanGraph {
   std::vector<int> seg;                // per item
   std::vector<const void*> func;       // per item (null for a piece)
   std::vector<bool> pdl;               // per item
-  std::vector<bool> branch;            // per item: a branch (BranchScope), hung off the nodes before it
   std::vector<cudaGraphNode_t> nodes;  // per kernel item: its node in `graph`
   ~SpanGraph() {
     if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
@@ -116,8 +115,7 @@ struct SpanGraph {
   bool matches(const std::vector<SpanItem>& items) const {
     if (items.size() != seg.size()) return false;
     for (size_t i = 0; i < items.size(); ++i)
-      if (items[i].seg != seg[i] ||
-          (seg[i] < 0 && (items[i].k.func != func[i] || items[i].k.pdl != pdl[i] || items[i].k.branch != branch[i])))
+      if (items[i].seg != seg[i] || (seg[i] < 0 && (items[i].k.func != func[i] || items[i].k.pdl != pdl[i])))
         return false;
     return true;
   }
@@ -144,11 +142,6 @@ class SpanRecorder final : public LaunchRecorder {
     flushed_ = true;
     launch(items_);
     items_.clear();
-    held_.clear();
-  }
-  void hold(std::vector<Tensor> reads) override {
-    if (flushed_) return;  // its launches go out as they come
-    for (Tensor& t : reads) held_.push_back(std::move(t));
   }
   // A piece: deferred, or launched now when the span was flushed.
   void piece(int seg) {
@@ -157,13 +150,11 @@ class SpanRecorder final : public LaunchRecorder {
     else
       items_.push_back(SpanItem{seg, LaunchRecord{}});
   }
-  // Ends the span: what it deferred (empty when it was flushed) and what its branches read, to hold until those go
-  // out; deferring starts again.
-  std::vector<SpanItem> take(std::vector<Tensor>& held) {
+  // Ends the span: what it deferred (empty when it was flushed); deferring starts again.
+  std::vector<SpanItem> take() {
     flushed_ = false;
     std::vector<SpanItem> out;
     out.swap(items_);
-    held.swap(held_);
     return out;
   }
   // Sends launches out one by one, in order.
@@ -182,7 +173,6 @@ class SpanRecorder final : public LaunchRecorder {
   const std::vector<SegmentGraphs::Segment>& segs_;
   bool flushed_ = false;
   std::vector<SpanItem> items_;
-  std::vector<Tensor> held_;
 };
 
 SegmentGraphs::SegmentGraphs() : pool_(make_graph_pool()) {}
@@ -239,8 +229,7 @@ void SegmentGraphs::launch_span(size_t seg) {
 }
 
 void SegmentGraphs::close_span() {
-  std::vector<Tensor> held;  // released when this returns: the span's launches are queued by then
-  std::vector<SpanItem> items = rec_->take(held);
+  std::vector<SpanItem> items = rec_->take();
   if (items.empty()) return;
   const auto first = std::find_if(items.begin(), items.end(), [](const SpanItem& it) { return it.seg >= 0; });
   if (items.size() == 1 || first == items.end()) {  // one launch, or a middle's kernels alone: as they are
@@ -316,17 +305,10 @@ std::shared_ptr<SpanGraph> SegmentGraphs::build_span(std::vector<SpanItem>& item
     g->seg.push_back(it.seg);
     g->func.push_back(it.seg >= 0 ? nullptr : it.k.func);
     g->pdl.push_back(it.seg >= 0 ? false : it.k.pdl);
-    g->branch.push_back(it.seg < 0 && it.k.branch);
     if (it.seg < 0) {  // a middle's kernel
       const cudaKernelNodeParams p = it.k.node_params();
       cudaGraphNode_t n = nullptr;
       DI_CUDA_CHECK(cudaGraphAddKernelNode(&n, g->graph, nullptr, 0, &p));
-      if (it.k.branch) {  // after the frontier (full edges: it may not start early), before nothing: the graph's end
-        connect(n, false);
-        g->nodes.push_back(n);
-        ++stats_.branches;
-        continue;
-      }
       connect(n, it.k.pdl);
       frontier = {n};
       frontier_kernel = {true};

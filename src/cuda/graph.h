@@ -28,9 +28,6 @@
 // that every span but the second opens with a piece: a graph's second node starts ~4 us late when its first is short,
 // as a middle's first kernels are, and a piece opens with wo_a (bench/RESULTS.md, forty-ninth session: both forms
 // +0.5% at batch 1 on the H100, form 2 the shorter queued step).
-// A branch (a launch queued in a BranchScope, device.h: a decode step's window-ring slide) becomes a node after the
-// frontier that nothing in the span waits for (full edges in, none out), so the next launch follows the one before the
-// branch; the graph's end joins it, which is all a later step's reader needs.
 // GPU work that is not a launch_pdl (a copy, a memset, an event, a synchronisation, a free) calls flush_deferred()
 // first, which sends out what is deferred in order; the rest of that span runs as without spans.
 #pragma once
@@ -54,7 +51,6 @@ using SegmentFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>
 struct GraphStats {
   int64_t captures = 0, replays = 0, eager = 0, failures = 0;
   int64_t spans_merged = 0, spans_split = 0;  // deferred spans launched as one graph / one by one
-  int64_t branches = 0;                       // branch kernels (BranchScope, device.h) in the span graphs built
 };
 
 // Sets the middles inside the graphs (0 off, 1 or 2 a span form, as DEEPINFER_CUDA_GRAPH_MIDDLES) for the steps that

@@ -31,7 +31,6 @@ struct LaunchRecord {
   dim3 grid, block;
   size_t smem = 0;
   bool pdl = false;
-  bool branch = false;                       // queued in a BranchScope: nothing after it in the step waits for it
   std::unique_ptr<unsigned char[]> storage;  // args, 64-byte aligned inside (CUtensorMap arguments need 64)
   unsigned char* args = nullptr;
   size_t size = 0, capacity = 0;
@@ -94,8 +93,6 @@ class LaunchRecorder {
   // Called before GPU work that is not a launch_pdl (copies, memsets, events, synchronisation, frees): anything
   // deferred must be launched first, so that the stream order stays the host's.
   virtual void flush() = 0;
-  // Called by a BranchScope: tensors its launches read, to hold until what was deferred goes out.
-  virtual void hold(std::vector<Tensor> reads) { (void)reads; }
 };
 
 // The recorder installed on this thread, or null.
@@ -111,7 +108,6 @@ LaunchRecord make_launch_record(void (*kernel)(KArgs...), const cudaLaunchConfig
   r.block = cfg.blockDim;
   r.smem = cfg.dynamicSmemBytes;
   r.pdl = pdl;
-  r.branch = in_branch();
   (r.add(args), ...);
   r.finish();
   return r;

@@ -89,10 +89,6 @@ struct GemvArgs {
   // (period 1: every row against matrix 0). The x rows that share a matrix are then known on the host, so
   // fp8_rows_gemv can serve several of them per pass over it. The same bits either way.
   int row_period = 0;
-  // fp4_mma_gemv's x pre-pass output for these x rows, written by the op that made x (ops::LinearOpts::x_images); used
-  // when its size is the pre-pass's for the call (fp4_mma_images_bytes), else ignored. The same bits either way.
-  const uint8_t* x_images = nullptr;
-  int64_t x_images_bytes = 0;
 };
 
 // True when gemv_into handles this call: dense mode or grouped mode (any M >= 1),

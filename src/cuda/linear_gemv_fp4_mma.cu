@@ -72,6 +72,18 @@ __device__ __forceinline__ bool codes_in(uint32_t e, int lo, int hi) {
   return ok;
 }
 
+// The x images of one 32-column chunk c of an x row (a lane per column, v = x[32 c + lane]): the lane's B image half
+// into img (the row's [K / 128 segments][8 lanes][16 words]), the chunk's (kx + 14) << 23 into kxs[c] and whether it
+// qualifies with its kx (MmaChunk; warp-uniform).
+__device__ __forceinline__ MmaChunk fp4_chunk_image(int c, float v, int lane, uint32_t* img, int* kxs) {
+  const F16Chunk f = f16_chunk(v, -127, 112);  // 2^-kx a normal float
+  // Column j = lane of chunk c = 8 t' + 4 p + 2 e + h: A-tile 4 (c % 4) + 2 p + h, data lane g' = 2 t' + e, half e.
+  const int tp = lane >> 3, pp = (lane >> 2) & 1, e = (lane >> 1) & 1, h = lane & 1;
+  img[((c >> 2) * 8 + 2 * tp + e) * 16 + 4 * (c & 3) + 2 * pp + h] = f.bits << (16 * e);
+  if (lane == 0) kxs[c] = (f.kx + 14) * (1 << 23);
+  return MmaChunk{f.kx, f.ok};
+}
+
 // The x pre-pass (one launch per call, before fp4_mma_gemv): every x row's B images, kx words and per-chunk record
 // (kx where the chunk qualifies, INT_MIN where not) into the call's scratch (fp4_mma_images_layout), a warp per chunk.
 // Built once per x row here instead of once per block in the GEMV's prologue: at batch 1, 432 blocks each over all
@@ -83,7 +95,11 @@ __global__ void __launch_bounds__(256) fp4_mma_images(const float* x, int64_t ld
   const int c = static_cast<int>(blockIdx.x) * 8 + (static_cast<int>(threadIdx.x) >> 5);
   const int64_t r = blockIdx.y;
   if (c >= nch) return;  // warp-uniform
-  fp4_mma_image_chunk(out, rows, K, r, c, __ldg(x + r * ldx + 32 * c + lane), lane);
+  const MmaImagesLayout L = fp4_mma_images_layout(rows, K);
+  uint32_t* img = reinterpret_cast<uint32_t*>(out + L.img + r * K * 4);
+  int* kxs = reinterpret_cast<int*>(out + L.kxs) + r * nch;
+  const MmaChunk m = fp4_chunk_image(c, __ldg(x + r * ldx + 32 * c + lane), lane, img, kxs);
+  if (lane == 0) reinterpret_cast<int*>(out + L.rec)[r * nch + c] = m.ok ? m.kx : INT_MIN;
 }
 
 __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
@@ -289,23 +305,6 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
 
 }  // namespace
 
-namespace {
-// Queues the x pre-pass over `rows` rows of x (row stride ldx floats) into out (fp4_mma_images_layout(rows, K)).
-void launch_images(const float* x, int64_t ldx, int64_t rows, int K, uint8_t* out, cudaStream_t stream) {
-  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((K / 32 + 7) / 8), static_cast<unsigned>(rows)), 256, 0, stream,
-             x, ldx, rows, K, out);
-}
-}  // namespace
-
-bool fp4_mma_images_fit(int64_t x_rows, int64_t K) {
-  constexpr int64_t kPrepassMaxRows = 8;
-  return x_rows >= 1 && x_rows <= kPrepassMaxRows && K % 128 == 0 && K <= kMmaMaxK;
-}
-
-int64_t fp4_mma_images_bytes(int64_t x_rows, int64_t K) {
-  return fp4_mma_images_layout(x_rows, static_cast<int>(K)).total;
-}
-
 bool gemv_fp4_mma_supported(const GemvArgs& a) {
   if (a.fmt != 1 || !gemv_supported(a) || a.M <= 0 || a.N <= 0) return false;
   if (a.act_quant_block != 0 || a.K % 128 != 0 || a.K > kMmaMaxK || a.lds % 4 != 0) return false;
@@ -314,16 +313,6 @@ bool gemv_fp4_mma_supported(const GemvArgs& a) {
 }
 
 int64_t gemv_fp4_mma_slow_warps(bool reset) { return mma_read_counter(&g_slow_warps, reset); }
-
-Tensor fp4_mma_images_of(const Tensor& x) {
-  DI_CHECK(x.defined() && x.device() == Device::kCUDA && x.dtype() == DType::kF32 && x.is_contiguous() &&
-               x.dim() == 2 && fp4_mma_images_fit(x.size(0), x.size(1)),
-           "cuda::fp4_mma_images_of: x {} (float32 rows that fp4_mma_images_fit)", x.describe());
-  const int64_t rows = x.size(0), K = x.size(1);
-  Tensor out = Tensor::empty({fp4_mma_images_bytes(rows, K)}, DType::kU8, Device::kCUDA);
-  launch_images(x.data<float>(), K, rows, static_cast<int>(K), static_cast<uint8_t*>(out.raw()), nullptr);
-  return out;
-}
 
 void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   DI_CHECK(gemv_fp4_mma_supported(a), "cuda::gemv: fp4_mma_gemv does not take this call (N {}, K {}, M {})", a.N, a.K,
@@ -335,21 +324,16 @@ void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream) {
   // more rows (the table's 4 tokens: 24 rows, 11 blocks each) it lost, w1 + w3 146 us against 130 (back to back in
   // the bench's graph, a GEMV's prologue overlaps the previous call's tail; behind the pre-pass it cannot). Both
   // prologues build the same images, so the choice never changes a bit.
-  const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M;
-  if (!fp4_mma_images_fit(xrows, a.K)) {
+  constexpr int64_t kPrepassMaxRows = 8;
+  const int64_t xrows = a.x_rows > 0 ? a.x_rows : a.M, nch = a.K / 32;
+  if (xrows > kPrepassMaxRows) {
     mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream);
     return;
   }
-  // Images the op that made x wrote (GemvArgs::x_images: the one-token MoE dispatch's gather, the routed swiglu), else
-  // the pre-pass: the same bytes.
-  const int64_t bytes = fp4_mma_images_bytes(xrows, a.K);
-  if (a.x_images != nullptr && a.x_images_bytes == bytes) {
-    mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, a.x_images);
-    return;
-  }
-  const Tensor scratch = call_scratch(static_cast<size_t>(bytes));
+  const Tensor scratch = call_scratch(static_cast<size_t>(fp4_mma_images_layout(xrows, a.K).total));
   uint8_t* images = static_cast<uint8_t*>(scratch.raw());
-  launch_images(a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images, stream);
+  launch_pdl(fp4_mma_images, dim3(static_cast<unsigned>((nch + 7) / 8), static_cast<unsigned>(xrows)), 256, 0, stream,
+             a.x, static_cast<int64_t>(a.ldx), xrows, a.K, images);
   mma_launch(fp4_mma_gemv, a, 32 * kMmaWarps, kMmaRowsPerStep, fp4_mma_smem(a.K).total, stream, images);
 }
 

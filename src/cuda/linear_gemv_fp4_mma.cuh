@@ -17,14 +17,6 @@ namespace deepinfer::cuda {
 // per row).
 bool gemv_fp4_mma_supported(const GemvArgs& a);
 
-// Whether fp4_mma_gemv runs its x pre-pass for calls of x_rows rows of K columns (few rows: each row's images built
-// once, not in every block), and so takes images made beforehand (GemvArgs::x_images), of fp4_mma_images_bytes.
-bool fp4_mma_images_fit(int64_t x_rows, int64_t K);
-int64_t fp4_mma_images_bytes(int64_t x_rows, int64_t K);
-
-// Tests: what the pre-pass writes for x's rows (float32 [rows, K] on the GPU, rows and K that fp4_mma_images_fit).
-Tensor fp4_mma_images_of(const Tensor& x);
-
 // Launches fp4_mma_gemv. Preconditions: gemv_fp4_mma_supported(a), a.M > 0, a.N > 0.
 void gemv_fp4_mma_into(const GemvArgs& a, cudaStream_t stream);
 

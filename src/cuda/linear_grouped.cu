@@ -285,10 +285,6 @@ Tensor linear_grouped(const Tensor& x, const Tensor& row_expert,
   DI_CHECK(row_period >= 0 && (row_period == 0 || R % row_period == 0), "{}: row period {} for {} rows", op, row_period,
            R);
   a.row_period = static_cast<int>(row_period);
-  if (opts.x_images.defined() && opts.x_images.device() == Device::kCUDA) {
-    a.x_images = static_cast<const uint8_t*>(opts.x_images.raw());
-    a.x_images_bytes = static_cast<int64_t>(opts.x_images.nbytes());
-  }
   if (gemv_supported(a)) {
     gemv_into(a, nullptr);
     return y;

@@ -11,9 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
-#include "cuda/gemv_mma.cuh"
 #include "cuda/hc.cuh"
-#include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/topk.cuh"
@@ -386,8 +384,7 @@ struct RouteDispatch {
   int32_t* row_expert = nullptr;
   const float* x = nullptr;  // [1, width]
   int64_t width = 0, block = 0;
-  float* xout = nullptr;      // [k, width]
-  uint8_t* images = nullptr;  // optional: the k rows' fp4_mma_gemv images (fp4_mma_images_layout(k, width))
+  float* xout = nullptr;  // [k, width]
 };
 
 // moe_group_small_kernel's grouping of one token's P <= 32 pairs by warp 0 (lane i: pair i), from the ids and weights
@@ -447,12 +444,6 @@ __device__ void route_gather_group(const RouteDispatch& d, int P, int64_t c0, in
       if (c < c1)
         for (int r = 0; r < P; ++r) d.xout[r * width + c] = v[j];
     }
-    if (d.images != nullptr)  // whole chunks (moe_dispatch checks): the values just written, every row alike
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (c0 + 32 * j < c1)  // warp-uniform
-          for (int r = 0; r < P; ++r)
-            fp4_mma_image_chunk(d.images, P, static_cast<int>(width), r, static_cast<int>((c0 >> 5) + j), v[j], lane);
     return;
   }
   gather_quant_group(d.x, d.xout, c0, c1, lane);  // each lane rereads only its own columns below
@@ -669,11 +660,9 @@ __global__ void swiglu_kernel(const float* g, const float* u, const float* wts, 
   h[n] = swiglu_value(g[n], u[n], wts ? wts + n / I : nullptr, limit, round);
 }
 
-// swiglu_kernel's values with the output fake-quantised per `block` columns: one warp per (row, group). images
-// (optional; block a multiple of 32): the rows' fp4_mma_gemv images (fp4_mma_images_layout(T, I)) from the final
-// values.
+// swiglu_kernel's values with the output fake-quantised per `block` columns: one warp per (row, group).
 __global__ void swiglu_quant_kernel(const float* g, const float* u, const float* wts, float limit, bool round,
-                                    int64_t T, int64_t I, int64_t block, float* h, uint8_t* images) {
+                                    int64_t T, int64_t I, int64_t block, float* h) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t groups = (I + block - 1) / block;
@@ -689,10 +678,6 @@ __global__ void swiglu_quant_kernel(const float* g, const float* u, const float*
     amax = fmaxf(amax, fabsf(v));
   }
   warp_fake_quant_fp8(out, c0, c1, lane, amax);
-  if (images == nullptr) return;
-  __syncwarp();                          // the group's quantised values, whichever lane wrote them
-  for (int64_t c = c0; c < c1; c += 32)  // whole chunks (block % 32 == 0, I % 128 == 0: swiglu checks)
-    fp4_mma_image_chunk(images, T, static_cast<int>(I), t, static_cast<int>(c >> 5), out[c + lane], lane);
 }
 
 // gather_rows_kernel with each output row fake-quantised per `block` columns: one warp per (row, group).
@@ -1243,7 +1228,7 @@ int moe_dispatch_set_mode(int mode) {
 
 ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
                               int64_t k, const ops::RouteOpts& o, int64_t n_experts, const Tensor& x,
-                              int64_t quant_block, bool x_images) {
+                              int64_t quant_block) {
   ops::MoeDispatch d;
   static const bool env = env_switch("DEEPINFER_CUDA_MOE_DISPATCH", 1) != 0;
   const int mode = g_dispatch_mode.load(std::memory_order_relaxed);
@@ -1268,20 +1253,13 @@ ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Te
   rd.width = width;
   rd.block = quant_block;
   rd.xout = xout.data<float>();
-  // The images from the gather's registers: its groups must be whole 32-column chunks of the register path.
-  const int64_t span = quant_block > 0 ? quant_block : 128;
-  if (x_images && span <= 128 && span % 32 == 0 && fp4_mma_images_fit(k, width)) {
-    d.x_images = Tensor::empty({fp4_mma_images_bytes(k, width)}, DType::kU8, Device::kCUDA);
-    rd.images = static_cast<uint8_t*>(d.x_images.raw());
-  }
   d.routing = route_launch(logits, bias, tid2eid, tokens, k, o, rd);
   d.groups.rows = rows, d.groups.weights = wout, d.groups.slots = slots, d.groups.row_expert = rexp;
   d.x = xout;
   return d;
 }
 
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block,
-              Tensor* x_images) {
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block) {
   const char* op = "cuda::swiglu";
   DI_CHECK(quant_block >= 0, "{}: quant_block must be >= 0, got {}", op, quant_block);
   check_f32(g, op, "g");
@@ -1298,14 +1276,9 @@ Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float lim
   if (quant_block > 0) {
     const int64_t warps = T * ((I + quant_block - 1) / quant_block);
     DI_CHECK(warps < (int64_t{1} << 34), "{}: {} groups is too many for one launch", op, warps);
-    uint8_t* images = nullptr;
-    if (x_images && quant_block % 32 == 0 && fp4_mma_images_fit(T, I)) {
-      *x_images = Tensor::empty({fp4_mma_images_bytes(T, I)}, DType::kU8, Device::kCUDA);
-      images = static_cast<uint8_t*>(x_images->raw());
-    }
     launch_pdl(swiglu_quant_kernel, static_cast<unsigned>((warps + 7) / 8), 256, 0, nullptr, g.data<float>(),
                u.data<float>(), weights.defined() ? weights.data<float>() : nullptr, limit, round, T, I, quant_block,
-               h.data<float>(), images);
+               h.data<float>());
     DI_CUDA_CHECK(cudaGetLastError());
     return h;
   }

@@ -38,20 +38,16 @@ ops::Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& t
 // ops::moe_dispatch of a single token (logits [1, n_experts], k <= 32, x float32 [1, width]) without host offsets:
 // moe_route's launch also groups the pairs (warp 0, after the top-k) and gathers x (blocks beside the route's), with
 // the bits of moe_route, moe_group and gather_rows. Returns an undefined routing (ids) for any other call, and for
-// every call unless the one launch is on (moe_dispatch_set_mode). x_images: the gather also writes the k rows'
-// fp4_mma_gemv images (MoeDispatch::x_images) where that kernel's pre-pass would make them (fp4_mma_images_fit) and
-// the quant groups are whole chunks of at most 128 columns.
+// every call unless the one launch is on (moe_dispatch_set_mode).
 ops::MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
                               int64_t k, const ops::RouteOpts& opts, int64_t n_experts, const Tensor& x,
-                              int64_t quant_block, bool x_images = false);
+                              int64_t quant_block);
 // Whether cuda::moe_dispatch takes the calls it can: 0 = DEEPINFER_CUDA_MOE_DISPATCH (1, the default: one launch; 0:
 // the three ops), 1 = never, 2 = always (tests). Returns the previous mode.
 int moe_dispatch_set_mode(int mode);
-// quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h). x_images: with
-// quant groups of whole 32-column chunks, rows and width that fp4_mma_images_fit, receives h's fp4_mma_gemv images,
-// written in the same launch (else left undefined).
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block = 0,
-              Tensor* x_images = nullptr);
+// quant_block > 0: the output fake-quantised in the same launch, as ops::fake_quant_fp8 (see ops.h).
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round,
+              int64_t quant_block = 0);
 Tensor embedding(const Tensor& table, const Tensor& ids, int64_t copies);
 Tensor gather_rows(const Tensor& x, const Tensor& rows, int64_t quant_block = 0);
 ops::MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts, bool host_offsets = true);

@@ -197,12 +197,11 @@ AttnRows attention_rows_v4(const AttentionWeights& w, const Tensor& x, const int
     if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
     side.done({r.iq});
   }
-  // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail (in the attention where it rotates q
-  // as it loads it).
+  // q: low-rank projection, weightless per-head re-norm, RoPE on each head's tail.
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
   dump("q_proj", c.layer, r.q);
   ops::renorm_heads(r.q, D, cfg.norm_eps, bf);
-  if (!attention_rotates_q(x.device())) ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
+  ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
   ops::side_join(x.device());
   dump("q", c.layer, r.q);
   dump("qr", c.layer, r.qr);

@@ -122,10 +122,9 @@ AttnRows attention_rows_v41(const AttentionWeightsV41& w, const Tensor& x, const
     if (c.num.simulate_qat) ops::fake_quant_fp4(r.iq, 32);
     side.done({r.iq});
   }
-  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1); the RoPE in the
-  // attention where it rotates q as it loads it.
+  // q: low-rank projection and RoPE on each head's tail (no per-head re-normalisation in V4.1).
   r.q = linear_q(r.qr, w.wq_b, c);  // [T, H*D]
-  if (!attention_rotates_q(x.device())) ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
+  ops::apply_rope(r.q, D, rd, positions, rope, false, bf);
   ops::side_join(x.device());
   dump("q", c.layer, r.q);
   dump("kv", c.layer, r.kv);

@@ -36,11 +36,6 @@ inline bool run_beside(int64_t rows) {
   static const int64_t side_rows_max = env_int("DEEPINFER_CUDA_SIDE_ROWS", 0);
   return rows <= side_rows_max;
 }
-// Whether the attention rotates q's rope tails as it loads them (ops::AttnDerotate::rotate_q) instead of
-// attention_rows_* (apply_rope, the last op on q): on CUDA with DEEPINFER_CUDA_ROTATE_Q=1 (off by default: not yet run
-// on a GPU), where that is a launch fewer on a decode step's path, unless a debug dump wants the rotated q. The same
-// bits either way.
-bool attention_rotates_q(Device device);
 Tensor linear_bf16(const Tensor& x, const ops::QWeight& w, const LayerCtx& c);
 Tensor linear_f32(const Tensor& x, const ops::QWeight& w);
 // linear_q of x by a and by b (two linears over the same input); from one call when they are stacked

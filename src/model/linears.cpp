@@ -5,7 +5,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <tuple>
 
 #include "core/debug_dump.h"
@@ -48,11 +47,6 @@ bool whole_tables() {
 }
 
 }  // namespace
-
-bool attention_rotates_q(Device device) {
-  static const bool on = env_switch("DEEPINFER_CUDA_ROTATE_Q", 1) == 1;
-  return on && device == Device::kCUDA && !dump_enabled();
-}
 
 Tensor index_scores_pages(const Tensor& q, const RowPages& keys, const Tensor& w, const ops::KeyVisibility& vis,
                           bool round) {
@@ -148,38 +142,24 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     lists.push_back({lay, T, k.picks});
     base += tn;
   }
+  ops::sparse_index_many(lists, dev, idx);  // written in place: no copy
   // Slide each window ring forward over its chunk, once its rows are in the table or, read in place, once the attention
   // has read them (a chunk's new rows overwrite ring slots its first rows still attend): one copy_rows for the batch.
-  // (Not in the gather's launch: measured on the H200, the attention that follows ran 3-6 us longer per layer.) With
-  // branches on (ops::BranchWork::enabled: DEEPINFER_CUDA_BRANCHES=1, not yet measured) and where no chunk's table
-  // reads a ring row its writes replace (start_pos + T - W <= wstart: every one-token chunk, so every decode step), it
-  // slides before the index lists and the gather as a branch (under CUDA graphs nothing in the step waits for it; only
-  // the next step's gather reads the rings), beside those small kernels rather than beside the attention: as a branch
-  // after the gather it measured 1.8% slower, the attention's clusters 1-6 us slower a layer with the slide beside
-  // them (bench/RESULTS.md, fifty-fourth session).
-  auto slide_rings = [&](bool branch) {
+  // (Not in the gather's launch: measured on the H200, the attention that follows ran 3-6 us longer per layer.)
+  auto slide_rings = [&] {
     std::vector<ops::RowCopy> writes;
-    std::vector<Tensor> reads;
     for (AttnChunk& k : chunks) {
       const int64_t T = k.kv.size(0), p0 = std::max(k.start_pos, k.start_pos + T - W);
       k.ring->write_copies(p0, k.start_pos + T, k.kv.slice(0, p0 - k.start_pos, T), writes);
-      reads.push_back(k.kv);
     }
-    std::optional<ops::BranchWork> beside;
-    if (branch) beside.emplace(dev, std::move(reads));
     ops::copy_rows(writes, D, dev);
   };
-  const bool slide_first = !in_place && ops::BranchWork::enabled(dev) &&
-                           std::all_of(chunks.begin(), chunks.end(),
-                                       [&](const AttnChunk& k) { return k.start_pos + k.kv.size(0) - W <= k.wstart; });
-  if (slide_first) slide_rings(true);
-  ops::sparse_index_many(lists, dev, idx);  // written in place: no copy
   if (!in_place) {
     if (listed)
       ops::gather_listed(segs, idx, table);  // idx rewritten to the gathered rows
     else
       ops::gather_segments(segs, table);
-    if (!slide_first) slide_rings(false);
+    slide_rings();
   }
   if (dump_enabled()) {
     dump("table", c.layer, table);
@@ -188,13 +168,13 @@ Tensor attend_chunks(const Tensor& q, std::vector<AttnChunk>& chunks, const Tens
     for (int64_t i = 0; i < idx.numel(); ++i) fi.data<float>()[i] = static_cast<float>(host.data<int32_t>()[i]);
     dump("idx", c.layer, fi);
   }
-  const ops::AttnDerotate derotate{positions, &rope, cfg.rope_head_dim, attention_rotates_q(dev)};
+  const ops::AttnDerotate derotate{positions, &rope, cfg.rope_head_dim};
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const ops::AttnDerotate* derot = cfg.rope_head_dim > 0 ? &derotate : nullptr;
   Tensor o;
   if (in_place) {
     o = ops::sparse_attention_segments(q.view({rows, H, D}), segs, idx, sink, scale, bf, bf, derot);
-    slide_rings(false);
+    slide_rings();
   } else {
     o = ops::sparse_attention(q.view({rows, H, D}), table, idx, sink, scale, bf, bf, derot,
                               out.defined() && out.numel() == rows * H * D && out.device() == dev ? out : Tensor());

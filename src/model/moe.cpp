@@ -31,19 +31,11 @@ int64_t gather_quant_block(int64_t rows, Device d, const LayerCtx& c) {
   return rows <= kPrequantRows && !ops::linear_tc_mode(d) ? linear_q_opts(c).act_quant_block : 0;
 }
 
-// Whether the ops that make the routed experts' x (the dispatch's gather, the swiglu) also prepare it for the FP4
-// decode GEMV (ops::LinearOpts::x_images): FP4 experts on CUDA with DEEPINFER_CUDA_FP4_X_IMAGES=1 (off by default:
-// not yet run on a GPU).
-bool prepare_fp4_x(const MoeWeights& w, Device d) {
-  static const bool on = env_switch("DEEPINFER_CUDA_FP4_X_IMAGES", 1) == 1;
-  return on && d == Device::kCUDA && !w.routed_w1.empty() && w.routed_w1[0].w.dtype() == DType::kE2M1x2;
-}
-
 // expert_forward over grouped rows: grouped row r (x's row r, gathered from token groups.rows[r] and quantised by
 // qb, gather_quant_block) goes through expert row_expert[r]. The same linear, swiglu and linear as the per-expert
 // loop, row for row, so the same bits.
-Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, const Tensor& x_images, int64_t qb,
-                               const ops::MoeGroups& groups, const LayerCtx& c) {
+Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, int64_t qb, const ops::MoeGroups& groups,
+                               const LayerCtx& c) {
   ops::LinearOpts o = linear_q_opts(c);
   if (qb > 0) o.act_quant_block = 0;
   const int64_t R = x.size(0);
@@ -57,17 +49,9 @@ Tensor grouped_experts_forward(const MoeWeights& w, const Tensor& x, const Tenso
   // Under the tensor-core contract the promise of sorted rows lets linear_grouped take its grouped GEMM (the same
   // bits).
   const int64_t tile = R >= kTileFromRows || ops::linear_tc_mode(x.device()) ? 4 : 0;
-  // x_images: x's rows as the FP4 decode GEMV prepares them, made by the dispatch (and h's by the swiglu): its pre-pass
-  // launch fewer per matrix (ops::LinearOpts::x_images; the same bits).
-  ops::LinearOpts o13 = o;
-  o13.x_images = x_images;
-  const Tensor gu = ops::linear_grouped(x, groups.row_expert, w13, o13, tile);  // [2R, inter]: w1 rows, then w3 rows
-  Tensor h_images;
-  Tensor h = ops::swiglu(gu.slice(0, 0, R), gu.slice(0, R, 2 * R), groups.weights, c.cfg.swiglu_limit, c.num.bf16, qb,
-                         prepare_fp4_x(w, x.device()) ? &h_images : nullptr);
-  ops::LinearOpts o2 = o;
-  o2.x_images = h_images;
-  return ops::linear_grouped(h, groups.row_expert, w.routed_w2, o2, tile);
+  const Tensor gu = ops::linear_grouped(x, groups.row_expert, w13, o, tile);  // [2R, inter]: w1 rows, then w3 rows
+  Tensor h = ops::swiglu(gu.slice(0, 0, R), gu.slice(0, R, 2 * R), groups.weights, c.cfg.swiglu_limit, c.num.bf16, qb);
+  return ops::linear_grouped(h, groups.row_expert, w.routed_w2, o, tile);
 }
 
 // The shared expert. On CUDA at decode its w1 and w3 run as one grouped launch (two lists of one matrix,
@@ -142,11 +126,10 @@ MoeOut moe_experts(const MoeWeights& w, const Tensor& x, const Tensor& token_ids
   Tensor yg;
   if (grouped) {
     const int64_t qb = gather_quant_block(T * K, x.device(), c);
-    ops::MoeDispatch d = ops::moe_dispatch(logits, bias, tid2eid, tokens, K, ro, E, /*host_offsets=*/false, x, qb,
-                                           prepare_fp4_x(w, x.device()));
+    ops::MoeDispatch d = ops::moe_dispatch(logits, bias, tid2eid, tokens, K, ro, E, /*host_offsets=*/false, x, qb);
     routing = std::move(d.routing);
     groups = std::move(d.groups);
-    yg = grouped_experts_forward(w, d.x, d.x_images, qb, groups, c);
+    yg = grouped_experts_forward(w, d.x, qb, groups, c);
   } else {
     routing = ops::moe_route(logits, bias, tid2eid, tokens, K, ro);
     groups = ops::moe_group(routing.ids, routing.weights, E);

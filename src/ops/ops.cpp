@@ -302,7 +302,6 @@ SegmentGraphs::Stats SegmentGraphs::stats() const {
     const cuda::GraphStats& c = impl_->cuda->stats();
     s.captures = c.captures, s.replays = c.replays, s.eager = c.eager, s.failures = c.failures;
     s.spans_merged = c.spans_merged, s.spans_split = c.spans_split;
-    s.branches = c.branches;
   }
 #endif
   return s;
@@ -345,30 +344,6 @@ void SideWork::done(const std::vector<Tensor>& writes) {
   if (impl_->scope) impl_->scope->done(writes);
 #else
   (void)writes;
-#endif
-}
-
-struct BranchWork::Impl {
-#if DEEPINFER_HAS_CUDA
-  std::optional<cuda::BranchScope> scope;
-#endif
-};
-
-BranchWork::BranchWork(Device d, std::vector<Tensor> reads) : impl_(std::make_unique<Impl>()) {
-#if DEEPINFER_HAS_CUDA
-  if (d == Device::kCUDA) impl_->scope.emplace(std::move(reads));
-#else
-  (void)d;
-  (void)reads;
-#endif
-}
-BranchWork::~BranchWork() = default;
-bool BranchWork::enabled(Device d) {
-#if DEEPINFER_HAS_CUDA
-  return d == Device::kCUDA && cuda::branches_on();
-#else
-  (void)d;
-  return false;
 #endif
 }
 
@@ -619,13 +594,6 @@ void check_derotate(const Tensor& q, const AttnDerotate* derotate) {
 void cpu_derotate(Tensor& o, const AttnDerotate* derotate, bool round) {
   if (derotate) cpu::apply_rope(o, o.size(2), derotate->rope_dim, derotate->positions, *derotate->freqs, true, round);
 }
-// q for the CPU attention: a rotated copy when the caller left its rope tails to the attention (rotate_q).
-Tensor cpu_rotated_q(const Tensor& q, const AttnDerotate* derotate, bool round) {
-  if (!derotate || !derotate->rotate_q) return q;
-  Tensor r = q.clone();
-  cpu::apply_rope(r, r.size(2), derotate->rope_dim, derotate->positions, *derotate->freqs, false, round);
-  return r;
-}
 }  // namespace
 
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
@@ -646,7 +614,7 @@ Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, co
   }
 #endif
   if (on_cuda(q)) no_kernel("sparse_attention", q);
-  Tensor o = cpu::sparse_attention(cpu_rotated_q(q, derotate, round), kv, idx, sink, scale, bf16_probs, round);
+  Tensor o = cpu::sparse_attention(q, kv, idx, sink, scale, bf16_probs, round);
   cpu_derotate(o, derotate, round);
   if (!out.defined()) return o;
   Tensor dst = out.view(q.shape());
@@ -713,8 +681,8 @@ Tensor sparse_attention_segments(const Tensor& q, const std::vector<RowSegment>&
            q.defined() ? q.describe() : std::string("undefined"));
   check_derotate(q, derotate);
   const std::vector<const float*> rows = segment_rows(segments, q.size(2), "sparse_attention_segments");
-  Tensor o = cpu::sparse_attention_rows(cpu_rotated_q(q, derotate, round), rows.data(),
-                                        static_cast<int64_t>(rows.size()), idx, sink, scale, bf16_probs, round);
+  Tensor o = cpu::sparse_attention_rows(q, rows.data(), static_cast<int64_t>(rows.size()), idx, sink, scale, bf16_probs,
+                                        round);
   cpu_derotate(o, derotate, round);
   return o;
 }
@@ -861,13 +829,11 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
   return cpu::moe_route(logits, bias, tid2eid, tokens, k, opts);
 }
 
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block,
-              Tensor* x_images) {
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block) {
   const OpScope scope("swiglu", g);
   DI_CHECK(quant_block >= 0, "swiglu: quant_block must be >= 0, got {}", quant_block);
-  if (x_images) *x_images = Tensor();
 #if DEEPINFER_HAS_CUDA
-  if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round, quant_block, x_images);
+  if (on_cuda(g)) return cuda::swiglu(g, u, weights, limit, round, quant_block);
 #endif
   if (on_cuda(g)) no_kernel("swiglu", g);
   Tensor h = cpu::swiglu(g, u, weights, limit, round);
@@ -909,12 +875,11 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts,
 
 MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
                          int64_t k, const RouteOpts& opts, int64_t n_experts, bool host_offsets, const Tensor& x_tokens,
-                         int64_t quant_block, bool x_images) {
+                         int64_t quant_block) {
 #if DEEPINFER_HAS_CUDA
   if (on_cuda(logits) && !host_offsets) {
     const OpScope scope("moe_dispatch", logits);  // the three ops below profile themselves
-    MoeDispatch d =
-        cuda::moe_dispatch(logits, bias, tid2eid, tokens, k, opts, n_experts, x_tokens, quant_block, x_images);
+    MoeDispatch d = cuda::moe_dispatch(logits, bias, tid2eid, tokens, k, opts, n_experts, x_tokens, quant_block);
     if (d.routing.ids.defined()) return d;
   }
 #endif

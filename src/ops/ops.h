@@ -66,7 +66,6 @@ class SegmentGraphs {
   struct Stats {
     int64_t captures = 0, replays = 0, eager = 0, failures = 0;
     int64_t spans_merged = 0, spans_split = 0;  // replayed spans (middles and pieces) as one graph / one by one
-    int64_t branches = 0;                       // branch kernels (ops::BranchWork) in the span graphs built
   };
   Stats stats() const;
 
@@ -111,22 +110,6 @@ class SideWork {
   std::unique_ptr<Impl> impl_;
 };
 void side_join(Device d);
-// Work that nothing later in the step reads: while a BranchWork lives on this thread, a CUDA decode step's graph may
-// run the ops it queues beside the work queued after them, joined at the graph's end (cuda::BranchScope); otherwise,
-// and on the CPU, they run in order. `reads` are held until they are launched. Used for a decode step's window-ring
-// slide (attend_chunks), which only the next step's gather reads.
-class BranchWork {
- public:
-  BranchWork(Device d, std::vector<Tensor> reads);
-  static bool enabled(Device d);  // whether work on d can run as a branch (CUDA, DEEPINFER_CUDA_BRANCHES=1)
-  ~BranchWork();
-  BranchWork(const BranchWork&) = delete;
-  BranchWork& operator=(const BranchWork&) = delete;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 // Whether linear on device d follows the tensor-core contract for every call it can (CUDA with
 // DEEPINFER_CUDA_GEMM=tc; never on the CPU): callers that pre-quantise x for the exact kernels keep the FP8 input
 // site in the call instead, so that the grouped tensor-core GEMV takes it.
@@ -158,16 +141,10 @@ struct QWeight {
 };
 
 struct LinearOpts {
-  LinearOpts(int64_t act_quant_block_ = 0, bool round_out_bf16_ = false)  // NOLINT: {block, round} everywhere
-      : act_quant_block(act_quant_block_), round_out_bf16(round_out_bf16_) {}
   // > 0: fake-quantise each row of x to FP8 e4m3 per `act_quant_block` columns first (ue8m0
   // scale, amax floor 1e-4, clamp +-448): the FP8/FP4 GEMM input site. 0: x is used as is.
   int64_t act_quant_block = 0;
   bool round_out_bf16 = false;  // round y to bf16 (BF16 output); false keeps FP32 output
-  // Optional: x's rows already prepared for the CUDA FP4 decode GEMV (its x pre-pass output), made by the op that made
-  // x (moe_dispatch's and swiglu's x_images): that kernel then skips its pre-pass launch. Ignored where it does not fit
-  // the call (and by every other kernel and device). The same bits either way.
-  Tensor x_images;
 };
 
 // y[M, N] = x[M, K] . W^T with FP32 accumulation. x: float32 [M, K] contiguous.
@@ -267,16 +244,12 @@ Tensor hc_head(const Tensor& stream, const Tensor& fn, const Tensor& scale, cons
 // (relative to the running max) before P.V, as the reference kernel does. Output rounded if `round`.
 // derotate (optional): then the inverse RoPE of each head's last rope_dim columns, exactly
 // apply_rope(o, D, rope_dim, positions, *freqs, true, round) on the output (the attention output's de-rotation, one
-// kernel fewer on CUDA, where the attention kernels apply it to their own output). With rotate_q, q's rope tails are
-// still unrotated: the attention first rotates them, exactly apply_rope(q, D, rope_dim, positions, *freqs, false,
-// round) (q itself is not changed; on CUDA the kernels rotate q as they load it, the rope launch of a decode step's
-// path fewer: attention_rotates_q in src/model). out (optional): a contiguous float32 tensor of T * H * D values on
-// q's device that receives the result (returned as [T, H, D] over it).
+// kernel fewer on CUDA, where the attention kernels apply it to their own output). out (optional): a contiguous
+// float32 tensor of T * H * D values on q's device that receives the result (returned as [T, H, D] over it).
 struct AttnDerotate {
   const int64_t* positions = nullptr;  // [T] host positions of q's rows
   const RopeFreqs* freqs = nullptr;
   int64_t rope_dim = 0;
-  bool rotate_q = false;
 };
 Tensor sparse_attention(const Tensor& q, const Tensor& kv, const Tensor& idx, const Tensor& sink, float scale,
                         bool bf16_probs, bool round, const AttnDerotate* derotate = nullptr,
@@ -390,11 +363,9 @@ Routing moe_route(const Tensor& logits, const Tensor& bias, const Tensor& tid2ei
 // times weights[t] when `weights` (float32 [T]) is defined, rounded to bf16 when `round`.
 // g, u float32 [T, I] contiguous; silu(x) = x / (1 + exp(-x)) in fp32. quant_block > 0: h is then
 // fake_quant_fp8(h, 0, I, quant_block)'d (the linear it feeds takes act_quant_block 0 and gives the same bits as
-// it would quantising itself; on CUDA in the same launch, where each linear block would redo it). x_images (optional):
-// receives h's rows prepared for the FP4 decode GEMV that will read them, where the device makes them in the same
-// launch (LinearOpts::x_images; left undefined otherwise).
-Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round, int64_t quant_block = 0,
-              Tensor* x_images = nullptr);
+// it would quantising itself; on CUDA in the same launch, where each linear block would redo it).
+Tensor swiglu(const Tensor& g, const Tensor& u, const Tensor& weights, float limit, bool round,
+              int64_t quant_block = 0);
 
 // Embedding gather: table [V, dim] BF16 or F32, ids int32 [T] (each in [0, V)) on the table's device.
 // Returns float32 [T, copies, dim]: every copy the table row (exact).
@@ -423,16 +394,15 @@ MoeGroups moe_group(const Tensor& ids, const Tensor& weights, int64_t n_experts,
 // moe_group(routing.ids, routing.weights, n_experts, host_offsets), x = gather_rows(x_tokens, groups.rows,
 // quant_block), with those ops' bits. On CUDA a single token's call without host offsets (a decode step at batch 1) can
 // be one launch (cuda::moe_dispatch, DEEPINFER_CUDA_MOE_DISPATCH): the route's launch also groups and gathers, two
-// launches fewer between the gate and the experts. x_images: in that launch also x's rows prepared for the FP4 decode
-// GEMV that will read them (LinearOpts::x_images; undefined where not made).
+// launches fewer between the gate and the experts.
 struct MoeDispatch {
   Routing routing;
   MoeGroups groups;
-  Tensor x, x_images;
+  Tensor x;
 };
 MoeDispatch moe_dispatch(const Tensor& logits, const Tensor& bias, const Tensor& tid2eid, const Tensor& tokens,
                          int64_t k, const RouteOpts& opts, int64_t n_experts, bool host_offsets, const Tensor& x_tokens,
-                         int64_t quant_block, bool x_images = false);
+                         int64_t quant_block);
 
 // MoE combine: expert_out float32 [R, dim] (the experts' weighted outputs in the grouped order of
 // moe_group), slots int32 [T, k] (moe_group's; -1 = no pair), shared float32 [T, dim] (the shared

@@ -33,7 +33,6 @@
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
 #include "cuda/linear.cuh"
-#include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
 #include "cuda/rms_norm.cuh"
@@ -1086,24 +1085,6 @@ void test_sparse_attention() {
                   static_cast<long long>(rd), progression ? "progression" : "scattered");
       err = exact(got, got_d);
       if (!err.empty()) return "de-rotated: " + err;
-      {  // q rotated as loaded (rotate_q): the bits of apply_rope on q first, then the same kernel
-        di::Tensor qr = dev(q).clone();
-        di::ops::apply_rope(qr, c.D, rd, pos.data(), f, false, c.round);
-        di::ops::AttnDerotate derot_q = derot;
-        derot_q.rotate_q = true;
-        di::Tensor want_q = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
-        di::Tensor got_q = di::Tensor::empty({c.T, c.H, c.D}, di::DType::kF32, di::Device::kCUDA);
-        const di::Tensor dq = dev(q);
-        di::cuda::sparse_attention_into(qr, dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, want_q, nullptr,
-                                        c.hg, &derot);
-        di::cuda::sparse_attention_into(dq, dev(kv), dev(idx), dev(sink), scale, c.bf16_probs, c.round, got_q, nullptr,
-                                        c.hg, &derot_q);
-        std::printf("     q rotated as loaded against apply_rope then the kernel:\n");
-        err = exact(want_q, got_q);
-        if (!err.empty()) return "q rotated as loaded: " + err;
-        err = exact(dev(q), dq);
-        if (!err.empty()) return "q rotated as loaded changed q: " + err;
-      }
       if (c.hg == 0) {  // into a caller's buffer (ops::sparse_attention's out: the model's graph input slot)
         di::Tensor buf = di::Tensor::zeros({c.T, c.H * c.D}, di::DType::kF32).to(di::Device::kCUDA);
         const di::Tensor into =
@@ -1516,68 +1497,6 @@ void test_moe_dispatch_fused() {
       if (p.empty()) p = exact(g.weights, got.groups.weights);
       if (p.empty() && !got.groups.offsets.empty()) p = "host offsets returned";
       return p.empty() ? exact(xg, got.x) : p;
-    });
-  }
-}
-
-// The FP4 decode GEMV's x images made by the ops that make x (ops::LinearOpts::x_images): the one-token dispatch's
-// gather and the routed swiglu write, byte for byte, what fp4_mma_gemv's pre-pass writes for their output rows; where
-// the pre-pass would not run (more than 8 rows) or the groups are not whole chunks of the gather's register path, none.
-void test_fp4_x_images() {
-  const auto same_bytes = [](const di::Tensor& want_dev, const di::Tensor& got_dev) -> std::string {
-    if (!got_dev.defined()) return "no images made";
-    const di::Tensor a = di::cuda::copy_to_host(want_dev), b = di::cuda::copy_to_host(got_dev);
-    if (a.nbytes() != b.nbytes())
-      return "images of " + std::to_string(b.nbytes()) + " bytes, want " + std::to_string(a.nbytes());
-    for (size_t i = 0; i < a.nbytes(); ++i)
-      if (static_cast<const uint8_t*>(a.raw())[i] != static_cast<const uint8_t*>(b.raw())[i])
-        return "images differ at byte " + std::to_string(i);
-    return "";
-  };
-  struct DCase {
-    int64_t width, block;
-    bool made;
-  };
-  uint32_t seed = 34000;
-  for (const DCase& c : {DCase{5120, 32, true}, DCase{4096, 128, true}, DCase{4096, 0, true}, DCase{4096, 48, false},
-                         DCase{1000, 128, false}}) {
-    char name[160];
-    std::snprintf(name, sizeof name, "fp4 x images: moe_dispatch width=%lld block=%lld",
-                  static_cast<long long>(c.width), static_cast<long long>(c.block));
-    run_case(name, [&] {
-      const di::Tensor logits = normal_tensor({1, 384}, 2.0f, seed++, false),
-                       bias = normal_tensor({384}, 0.1f, seed++, false);
-      const di::Tensor x = normal_tensor({1, c.width}, 3.0f, seed++, true);
-      di::ops::RouteOpts o;
-      const int mode = di::cuda::moe_dispatch_set_mode(2);
-      const di::ops::MoeDispatch d =
-          di::cuda::moe_dispatch(dev(logits), dev(bias), di::Tensor(), di::Tensor(), 6, o, 384, dev(x), c.block, true);
-      di::cuda::moe_dispatch_set_mode(mode);
-      if (!d.routing.ids.defined()) return std::string("the dispatch did not take a single token");
-      if (!c.made) return d.x_images.defined() ? std::string("images made where they do not fit") : std::string();
-      return same_bytes(di::cuda::fp4_mma_images_of(d.x), d.x_images);
-    });
-  }
-  struct SCase {
-    int64_t T, I, block;
-    bool made;
-  };
-  for (const SCase& c : {SCase{6, 2304, 32, true}, SCase{6, 2304, 128, true}, SCase{1, 4096, 128, true},
-                         SCase{9, 2304, 32, false}, SCase{6, 2304, 48, false}}) {
-    char name[160];
-    std::snprintf(name, sizeof name, "fp4 x images: swiglu [%lld, %lld] block=%lld", static_cast<long long>(c.T),
-                  static_cast<long long>(c.I), static_cast<long long>(c.block));
-    run_case(name, [&] {
-      const di::Tensor g = normal_tensor({c.T, c.I}, 6.0f, seed++, true),
-                       u = normal_tensor({c.T, c.I}, 6.0f, seed++, true);
-      const di::Tensor w = normal_tensor({c.T}, 0.3f, seed++, false);
-      di::Tensor images;
-      const di::Tensor h = di::ops::swiglu(dev(g), dev(u), dev(w), 10.0f, true, c.block, &images);
-      const di::Tensor plain = di::ops::swiglu(dev(g), dev(u), dev(w), 10.0f, true, c.block);
-      std::string e = exact(plain, h);
-      if (!e.empty()) return "h with images: " + e;
-      if (!c.made) return images.defined() ? std::string("images made where they do not fit") : std::string();
-      return same_bytes(di::cuda::fp4_mma_images_of(h), images);
     });
   }
 }
@@ -2328,7 +2247,6 @@ int main() {
     test_swiglu();
     test_embedding_gather();
     test_moe_dispatch();
-    test_fp4_x_images();
     test_compress_pool();
     test_renorm_heads();
     test_scale_and_copies();
