@@ -19,7 +19,7 @@ namespace deepinfer::cuda {
 
 // The launch shape both kernels use: blocks of kMmaWarps warps, each on its own 16 weight rows per step; a ring of
 // kMmaDepth segments in flight per lane; K up to kMmaMaxK (shared memory grows with K); kMmaTStride words per row of a
-// warp's transpose buffer (conflict-free 4-byte reads).
+// warp's transpose buffer (conflict-free 4-byte reads, and ldmatrix rows: 80 bytes apart, 8 rows hit 8 bank groups).
 constexpr int kMmaWarps = 4;
 constexpr int kMmaRowsPerStep = 16 * kMmaWarps;
 constexpr int kMmaDepth = 4;

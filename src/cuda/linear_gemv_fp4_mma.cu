@@ -18,9 +18,10 @@
 // segments of 128 columns (4 chunks): lane t loads chunk t of the segment of both rows (16-byte streaming loads, a
 // ring of kMmaDepth segments in flight; a warp load reads 8 rows x 64 contiguous bytes) and a per-warp transpose buffer
 // in shared memory hands it word t of each chunk instead (4-byte loads straight from global memory measured slower:
-// 4x the L1 requests per byte). fp4_half_patterns turns a word into 4 fp16x2 A fragments (pair p, nibble h), each
-// one mma with the same word of row g + 8. Chunks run in order, so every chain sees its products in K order. The
-// fold (s[l] over j = 0..3, the CPU's hsum) needs one shuffle across lanes t and t ^ 2 and one across t and t ^ 1.
+// 4x the L1 requests per byte), read back by two ldmatrix.x4 (a row's 4 words in one instruction).
+// fp4_half_patterns turns a word into 4 fp16x2 A fragments (pair p, nibble h), each one mma with the same word of row
+// g + 8. Chunks run in order, so every chain sees its products in K order. The fold (s[l] over j = 0..3, the CPU's
+// hsum) needs one shuffle across lanes t and t ^ 2 and one across t and t ^ 1.
 // A step's scale codes go to a per-warp shared buffer by cp.async (issued with the step's first weight loads).
 //
 // B images. Column k = 2t + e of the A-tile (chunk c, pair p, nibble h) is x column 32c + 8t + 4p + 2e + h; B's b0 in
@@ -57,6 +58,18 @@ namespace {
 // This kernel's shared memory (mma_smem): the B images [K / 128 segments][8 lanes][16 words], per chunk (kx + 14) <<
 // 23, 64 zero bytes, and per warp the scale codes of its 16 rows [16][K / 32].
 __host__ __device__ inline MmaSmem fp4_mma_smem(int K) { return mma_smem(K, 64, int64_t{16} * (K / 32)); }
+
+// Four 8x8 b16 matrices from shared memory (lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i): lane
+// (g, t) receives in register i the 4-byte word t of row g of matrix i. Here that is the transpose buffer's read: one
+// instruction for the 4 words that took 4 ld.shared.b32 (bench/RESULTS.md, fifty-sixth session).
+__device__ __forceinline__ uint4 ldsm_x4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 
 // Warps that took the slow path (gemv_fp4_mma_slow_warps: tests check which path ran).
 __device__ unsigned long long g_slow_warps;
@@ -115,6 +128,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
   const int g = lane >> 2, t = lane & 3;
   uint8_t* codes = smem_b + sm.codes + warp * sm.codes_warp;                                     // [16][nch]
   uint32_t* tbuf = reinterpret_cast<uint32_t*>(smem_b + sm.tbuf) + warp * 2 * 16 * kMmaTStride;  // [2][16][kMmaTStride]
+  // This lane's ldmatrix row address in a transpose buffer (lane 8 c + r: chunk c of row r; rows g + 8 are 8 rows on).
+  const uint32_t tb_src = static_cast<uint32_t>(((lane & 7) * kMmaTStride + 4 * (lane >> 3)) * 4);
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int first = static_cast<int>(blockIdx.x) / p.mtiles, stride = static_cast<int>(gridDim.x) / p.mtiles;
   mma_block_init(flags, zeros, 16);
@@ -216,10 +231,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
           if (seg + kMmaDepth < nseg)
             q0[d] = ldg_stream(wr0 + 64 * (seg + kMmaDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kMmaDepth));
           __syncwarp();  // also orders the reads of this buffer two segments ago before its writes above
-          uint32_t w0[4], w1[4];
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            w0[c] = tb[g * kMmaTStride + 4 * c + t], w1[c] = tb[(g + 8) * kMmaTStride + 4 * c + t];
+          // Word t of chunks 0..3 of rows g and g + 8: two ldmatrix.x4 (matrix c = chunk c of 8 rows).
+          const uint32_t tbs = static_cast<uint32_t>(__cvta_generic_to_shared(tb)) + tb_src;
+          const uint4 a0 = ldsm_x4(tbs), a1 = ldsm_x4(tbs + 8 * kMmaTStride * 4);
+          const uint32_t w0[4] = {a0.x, a0.y, a0.z, a0.w}, w1[4] = {a1.x, a1.y, a1.z, a1.w};
           const uint32_t e0 = crow0[seg], e1 = crow1[seg];
           uint32_t bw[16];  // B of A-tile 4c + 2p + h
           const uint32_t bp = bsrc + static_cast<uint32_t>(seg) * bstep;
