@@ -160,6 +160,24 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Four 8x8 b16 matrices from shared memory: lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i (a
+// shared-space address s, or a generic pointer p), and lane (g, t) receives in r[i] the 4-byte word t of row g of
+// matrix i. No memory clobber: the callers order it after the shared stores it reads with a barrier (__syncthreads,
+// __syncwarp), which the compiler does not move it across.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned s) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  ldmatrix_x4(r, static_cast<unsigned>(__cvta_generic_to_shared(p)));
+}
+// Two such matrices (lanes 0 .. 15 give the row addresses).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+
 struct MaxOp {
   template <typename T>
   __device__ T operator()(T a, T b) const {

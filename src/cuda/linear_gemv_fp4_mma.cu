@@ -59,18 +59,6 @@ namespace {
 // 23, 64 zero bytes, and per warp the scale codes of its 16 rows [16][K / 32].
 __host__ __device__ inline MmaSmem fp4_mma_smem(int K) { return mma_smem(K, 64, int64_t{16} * (K / 32)); }
 
-// Four 8x8 b16 matrices from shared memory (lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i): lane
-// (g, t) receives in register i the 4-byte word t of row g of matrix i. Here that is the transpose buffer's read: one
-// instruction for the 4 words that took 4 ld.shared.b32 (bench/RESULTS.md, fifty-sixth session).
-__device__ __forceinline__ uint4 ldsm_x4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
 // Warps that took the slow path (gemv_fp4_mma_slow_warps: tests check which path ran).
 __device__ unsigned long long g_slow_warps;
 
@@ -231,10 +219,12 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp4_mma_gemv(MmaParams p) {
           if (seg + kMmaDepth < nseg)
             q0[d] = ldg_stream(wr0 + 64 * (seg + kMmaDepth)), q1[d] = ldg_stream(wr1 + 64 * (seg + kMmaDepth));
           __syncwarp();  // also orders the reads of this buffer two segments ago before its writes above
-          // Word t of chunks 0..3 of rows g and g + 8: two ldmatrix.x4 (matrix c = chunk c of 8 rows).
+          // Word t of chunks 0..3 of rows g and g + 8: two ldmatrix.x4 (matrix c = chunk c of 8 rows), one instruction
+          // for the 4 words that took 4 ld.shared.b32 (bench/RESULTS.md, fifty-sixth session).
           const uint32_t tbs = static_cast<uint32_t>(__cvta_generic_to_shared(tb)) + tb_src;
-          const uint4 a0 = ldsm_x4(tbs), a1 = ldsm_x4(tbs + 8 * kMmaTStride * 4);
-          const uint32_t w0[4] = {a0.x, a0.y, a0.z, a0.w}, w1[4] = {a1.x, a1.y, a1.z, a1.w};
+          uint32_t w0[4], w1[4];
+          ldmatrix_x4(w0, tbs);
+          ldmatrix_x4(w1, tbs + 8 * kMmaTStride * 4);
           const uint32_t e0 = crow0[seg], e1 = crow1[seg];
           uint32_t bw[16];  // B of A-tile 4c + 2p + h
           const uint32_t bp = bsrc + static_cast<uint32_t>(seg) * bstep;
