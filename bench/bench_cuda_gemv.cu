@@ -30,6 +30,8 @@
 // those token tiles, linear_tc_set_grouped_variant), BENCH_GROUPED_PREFILL=1 to the prefill-sized one
 // (grouped_prefill_table), BENCH_GROUPED_EXACT=1 to the exact contract's prefill-sized one (grouped_exact_table).
 // BENCH_SM_PROBE=1: only the table of where the GPU places the blocks of one-wave grids (sm_probe_table).
+// BENCH_TC_ONE_ROW=1: only the tensor-core contract's one-row table (tc_one_row_table: its decode GEMV against its TMA
+// stream on the V4.1 E4M3 shapes, the exact kernel and the read of the same bytes beside them, the bits compared).
 //
 // Timing: CUDA events around a CUDA graph of many calls (launch gaps hidden as in a decode graph), after an
 // eager warm-up; the median over 7 replays of the mean time of one call. Consecutive calls rotate over weight
@@ -55,6 +57,7 @@
 #include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda/linear_tc.cuh"
+#include "cuda/linear_tc_gemv.cuh"
 #include "cuda_bench_util.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -405,6 +408,65 @@ void grouped_exact_table(cudaStream_t st, const std::vector<di::ops::QWeight>& w
   di::cuda::linear_set_fp4_gemm_rows(prev_rows);
 }
 
+// ---- the tensor-core contract at one row of x (BENCH_TC_ONE_ROW=1) --------------------------------------------------
+// linear_tc's two one-row paths on the V4.1 E4M3 shapes: the decode GEMV (linear_tc_gemv.cu, its register rings) and
+// the TMA stream (linear_tc_stream.cu, tc_stream_set), with the exact contract's kernel and the read of the same bytes
+// as anchors; each call's output checked bit for bit between the two tc paths (the same contract, so the same bits).
+void tc_one_row_table(cudaStream_t st, double read_gbs, int sms) {
+  std::printf("## One row of x under the tensor-core contract (E4M3 32 x 32 tiles, act 32, bf16 out)\n\n");
+  std::printf(
+      "| weight [N, K] | exact us | tc gemv us | tc stream us | stream GB/s | stream %% of read | read us | read %% | "
+      "gemv / stream | bits |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  struct S1 {
+    const char* name;
+    int64_t N, K;
+  };
+  const S1 shapes[] = {{"wq_a + wkv", 1792, 5120},   {"attn.wq_b", 32768, 1280}, {"attn.wo_b", 5120, 8192},
+                       {"shared w1/w3", 2304, 5120}, {"shared w2", 5120, 2304},  {"indexer.wq_b", 4096, 1280},
+                       {"wo_a-sized", 8192, 4096}};
+  for (const S1& s : shapes) {
+    ShapeSetup su = setup_shape(kFp8, s.N, s.K, 1);
+    const std::vector<di::ops::QWeight>& ws = su.ws;
+    const di::ops::LinearOpts& o = su.o;
+    const int copies = static_cast<int>(ws.size());
+    const double ms_exact =
+        time_calls(st, copies, [&](int i) { di::cuda::linear_into(su.x, ws[static_cast<size_t>(i)], o, su.y, st); });
+    double ms_tc[2] = {0.0, 0.0};
+    di::Tensor out[2];
+    for (const int on : {0, 1}) {
+      const int prev = di::cuda::tc_stream_set(2 * on);  // 2: the stream on every call it can take
+      ms_tc[on] = time_calls(st, copies,
+                             [&](int i) { di::cuda::linear_tc_into(su.x, ws[static_cast<size_t>(i)], o, su.y, st); });
+      di::cuda::linear_tc_into(su.x, ws[0], o, su.y, st);
+      CK(cudaStreamSynchronize(st));
+      out[on] = di::cuda::copy_to_host(su.y);
+      di::cuda::tc_stream_set(prev);
+    }
+    const int64_t n = out[0].numel();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i)
+      differ += std::memcmp(out[0].data<float>() + i, out[1].data<float>() + i, sizeof(float)) != 0;
+    float* sink = nullptr;
+    CK(cudaMalloc(&sink, 4));
+    const size_t n16 = static_cast<size_t>(ws[0].w.nbytes()) / 16;
+    const unsigned grid = static_cast<unsigned>(std::min<size_t>((n16 + 511) / 512, size_t{8} * sms));
+    const double ms_read = time_calls(st, copies, [&](int i) {
+      deepinfer::bench::read_kernel<<<grid, 512, 0, st>>>(
+          static_cast<const float4*>(ws[static_cast<size_t>(i)].w.raw()), n16, sink);
+    });
+    CK(cudaFree(sink));
+    const double gbs = su.wbytes / ms_tc[1] / 1e6, rgbs = static_cast<double>(n16) * 16 / ms_read / 1e6;
+    std::printf(
+        "| %s [%lld, %lld] | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.2f | %.0f%% | %.2fx | %lld of %lld differ |\n",
+        s.name, static_cast<long long>(s.N), static_cast<long long>(s.K), ms_exact * 1e3, ms_tc[0] * 1e3,
+        ms_tc[1] * 1e3, gbs, 100.0 * gbs / read_gbs, ms_read * 1e3, 100.0 * rgbs / read_gbs, ms_tc[0] / ms_tc[1],
+        static_cast<long long>(differ), static_cast<long long>(n));
+    std::fflush(stdout);
+  }
+}
+
 // ---- where the GPU places the blocks of a one-wave grid (BENCH_SM_PROBE=1) ----------------------------------------
 // Each block records its SM and spins ~30 us, so that the whole grid is resident at once; blocks of 128 threads with
 // 52 KB of dynamic shared memory (4 a SM, as fp4_mma_gemv's 4-warp blocks are held to 4 by their
@@ -477,6 +539,11 @@ void run() {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const double read_gbs = deepinfer::bench::read_ceiling_gbs(st, size_t{2} << 30);
   std::printf("HBM ceiling: read kernel %.0f GB/s\n\n", read_gbs);
+  if (std::getenv("BENCH_TC_ONE_ROW") != nullptr) {  // the one-row tensor-core table alone
+    tc_one_row_table(st, read_gbs, prop.multiProcessorCount);
+    CK(cudaStreamDestroy(st));
+    return;
+  }
   if (std::getenv("BENCH_SM_PROBE") != nullptr) {  // the block placement table alone
     sm_probe_table(st, prop.multiProcessorCount);
     CK(cudaStreamDestroy(st));

@@ -30,6 +30,11 @@ const std::vector<EnvVar>& env_vars() {
        "the tensor-core GEMM reads each expert once per tile of its rows instead of the GEMV once per row; same bits "
        "either way",
        true},
+      {"DEEPINFER_CUDA_TC_STREAM", "1",
+       "tuning (A/B): under DEEPINFER_CUDA_GEMM=tc, one-row calls through linear_tc_stream.cu (the weight streamed "
+       "through shared memory) instead of the decode GEMV's register rings: 0 never, 1 dense E4M3 calls of ~26 MB and "
+       "more and one token's routed FP4 experts, 2 every call it takes; same bits either way",
+       true},
       {"DEEPINFER_CUDA_GEMV_ROWS", "4096",
        "tuning: the most rows of x that the exact CUDA linear sends to the decode GEMV (E4M3 / BF16 weights; 1 keeps "
        "calls of 2+ rows on the slab kernels); same bits either way",

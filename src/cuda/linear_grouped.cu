@@ -121,6 +121,10 @@ bool tc_grouped_into(const Tensor& x, const Tensor& row_expert,
   g.x = x.data<float>(), g.ldx = x.strides()[0], g.y = y.data<float>(), g.round = opts.round_out_bf16;
   g.row_expert = row_expert.data<int32_t>(), g.w_table = table, g.s_table = table + L * E;
   g.x_rows = static_cast<int>(R), g.n_experts = static_cast<int>(E);
+  if (tc_stream_takes(g, nullptr)) {  // one token's experts: the TMA-fed stream (linear_tc_stream.cu)
+    tc_stream_into(g, nullptr);
+    return true;
+  }
   if (!tc_gemv_takes(g)) return false;
   tc_gemv_into(g, nullptr);
   return true;

@@ -497,6 +497,10 @@ void linear_tc_into(const Tensor& x, const ops::QWeight& qw, const ops::LinearOp
     g.act = act, g.fsteps = fp4 ? 1 : static_cast<int>(std::gcd(opts.act_quant_block, qw.block) / 32);
     g.x = x.data<float>(), g.ldx = x.strides()[0];
     g.y = y.data<float>(), g.round = opts.round_out_bf16;
+    if (tc_stream_takes(g, stream)) {
+      tc_stream_into(g, stream);
+      return;
+    }
     if (tc_gemv_takes(g)) {
       tc_gemv_into(g, stream);
       return;

@@ -58,17 +58,6 @@ __host__ __device__ inline int64_t tc_gemv_smem(int M, int K, int U) {
 
 constexpr int kXUnroll = 4;  // x's float4 loads in flight per thread in the quantisation pass
 
-// Four x values -> their e4m3 codes at 1 / inv (tc_mma.cuh's x_code, two values per conversion: .satfinite clamps
-// to +-448 as x_code's clamp does and keeps NaN).
-__device__ __forceinline__ uint32_t x_codes4(float4 v, float inv) {
-  uint32_t d;
-  asm("{.reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n"
-      " mov.b32 %0, {l, h};\n}"
-      : "=r"(d)
-      : "f"(v.x * inv), "f"(v.y * inv), "f"(v.z * inv), "f"(v.w * inv));
-  return d;
-}
-
 // Weight and scale layouts: E4M3 with 32 x 32 tiles and 4-byte aligned scale rows (V4.1; fold blocks of one k step),
 // E4M3 with 128 x 128 tiles and act_quant_block 128 (V4; one fold block per stage), any other E4M3 (codes read per
 // fold block), packed FP4 with a scale per row and 32 columns (the routed experts).
@@ -196,7 +185,7 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
             if (o < L) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
           if (c < rowc) {
             const float sc = tc::x_scale(amax);
-            const uint32_t codes = x_codes4(v[q], tc::x_inv(sc));
+            const uint32_t codes = tc::x_codes4(v[q], tc::x_inv(sc));
             if constexpr (X16)
               *reinterpret_cast<uint2*>(qr + 8 * c) = make_uint2(e4m3x2_lo(codes), e4m3x2_hi(codes));
             else

@@ -35,4 +35,15 @@ struct TcGemvArgs {
 bool tc_gemv_takes(const TcGemvArgs& a);
 void tc_gemv_into(const TcGemvArgs& a, CUstream_st* stream);
 
+// The one-row paths (linear_tc_stream.cu: the weight streamed through shared memory by a producer warp, the same
+// bits): dense E4M3 calls with 32 x 32 tiles at M = 1 (the TMA), and grouped packed FP4 calls (one token's routed
+// experts; cp.async); act_quant_block 32 / 64 / 128, K up to 16,384, and arrival counters for the call site (the
+// weight, or the grouped call's expert table): their pool is made on the first call outside a stream capture.
+// DEEPINFER_CUDA_TC_STREAM: 0 never, 1 (default) dense calls of ~26 MB and more (where bench_cuda_gemv measured it
+// faster) and every grouped call, 2 every call it can take (the tests). Whether it takes the call, and the launch.
+bool tc_stream_takes(const TcGemvArgs& a, CUstream_st* stream);
+void tc_stream_into(const TcGemvArgs& a, CUstream_st* stream);
+// Sets the mode above (0, 1, 2) for the calls that follow (tests, benchmarks); returns the previous one.
+int tc_stream_set(int m);
+
 }  // namespace deepinfer::cuda

@@ -80,4 +80,15 @@ __device__ __forceinline__ uint8_t x_code(float x, float inv) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+// Four x values -> their e4m3 codes at 1 / inv (x_code's result, two values per conversion: .satfinite clamps to
+// +-448 as x_code's clamp does and keeps NaN), byte i for x's element i.
+__device__ __forceinline__ uint32_t x_codes4(float4 v, float inv) {
+  uint32_t d;
+  asm("{.reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n"
+      " mov.b32 %0, {l, h};\n}"
+      : "=r"(d)
+      : "f"(v.x * inv), "f"(v.y * inv), "f"(v.z * inv), "f"(v.w * inv));
+  return d;
+}
+
 }  // namespace deepinfer::cuda::tc

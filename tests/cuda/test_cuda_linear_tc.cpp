@@ -31,6 +31,7 @@
 #include "cuda/linear.cuh"
 #include "cuda/linear_tc.cuh"
 #include "cuda/linear_tc_bf16.cuh"
+#include "cuda/linear_tc_gemv.cuh"
 #include "cuda_test_util.h"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
@@ -301,34 +302,40 @@ void test_grouped() {
   };
   uint32_t seed = 13000;
   for (const Case& c : cases) {
-    for (const int64_t L : {int64_t{1}, int64_t{2}}) {
-      char name[240];
-      std::snprintf(name, sizeof name, "linear_tc_grouped %s lists=%lld (R = 6, 5 experts) equals linear_tc per row",
-                    c.what, static_cast<long long>(L));
-      run_case(name, [&] {
-        constexpr int64_t kE = 5, kR = 6;
-        std::vector<std::vector<di::ops::QWeight>> lists(static_cast<size_t>(L));
-        for (auto& list : lists)
-          for (int64_t e = 0; e < kE; ++e) list.push_back(to_device(random_weight(c.dt, c.N, c.K, c.block, seed++)));
-        std::vector<const std::vector<di::ops::QWeight>*> ptrs;
-        for (const auto& list : lists) ptrs.push_back(&list);
-        const std::vector<int32_t> ids = {3, 0, 3, 4, 1, 2};
-        di::Tensor ih = di::Tensor::empty({kR}, di::DType::kI32);
-        std::memcpy(ih.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
-        const di::Tensor x = random_rows(kR, c.K, seed++);
-        const di::Tensor xd = di::cuda::copy_to_device(x);
-        for (const bool round : {false, true}) {
-          di::ops::LinearOpts o;
-          o.act_quant_block = c.act;
-          o.round_out_bf16 = round;
-          const di::Tensor y =
-              di::cuda::copy_to_host(di::cuda::linear_tc_grouped(xd, di::cuda::copy_to_device(ih), ptrs, o));
-          const std::string r = grouped_equals_per_row(y, x, ids, lists, o, "grouped");
-          if (!r.empty()) return r;
-        }
-        return std::string();
-      });
-    }
+    for (const int64_t L : {int64_t{1}, int64_t{2}})
+      for (const int stream : {2, 0}) {
+        char name[240];
+        std::snprintf(name, sizeof name,
+                      "linear_tc_grouped %s lists=%lld (R = 6, 5 experts, stream %d) equals linear_tc per row", c.what,
+                      static_cast<long long>(L), stream);
+        run_case(name, [&] {
+          struct Restore {
+            int prev;
+            ~Restore() { di::cuda::tc_stream_set(prev); }
+          } restore{di::cuda::tc_stream_set(stream)};
+          constexpr int64_t kE = 5, kR = 6;
+          std::vector<std::vector<di::ops::QWeight>> lists(static_cast<size_t>(L));
+          for (auto& list : lists)
+            for (int64_t e = 0; e < kE; ++e) list.push_back(to_device(random_weight(c.dt, c.N, c.K, c.block, seed++)));
+          std::vector<const std::vector<di::ops::QWeight>*> ptrs;
+          for (const auto& list : lists) ptrs.push_back(&list);
+          const std::vector<int32_t> ids = {3, 0, 3, 4, 1, 2};
+          di::Tensor ih = di::Tensor::empty({kR}, di::DType::kI32);
+          std::memcpy(ih.data<int32_t>(), ids.data(), ids.size() * sizeof(int32_t));
+          const di::Tensor x = random_rows(kR, c.K, seed++);
+          const di::Tensor xd = di::cuda::copy_to_device(x);
+          for (const bool round : {false, true}) {
+            di::ops::LinearOpts o;
+            o.act_quant_block = c.act;
+            o.round_out_bf16 = round;
+            const di::Tensor y =
+                di::cuda::copy_to_host(di::cuda::linear_tc_grouped(xd, di::cuda::copy_to_device(ih), ptrs, o));
+            const std::string r = grouped_equals_per_row(y, x, ids, lists, o, "grouped");
+            if (!r.empty()) return r;
+          }
+          return std::string();
+        });
+      }
   }
 }
 
@@ -589,6 +596,11 @@ void test_groups() {
 
 int main() {
   return cuda_test::run_test_program([] {
+    // The one-row stream (linear_tc_stream.cu) on for every call it can take, whatever its size and
+    // DEEPINFER_CUDA_TC_STREAM: its M = 1 rows are then checked against the GEMM kernel (batch invariance) and its
+    // grouped rows against linear_tc per row (test_grouped runs those with it off too, for the decode GEMV's grouped
+    // mode).
+    di::cuda::tc_stream_set(2);
     test_bf16();
     test_groups();
     test_unsupported();
