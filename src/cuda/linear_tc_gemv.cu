@@ -56,8 +56,6 @@ __host__ __device__ inline int64_t tc_gemv_smem(int M, int K, int U) {
          static_cast<int64_t>(U) * (K / kStageCols) * 16 * ((M + 1) & ~1) * 4;
 }
 
-constexpr int kXUnroll = 4;  // x's float4 loads in flight per thread in the quantisation pass
-
 // Weight and scale layouts: E4M3 with 32 x 32 tiles and 4-byte aligned scale rows (V4.1; fold blocks of one k step),
 // E4M3 with 128 x 128 tiles and act_quant_block 128 (V4; one fold block per stage), any other E4M3 (codes read per
 // fold block), packed FP4 with a scale per row and 32 columns (the routed experts).
@@ -160,42 +158,10 @@ __global__ void __launch_bounds__(32 * W, W == 8 ? 3 : 1) tc_gemv_kernel(TcGemvA
     if (warp + nw < items) load(rb);
   }
 
-  // x's FP8 input site into shared memory, row by row: chunk c of a row is its float4 at column 4c; the L = act / 4
-  // chunks of a group sit in L consecutive lanes, which reduce its amax by shuffles; kXUnroll chunks per thread are
-  // loaded before any is used.
-  {
-    const int L = p.act / 4, rowc = K / 4;
-    for (int m = 0; m < M; ++m) {
-      const float* xr = X + static_cast<int64_t>(m) * p.ldx;
-      uint8_t* qr = xq + static_cast<int64_t>(m) * K * (X16 ? 2 : 1);
-      for (int c0 = 0; c0 < rowc; c0 += kXUnroll * nt) {
-        float4 v[kXUnroll];
-#pragma unroll
-        for (int q = 0; q < kXUnroll; ++q) {
-          const int c = c0 + q * nt + tid;
-          v[q] = c < rowc ? *reinterpret_cast<const float4*>(xr + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int q = 0; q < kXUnroll; ++q) {
-          if (c0 + q * nt >= rowc) break;  // uniform over the block
-          const int c = c0 + q * nt + tid;
-          float amax = fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w)));
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1)
-            if (o < L) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-          if (c < rowc) {
-            const float sc = tc::x_scale(amax);
-            const uint32_t codes = tc::x_codes4(v[q], tc::x_inv(sc));
-            if constexpr (X16)
-              *reinterpret_cast<uint2*>(qr + 8 * c) = make_uint2(e4m3x2_lo(codes), e4m3x2_hi(codes));
-            else
-              *reinterpret_cast<uint32_t*>(qr + 4 * c) = codes;
-            if (c % 8 == 0) sx[(c / 8) * 8 + m] = sc;
-          }
-        }
-      }
-    }
-  }
+  // x's FP8 input site into shared memory, row by row (tc_mma.cuh's pass; a scale per 32 columns and token).
+  for (int m = 0; m < M; ++m)
+    tc::x_pass_row<nt, X16>(X + static_cast<int64_t>(m) * p.ldx, K, p.act, S, 0, S,
+                            xq + static_cast<int64_t>(m) * K * (X16 ? 2 : 1), sx + m, 8, tid);
   if constexpr (X16)
     if (tid < 4) reinterpret_cast<uint32_t*>(xq + static_cast<int64_t>(M) * K * 2)[tid] = 0u;  // the zero block
   __syncthreads();

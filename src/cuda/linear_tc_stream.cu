@@ -102,41 +102,6 @@ struct StreamArgs {
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory"); }
 
-// x's FP8 input site for one row into shared memory, by the consumer threads (tid < 256): the FP16 values of its codes
-// at xh + 2 k and a scale per 32 columns at sx[k / 32], for the stages s with (s - sa) mod S < span only (the others'
-// loads are skipped; their slots are not read). The decode GEMV's pass: an act group's chunks of 4 columns sit in
-// act / 4 consecutive lanes, which reduce its amax by shuffles.
-__device__ __forceinline__ void x_pass(const float* x, int K, int S, int act, int sa, int span, uint8_t* xh, float* sx,
-                                       int tid) {
-  const int Lq = act / 4, rowc = K / 4;
-  constexpr int kU = 4, nt = 32 * kConsumers;
-  for (int cb = 0; cb < rowc; cb += kU * nt) {
-    float4 v[kU];
-#pragma unroll
-    for (int q = 0; q < kU; ++q) {
-      const int c = cb + q * nt + tid;
-      const int st = 4 * c / kCols;
-      const bool need = c < rowc && (st - sa + S) % S < span;
-      v[q] = need ? *reinterpret_cast<const float4*>(x + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int q = 0; q < kU; ++q) {
-      if (cb + q * nt >= rowc) break;  // uniform over the consumers
-      const int c = cb + q * nt + tid;
-      float amax = fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w)));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-        if (o < Lq) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (c < rowc) {
-        const float sc = tc::x_scale(amax);
-        const uint32_t codes = tc::x_codes4(v[q], tc::x_inv(sc));
-        *reinterpret_cast<uint2*>(xh + 8 * c) = make_uint2(e4m3x2_lo(codes), e4m3x2_hi(codes));
-        if (c % 8 == 0) sx[c / 8] = sc;
-      }
-    }
-  }
-}
-
 // After a block's chunks: its stage totals are in T. Counts them on the (matrix, row group)s they belong to (group q =
 // chunk / CPG: matrix q / RG, row group q % RG); the block whose count completes a group adds that group's S totals of
 // each row in stage order ((0 + T_0) + T_1 ...: the contract's sum), writes y and zeroes the counter for the next call.
@@ -225,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   pdl_wait();
   uint8_t* xh = smem + L.xh;
   float* sx = reinterpret_cast<float*>(smem + L.sx);
-  x_pass(p.x, K, S, p.act, static_cast<int>(c0 % S), min(n, S), xh, sx, tid);
+  tc::x_pass_row<32 * kConsumers, true>(p.x, K, p.act, S, static_cast<int>(c0 % S), min(n, S), xh, sx, 1, tid);
   if (tid < 4) reinterpret_cast<uint32_t*>(xh + 2 * K)[tid] = 0u;  // the zero block of tokens 1..7
   consumers_sync();
 
@@ -323,8 +288,9 @@ __global__ void __launch_bounds__(kThreads, 2) tc_stream_fp4_kernel(StreamArgs p
     const int m = mf + j;
     const int64_t lo = max(c0, static_cast<int64_t>(m) * per_m), hi = min(c1, static_cast<int64_t>(m + 1) * per_m);
     const int cnt = static_cast<int>(hi - lo), sp0 = static_cast<int>(lo % P);
-    x_pass(p.x + static_cast<int64_t>(m % p.x_rows) * p.ldx, K, S, p.act, 2 * sp0, min(2 * cnt, S),
-           smem + L.xh + j * 2 * K, reinterpret_cast<float*>(smem + L.sx) + j * (K / 32), tid);
+    tc::x_pass_row<32 * kConsumers, true>(p.x + static_cast<int64_t>(m % p.x_rows) * p.ldx, K, p.act, S, 2 * sp0,
+                                          min(2 * cnt, S), smem + L.xh + j * 2 * K,
+                                          reinterpret_cast<float*>(smem + L.sx) + j * (K / 32), 1, tid);
   }
   if (tid < 4) reinterpret_cast<uint32_t*>(smem + L.xh + kMaxXRows * 2 * K)[tid] = 0u;  // the zero block
   consumers_sync();

@@ -91,4 +91,44 @@ __device__ __forceinline__ uint32_t x_codes4(float4 v, float inv) {
   return d;
 }
 
+// x's FP8 input site for one row of K floats into shared memory, by NT threads (tid < NT, whole warps): chunk c (the
+// float4 at column 4 c) in act / 4 consecutive lanes per act group, whose amax they reduce by shuffles; kU chunks per
+// thread loaded before any is used. X16: the codes' FP16 values at q + 2 k (the B fragments load as they are); else the
+// codes at q + k. Group scale of columns 32 j .. at sx[j * sx_stride]. Only the stages s (128 columns) with (s - sa)
+// mod S < span are loaded (span >= S: all); the other slots are written from zeros and never read. The decode GEMV's
+// and the one-row stream's x passes (linear_tc_gemv.cu, linear_tc_stream.cu).
+template <int NT, bool X16>
+__device__ __forceinline__ void x_pass_row(const float* x, int K, int act, int S, int sa, int span, uint8_t* q,
+                                           float* sx, int sx_stride, int tid) {
+  constexpr int kU = 4;
+  const int Lq = act / 4, rowc = K / 4;
+  for (int cb = 0; cb < rowc; cb += kU * NT) {
+    float4 v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = cb + u * NT + tid;
+      const bool need = c < rowc && (span >= S || (4 * c / 128 - sa + S) % S < span);
+      v[u] = need ? *reinterpret_cast<const float4*>(x + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (cb + u * NT >= rowc) break;  // uniform over the threads
+      const int c = cb + u * NT + tid;
+      float amax = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+        if (o < Lq) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (c < rowc) {
+        const float sc = x_scale(amax);
+        const uint32_t codes = x_codes4(v[u], x_inv(sc));
+        if constexpr (X16)
+          *reinterpret_cast<uint2*>(q + 8 * c) = make_uint2(e4m3x2_lo(codes), e4m3x2_hi(codes));
+        else
+          *reinterpret_cast<uint32_t*>(q + 4 * c) = codes;
+        if (c % 8 == 0) sx[(c / 8) * sx_stride] = sc;
+      }
+    }
+  }
+}
+
 }  // namespace deepinfer::cuda::tc
