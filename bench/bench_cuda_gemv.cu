@@ -408,6 +408,23 @@ void grouped_exact_table(cudaStream_t st, const std::vector<di::ops::QWeight>& w
   di::cuda::linear_set_fp4_gemm_rows(prev_rows);
 }
 
+// The anchor of a shape: the ceiling's read kernel over one weight copy's bytes (graph-launched like the calls,
+// rotating over the same copies, one 16-byte load per thread), so that a GEMV's distance from it is the kernel's own
+// and not the ramp and tail of a read this short. ms per call; `bytes` gets the bytes one call reads.
+double read_anchor_ms(cudaStream_t st, const std::vector<di::ops::QWeight>& ws, int sms, double& bytes) {
+  float* sink = nullptr;
+  CK(cudaMalloc(&sink, 4));
+  const size_t n16 = static_cast<size_t>(ws[0].w.nbytes()) / 16;
+  const unsigned grid = static_cast<unsigned>(std::min<size_t>((n16 + 511) / 512, size_t{8} * sms));
+  const double ms = time_calls(st, static_cast<int>(ws.size()), [&](int i) {
+    deepinfer::bench::read_kernel<<<grid, 512, 0, st>>>(static_cast<const float4*>(ws[static_cast<size_t>(i)].w.raw()),
+                                                        n16, sink);
+  });
+  CK(cudaFree(sink));
+  bytes = static_cast<double>(n16) * 16;
+  return ms;
+}
+
 // ---- the tensor-core contract at one row of x (BENCH_TC_ONE_ROW=1) --------------------------------------------------
 // linear_tc's two one-row paths on the V4.1 E4M3 shapes: the decode GEMV (linear_tc_gemv.cu, its register rings) and
 // the TMA stream (linear_tc_stream.cu, tc_stream_set), with the exact contract's kernel and the read of the same bytes
@@ -448,16 +465,9 @@ void tc_one_row_table(cudaStream_t st, double read_gbs, int sms) {
     int64_t differ = 0;
     for (int64_t i = 0; i < n; ++i)
       differ += std::memcmp(out[0].data<float>() + i, out[1].data<float>() + i, sizeof(float)) != 0;
-    float* sink = nullptr;
-    CK(cudaMalloc(&sink, 4));
-    const size_t n16 = static_cast<size_t>(ws[0].w.nbytes()) / 16;
-    const unsigned grid = static_cast<unsigned>(std::min<size_t>((n16 + 511) / 512, size_t{8} * sms));
-    const double ms_read = time_calls(st, copies, [&](int i) {
-      deepinfer::bench::read_kernel<<<grid, 512, 0, st>>>(
-          static_cast<const float4*>(ws[static_cast<size_t>(i)].w.raw()), n16, sink);
-    });
-    CK(cudaFree(sink));
-    const double gbs = su.wbytes / ms_tc[1] / 1e6, rgbs = static_cast<double>(n16) * 16 / ms_read / 1e6;
+    double rbytes = 0.0;
+    const double ms_read = read_anchor_ms(st, ws, sms, rbytes);
+    const double gbs = su.wbytes / ms_tc[1] / 1e6, rgbs = rbytes / ms_read / 1e6;
     std::printf(
         "| %s [%lld, %lld] | %.2f | %.2f | %.2f | %.0f | %.0f%% | %.2f | %.0f%% | %.2fx | %lld of %lld differ |\n",
         s.name, static_cast<long long>(s.N), static_cast<long long>(s.K), ms_exact * 1e3, ms_tc[0] * 1e3,
@@ -695,25 +705,14 @@ void run() {
         std::fflush(stdout);
       }
     }
-    // The anchor of this size: the read kernel of the ceiling over the weight's bytes (graph-launched like the
-    // calls above, rotating over the same copies, one 16-byte load per thread), so that a GEMV's distance from it is
-    // the kernel's own and not the ramp and tail of a read this short.
+    // The anchor of this size (read_anchor_ms).
     {
-      float* sink = nullptr;
-      CK(cudaMalloc(&sink, 4));
-      const size_t n16 = static_cast<size_t>(ws[0].w.nbytes()) / 16;
-      const unsigned grid =
-          static_cast<unsigned>(std::min<size_t>((n16 + 511) / 512, size_t{8} * prop.multiProcessorCount));
-      const double ms = time_calls(st, copies, [&](int i) {
-        deepinfer::bench::read_kernel<<<grid, 512, 0, st>>>(
-            static_cast<const float4*>(ws[static_cast<size_t>(i)].w.raw()), n16, sink);
-      });
-      const double bytes = static_cast<double>(n16) * 16;
+      double bytes = 0.0;
+      const double ms = read_anchor_ms(st, ws, prop.multiProcessorCount, bytes);
       std::printf("| %s [%lld, %lld] | %s read | - | %.2f | %.0f | %.0f%% | - | - | - | - | - |\n", s.name,
                   static_cast<long long>(s.N), static_cast<long long>(s.K), fmt_name(s.fmt), ms * 1e3, bytes / ms / 1e6,
                   100.0 * bytes / ms / 1e6 / read_gbs);
       std::fflush(stdout);
-      CK(cudaFree(sink));
     }
   }
 

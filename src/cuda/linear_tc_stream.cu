@@ -350,10 +350,12 @@ __global__ void __launch_bounds__(kThreads, 2) tc_stream_fp4_kernel(StreamArgs p
   finish(p, c0, c1, reinterpret_cast<int*>(smem + L.list), tid);
 }
 
-// The counter pool: zeroed once, a slice per (weight, row groups); nullptr when spent or when it cannot be made here
-// (its first use must not be inside a stream capture: the zeroing is a synchronous memset).
+// The counter pool: zeroed once, a slice per (call site, groups); a slice is nullptr while the pool is not made or
+// when it is spent. Made by ensure_pool outside a stream capture (the zeroing is a synchronous memset); slices are
+// host bookkeeping.
 struct Pool {
   std::mutex mu;
+  std::atomic<bool> ready{false};  // base is made (read without the lock on every linear_tc call)
   uint32_t* base = nullptr;
   uint32_t used = 0;
   bool failed = false;
@@ -377,26 +379,30 @@ bool capturing(cudaStream_t stream) {
   return false;
 }
 
-// The pool is made (cudaMalloc, a synchronous memset) only outside a capture; slices are host bookkeeping.
-uint32_t* counters_for(const void* w, int groups, bool may_create, cudaStream_t stream) {
+// Makes the pool at the first call outside a capture (a prefill's, say, before any decode step is captured).
+void ensure_pool(cudaStream_t stream) {
+  Pool& P = pool();
+  if (P.ready.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(P.mu);
+  if (P.base != nullptr || P.failed || capturing(stream)) return;
+  void* b = nullptr;
+  if (cudaMalloc(&b, kPoolCounters * sizeof(uint32_t)) != cudaSuccess ||
+      cudaMemset(b, 0, kPoolCounters * sizeof(uint32_t)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    (void)cudaGetLastError();
+    P.failed = true;
+    return;
+  }
+  P.base = static_cast<uint32_t*>(b);
+  P.ready.store(true, std::memory_order_release);
+}
+
+// The call site's slice of `groups` counters (made on first use when may_create), or nullptr.
+uint32_t* counters_for(const void* site, int groups, bool may_create) {
   Pool& P = pool();
   std::lock_guard<std::mutex> lock(P.mu);
-  const auto key = std::make_tuple(w, groups);
+  const auto key = std::make_tuple(site, groups);
   if (auto it = P.slices.find(key); it != P.slices.end()) return it->second;
-  if (!may_create || P.failed) return nullptr;
-  if (P.base == nullptr) {
-    if (capturing(stream)) return nullptr;
-    void* b = nullptr;
-    if (cudaMalloc(&b, kPoolCounters * sizeof(uint32_t)) != cudaSuccess ||
-        cudaMemset(b, 0, kPoolCounters * sizeof(uint32_t)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
-      (void)cudaGetLastError();
-      P.failed = true;
-      return nullptr;
-    }
-    P.base = static_cast<uint32_t*>(b);
-  }
-  if (groups == 0) return P.base;
-  if (P.used + static_cast<uint32_t>(groups) > kPoolCounters) return nullptr;
+  if (!may_create || P.base == nullptr || P.used + static_cast<uint32_t>(groups) > kPoolCounters) return nullptr;
   uint32_t* s = P.base + P.used;
   P.used += static_cast<uint32_t>(groups);
   P.slices.emplace(key, s);
@@ -451,7 +457,7 @@ Plan plan_of(const TcGemvArgs& a) {
 bool tc_stream_takes(const TcGemvArgs& a, CUstream_st* stream) {
   const int md = mode();
   if (md == 0) return false;
-  (void)counters_for(nullptr, 0, true, stream);  // the pool, at the first call outside a capture (prefill's, say)
+  ensure_pool(stream);
   const bool grouped = a.row_expert != nullptr;
   if ((a.act != 32 && a.act != 64 && a.act != 128) || a.K > kMaxK || a.N < 1 ||
       reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.ldx % 4 != 0 || !a.sc4)
@@ -466,7 +472,7 @@ bool tc_stream_takes(const TcGemvArgs& a, CUstream_st* stream) {
   const Plan pl = plan_of(a);
   if (!pl.ok || (md == 1 && !grouped && !large_enough(pl.chunks))) return false;
   const void* key = grouped ? static_cast<const void*>(a.w_table) : static_cast<const void*>(a.w);
-  return counters_for(key, pl.M * pl.RG, true, stream) != nullptr;
+  return counters_for(key, pl.M * pl.RG, true) != nullptr;
 }
 
 int tc_stream_set(int m) {
@@ -480,7 +486,7 @@ void tc_stream_into(const TcGemvArgs& a, CUstream_st* stream) {
   const bool grouped = a.row_expert != nullptr;
   const Plan pl = plan_of(a);
   const void* key = grouped ? static_cast<const void*>(a.w_table) : static_cast<const void*>(a.w);
-  uint32_t* cnt = counters_for(key, pl.M * pl.RG, false, stream);
+  uint32_t* cnt = counters_for(key, pl.M * pl.RG, false);
   DI_CHECK(cnt != nullptr && pl.ok, "cuda: tc_stream_into on a call tc_stream_takes refused");
   const Tensor T = call_scratch(static_cast<size_t>(pl.M) * pl.S * a.N * sizeof(float));
   StreamArgs p{};
