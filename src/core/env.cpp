@@ -90,6 +90,11 @@ const std::vector<EnvVar>& env_vars() {
        "tuning (A/B): decode steps of at most this many rows run independent work (the shared expert beside the "
        "routed experts, the attention's side projections) on a second CUDA stream; 0 never; same bits either way",
        true},
+      {"DEEPINFER_CUDA_NORM_PREFETCH", "1",
+       "tuning (A/B): 1 loads the norm weights of the register-held CUDA norms (rms_norm, hc_collapse_norm, "
+       "attn_input_norms) before griddepcontrol.wait, so that their HBM latency passes under the previous kernel "
+       "(~17-20 us a batch-1 step on the H100); 0 after the row; same bits either way",
+       true},
       {"DEEPINFER_CUDA_GRAPHS", "1",
        "1 replays the decode step's dense pieces (between two attentions) as CUDA graphs, one set per batch size of "
        "at most DEEPINFER_CUDA_GRAPH_MAX_BATCH rows (captured at its second step); 0 launches every kernel; same bits "

@@ -2,9 +2,9 @@
 // attn_inputs.cuh.
 //
 // Why one kernel: at decode each of the four ops is a one-block launch of a few microseconds, four per layer. The
-// arithmetic is the ops' own device functions (norm_row_vec, rope_rotate, warp_fake_quant_fp8), so the bits are
-// theirs: the norm groups its FP64 sum by the thread count rms_norm would launch for that row (norm_vec_threads),
-// RoPE and the fake quant are elementwise or an order-independent max.
+// arithmetic is the ops' own device functions (norm_weights_vec / norm_row_apply, rope_rotate, warp_fake_quant_fp8), so
+// the bits are theirs: the norm groups its FP64 sum by the thread count rms_norm would launch for that row
+// (norm_vec_threads), RoPE and the fake quant are elementwise or an order-independent max.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,12 +37,13 @@ struct AttnArgs {
   NormRows q, kv;
   float eps;
   bool round;
+  bool early_w;      // the norm weights loaded before griddepcontrol.wait (norm_prefetch)
   int64_t rope_dim;  // RoPE on kv's last rope_dim columns (0: none)
   RopeRows rope;
   int64_t quant_end, quant_block;  // fake_quant_fp8 of kv's [0, quant_end) (quant_block 0: none)
 };
 
-// Row t of h into norm_row_vec's layout (every load issued before the first use).
+// Row t of h into norm_row_apply's layout (every load issued before the first use).
 __device__ __forceinline__ void load_row(const NormRows& h, int64_t t, float4 (&v)[kNormVecMax]) {
   const float4* xr = reinterpret_cast<const float4*>(h.x + t * h.stride);
   const int tid = static_cast<int>(threadIdx.x);
@@ -57,14 +58,25 @@ __device__ __forceinline__ void load_row(const NormRows& h, int64_t t, float4 (&
 // tail, fake-quantises [0, quant_end) one group per warp, and writes it to kv. blockDim = the larger nt.
 template <typename WQ, typename WK>
 __global__ void __launch_bounds__(kNormVecThreads) attn_inputs_kernel(AttnArgs a, const WQ* q_w, const WK* kv_w) {
+  // The half's norm weight first (norm_weights_vec: before the wait unless a.early_w is off).
+  float4 wv[kNormVecMax];
+  const bool q_half = blockIdx.y == 0;
+  auto weights = [&] {
+    if (q_half)
+      norm_weights_vec(wv, a.q.n4, a.q.nt, q_w);
+    else
+      norm_weights_vec(wv, a.kv.n4, a.kv.nt, kv_w);
+  };
+  if (a.early_w) weights();
   pdl_wait();
   pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
   float4 v[kNormVecMax];
-  if (blockIdx.y == 0) {
+  if (q_half) {
     load_row(a.q, t, v);
-    norm_row_vec(v, a.q.n4, a.q.nt, a.q.cols, q_w, a.eps, a.round);
+    if (!a.early_w) weights();
+    norm_row_apply(v, wv, a.q.cols, q_w != nullptr, a.eps, a.round);
     float4* yr = reinterpret_cast<float4*>(a.q.y + t * a.q.cols);
 #pragma unroll
     for (int k = 0; k < kNormVecMax; ++k) {
@@ -76,7 +88,8 @@ __global__ void __launch_bounds__(kNormVecThreads) attn_inputs_kernel(AttnArgs a
   extern __shared__ float4 row4[];  // the kv row, a.kv.n4 float4
   const NormRows& h = a.kv;
   load_row(h, t, v);
-  norm_row_vec(v, h.n4, h.nt, h.cols, kv_w, a.eps, a.round);
+  if (!a.early_w) weights();
+  norm_row_apply(v, wv, h.cols, kv_w != nullptr, a.eps, a.round);
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int c = tid + k * h.nt;
@@ -154,6 +167,7 @@ ops::AttnInputs attn_input_norms(const Tensor& qa, const Tensor& q_w, const Tens
       kv.data, kv.row_stride, kv.cols, static_cast<int>(kv.cols / 4), norm_vec_threads(kv.cols), out.kv.data<float>()};
   a.eps = eps;
   a.round = round;
+  a.early_w = norm_prefetch();
   a.rope_dim = rope_dim;
   a.quant_end = quant_end;
   a.quant_block = std::max<int64_t>(quant_block, 0);

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -42,17 +43,16 @@ __global__ void rms_norm_kernel(const float* x, int64_t row_stride, int64_t cols
 
 // The same op for rows of at most kNormVecThreads * kNormVecMax float4 (8,192 columns, cols % 4 == 0, 16-byte
 // aligned rows): the row is loaded once into registers (every load of a thread issued before the first use) and
-// normalised there (norm_row_vec in rms_norm.cuh), so a decode row costs one load latency instead of a chain of
+// normalised there (norm_row_apply in rms_norm.cuh), so a decode row costs one load latency instead of a chain of
 // them (the loop above waits on each strided load in turn and reads x twice). Same arithmetic per value; the FP64
 // sum of squares is grouped differently (any grouping of these exact squares almost always rounds to the same fp32
 // variance).
 
-// v (norm_row_vec's layout for nt = blockDim.x) normalised and written to yr.
-template <typename W>
-__device__ __forceinline__ void norm_row_vec_store(float4 (&v)[kNormVecMax], int n4, int64_t cols, const W* w,
-                                                   float eps, bool round, float4* yr) {
+// v (norm_row_apply's layout for nt = blockDim.x) normalised with wv (norm_weights_vec's) and written to yr.
+__device__ __forceinline__ void norm_row_vec_store(float4 (&v)[kNormVecMax], const float4 (&wv)[kNormVecMax], int n4,
+                                                   int64_t cols, bool has_w, float eps, bool round, float4* yr) {
   const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
-  norm_row_vec(v, n4, nt, cols, w, eps, round);
+  norm_row_apply(v, wv, cols, has_w, eps, round);
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int c = tid + k * nt;
@@ -60,20 +60,25 @@ __device__ __forceinline__ void norm_row_vec_store(float4 (&v)[kNormVecMax], int
   }
 }
 
+// early_w: the weight is loaded before griddepcontrol.wait (norm_weights_vec; DEEPINFER_CUDA_NORM_PREFETCH).
 template <typename W>
 __global__ void __launch_bounds__(kNormVecThreads)
-    rms_norm_vec_kernel(const float* x, int64_t row_stride, int64_t cols, const W* w, float eps, bool round, float* y) {
+    rms_norm_vec_kernel(const float* x, int64_t row_stride, int64_t cols, const W* w, float eps, bool round,
+                        bool early_w, float* y) {
+  const int n4 = static_cast<int>(cols / 4), tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  float4 wv[kNormVecMax];
+  if (early_w) norm_weights_vec(wv, n4, nt, w);
   pdl_wait();
   pdl_launch_dependents();
   const float4* xr = reinterpret_cast<const float4*>(x + blockIdx.x * row_stride);
-  const int n4 = static_cast<int>(cols / 4), tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
   float4 v[kNormVecMax];
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int c = tid + k * nt;
     v[k] = c < n4 ? xr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  norm_row_vec_store(v, n4, cols, w, eps, round, reinterpret_cast<float4*>(y + blockIdx.x * cols));
+  if (!early_w) norm_weights_vec(wv, n4, nt, w);
+  norm_row_vec_store(v, wv, n4, cols, w != nullptr, eps, round, reinterpret_cast<float4*>(y + blockIdx.x * cols));
 }
 
 // hc_collapse then rms_norm of one token per block (dim % 4 == 0, dim <= 8192, 16-byte aligned): the
@@ -83,14 +88,16 @@ __global__ void __launch_bounds__(kNormVecThreads)
 template <int HC, typename W>
 __global__ void __launch_bounds__(kNormVecThreads)
     hc_collapse_norm_kernel(const float* stream, const float* pre, int hc_rt, int64_t dim, const W* w, float eps,
-                            bool round, float* y) {
+                            bool round, bool early_w, float* y) {
+  const int n4 = static_cast<int>(dim / 4), tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  float4 wv[kNormVecMax];
+  if (early_w) norm_weights_vec(wv, n4, nt, w);
   pdl_wait();
   pdl_launch_dependents();
   constexpr int kH = HC > 0 ? HC : 8;
   const int hc = HC > 0 ? HC : hc_rt;
   const int64_t t = blockIdx.x;
   const float4* s = reinterpret_cast<const float4*>(stream + t * hc * dim);
-  const int n4 = static_cast<int>(dim / 4), tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
   float p[kH];
 #pragma unroll
   for (int j = 0; j < kH; ++j) p[j] = j < hc ? pre[t * hc + j] : 0.0f;
@@ -118,7 +125,8 @@ __global__ void __launch_bounds__(kNormVecThreads)
       acc = make_float4(round_to_bf16(acc.x), round_to_bf16(acc.y), round_to_bf16(acc.z), round_to_bf16(acc.w));
     v[k] = tid + k * nt < n4 ? acc : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  norm_row_vec_store(v, n4, dim, w, eps, round, reinterpret_cast<float4*>(y + t * dim));
+  if (!early_w) norm_weights_vec(wv, n4, nt, w);
+  norm_row_vec_store(v, wv, n4, dim, w != nullptr, eps, round, reinterpret_cast<float4*>(y + t * dim));
 }
 
 }  // namespace
@@ -140,6 +148,11 @@ bool norm_vec_fits(const float* data, int64_t cols, int64_t row_stride, const Te
 
 int norm_vec_threads(int64_t cols) { return threads_for(cols / 4, kNormVecThreads); }  // one float4 each, <= 8
 
+bool norm_prefetch() {
+  static const bool on = env_switch("DEEPINFER_CUDA_NORM_PREFETCH", 1) != 0;
+  return on;
+}
+
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
   const Rows r = as_rows(x, "cuda::rms_norm");
   check_norm_weight(w, r.cols, "cuda::rms_norm");
@@ -152,11 +165,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round) {
     const int threads = norm_vec_threads(r.cols);
     if (w.defined() && w.dtype() == DType::kBF16) {
       launch_pdl(rms_norm_vec_kernel<__nv_bfloat16>, grid, threads, 0, nullptr, r.data, r.row_stride, r.cols,
-                 w.data<__nv_bfloat16>(), eps, round, out);
+                 w.data<__nv_bfloat16>(), eps, round, norm_prefetch(), out);
     } else {
       const float* wf = w.defined() ? w.data<float>() : nullptr;
       launch_pdl(rms_norm_vec_kernel<float>, grid, threads, 0, nullptr, r.data, r.row_stride, r.cols, wf, eps, round,
-                 out);
+                 norm_prefetch(), out);
     }
     DI_CUDA_CHECK(cudaGetLastError());
     return y;
@@ -200,7 +213,7 @@ Tensor hc_collapse_norm(const Tensor& stream, const Tensor& pre, const Tensor& w
     using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
     auto kernel = hc == 4 ? hc_collapse_norm_kernel<4, W> : hc_collapse_norm_kernel<0, W>;
     launch_pdl(kernel, grid, threads, 0, nullptr, stream.data<float>(), pre.data<float>(), static_cast<int>(hc), dim,
-               wp, eps, round, y.data<float>());
+               wp, eps, round, norm_prefetch(), y.data<float>());
   };
   if (w.defined() && w.dtype() == DType::kBF16)
     go(w.data<__nv_bfloat16>());

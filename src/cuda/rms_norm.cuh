@@ -22,7 +22,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, bool round);
 // pre [T, hc] float32 on kCUDA. Returns [T, dim].
 Tensor hc_collapse_norm(const Tensor& stream, const Tensor& pre, const Tensor& w, float eps, bool round);
 
-// The register-held kernel's range (norm_row_vec below): rows of at most kNormVecThreads * kNormVecMax float4,
+// The register-held kernel's range (norm_row_apply below): rows of at most kNormVecThreads * kNormVecMax float4,
 // each thread holding up to kNormVecMax of them.
 constexpr int kNormVecThreads = 256;
 constexpr int kNormVecMax = 8;
@@ -32,6 +32,8 @@ constexpr int kNormVecMax = 8;
 // that must give rms_norm's bits ask these, since the FP64 sum's grouping depends on that count.
 bool norm_vec_fits(const float* data, int64_t cols, int64_t row_stride, const Tensor& w);
 int norm_vec_threads(int64_t cols);
+// Whether the register-held norms load their weight before griddepcontrol.wait (DEEPINFER_CUDA_NORM_PREFETCH, 1).
+bool norm_prefetch();
 // Throws (naming `op`) unless w is undefined or a contiguous BF16 / F32 [cols] CUDA tensor.
 void check_norm_weight(const Tensor& w, int64_t cols, const char* op);
 
@@ -56,24 +58,28 @@ __device__ __forceinline__ float4 norm_weight4(const float* w, int64_t c4) {
   return reinterpret_cast<const float4*>(w)[c4];
 }
 
-// The RMSNorm of one row held in registers (rms_norm's kernel for rows of at most 8,192 columns): the first nt
-// threads of the block hold v[k] = float4 number tid + k * nt of the row (zeros past n4); threads from nt on hold
-// zeros and only join the reduction (every thread of the block must call this). On return v holds
-// w * (x * rsqrt(mean(x^2) + eps)), rounded to bf16 if `round`. The weight is loaded before the reduction, so a
-// decode row costs one load latency. The FP64 sum's grouping depends on nt, not on blockDim: the extra warps
-// add exact zeros, so a wider block (a fused kernel's) gives the bits of a launch of nt threads.
+// The norm weight in norm_row_apply's layout (ones where w is null or past the row): a weight is no earlier kernel's
+// output, so the kernels load it before griddepcontrol.wait and its HBM latency passes under the previous kernel.
 template <typename W>
-__device__ __forceinline__ void norm_row_vec(float4 (&v)[kNormVecMax], int n4, int nt, int64_t cols, const W* w,
-                                             float eps, bool round) {
+__device__ __forceinline__ void norm_weights_vec(float4 (&wv)[kNormVecMax], int n4, int nt, const W* w) {
   const int tid = static_cast<int>(threadIdx.x);
   const bool active = tid < nt;
-  float4 wv[kNormVecMax];
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int c = tid + k * nt;
     wv[k] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     if (w != nullptr && active && c < n4) wv[k] = norm_weight4(w, c);
   }
+}
+
+// The RMSNorm of one row held in registers (rms_norm's kernel for rows of at most 8,192 columns): the first nt
+// threads of the block hold v[k] = float4 number tid + k * nt of the row (zeros past n4); threads from nt on hold
+// zeros and only join the reduction (every thread of the block must call this). wv: norm_weights_vec's (has_w false:
+// no weight). On return v holds w * (x * rsqrt(mean(x^2) + eps)), rounded to bf16 if `round`. The FP64 sum's grouping
+// depends on nt, not on blockDim: the extra warps add exact zeros, so a wider block (a fused kernel's) gives the bits
+// of a launch of nt threads.
+__device__ __forceinline__ void norm_row_apply(float4 (&v)[kNormVecMax], const float4 (&wv)[kNormVecMax], int64_t cols,
+                                               bool has_w, float eps, bool round) {
   double ss = 0.0;
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
@@ -87,7 +93,7 @@ __device__ __forceinline__ void norm_row_vec(float4 (&v)[kNormVecMax], int n4, i
   // 1/sqrt with IEEE division and square root (not the approximate rsqrtf), like the CPU op.
   const float inv = 1.0f / sqrtf(var + eps);
   auto one = [&](float a, float wt) {
-    const float r = w != nullptr ? wt * (a * inv) : a * inv;  // w * (x * inv): the reference's order
+    const float r = has_w ? wt * (a * inv) : a * inv;  // w * (x * inv): the reference's order
     return round ? round_to_bf16(r) : r;
   };
 #pragma unroll
