@@ -34,10 +34,11 @@ OPTIONAL = [
 
 
 def short(name):
-    for ns in ("(anonymous namespace)::", "<unnamed>::", "unnamed>::", "deepinfer::cuda::"):
-        name = name.replace(ns, "")
-    name = re.sub(r"\(.*", "", name)
-    return name.replace("void ", "")[:48]
+    # ncu's CSV writes an anonymous namespace as "unnamed>" ("void unnamed>::k<unnamed>::T, 8>(...)").
+    name = name.replace("(anonymous namespace)::", "").replace("deepinfer::cuda::", "")
+    name = re.sub(r"\(.*", "", name).replace("void ", "")
+    name = name.replace("unnamed>::", "")
+    return name[:48]
 
 
 def load(path):

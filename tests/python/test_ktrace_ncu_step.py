@@ -29,15 +29,16 @@ def rows(kid, name, ns, read_bytes, regs=32):
 
 
 # Two complete steps (embedding_kernel starts each), then the start of a third. Step 0: embedding 2 us, two gemv
-# calls of 10 and 20 us reading 30 and 50 MB, a norm of 3 us. Step 1: embedding 2 us, one gemv of 40 us.
+# calls of 10 and 20 us reading 30 and 50 MB, a norm of 3 us. Step 1: embedding 2 us, one gemv of 40 us, one k of 1 us.
 CSV = "\n".join(["==PROF== Connected to process 1", "model: 4 layers", HEADER] +
                 rows(0, "embedding_kernel(int)", 2000, 1000) +
-                rows(1, "void <unnamed>::gemv<1>(Params)", 10000, 30_000_000) +
+                rows(1, "void unnamed>::gemv<1>(Params)", 10000, 30_000_000) +
                 rows(2, "void (anonymous namespace)::gemv<1>(Params)", 20000, 50_000_000, regs=128) +
                 rows(3, "norm_kernel(const float *)", 3000, 0) +
                 rows(4, "embedding_kernel(int)", 2000, 1000) +
-                rows(5, "void (anonymous namespace)::gemv<1>(Params)", 40000, 80_000_000) +
-                rows(6, "embedding_kernel(int)", 2000, 1000)) + "\n"
+                rows(5, "unnamed>::gemv<1>(Params)", 40000, 80_000_000) +
+                rows(6, "void unnamed>::k<unnamed>::Runs, 8>(Params)", 1000, 0) +
+                rows(7, "embedding_kernel(int)", 2000, 1000)) + "\n"
 
 
 def run_tool(tmp_path, text, *args):
@@ -64,8 +65,10 @@ def test_first_step_sums_per_name(tmp_path):
 def test_default_is_the_last_complete_step(tmp_path):
     out = run_tool(tmp_path, CSV, "--quiet")
     assert out.returncode == 0, out.stderr
-    assert "step: 2 kernels, 42.0 us of kernel time one by one, 80.0 MB read from DRAM" in out.stdout
-    assert per_name(out.stdout)["gemv<1>"] == (1, 40.0, 80.0)
+    assert "step: 3 kernels, 43.0 us of kernel time one by one, 80.0 MB read from DRAM" in out.stdout
+    table = per_name(out.stdout)
+    assert table["gemv<1>"] == (1, 40.0, 80.0)  # ncu's "unnamed>::" dropped, the template's "<" kept
+    assert table["k<Runs, 8>"] == (1, 1.0, 0.0)
 
 
 def test_errors_are_clear(tmp_path):
