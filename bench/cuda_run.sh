@@ -7,7 +7,8 @@
 # generated here by tools/make_checkpoint.py: FAMILY v4|v41, LAYERS layers; default v41, 4 layers).
 # BENCHES (default "gemm gemv attention model") picks which run; "stream" adds bench_cuda_stream (the decode GEMVs'
 # weight access pattern without their arithmetic, vs the read ceiling) and "wgmma_probe" bench_cuda_wgmma_probe
-# (fp8_wgmma_gemv's pipeline pieces timed apart, the E4M3 wgmma by width). Each writes OUT_DIR/<name>.txt.
+# (fp8_wgmma_gemv's pipeline pieces timed apart, the E4M3 wgmma by width), "bmma_probe" bench_cuda_bmma_probe (a design
+# for the exact E4M3 one-row GEMV against the engine's kernel, bits and time). Each writes OUT_DIR/<name>.txt.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -25,6 +26,7 @@ for b in ${BENCHES:-gemm gemv attention model}; do
     attention) timeout 120 "$bin/bench_cuda_attention" > "$out/attention.txt" 2>&1 ;;
     stream) timeout 120 "$bin/bench_cuda_stream" > "$out/stream.txt" 2>&1 ;;
     wgmma_probe) timeout 180 "$bin/bench_cuda_wgmma_probe" > "$out/wgmma_probe.txt" 2>&1 ;;
+    bmma_probe) timeout 120 "$bin/bench_cuda_bmma_probe" > "$out/bmma_probe.txt" 2>&1 ;;
     model)
       ckpt=${CKPT_DIR:-/tmp/deepinfer-flash-$family-$layers}
       if [ ! -f "$ckpt/config.json" ]; then
