@@ -54,14 +54,6 @@ struct Params {
   int N, K;
 };
 
-__device__ __forceinline__ uint4 ldg_nc(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // D = diag(X) B over 16 columns: a = {R0, 0, 0, R3} (the diagonal lanes' X halves), b0 / b1 the weights' f16x2.
 __device__ __forceinline__ void mma16(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -85,9 +77,7 @@ __global__ void __launch_bounds__(32 * kWarps) bmma_gemv(Params p) {
   // x: a warp per 32-column chunk, a lane per column (column 8 j + g' of the chunk).
   for (int c = warp; c < nch; c += kWarps) {
     const float v = p.x[32 * c + lane];
-    float amax = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = di::cuda::fp8_group_scale(amax);
+    const float s = di::cuda::warp_fp8_group_scale(fabsf(v));
     const float X = di::cuda::e4m3_rne(v / s);
     const uint32_t bits = __half_as_ushort(__float2half_rn(X));
     const int gg = lane & 7, j = lane >> 3;  // MMA m = j / 2: R0 for j even (row gg), R3 for j odd (row gg + 8)
@@ -112,10 +102,14 @@ __global__ void __launch_bounds__(32 * kWarps) bmma_gemv(Params p) {
     const int n0 = rg * 8;
     const uint8_t* wrow = p.w + static_cast<int64_t>(n0 + g) * p.ldw + 32 * t;  // tile t of each segment of row g
     const uint32_t* codes = reinterpret_cast<const uint32_t*>(p.sc + static_cast<int64_t>(n0 / 32) * p.lds);
-    uint4 q[kDepth][2];
+    uint4 q[kDepth][2];  // ring slot d: this lane's 32 bytes of a segment
+    auto load = [&](int d, int seg) {
+      q[d][0] = di::cuda::ldg_stream(wrow + 128 * seg);
+      q[d][1] = di::cuda::ldg_stream(wrow + 128 * seg + 16);
+    };
 #pragma unroll
     for (int d = 0; d < kDepth; ++d)
-      if (d < nseg) q[d][0] = ldg_nc(wrow + 128 * d), q[d][1] = ldg_nc(wrow + 128 * d + 16);
+      if (d < nseg) load(d, d);
     float tot0 = 0.0f, tot1 = 0.0f;  // chain l = g of rows n0 + 2t, n0 + 2t + 1
     for (int s0 = 0; s0 < nseg; s0 += kDepth) {
 #pragma unroll
@@ -132,8 +126,7 @@ __global__ void __launch_bounds__(32 * kWarps) bmma_gemv(Params p) {
         uint8_t* dst = stage + (seg & 1) * kSlotBytes + g * kRowStride + 32 * t;
         *reinterpret_cast<uint4*>(dst) = h0;
         *reinterpret_cast<uint4*>(dst + 16) = h1;
-        if (seg + kDepth < nseg)
-          q[d][0] = ldg_nc(wrow + 128 * (seg + kDepth)), q[d][1] = ldg_nc(wrow + 128 * (seg + kDepth) + 16);
+        if (seg + kDepth < nseg) load(d, seg + kDepth);
         __syncwarp();    // also orders this slot's reads two segments ago before the stores above
         uint32_t wv[8];  // [tile][half] words of this lane
         {

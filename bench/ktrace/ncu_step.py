@@ -19,9 +19,12 @@ A step runs from one launch of the marker kernel to the next; --step -2 (default
 """
 import argparse
 import csv
-import re
+import os
 import sys
 from collections import OrderedDict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import short  # noqa: E402
 
 TIME = "gpu__time_duration.sum"
 BYTES = "dram__bytes_read.sum"
@@ -31,14 +34,6 @@ OPTIONAL = [
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps%"),
     ("launch__registers_per_thread", "regs"),
 ]
-
-
-def short(name):
-    # ncu's CSV writes an anonymous namespace as "unnamed>" ("void unnamed>::k<unnamed>::T, 8>(...)").
-    name = name.replace("(anonymous namespace)::", "").replace("deepinfer::cuda::", "")
-    name = re.sub(r"\(.*", "", name).replace("void ", "")
-    name = name.replace("unnamed>::", "")
-    return name[:48]
 
 
 def load(path):

@@ -26,7 +26,10 @@ def demangle(names):
 
 
 def short(name):
-    name = name.replace("(anonymous namespace)::", "").replace("deepinfer::cuda::", "")
+    """A demangled kernel name without namespaces, arguments or "void", cut to 48 characters. ncu's CSV writes an
+    anonymous namespace as "unnamed>" ("void unnamed>::k<unnamed>::T, 8>(...)"), CUPTI's as "(anonymous namespace)"."""
+    for ns in ("(anonymous namespace)::", "unnamed>::", "deepinfer::cuda::"):
+        name = name.replace(ns, "")
     name = re.sub(r"\(.*", "", name)
     return name.replace("void ", "")[:48]
 
