@@ -90,6 +90,18 @@ const std::vector<EnvVar>& env_vars() {
        "tuning (A/B): decode steps of at most this many rows run independent work (the shared expert beside the "
        "routed experts, the attention's side projections) on a second CUDA stream; 0 never; same bits either way",
        true},
+      {"DEEPINFER_CUDA_BMMA", "0",
+       "tuning (A/B): 1 sends the E4M3 decode GEMV calls that read each weight row once (one row of x, or one per "
+       "matrix of a grouped call: wo_b, wo_a, the shared expert, wq_a + wkv) to fp8_bmma_gemv (the weights as the "
+       "tensor cores' B operand, 8 rows a warp) instead of fp8_walk_gemv / fp8_gemv; same bits either way",
+       true},
+      {"DEEPINFER_CUDA_BMMA_DEPTH", "4",
+       "tuning (A/B): 128-byte weight segments in flight per lane in fp8_bmma_gemv, 4 or 8; same bits either way",
+       true},
+      {"DEEPINFER_CUDA_BMMA_WARPS", "4",
+       "tuning (A/B): warps a block in fp8_bmma_gemv, 4, 2 or 1 (fewer spread a narrow weight over more SMs); same "
+       "bits either way",
+       true},
       {"DEEPINFER_CUDA_NORM_PREFETCH", "1",
        "tuning (A/B): 1 loads the norm weights of the register-held CUDA norms (rms_norm, hc_collapse_norm, "
        "attn_input_norms) before griddepcontrol.wait, so that their HBM latency passes under the previous kernel "

@@ -49,11 +49,13 @@ __device__ __forceinline__ void slow_rows(const float* xr, const uint8_t* b0p, c
   }
 }
 
-// y of rows g, g + 8 from the lane-held chains (lane r holds tot[a][e] of chain 2 r + e):
+// y of rows g, g + 8 (rows = 1: row g only) from the lane-held chains (lane r holds tot[a][e] of chain 2 r + e):
 // y = ((tot0 + tot4) + (tot2 + tot6)) + ((tot1 + tot5) + (tot3 + tot7)) + 0.
-__device__ __forceinline__ void store_lane_rows(const GemvCall& p, int mt, int n0, int r, const float (&tot)[2][2]) {
+__device__ __forceinline__ void store_lane_rows(const GemvCall& p, int mt, int n0, int r, const float (&tot)[2][2],
+                                                int rows = 2) {
 #pragma unroll
   for (int a = 0; a < 2; ++a) {
+    if (a >= rows) break;
     const float u0 = __fadd_rn(tot[a][0], __shfl_xor_sync(0xffffffffu, tot[a][0], 2));  // r < 2: u_{2r}
     const float u1 = __fadd_rn(tot[a][1], __shfl_xor_sync(0xffffffffu, tot[a][1], 2));  // u_{2r + 1}
     // Lane r = 0 holds u0, u1; lane 1 holds u2, u3.

@@ -35,6 +35,7 @@
 #include "cuda/linear_gemv_bf16.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
+#include "cuda/linear_gemv_fp8_bmma.cuh"
 #include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda/linear_gemv_fp8_rows.cuh"
 #include "cuda/linear_gemv_fp8_wgmma.cuh"
@@ -998,7 +999,8 @@ std::atomic<int> g_bf16_variant{kBf16DefaultVariant};
 // faster and fp8_rows_gemv (linear_gemv_fp8_rows.cu) for the dense decode batches where it measured faster (the
 // default; fp8_uses_mma, fp8_uses_rows; since the thirty-sixth session fp8_wgmma_gemv for single-row calls on N >=
 // 16,384, fp8_uses_wgmma), 6 = fp8_rows_gemv wherever it takes the call, the default elsewhere, 7 = fp8_wgmma_gemv
-// (linear_gemv_fp8_wgmma.cu) wherever it takes the call, the default elsewhere. gemv_set_fp8_variant.
+// (linear_gemv_fp8_wgmma.cu) wherever it takes the call, the default elsewhere, 8 = fp8_bmma_gemv
+// (linear_gemv_fp8_bmma.cu) wherever it takes the call, the default elsewhere. gemv_set_fp8_variant.
 constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
@@ -1021,7 +1023,7 @@ int gemv_set_fp4_variant(int v) {
 }
 
 int gemv_set_fp8_variant(int v) {
-  DI_CHECK(v >= 0 && v <= 7, "gemv_set_fp8_variant: {} is not 0 .. 7", v);
+  DI_CHECK(v >= 0 && v <= 8, "gemv_set_fp8_variant: {} is not 0 .. 8", v);
   return g_fp8_variant.exchange(v == 0 ? kFp8DefaultVariant : v, std::memory_order_relaxed);
 }
 
@@ -1088,6 +1090,19 @@ bool fp8_uses_mma(const GemvArgs& a) {
   const bool wide = a.N >= kMmaMinRows && (a.M == 1 || (a.M >= 3 && a.M <= 64));
   const bool second_pass = a.N >= 4096 && (a.M == 5 || a.M == 6);
   return (wide || second_pass) && gemv_fp8_mma_supported(a);
+}
+
+bool fp8_uses_bmma(const GemvArgs& a) {
+  // fp8_bmma_gemv (8 weight rows a warp) for the calls that read each weight row once: dense at one row of x, grouped
+  // with one x row per matrix (wo_a's groups, the shared expert's w1 / w3 at one token), under the default variant
+  // when DEEPINFER_CUDA_BMMA is 1 (off by default until the model A / B on the GPU machine says otherwise).
+  static const bool on = env_switch("DEEPINFER_CUDA_BMMA", 1) != 0;
+  const int v = gemv_fp8_variant();
+  if (v == 8) return gemv_fp8_bmma_supported(a);
+  if (v != 5 || !on) return false;
+  const int xr = a.x_rows > 0 ? a.x_rows : a.M;
+  const bool one_row = a.row_expert == nullptr ? a.M == 1 : a.row_period > 0 && xr == a.row_period;
+  return one_row && gemv_fp8_bmma_supported(a);
 }
 
 bool fp8_uses_wgmma(const GemvArgs& a) {
@@ -1194,6 +1209,8 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   copy_gemv_args(a, p);
   if (a.fmt == kFp8 && fp8_uses_wgmma(a))
     gemv_fp8_wgmma_into(a, stream);
+  else if (a.fmt == kFp8 && fp8_uses_bmma(a))
+    gemv_fp8_bmma_into(a, stream);
   else if (a.fmt == kFp8 && fp8_uses_rows(a))
     gemv_fp8_rows_into(a, stream);
   else if (a.fmt == kFp8 && fp8_uses_mma(a))

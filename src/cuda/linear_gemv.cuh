@@ -122,8 +122,10 @@ int gemv_set_fp4_variant(int v);
 // and 3's choice for the others, 5 = 3's choice but fp8_mma_gemv for the dense calls where it measured faster (N >=
 // 16,384 at 1 or 3-64 rows of x, N >= 4,096 at 5-6 rows; the default), 6 = fp8_rows_gemv wherever it takes the call, 7
 // = fp8_wgmma_gemv (linear_gemv_fp8_wgmma.cuh: TMA and wgmma, dense calls of 1-4 rows of x) wherever it takes the call,
-// 0 = the default again. gemv_set_fp8_variant returns the variant in force before the call; gemv_fp8_variant the one in
-// force; gemv_fp8_uses_walk whether a call of this shape (grouped or dense with N weight rows and M rows of x) runs
+// 8 = fp8_bmma_gemv (linear_gemv_fp8_bmma.cuh: the weights as the mma's B operand, 8 rows a warp) wherever it takes the
+// call (and under 5 with DEEPINFER_CUDA_BMMA=1, the calls that read each weight row once), 0 = the default again.
+// gemv_set_fp8_variant returns the variant in force before the call; gemv_fp8_variant the one in force;
+// gemv_fp8_uses_walk whether a call of this shape (grouped or dense with N weight rows and M rows of x) runs
 // fp8_walk_gemv under it.
 int gemv_set_fp8_variant(int v);
 // Tests and benchmarks: the form of fp8_walk_gemv in the following gemv_into calls, 1 = the pair form (two lanes per

@@ -31,6 +31,7 @@
 #include "cuda/device.h"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_fp4_mma.cuh"
+#include "cuda/linear_gemv_fp8_bmma.cuh"
 #include "cuda/linear_gemv_fp8_mma.cuh"
 #include "cuda/linear_gemv_fp8_wgmma.cuh"
 #include "cuda_test_util.h"
@@ -48,18 +49,18 @@ constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never c
 
 // Runs a case once per kernel of its weight format, the name tagged with the kernel: E4M3 "[fp8 old]" (fp8_gemv) /
 // "[fp8 walk]" (fp8_walk_gemv, its pair form) / "[fp8 mma]" (fp8_mma_gemv) / "[fp8 rows]" (fp8_rows_gemv) /
-// "[fp8 wgmma]" (fp8_wgmma_gemv; the calls these three do not take run the default kernels) / "[fp8 walk whole]"
-// (fp8_walk_gemv's whole-chunk form where it applies), BF16 "[bf16 chain]" (chain_gemv) / "[bf16 tile]"
-// (bf16_tile_gemv), FP4 "[fp4 old]" (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the format's
-// gemv_set_*_variant (1, 2; 0 restores).
+// "[fp8 wgmma]" (fp8_wgmma_gemv; the calls these four do not take run the default kernels) / "[fp8 walk whole]"
+// (fp8_walk_gemv's whole-chunk form where it applies) / "[fp8 bmma]" (fp8_bmma_gemv), BF16 "[bf16 chain]" (chain_gemv)
+// / "[bf16 tile]" (bf16_tile_gemv), FP4 "[fp4 old]" (chain_gemv) / "[fp4 new]" (fp4_pair_gemv); chosen through the
+// format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
-  const char* tags[6] = {"", "", "", "", "", ""};
+  const char* tags[7] = {"", "", "", "", "", "", ""};
   int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
     tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", tags[4] = " [fp8 wgmma]", tags[5] = " [fp8 walk whole]";
-    variants = 6;
+    tags[6] = " [fp8 bmma]", variants = 7;
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
@@ -72,11 +73,11 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
   }
   for (int v = 1; v <= variants; ++v) {
     // Variant 4: the mma kernel wherever it takes the call (3 is a by-size rule); 6: the rows kernel likewise; 7: the
-    // wgmma kernel likewise. The walk kernel twice for E4M3: its pair form, then its whole-chunk form
-    // (gemv_set_fp8_walk_form).
+    // wgmma kernel likewise; 8: the bmma kernel likewise. The walk kernel twice for E4M3: its pair form, then its
+    // whole-chunk form (gemv_set_fp8_walk_form).
     const bool walk = dt == di::DType::kE4M3 && (v == 2 || v == 6);
     if (walk) di::cuda::gemv_set_fp8_walk_form(v == 6 ? 2 : 1);
-    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v == 6 ? 2 : v);
+    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v == 6 ? 2 : v == 7 ? 8 : v);
     run_case(name + tags[v - 1], body);
     if (walk) di::cuda::gemv_set_fp8_walk_form(0);
   }
@@ -616,6 +617,7 @@ struct MmaKernel {
   void (*into)(const di::cuda::GemvArgs&, cudaStream_t);
   int64_t (*slow_warps)(bool);
   std::string (*hang)() = nullptr;
+  int64_t rows_per_warp = 16;  // weight rows a slow-path count stands for
 };
 std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& wd, const di::Tensor& x,
                       const di::Tensor& ids, int x_rows, int n_experts, const di::Tensor& want,
@@ -648,7 +650,7 @@ std::string check_mma(const MmaKernel& k, const std::vector<di::ops::QWeight>& w
     const std::string h = k.hang();
     if (!h.empty()) return "the kernel gave up waiting: " + h;
   }
-  const int64_t slow = k.slow_warps(true), warps = M * ((N + 15) / 16);
+  const int64_t slow = k.slow_warps(true), warps = M * ((N + k.rows_per_warp - 1) / k.rows_per_warp);
   std::printf("     slow-path warps %lld of %lld\n", static_cast<long long>(slow), static_cast<long long>(warps));
   const std::string bits = compare_bits(want, di::cuda::copy_to_host(yd));
   if (!bits.empty()) return bits;
@@ -769,13 +771,14 @@ std::string run_fp8_mma_case(const MmaKernel& k, const Fp8MmaCase& c, uint32_t& 
   return check_mma(k, wd, x, ids, c.groups > 0 ? M : 0, G, want, o, c.slow);
 }
 
-// fp8_mma_gemv on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, one row of x; grouped as wo_a), each case
-// stating how many warps must take the slow path (gemv_fp8_mma_slow_warps): 0 on the model's shapes and with an e4m3
-// NaN code; some where a row block carries tile scale code 0 (its factor times x's scale leaves the normal floats); all
-// with x = 3e38 in one tile (its kx leaves the range). (Codes above 246 are the contract's known gap: not tested.)
-// special 4 (x = 1e-20 beside O(1) values) is for raw x: that tile is not X 2^kx with X in f16.
-void test_fp8_mma() {
-  uint32_t seed = 9950;
+// fp8_mma_gemv (bmma: fp8_bmma_gemv, 8 rows a warp) on the V4.1 E4M3 shapes (tiles of 32, act_quant_block 32, one row
+// of x; grouped as wo_a), each case stating how many warps must take the slow path (gemv_fp8_mma_slow_warps): 0 on the
+// model's shapes and with an e4m3 NaN code; some where a row block carries tile scale code 0 (its factor times x's
+// scale leaves the normal floats); all with x = 3e38 in one tile (its kx leaves the range). (Codes above 246 are the
+// contract's known gap: not tested.) special 4 (x = 1e-20 beside O(1) values) is for raw x: that tile is not X 2^kx
+// with X in f16.
+void test_fp8_mma(bool bmma = false) {
+  uint32_t seed = bmma ? 9970 : 9950;
   struct Case {
     const char* what;
     Fp8MmaCase c;  // N, K, groups, x rows, special, slow
@@ -790,12 +793,17 @@ void test_fp8_mma() {
       {"code 0 (2^-127) in a row block", {640, 1024, 0, 1, 1, 1}},
       {"a NaN weight code", {640, 1024, 0, 1, 2, 0}},
       {"x = 3e38 in one tile", {640, 1024, 0, 1, 3, 2}},
+      {"ragged N, not a multiple of 8", {1001, 1024, 0, 1, 0, 0}},
+      {"shared w1 / w3", {2304, 5120, 0, 1, 0, 0}},
   };
-  const MmaKernel k{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into, di::cuda::gemv_fp8_mma_slow_warps};
+  const MmaKernel k = bmma ? MmaKernel{di::cuda::gemv_fp8_bmma_supported, di::cuda::gemv_fp8_bmma_into,
+                                       di::cuda::gemv_fp8_bmma_slow_warps, nullptr, 8}
+                           : MmaKernel{di::cuda::gemv_fp8_mma_supported, di::cuda::gemv_fp8_mma_into,
+                                       di::cuda::gemv_fp8_mma_slow_warps};
   for (const Case& cs : cases) {
     char name[300];
-    std::snprintf(name, sizeof name, "gemv fp8 mma %s N=%lld K=%lld groups=%d", cs.what, static_cast<long long>(cs.c.N),
-                  static_cast<long long>(cs.c.K), cs.c.groups);
+    std::snprintf(name, sizeof name, "gemv fp8 %s %s N=%lld K=%lld groups=%d", bmma ? "bmma" : "mma", cs.what,
+                  static_cast<long long>(cs.c.N), static_cast<long long>(cs.c.K), cs.c.groups);
     run_case(name, [&]() -> std::string { return run_fp8_mma_case(k, cs.c, seed); });
   }
 }
@@ -1033,6 +1041,8 @@ int main() {
   di::cuda::gemv_fp8_wgmma_set_hang_ns(2'000'000'000ull);
   // GEMV_TESTS_ONLY=wgmma: fp8_wgmma_gemv's probe and cases alone (a first run on a new GPU, under a timeout).
   const char* only = std::getenv("GEMV_TESTS_ONLY");
+  if (only != nullptr && std::string(only) == "bmma")  // GEMV_TESTS_ONLY=bmma: fp8_bmma_gemv's cases alone
+    return cuda_test::run_test_program([] { test_fp8_mma(true); });
   if (only != nullptr && std::string(only) == "wgmma")
     return cuda_test::run_test_program([] {
       test_fp8_wgmma_probe();
@@ -1047,6 +1057,7 @@ int main() {
     test_grouped();
     test_fp4_mma();
     test_fp8_mma();
+    test_fp8_mma(true);
     test_fp8_wgmma_probe();
     test_fp8_wgmma_probe_raw();
     test_fp8_wgmma();
