@@ -7,8 +7,8 @@
 # generated here by tools/make_checkpoint.py: FAMILY v4|v41, LAYERS layers; default v41, 4 layers).
 # BENCHES (default "gemm gemv attention model") picks which run; "stream" adds bench_cuda_stream (the decode GEMVs'
 # weight access pattern without their arithmetic, vs the read ceiling) and "wgmma_probe" bench_cuda_wgmma_probe
-# (fp8_wgmma_gemv's pipeline pieces timed apart, the E4M3 wgmma by width), "bmma_probe" bench_cuda_bmma_probe (a design
-# for the exact E4M3 one-row GEMV against the engine's kernel, bits and time). Each writes OUT_DIR/<name>.txt.
+# (fp8_wgmma_gemv's pipeline pieces timed apart, the E4M3 wgmma by width), "bmma_probe" bench_cuda_bmma_probe
+# (fp8_bmma_gemv against the default E4M3 kernel at one x row, bits and time). Each writes OUT_DIR/<name>.txt.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(cd "$1" && pwd)

@@ -167,6 +167,21 @@ __device__ __forceinline__ void mma_x_chunks(const float* xr, int nch, int warp,
   mma_fold_flags(flags, lane, ok, kmin, kmax);
 }
 
+// Whether a warp's E4M3 row block takes the fast path (warp-uniform): ok (x's chunks all exact) and every scale code
+// of its row block (codes: nch bytes in shared memory, 4-byte aligned, nch % 4 == 0) in [lo, hi].
+__device__ __forceinline__ bool mma_codes_fast(const uint8_t* codes, int nch, int lane, bool ok, int lo, int hi) {
+  bool fast = ok && lo <= hi;
+  for (int i = lane; i < nch / 4; i += 32) {
+    const uint32_t e4 = reinterpret_cast<const uint32_t*>(codes)[i];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int v = static_cast<int>((e4 >> (8 * b)) & 0xffu);
+      fast = fast && v >= lo && v <= hi;
+    }
+  }
+  return __all_sync(0xffffffffu, fast) != 0;
+}
+
 // D = A diag(B): with B's only nonzeros on its diagonal, d0 / d1 are rows g, columns 2t / 2t + 1 (the lane's own a0
 // times the diagonal's x), d2 / d3 rows g + 8: four exact products per lane (fp16 x fp16 into fp32, summed with zeros).
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {

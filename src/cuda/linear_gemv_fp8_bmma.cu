@@ -175,16 +175,7 @@ __global__ void __launch_bounds__(32 * kWarps, kDepth == 4 ? 4 : 3) fp8_bmma_gem
     if (base >= N) continue;  // warp-uniform; no block barrier below
     cp_async_wait_all();
     __syncwarp();  // the row block's codes are in
-    bool fast = x_ok && lo <= hi;
-    for (int i = lane; i < nch / 4; i += 32) {
-      const uint32_t e4 = reinterpret_cast<const uint32_t*>(codes)[i];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int v = static_cast<int>((e4 >> (8 * b)) & 0xffu);
-        fast = fast && v >= lo && v <= hi;
-      }
-    }
-    fast = __all_sync(0xffffffffu, fast);
+    const bool fast = mma_codes_fast(codes, nch, lane, x_ok, lo, hi);
     if (fast) {
       float tot0 = 0.0f, tot1 = 0.0f;  // chain l = g of rows base + 2t, base + 2t + 1
       for (int s0 = 0; s0 < nseg; s0 += kDepth) {

@@ -166,16 +166,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp8_mma_gemv(MmaParams p) {
     cp_async_wait_all();
     __syncwarp();                                    // the row block's codes are in
     float tot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [row][e]: chains l = 2r + e
-    bool fast = x_ok && lo <= hi;
-    for (int i = lane; i < nch / 4; i += 32) {
-      const uint32_t e4 = reinterpret_cast<const uint32_t*>(codes)[i];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int v = static_cast<int>((e4 >> (8 * b)) & 0xffu);
-        fast = fast && v >= lo && v <= hi;
-      }
-    }
-    fast = __all_sync(0xffffffffu, fast);
+    const bool fast = mma_codes_fast(codes, nch, lane, x_ok, lo, hi);
     if (fast) {
       for (int s0 = 0; s0 < nseg; s0 += kMmaDepth) {
 #pragma unroll
