@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/device.h"
 #include "cuda/linear_gemv.cuh"
 #include "cuda/linear_gemv_fp8_bmma.cuh"
 #include "cuda_bench_util.cuh"
@@ -30,6 +31,7 @@ struct Shape {
 
 int main() {
   return di::bench::bench_main("bench_cuda_bmma_probe", [] {
+    di::cuda::init();
     cudaStream_t st;
     DI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     const double read_gbs = di::bench::read_ceiling_gbs(st, size_t{1} << 30);

@@ -1095,7 +1095,9 @@ bool fp8_uses_mma(const GemvArgs& a) {
 bool fp8_uses_bmma(const GemvArgs& a) {
   // fp8_bmma_gemv (8 weight rows a warp) for the calls that read each weight row once: dense at one row of x, grouped
   // with one x row per matrix (wo_a's groups, the shared expert's w1 / w3 at one token), under the default variant
-  // when DEEPINFER_CUDA_BMMA is 1 (off by default until the model A / B on the GPU machine says otherwise).
+  // when DEEPINFER_CUDA_BMMA is 1. Off by default: exact, but slower in the model (H100, 4-layer V4.1 flash-shape,
+  // batch 1, alternated ktraces: +226 us a step at depth 4, +178 at depth 8, +180 with 2 warps a block, +346 with 1;
+  // bench/RESULTS.md, fifty-ninth session).
   static const bool on = env_switch("DEEPINFER_CUDA_BMMA", 1) != 0;
   const int v = gemv_fp8_variant();
   if (v == 8) return gemv_fp8_bmma_supported(a);
