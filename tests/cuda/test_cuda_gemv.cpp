@@ -1,7 +1,8 @@
 // GPU check of the decode GEMV (src/cuda/linear_gemv.cu) against the CPU op ops::linear, bit for bit.
 //
 // Not a ctest test (CI has no GPU). Run on a Hopper machine:
-//   ./build/src/cuda/deepinfer_cuda_gemv_tests      (GEMV_TESTS_ONLY=wgmma: fp8_wgmma_gemv's cases alone)
+//   ./build/src/cuda/deepinfer_cuda_gemv_tests      (GEMV_TESTS_ONLY=wgmma / bmma: fp8_wgmma_gemv's / fp8_bmma_gemv's
+//                                                    cases alone)
 // Prints one PASS/FAIL line per case (and "     differ x/n ..." under each comparison); exit status
 // 0 = all passed, 1 = a failure, 2 = no GPU.
 //
@@ -13,7 +14,8 @@
 // several expert lists sharing the x rows, GemvArgs::x_rows). Every FP4 case runs on each FP4 kernel
 // ("[fp4 old]": chain_gemv, "[fp4 new]": fp4_pair_gemv, "[fp4 mma]": fp4_mma_gemv where it takes the call, chosen
 // through gemv_set_fp4_variant; test_fp4_mma adds the calls that reach its fast path), every E4M3 case
-// on both E4M3 kernels ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv, gemv_set_fp8_variant), including
+// on every E4M3 kernel ("[fp8 old]": fp8_gemv, "[fp8 walk]": fp8_walk_gemv, ... "[fp8 bmma]": fp8_bmma_gemv, see
+// run_variants; gemv_set_fp8_variant), including
 // x that sends fp8_walk_gemv to its slow path (huge or tiny x, raw fp32 x), and every BF16 case on both BF16 kernels
 // ("[bf16 chain]": chain_gemv, "[bf16 lane/tile]": bf16_lane_gemv / bf16_tile_gemv where they take the call,
 // gemv_set_bf16_variant).
