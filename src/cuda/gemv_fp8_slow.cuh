@@ -20,8 +20,33 @@ __device__ __forceinline__ float tile_scale(float v) {
   return fp8_group_scale(__uint_as_float(__reduce_max_sync(0xffffffffu, a)));
 }
 
-// The slow path of one warp's 16 rows: each product as the CPU forms it (fp8_walk_gemv's arithmetic), x quantised per
-// tile by the warp (quantise: act_quant_block 32; else x as given); b0p / b1p are rows g and g + 8.
+// A 32-column tile of x (a lane per column, v) act-quantised as the tensor-core E4M3 GEMVs form it: X =
+// e4m3_rne(v / s), x's E4M3 code value (exact in f16), and kx with s = 2^kx (1 / s read off the exponent: s is a
+// power of two; kx outside [-100, 100] sends the block to the slow path and X is unused). The MmaChunk the prologue
+// folds (mma_x_chunks) is {kx, fp8_kx_ok(kx)}.
+struct Fp8Tile {
+  float X;
+  int kx;
+};
+__device__ __forceinline__ Fp8Tile fp8_tile_code(float v) {
+  const float s = tile_scale(v);
+  const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;       // s = 2^kx (inf for an infinite amax)
+  const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));  // 2^-kx
+  return Fp8Tile{e4m3_rne(__fmul_rn(v, inv)), kx};
+}
+__device__ __forceinline__ bool fp8_kx_ok(int kx) { return kx >= -100 && kx <= 100; }
+
+// The scale codes e that keep a row block on the fast path, given the block's flags (x_ok, kx min, kx max): e <= 246
+// and e + kx in [1, 254] for every tile's kx (lo > hi: none).
+__device__ __forceinline__ void fp8_fast_codes(const int* flags, int& lo, int& hi) {
+  lo = max(0, 1 - flags[1]);
+  hi = min(246, 254 - flags[2]);
+}
+
+// The slow path of one warp's 16 rows (kRows = 2; 1: row g only, tot[1] untouched): each product as the CPU forms it
+// (fp8_walk_gemv's arithmetic), x quantised per tile by the warp (quantise: act_quant_block 32; else x as given); b0p /
+// b1p are rows g and g + 8.
+template <int kRows = 2>
 __device__ __forceinline__ void slow_rows(const float* xr, const uint8_t* b0p, const uint8_t* b1p, const uint8_t* codes,
                                           int nch, int lane, int r, float (&tot)[2][2], bool quantise = true) {
 #pragma unroll 1
@@ -38,10 +63,10 @@ __device__ __forceinline__ void slow_rows(const float* xr, const uint8_t* b0p, c
         const int el = 8 * j + 2 * r + e;
         const float xe = __shfl_sync(0xffffffffu, xq, el);
         pv[0][j] = __fmaf_rn(__fmul_rn(e4m3_decode(b0p[32 * c + el]), 0x1p-8f), xe, 0.0f);
-        pv[1][j] = __fmaf_rn(__fmul_rn(e4m3_decode(b1p[32 * c + el]), 0x1p-8f), xe, 0.0f);
+        if (kRows == 2) pv[1][j] = __fmaf_rn(__fmul_rn(e4m3_decode(b1p[32 * c + el]), 0x1p-8f), xe, 0.0f);
       }
 #pragma unroll
-      for (int a = 0; a < 2; ++a) {
+      for (int a = 0; a < kRows; ++a) {
         const float sl = __fadd_rn(__fadd_rn(__fadd_rn(pv[a][0], pv[a][1]), pv[a][2]), pv[a][3]);
         tot[a][e] = __fmaf_rn(sl, fac, tot[a][e]);
       }
@@ -49,13 +74,12 @@ __device__ __forceinline__ void slow_rows(const float* xr, const uint8_t* b0p, c
   }
 }
 
-// y of rows g, g + 8 (rows = 1: row g only) from the lane-held chains (lane r holds tot[a][e] of chain 2 r + e):
+// y of rows g, g + 8 (kRows = 1: row g only) from the lane-held chains (lane r holds tot[a][e] of chain 2 r + e):
 // y = ((tot0 + tot4) + (tot2 + tot6)) + ((tot1 + tot5) + (tot3 + tot7)) + 0.
-__device__ __forceinline__ void store_lane_rows(const GemvCall& p, int mt, int n0, int r, const float (&tot)[2][2],
-                                                int rows = 2) {
+template <int kRows = 2>
+__device__ __forceinline__ void store_lane_rows(const GemvCall& p, int mt, int n0, int r, const float (&tot)[2][2]) {
 #pragma unroll
-  for (int a = 0; a < 2; ++a) {
-    if (a >= rows) break;
+  for (int a = 0; a < kRows; ++a) {
     const float u0 = __fadd_rn(tot[a][0], __shfl_xor_sync(0xffffffffu, tot[a][0], 2));  // r < 2: u_{2r}
     const float u1 = __fadd_rn(tot[a][1], __shfl_xor_sync(0xffffffffu, tot[a][1], 2));  // u_{2r + 1}
     // Lane r = 0 holds u0, u1; lane 1 holds u2, u3.

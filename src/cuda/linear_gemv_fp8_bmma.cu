@@ -144,21 +144,19 @@ __global__ void __launch_bounds__(32 * kWarps, kDepth == 4 ? 4 : 3) fp8_bmma_gem
   // x quantised per tile (a warp per tile, a lane per column 8 j + g' of the tile) into the diagonal lanes' A
   // fragments: MMA m = j / 2, R0 (row g') for j even, R3 (row g' + 8) for j odd, the f16 in half g' % 2.
   mma_x_chunks<kWarps>(xr, nch, warp, lane, flags, [&](int c, float v) {
-    const float s = tile_scale(v);
-    const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;       // s = 2^kx (inf for an infinite amax)
-    const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));  // 2^-kx (unused outside kx's range)
-    const float X = e4m3_rne(__fmul_rn(v, inv));
-    const uint32_t bits = __half_as_ushort(__float2half_rn(X));
+    const Fp8Tile q = fp8_tile_code(v);
+    const uint32_t bits = __half_as_ushort(__float2half_rn(q.X));
     const int gp = lane & 7, j = lane >> 3;
     uint32_t* frag = img + (c * 8 + gp) * 8 + 4 * (j >> 1);
     frag[(j & 1) ? 3 : 0] = bits << (16 * (gp & 1));
     frag[(j & 1) ? 2 : 1] = 0u;
-    if (lane == 0) kxs[c] = kx * (1 << 23);
-    return MmaChunk{kx, kx >= -100 && kx <= 100};
+    if (lane == 0) kxs[c] = q.kx * (1 << 23);
+    return MmaChunk{q.kx, fp8_kx_ok(q.kx)};
   });
   __syncthreads();  // fragments, kx, flags complete
   const bool x_ok = flags[0] != 0;
-  const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
+  int lo, hi;
+  fp8_fast_codes(flags, lo, hi);
 
   const bool diag = t == (g >> 1);
   const uint32_t a_base = static_cast<uint32_t>(__cvta_generic_to_shared(diag ? img + g * 8 : zeros));
@@ -227,8 +225,8 @@ __global__ void __launch_bounds__(32 * kWarps, kDepth == 4 ? 4 : 3) fp8_bmma_gem
       // Lane (g, r = t) takes row base + g, chains 2t + e (slow_rows' mapping with one row).
       float tot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
       const uint8_t* row = wrow - 32 * t;
-      slow_rows(xr, row, row, codes, nch, lane, t, tot);
-      store_lane_rows(p, mt, base + g, t, tot, 1);
+      slow_rows<1>(xr, row, row, codes, nch, lane, t, tot);
+      store_lane_rows<1>(p, mt, base + g, t, tot);
     }
     __syncwarp();  // the staging slots and codes buffer are free for the next step
   }

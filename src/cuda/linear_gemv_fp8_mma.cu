@@ -138,22 +138,18 @@ __global__ void __launch_bounds__(32 * kMmaWarps, 4) fp8_mma_gemv(MmaParams p) {
 
   // x quantised per tile (a warp per tile, a lane per column) into the B images.
   mma_x_chunks(xr, nch, warp, lane, flags, [&](int c, float v) {
-    const float s = tile_scale(v);
-    const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;  // s = 2^kx (inf for an infinite amax)
-    // 1 / s = 2^-kx exactly, read off the exponent (s is a power of two; outside kx's range the block is slow and the
-    // images unused).
-    const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));
-    const float X = e4m3_rne(__fmul_rn(v, inv));  // fp8_fake_quant_inv's code value, exact in fp16
-    const uint32_t bits = __half_as_ushort(__float2half_rn(X));
+    const Fp8Tile q = fp8_tile_code(v);  // fp8_fake_quant_inv's code value, exact in fp16
+    const uint32_t bits = __half_as_ushort(__float2half_rn(q.X));
     // Element l = lane of tile c: A-tile l / 8, data lane g' = l % 8, half g' % 2; segment c / 2, slot 4 (c % 2) + j.
     const int gp = lane & 7;
     img[((c >> 1) * 8 + gp) * 8 + 4 * (c & 1) + (lane >> 3)] = bits << (16 * (gp & 1));
-    if (lane == 0) kxs[c] = kx * (1 << 23);
-    return MmaChunk{kx, kx >= -100 && kx <= 100};
+    if (lane == 0) kxs[c] = q.kx * (1 << 23);
+    return MmaChunk{q.kx, fp8_kx_ok(q.kx)};
   });
   __syncthreads();  // images, kx, flags complete
   const bool x_ok = flags[0] != 0;
-  const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
+  int lo, hi;
+  fp8_fast_codes(flags, lo, hi);
 
   const bool data_lane = r == (g >> 1);
   const uint32_t bsrc = static_cast<uint32_t>(__cvta_generic_to_shared(data_lane ? img + 8 * g : zeros));

@@ -399,20 +399,18 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinBlocks<MX, RAW>)
     } else {
       uint8_t* xm = xc + static_cast<int64_t>(m) * K;
       mma_x_chunks(xg + m * p.ldx, nch, warp, lane, flags, [&](int c, float v) {
-        const float s = tile_scale(v);
-        const int kx = static_cast<int>(__float_as_uint(s) >> 23) - 127;       // s = 2^kx (inf for an infinite amax)
-        const float inv = __uint_as_float((254u << 23) - __float_as_uint(s));  // 2^-kx (unused when kx is out of range)
-        xm[(c >> 2) * 128 + 4 * lane + (c & 3)] =
-            __nv_cvt_float_to_fp8(e4m3_rne(__fmul_rn(v, inv)), __NV_SATFINITE, __NV_E4M3);
-        if (lane == 0) km[c] = kx * (1 << 23);
-        return MmaChunk{kx, kx >= -100 && kx <= 100};
+        const Fp8Tile q = fp8_tile_code(v);
+        xm[(c >> 2) * 128 + 4 * lane + (c & 3)] = __nv_cvt_float_to_fp8(q.X, __NV_SATFINITE, __NV_E4M3);
+        if (lane == 0) km[c] = q.kx * (1 << 23);
+        return MmaChunk{q.kx, fp8_kx_ok(q.kx)};
       });
     }
   }
   mbar_arrive(x_ready);  // this thread's codes are in (the producer writes the diagonals from them)
   consumers_sync();      // codes, kx and flags complete
   const bool x_ok = flags[0] != 0;
-  const int lo = max(0, 1 - flags[1]), hi = min(246, 254 - flags[2]);  // e <= 246 and e + kx in [1, 254]
+  int lo, hi;
+  fp8_fast_codes(flags, lo, hi);
   const int g = lane >> 2, r = lane & 3;
 
   RingPos pos;   // of the next stage
