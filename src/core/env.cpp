@@ -105,8 +105,9 @@ const std::vector<EnvVar>& env_vars() {
        true},
       {"DEEPINFER_CUDA_NORM_PREFETCH", "1",
        "tuning (A/B): 1 loads the norm weights of the register-held CUDA norms (rms_norm, hc_collapse_norm, "
-       "attn_input_norms) before griddepcontrol.wait, so that their HBM latency passes under the previous kernel "
-       "(~17-20 us a batch-1 step on the H100); 0 after the row; same bits either way",
+       "attn_input_norms) and the decode attention's sinks before griddepcontrol.wait, so that their HBM latency "
+       "passes under the previous kernel (~17-20 us a batch-1 step on the H100, for the norms); 0 where they are "
+       "used; same bits either way",
        true},
       {"DEEPINFER_CUDA_GRAPHS", "1",
        "1 replays the decode step's dense pieces (between two attentions) as CUDA graphs, one set per batch size of "

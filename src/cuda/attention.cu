@@ -12,6 +12,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/rms_norm.cuh"
 #include "cuda/rope.cuh"
 
 namespace deepinfer::cuda {
@@ -382,7 +383,11 @@ template <int HG>
 __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 ? 1 : 2)
     sparse_attn_split_kernel(const float* __restrict__ q, const float* __restrict__ kv, const int32_t* __restrict__ idx,
                              const float* __restrict__ sink, float* __restrict__ out, int H, int D, int N, int K,
-                             float scale, bool bf16_probs, bool round, SplitLayout L, Derot derot) {
+                             float scale, bool bf16_probs, bool round, SplitLayout L, Derot derot, bool early_sink) {
+  // early_sink (norm_prefetch): the sink of head h0 + tid (step 4's threads tid < HG), a weight that no earlier kernel
+  // writes, read before griddepcontrol.wait instead of in step 4, where its HBM latency held those threads' P.V.
+  const int h0s = static_cast<int>(blockIdx.x / kC) * HG + static_cast<int>(threadIdx.x);
+  const float sink_h = early_sink && threadIdx.x < HG && h0s < H ? __ldg(sink + h0s) : 0.0f;
   pdl_wait();
   pdl_launch_dependents();
   // The de-rotation of this thread's P.V output column (step 5: c0 + cl), loaded now (derot_factors).
@@ -682,7 +687,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kThreads, HG == 16 
       if (MN[h * ntiles + j] != -INFINITY) l = __fadd_rn(__fmul_rn(l, RS[h * ntiles + j]), TS[h * ntiles + j]);
     const float m = ntiles > 0 ? MN[h * ntiles + ntiles - 1] : -INFINITY;
     MF[h] = m;
-    LF[h] = (h < nh && m != -INFINITY) ? __fadd_rn(l, exp_f(__fsub_rn(sink[h0 + h], m))) : 0.0f;
+    LF[h] = (h < nh && m != -INFINITY) ? __fadd_rn(l, exp_f(__fsub_rn(early_sink ? sink_h : sink[h0 + h], m))) : 0.0f;
   }
 
   // ---- 5. P.V in FP64, tile by tile ---------------------------------------------------------------------
@@ -844,7 +849,8 @@ void launch_split(const Tensor& q, const Tensor& kv, const Tensor& idx, const Te
   const dim3 grid(static_cast<unsigned>((H + HG - 1) / HG * kC), static_cast<unsigned>(T));
   launch_pdl(sparse_attn_split_kernel<HG>, grid, kThreads, smem, stream, q.data<float>(), kv.data<float>(),
              idx.data<int32_t>(), sink.data<float>(), out.data<float>(), static_cast<int>(H), static_cast<int>(D),
-             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round, L, derot);
+             static_cast<int>(kv.size(0)), static_cast<int>(idx.size(1)), scale, bf16_probs, round, L, derot,
+             norm_prefetch());
   DI_CUDA_CHECK(cudaGetLastError());
 }
 
