@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call of issue 8's sessions in a fixed time budget, returning at most 8 files: main's checks, the batch-1
+# One device call of issue 8's sessions in a fixed time budget, returning at most four files: main's checks, the batch-1
 # figure and, given variants, alternated ktraces of each against the defaults. Why: device time comes in short calls
 # that often fail to start, so a call should do the standard work in one go, keep what finished when the call is cut
 # off, and leave the rest undone in a known order rather than by a timeout in the middle.
@@ -17,8 +17,10 @@
 #   4. ktrace (10 s a trace): GPU_CALL_ROUNDS (default 3) rounds of d and every variant, then bench/ktrace/ab.py of each
 #      variant against d (GPU_CALL_BETWEEN: its --between pairs) and report.py's per-kernel table of d's first trace
 #      into OUT/log.txt; the traces in OUT/ktrace.tgz.
-# GPU_CALL_SKIP: step names to leave out (test, model, ktrace). Exit status: 0 when every step that ran passed, 1 when
-# one failed, 2 without a GPU (nothing run) or on bad arguments.
+#   5. benches (60 s each): GPU_CALL_BENCHES (e.g. "bmma_probe gemv") through bench/cuda_run.sh, their tables into
+#      OUT/log.txt (the binaries must be in TARBALL).
+# GPU_CALL_SKIP: step names to leave out (test, model, ktrace, benches). Exit status: 0 when every step that ran passed,
+# 1 when one failed, 2 without a GPU (nothing run) or on bad arguments.
 set -u
 [ $# -ge 2 ] || { echo "usage: $0 TARBALL OUT [NAME=ENV ...]" >&2; exit 2; }
 tarball=$1 out=$2
@@ -101,6 +103,19 @@ if [ $have_ckpt -eq 1 ] && [ $# -gt 0 ] && runs ktrace $((10 * rounds * ($# + 1)
     rc=1
   fi
   (cd "$kts" 2> /dev/null && tar -czf "$out/ktrace.tgz" ./*.csv ./*.log 2> /dev/null)
+fi
+
+read -r -a benches <<< "${GPU_CALL_BENCHES:-}"
+if [ ${#benches[@]} -gt 0 ] && runs benches $((60 * ${#benches[@]})); then
+  for b in "${benches[@]}"; do
+    say "-- bench $b (t=${SECONDS}s)"
+    BENCHES=$b bash "$here/bench/cuda_run.sh" "$bin" "$w/benches" > "$w/benches.txt" 2>&1
+    cat "$w/benches/$b.txt" >> "$log" 2> /dev/null
+    if ! grep -q "^$b: rc=0 " "$w/benches.txt"; then
+      say "$b: FAILED ($(grep "^$b: rc=" "$w/benches.txt" || echo 'no run'))"
+      rc=1
+    fi
+  done
 fi
 
 say "gpu_call: done in ${SECONDS} s, exit $rc"

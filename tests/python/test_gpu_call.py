@@ -1,7 +1,8 @@
 """Tests of bench/gpu_call.sh (one device call's checks, figure and ktraces in a time budget) with stand-ins: a fake
 nvidia-smi, a tarball of fake test and bench programs, a checkpoint folder that already holds a config.json. What is
 checked: the steps' summary in log.txt and the few files that come back, a failing check failing the call, steps left
-out when the budget is short or GPU_CALL_SKIP names them, no GPU and bad arguments refused with exit 2.
+out when the budget is short or GPU_CALL_SKIP names them, GPU_CALL_BENCHES through bench/cuda_run.sh, no GPU and bad
+arguments refused with exit 2.
 
 Run: python3 -m pytest -q tests/python/test_gpu_call.py
 """
@@ -47,6 +48,7 @@ def rig(tmp_path):
             script(stage / "bin" / name, f'echo "PASS {name} case"' + fail)
         script(stage / "bin" / "deepinfer_cuda_model_tests", 'echo "model checks: ALL PASSED"')
         script(stage / "bin" / "bench_cuda_model", 'echo "| bench | $* |"')
+        script(stage / "bin" / "bench_cuda_bmma_probe", 'echo "| probe table |"')
         out = tmp_path / "w.tar.xz"
         with tarfile.open(out, "w:xz") as tar:
             tar.add(stage / "bin", arcname="bin")
@@ -121,3 +123,14 @@ def test_no_gpu_and_bad_arguments_are_refused(rig):
     assert r.returncode == 2 and "no tarball" in r.stderr
     r = call([tarball(), tmp / "o5"], env, GPU_CALL_BUDGET="soon")
     assert r.returncode == 2 and "whole numbers" in r.stderr
+
+
+def test_benches_run_through_cuda_run(rig):
+    tmp, tarball, env = rig
+    out = tmp / "out"
+    r = call([tarball(), out], env, GPU_CALL_SKIP="test model", GPU_CALL_BENCHES="bmma_probe")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (out / "log.txt").read_text()
+    assert "-- bench bmma_probe" in log and "| probe table |" in log, log
+    r = call([tarball(), tmp / "o2"], env, GPU_CALL_SKIP="test model", GPU_CALL_BENCHES="gemv")
+    assert r.returncode == 1 and "gemv: FAILED (gemv: rc=" in (tmp / "o2" / "log.txt").read_text()
