@@ -107,9 +107,10 @@ fi
 
 read -r -a benches <<< "${GPU_CALL_BENCHES:-}"
 if [ ${#benches[@]} -gt 0 ] && runs benches $((60 * ${#benches[@]})); then
+  # One cuda_run.sh for all of them (its "NAME: rc=N" line per bench says which passed), on this call's checkpoint.
+  BENCHES="${benches[*]}" CKPT_DIR=$ckpt bash "$here/bench/cuda_run.sh" "$bin" "$w/benches" > "$w/benches.txt" 2>&1
   for b in "${benches[@]}"; do
-    say "-- bench $b (t=${SECONDS}s)"
-    BENCHES=$b bash "$here/bench/cuda_run.sh" "$bin" "$w/benches" > "$w/benches.txt" 2>&1
+    say "-- bench $b"
     cat "$w/benches/$b.txt" >> "$log" 2> /dev/null
     if ! grep -q "^$b: rc=0 " "$w/benches.txt"; then
       say "$b: FAILED ($(grep "^$b: rc=" "$w/benches.txt" || echo 'no run'))"
