@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call of issue 8's sessions in a fixed time budget, returning at most four files: main's checks, the batch-1
+# One device call of issue 8's sessions in a fixed time budget, returning at most five files: main's checks, the batch-1
 # figure and, given variants, alternated ktraces of each against the defaults. Why: device time comes in short calls
 # that often fail to start, so a call should do the standard work in one go, keep what finished when the call is cut
 # off, and leave the rest undone in a known order rather than by a timeout in the middle.
@@ -19,7 +19,10 @@
 #      into OUT/log.txt; the traces in OUT/ktrace.tgz.
 #   5. benches (60 s each): GPU_CALL_BENCHES (e.g. "bmma_probe gemv") through bench/cuda_run.sh, their tables into
 #      OUT/log.txt (the binaries must be in TARBALL).
-# GPU_CALL_SKIP: step names to leave out (test, model, ktrace, benches). Exit status: 0 when every step that ran passed,
+#   6. ncu (120 s), only with GPU_CALL_NCU=1: Nsight Compute over one batch-1 decode step of bench_cuda_model (each
+#      kernel alone) with bench/ktrace/ncu_step.py's metrics and warp-stall reasons; its per-name and stall tables into
+#      OUT/log.txt, the CSV as OUT/ncu.csv.gz.
+# GPU_CALL_SKIP: step names to leave out (test, model, ktrace, benches, ncu). Exit status: 0 when every step that ran passed,
 # 1 when one failed, 2 without a GPU (nothing run) or on bad arguments.
 set -u
 [ $# -ge 2 ] || { echo "usage: $0 TARBALL OUT [NAME=ENV ...]" >&2; exit 2; }
@@ -117,6 +120,19 @@ if [ ${#benches[@]} -gt 0 ] && runs benches $((60 * ${#benches[@]})); then
       rc=1
     fi
   done
+fi
+
+if [ $have_ckpt -eq 1 ] && [ "${GPU_CALL_NCU:-0}" = 1 ] && runs ncu 120; then
+  # Launches 200.. of a queued (graph-free) run: past the load and the first steps, about three steps' kernels.
+  metrics=$(python3 "$here/bench/ktrace/ncu_step.py" --print-metrics)
+  timeout 150 "${NCU:-ncu}" --clock-control none --csv --launch-skip 200 --launch-count 420 --metrics "$metrics" \
+    "$bin/bench_cuda_model" "$ckpt" --batches 1 --context 128 --steps 6 --prefill 0 --queued > "$w/ncu.csv" 2> "$w/ncu.err"
+  nrc=$?
+  gzip -c "$w/ncu.csv" > "$out/ncu.csv.gz"
+  if [ $nrc -eq 0 ] && python3 "$here/bench/ktrace/ncu_step.py" "$w/ncu.csv" --quiet --stalls 12 >> "$log" 2>&1; then :; else
+    say "ncu: FAILED (ncu exit $nrc): $(tail -3 "$w/ncu.err" | tr '\n' ' ')"
+    rc=1
+  fi
 fi
 
 say "gpu_call: done in ${SECONDS} s, exit $rc"

@@ -136,3 +136,38 @@ def test_benches_run_through_cuda_run(rig):
     log = (tmp / "o2" / "log.txt").read_text()
     assert r.returncode == 1 and "gemv: FAILED (gemv: rc=" in log and "| probe table |" in log, log
     assert "bmma_probe: FAILED" not in log
+
+
+def test_ncu_step_gives_the_stall_table(rig):
+    tmp, tarball, env = rig
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+              '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+
+    def row(kid, name, metric, value):
+        return f'"{kid}","1","b","h","{name}","1","7","(128, 1, 1)","(4, 1, 1)","0","9.0","m","{metric}","","{value}"'
+
+    lines = ["==PROF== Connected", header]
+    for kid, name, ns in ((0, "embedding_kernel(int)", 2000), (1, "fp4_mma_gemv(MmaParams)", 30000),
+                          (2, "embedding_kernel(int)", 2000)):
+        lines += [row(kid, name, "gpu__time_duration.sum", ns), row(kid, name, "dram__bytes_read.sum", 1000),
+                  row(kid, name, "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio", 2.5)]
+    (tmp / "ncu.csv").write_text("\n".join(lines) + "\n")
+    # The stand-in ncu checks that it was given the stall metrics and the model's queued batch-1 run.
+    script(Path(env["PATH"].split(":")[0]) / "ncu",
+           'case "$*" in *issue_stalled_long_scoreboard*bench_cuda_model*--batches\\ 1*--queued*) ;; *) exit 7;; esac\n'
+           f'cat {tmp / "ncu.csv"}')
+    out = tmp / "out"
+    r = call([tarball(), out], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (out / "log.txt").read_text()
+    assert "== ncu" in log and "stalls (" in log, log
+    assert any(line.startswith("fp4_mma_gemv") and "short_scoreboard 2.50" in line for line in log.splitlines()), log
+    assert (out / "ncu.csv.gz").exists()
+    out2 = tmp / "out2"
+    r = call([tarball(), out2], env, GPU_CALL_SKIP="test model")  # off unless asked for
+    assert r.returncode == 0 and "== ncu" not in (out2 / "log.txt").read_text()
+    script(Path(env["PATH"].split(":")[0]) / "ncu", 'echo "==ERROR== no counters" >&2; exit 3')
+    out3 = tmp / "out3"
+    r = call([tarball(), out3], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1")
+    log = (out3 / "log.txt").read_text()
+    assert r.returncode == 1 and "ncu: FAILED (ncu exit 3): ==ERROR== no counters" in log, log

@@ -82,3 +82,38 @@ def test_errors_are_clear(tmp_path):
     assert out.returncode != 0 and "lacks the metric(s) gpu__time_duration.sum" in out.stderr
     out = run_tool(tmp_path, CSV, "--step", "5")
     assert out.returncode != 0 and "out of range" in out.stderr
+
+
+def stall_rows(kid, name, reasons):
+    return [f'"{kid}","1","bench","host","{name}","1","7","(128, 1, 1)","(4, 1, 1)","0","9.0","Command line profiler '
+            f'metrics","smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio","","{v}"' for r, v in reasons]
+
+
+def test_stalls_are_time_weighted_per_name(tmp_path):
+    # Step 0's two gemv calls (10 and 20 us): long_scoreboard 1.0 and 4.0 -> (10 + 80) / 30 = 3.0; wait 2.0 and 0.5 ->
+    # (20 + 10) / 30 = 1.0; selected (the issuing warp, 1.0) is not a wait and stays out of the total.
+    lines = CSV.splitlines()
+    extra = (stall_rows(1, "void unnamed>::gemv<1>(Params)", [("long_scoreboard", 1.0), ("wait", 2.0), ("selected", 1)]) +
+             stall_rows(2, "void (anonymous namespace)::gemv<1>(Params)",
+                        [("long_scoreboard", 4.0), ("wait", 0.5), ("selected", 1)]) +
+             stall_rows(3, "norm_kernel(const float *)", [("barrier", 0.25)]))
+    out = run_tool(tmp_path, "\n".join(lines + extra) + "\n", "--step", "0", "--quiet", "--stalls", "5")
+    assert out.returncode == 0, out.stderr
+    gemv = next(line for line in out.stdout.splitlines() if line.startswith("gemv<1>") and "long_scoreboard" in line)
+    assert re.search(r"30\.0\s+4\.00\s+long_scoreboard 3\.00, wait 1\.00$", gemv), gemv
+    norm = next(line for line in out.stdout.splitlines() if line.startswith("norm_kernel") and "barrier" in line)
+    assert re.search(r"3\.0\s+0\.25\s+barrier 0\.25$", norm), norm
+    lines_after = out.stdout.split("stalls (")[1].splitlines()
+    assert lines_after[2].startswith("gemv<1>") and lines_after[3].startswith("norm_kernel")  # by time
+
+
+def test_stalls_without_the_metrics_and_the_metrics_list(tmp_path):
+    out = run_tool(tmp_path, CSV, "--stalls", "3")
+    assert out.returncode != 0 and "holds no smsp__average_warps_issue_stalled_" in out.stderr
+    out = subprocess.run([sys.executable, TOOL, "--print-metrics"], capture_output=True, text=True, timeout=60)
+    metrics = out.stdout.strip().split(",")
+    assert out.returncode == 0 and metrics[:2] == ["gpu__time_duration.sum", "dram__bytes_read.sum"]
+    assert "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in metrics
+    assert len(metrics) == len(set(metrics)) == 25
+    out = subprocess.run([sys.executable, TOOL], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "the CSV is required" in out.stderr
