@@ -8,7 +8,9 @@
 # BENCHES (default "gemm gemv attention model") picks which run; "stream" adds bench_cuda_stream (the decode GEMVs'
 # weight access pattern without their arithmetic, vs the read ceiling) and "wgmma_probe" bench_cuda_wgmma_probe
 # (fp8_wgmma_gemv's pipeline pieces timed apart, the E4M3 wgmma by width), "bmma_probe" bench_cuda_bmma_probe
-# (fp8_bmma_gemv against the default E4M3 kernel at one x row, bits and time). Each writes OUT_DIR/<name>.txt.
+# (fp8_bmma_gemv against the default E4M3 kernel at one x row, bits and time), "boundary_probe"
+# bench_cuda_boundary_probe (a step-to-step dependency as a kernel boundary, plain or PDL, against a persistent
+# kernel's grid barrier or per-block flags). Each writes OUT_DIR/<name>.txt.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -27,6 +29,7 @@ for b in ${BENCHES:-gemm gemv attention model}; do
     stream) timeout 120 "$bin/bench_cuda_stream" > "$out/stream.txt" 2>&1 ;;
     wgmma_probe) timeout 180 "$bin/bench_cuda_wgmma_probe" > "$out/wgmma_probe.txt" 2>&1 ;;
     bmma_probe) timeout 120 "$bin/bench_cuda_bmma_probe" > "$out/bmma_probe.txt" 2>&1 ;;
+    boundary_probe) timeout 60 "$bin/bench_cuda_boundary_probe" > "$out/boundary_probe.txt" 2>&1 ;;
     model)
       ckpt=${CKPT_DIR:-/tmp/deepinfer-flash-$family-$layers}
       if [ ! -f "$ckpt/config.json" ]; then
