@@ -19,9 +19,10 @@
 #      into OUT/log.txt; the traces in OUT/ktrace.tgz.
 #   5. benches (60 s each): GPU_CALL_BENCHES (e.g. "bmma_probe gemv") through bench/cuda_run.sh, their tables into
 #      OUT/log.txt (the binaries must be in TARBALL).
-#   6. ncu (120 s), only with GPU_CALL_NCU=1: Nsight Compute over one batch-1 decode step of bench_cuda_model (each
-#      kernel alone) with bench/ktrace/ncu_step.py's metrics and warp-stall reasons; its per-name and stall tables into
-#      OUT/log.txt, the CSV as OUT/ncu.csv.gz.
+#   6. ncu (120 s), only with GPU_CALL_NCU=1: Nsight Compute over about one batch-1 decode step of bench_cuda_model
+#      (each kernel alone; GPU_CALL_NCU_KERNELS, an ncu -k regex, narrows it to those kernels) with
+#      bench/ktrace/ncu_step.py's metrics and warp-stall reasons; its per-name and stall tables into OUT/log.txt, the
+#      CSV as OUT/ncu.csv.gz.
 # GPU_CALL_SKIP: step names to leave out (test, model, ktrace, benches, ncu). Exit status: 0 when every step that ran passed,
 # 1 when one failed, 2 without a GPU (nothing run) or on bad arguments.
 set -u
@@ -123,13 +124,22 @@ if [ ${#benches[@]} -gt 0 ] && runs benches $((60 * ${#benches[@]})); then
 fi
 
 if [ $have_ckpt -eq 1 ] && [ "${GPU_CALL_NCU:-0}" = 1 ] && runs ncu 120; then
-  # Launches 200.. of a queued (graph-free) run: past the load and the first steps, about three steps' kernels.
+  # A window of a queued (graph-free) batch-1 run past the load and the first steps: by default every kernel of about
+  # one step (launches 200-359; the whole 420-launch window of the fifty-eighth session's table ran past 150 s with
+  # the stall metrics), or with GPU_CALL_NCU_KERNELS (an ncu -k regex) the next 60 launches of those kernels only
+  # (~45 s on the H100 for 40 GEMV and norm launches).
   metrics=$(python3 "$here/bench/ktrace/ncu_step.py" --print-metrics)
-  timeout 150 "${NCU:-ncu}" --clock-control none --csv --launch-skip 200 --launch-count 420 --metrics "$metrics" \
-    "$bin/bench_cuda_model" "$ckpt" --batches 1 --context 128 --steps 6 --prefill 0 --queued > "$w/ncu.csv" 2> "$w/ncu.err"
+  if [ -n "${GPU_CALL_NCU_KERNELS:-}" ]; then
+    window=(-k "regex:$GPU_CALL_NCU_KERNELS" --launch-skip 30 --launch-count 60)
+  else
+    window=(--launch-skip 200 --launch-count 160)
+  fi
+  timeout 170 "${NCU:-ncu}" --clock-control none --csv "${window[@]}" --metrics "$metrics" "$bin/bench_cuda_model" \
+    "$ckpt" --batches 1 --context 128 --steps 6 --prefill 0 --queued > "$w/ncu.csv" 2> "$w/ncu.err"
   nrc=$?
   gzip -c "$w/ncu.csv" > "$out/ncu.csv.gz"
-  if [ $nrc -eq 0 ] && python3 "$here/bench/ktrace/ncu_step.py" "$w/ncu.csv" --quiet --stalls 12 >> "$log" 2>&1; then :; else
+  if [ $nrc -eq 0 ] && python3 "$here/bench/ktrace/ncu_step.py" "$w/ncu.csv" --all --quiet --stalls 16 >> "$log" 2>&1
+  then :; else
     say "ncu: FAILED (ncu exit $nrc): $(tail -3 "$w/ncu.err" | tr '\n' ' ')"
     rc=1
   fi

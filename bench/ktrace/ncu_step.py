@@ -23,7 +23,8 @@ fifty-eighth session), and which wait holds them (a global load: long_scoreboard
 short_scoreboard; a fixed-latency dependency: wait; a full pipe: math_pipe_throttle / mio_throttle) says which change
 could help.
 
-A step runs from one launch of the marker kernel to the next; --step -2 (default) takes the last complete one.
+A step runs from one launch of the marker kernel to the next; --step -2 (default) takes the last complete one; --all
+takes every kernel of the CSV instead (for ncu runs filtered by -k, which hold no marker).
 --quiet prints the per-name table only.
 """
 import argparse
@@ -91,6 +92,8 @@ def main():
     ap.add_argument("--step", type=int, default=-2)
     ap.add_argument("--marker", default="embedding_kernel")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--all", action="store_true",
+                    help="every kernel of the CSV as one step (a CSV of ncu -k filtered kernels has no marker)")
     ap.add_argument("--stalls", type=int, default=0, metavar="N")
     ap.add_argument("--print-metrics", action="store_true",
                     help="print the --metrics list for ncu (the columns above and the stall reasons) and exit")
@@ -100,7 +103,7 @@ def main():
         return
     if a.csv is None:
         ap.error("the CSV is required")
-    step = pick_step(load(a.csv), a.marker, a.step)
+    step = load(a.csv) if a.all else pick_step(load(a.csv), a.marker, a.step)
     per_name = OrderedDict()
     total_us = total_mb = 0.0
     if not a.quiet:

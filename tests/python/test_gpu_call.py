@@ -166,6 +166,13 @@ def test_ncu_step_gives_the_stall_table(rig):
     out2 = tmp / "out2"
     r = call([tarball(), out2], env, GPU_CALL_SKIP="test model")  # off unless asked for
     assert r.returncode == 0 and "== ncu" not in (out2 / "log.txt").read_text()
+    # GPU_CALL_NCU_KERNELS narrows the window to those kernels (an ncu -k regex).
+    script(Path(env["PATH"].split(":")[0]) / "ncu",
+           'case "$*" in *"-k regex:fp4_mma_gemv|walk --launch-skip 30"*) ;; *) exit 7;; esac\n'
+           f'cat {tmp / "ncu.csv"}')
+    r = call([tarball(), tmp / "o4"], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1",
+             GPU_CALL_NCU_KERNELS="fp4_mma_gemv|walk")
+    assert r.returncode == 0 and "short_scoreboard 2.50" in (tmp / "o4" / "log.txt").read_text(), r.stdout
     script(Path(env["PATH"].split(":")[0]) / "ncu", 'echo "==ERROR== no counters" >&2; exit 3')
     out3 = tmp / "out3"
     r = call([tarball(), out3], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1")

@@ -117,3 +117,12 @@ def test_stalls_without_the_metrics_and_the_metrics_list(tmp_path):
     assert len(metrics) == len(set(metrics)) == 25
     out = subprocess.run([sys.executable, TOOL], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "the CSV is required" in out.stderr
+
+
+def test_all_takes_every_kernel_without_markers(tmp_path):
+    out = run_tool(tmp_path, CSV, "--all", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "step: 8 kernels, 80.0 us of kernel time one by one, 160.0 MB read from DRAM" in out.stdout
+    no_marker = "\n".join([HEADER] + rows(0, "k(int)", 1000, 0)) + "\n"
+    out = run_tool(tmp_path, no_marker, "--all")
+    assert out.returncode == 0 and "step: 1 kernels" in out.stdout
