@@ -14,6 +14,14 @@
 // beyond its last whole item is skipped, and GB/s counts the bytes read). Each configuration is timed on V4.1 dense
 // decode shapes, rotating over weight copies of >= 512 MiB (L2 is 50-60 MB), and reported as us per call, GB/s and %
 // of the read ceiling measured in the same run (the plain read kernel over 2 GiB).
+//
+// "bulk S" rows: the walk's items (4 rows x 512 bytes a warp) brought by bulk copies (cp.async.bulk, the TMA's 1-D
+// form, lane 0 of the warp issuing one per row) into a per-warp ring of S stages in shared memory, each lane then
+// reading its 16 bytes of each row from there. Why: ncu gives the walk's warps long_scoreboard as their first stall
+// (bench/RESULTS.md, sixty-first session): too few bytes in flight, since a lane's ring lives in its registers (8 KB a
+// warp at most, ~64 KB an SM). A bulk copy holds no register and no L1 miss slot while in flight, so S stages of 2 KB
+// put 2 S KB a warp in flight; these rows say whether the walk's access pattern goes faster that way before the walk
+// is rebuilt on it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +32,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
+#include "cuda/hopper.cuh"
 #include "cuda_bench_util.cuh"
 
 namespace {
@@ -84,6 +93,70 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   if (acc == 0x12345678u && f == 123.0f) *out = f;  // never true for the data used; keeps the loads
 }
 
+// One row's piece of an item, global -> this CTA's shared memory, completing `bytes` of the mbarrier's transaction.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+constexpr int kItemBytes = kGroup * kPiece;  // the walk's item: 512 bytes of each of the group's 4 rows
+
+// Shared memory of stream_bulk<S>: per warp S stages of an item, then S mbarriers.
+constexpr int bulk_smem(int S) { return kWarps * S * (kItemBytes + 8); }
+
+// The walk's items (stream_rows<4, 1, D>'s order: a warp's groups one after another, a group's items along K) through a
+// per-warp ring of S shared-memory stages filled by bulk copies: item q of the warp's sequence in stage q % S, whose
+// mbarrier completes its (q / S)-th phase when the item's 2 KB have landed; the stage is refilled with item q + S once
+// every lane has read it. The sequence runs on across the warp's groups (no drain at a group's end).
+template <int S>
+__global__ void __launch_bounds__(32 * kWarps, 1)
+    stream_bulk(const uint8_t* __restrict__ w, int64_t ldw, int K, int groups, int work, float* out) {
+  extern __shared__ __align__(16) uint8_t smem_bulk[];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int nb = static_cast<int>(gridDim.x), nw = static_cast<int>(blockDim.x) >> 5;
+  const int items = K / kPiece;  // per group
+  const int first = warp * nb + static_cast<int>(blockIdx.x), stride = nb * nw;
+  const int my_groups = first < groups ? (groups - first + stride - 1) / stride : 0;
+  const int total = my_groups * items;
+  const uint32_t stage0 = deepinfer::cuda::smem_u32(smem_bulk + warp * S * kItemBytes);
+  const uint32_t bar0 = deepinfer::cuda::smem_u32(smem_bulk + kWarps * S * kItemBytes + warp * S * 8);
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) deepinfer::cuda::mbar_init(bar0 + 8 * s, 1);
+  deepinfer::cuda::mbar_init_fence();
+  __syncwarp();
+  auto issue = [&](int q) {  // lane 0: item q into stage q % S
+    const int g = first + (q / items) * stride, k = q % items, s = q % S;
+    const uint32_t bar = bar0 + 8 * s;
+    deepinfer::cuda::mbar_expect_tx(bar, kItemBytes);
+    for (int r = 0; r < kGroup; ++r)
+      bulk_copy(stage0 + s * kItemBytes + r * kPiece,
+                w + (static_cast<int64_t>(g) * kGroup + r) * ldw + static_cast<int64_t>(k) * kPiece, kPiece, bar);
+    deepinfer::cuda::mbar_arrive(bar);
+  };
+  if (lane == 0)
+    for (int q = 0; q < S && q < total; ++q) issue(q);
+  uint32_t acc = 0;
+  float f = 1.0f;
+  for (int q = 0; q < total; ++q) {
+    const int s = q % S;
+    deepinfer::cuda::mbar_wait(bar0 + 8 * s, static_cast<uint32_t>((q / S) & 1));
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(stage0 + s * kItemBytes + r * kPiece + 16 * lane));
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncwarp();  // every lane has its bytes of stage s: it may be refilled
+    if (lane == 0 && q + S < total) issue(q + S);
+    float x = __uint_as_float((acc & 0x007fffffu) | 0x3f800000u);
+    for (int j = 0; j < work; ++j) f = __fmaf_rn(f, x, -0.5f);  // a dependent chain of `work` FMAs
+  }
+  if (acc == 0x12345678u && f == 123.0f) *out = f;  // never true for the data used; keeps the loads
+}
+
 struct StreamShape {
   const char* name;
   int N, K;
@@ -92,7 +165,8 @@ struct StreamShape {
 struct Config {
   const char* name;
   void (*kernel)(const uint8_t*, int64_t, int, int, int, float*);
-  int pieces;  // consecutive 512-byte pieces of a row per item (P)
+  int pieces;    // consecutive 512-byte pieces of a row per item (P)
+  int smem = 0;  // dynamic shared memory (the bulk rows)
 };
 
 }  // namespace
@@ -111,11 +185,19 @@ int main() {
                                   {"attn.wq_b [32768, 1280]", 32768, 1280},
                                   {"shared w1/w3 [2304, 5120]", 2304, 5120}};
     const Config configs[] = {
-        {"4x512 D2 (walk)", stream_rows<4, 1, 2>, 1}, {"4x512 D4", stream_rows<4, 1, 4>, 1},
-        {"4x512 D1", stream_rows<4, 1, 1>, 1},        {"2x1K D2", stream_rows<2, 2, 2>, 2},
-        {"1x2K D2", stream_rows<1, 4, 2>, 4},         {"1x2K D1", stream_rows<1, 4, 1>, 4},
+        {"4x512 D2 (walk)", stream_rows<4, 1, 2>, 1},
+        {"4x512 D4", stream_rows<4, 1, 4>, 1},
+        {"4x512 D1", stream_rows<4, 1, 1>, 1},
+        {"2x1K D2", stream_rows<2, 2, 2>, 2},
+        {"1x2K D2", stream_rows<1, 4, 2>, 4},
+        {"1x2K D1", stream_rows<1, 4, 1>, 4},
         {"1x4K D1", stream_rows<1, 8, 1>, 8},
+        {"4x512 bulk S3", stream_bulk<3>, 1, bulk_smem(3)},
+        {"4x512 bulk S6", stream_bulk<6>, 1, bulk_smem(6)},
     };
+    for (const Config& c : configs)
+      if (c.smem > 0)
+        DI_CUDA_CHECK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem));
     std::printf("read ceiling (2 GiB, plain read kernel): %.0f GB/s\n\n", ceiling);
     std::printf("| weight [N, K] | item (rows x bytes), ring | work (FMAs / item) | us | GB/s | %% of read |\n");
     std::printf("|---|---|---|---|---|---|\n");
@@ -132,8 +214,8 @@ int main() {
         if (read == 0) continue;  // a row shorter than one item
         for (int work : {0, 64, 256}) {
           const double ms = bench::time_graph(st, 2 * copies, [&](int i) {
-            c.kernel<<<blocks, 32 * kWarps, 0, st>>>(static_cast<const uint8_t*>(w[i % copies].raw()), s.K, s.K, groups,
-                                                     work, sink);
+            c.kernel<<<blocks, 32 * kWarps, c.smem, st>>>(static_cast<const uint8_t*>(w[i % copies].raw()), s.K, s.K,
+                                                          groups, work, sink);
           });
           const double gbs = static_cast<double>(read) / (ms * 1e-3) / 1e9;
           std::printf("| %s | %s | %d | %.2f | %.0f | %.0f%% |\n", s.name, c.name, work, ms * 1e3, gbs,
