@@ -72,7 +72,7 @@ if runs test 150; then
   mkdir -p "$w/tc"
   bash "$here/tests/cuda/run.sh" "$bin" "$w/tc" > "$w/tc/run.txt" 2>&1
   trc=$?
-  grep -E '^(ops|gemv|linear_tc|sampling|model): |^FAIL |ALL PASSED|test-cuda' "$w/tc/run.txt" | tee -a "$log"
+  grep -E '^(ops|gemv|linear_tc|sampling|model)[:,] |^FAIL |ALL PASSED|test-cuda' "$w/tc/run.txt" | tee -a "$log"
   tar -C "$w/tc" -czf "$out/test_cuda.tgz" --exclude=./ckpt . 2> /dev/null
   [ "$trc" -eq 0 ] || { say "test: FAILED (exit $trc; test_cuda.tgz holds the outputs)"; rc=1; }
 fi

@@ -57,6 +57,12 @@ const std::vector<EnvVar>& env_vars() {
        "shuffle exchange) where every weight row is read by one x row; 0 in the pair form (two lanes per tile) "
        "everywhere; same bits either way",
        true},
+      {"DEEPINFER_CUDA_WALK_BULK", "0",
+       "tuning (A/B): 1 feeds fp8_walk_gemv's whole-chunk form from a per-warp ring of bulk copies (cp.async.bulk) "
+       "into "
+       "shared memory instead of its lanes' register ring; 0 the register ring; same bits either way (not yet "
+       "measured: off by default)",
+       true},
       {"DEEPINFER_CUDA_MOE_DISPATCH", "1",
        "tuning (A/B): 1 routes, groups and gathers a one-token MoE in one launch (ops::moe_dispatch) instead of three; "
        "0 the three launches; same bits either way",

@@ -1005,14 +1005,17 @@ constexpr int kFp8DefaultVariant = 5;
 std::atomic<int> g_fp8_variant{kFp8DefaultVariant};
 
 // fp8_walk_gemv's form: 1 = the pair form (two lanes per tile, a shuffle exchange per 32 bytes), 2 = the whole-chunk
-// form where it applies (gemv_fp8_walk_into), 0 = DEEPINFER_CUDA_WALK_WHOLE (1, the default: the whole-chunk form).
-// gemv_set_fp8_walk_form.
+// form where it applies (gemv_fp8_walk_into), 3 = the whole-chunk form fed by the bulk ring where it applies, 0 = by
+// DEEPINFER_CUDA_WALK_WHOLE (1, the default: the whole-chunk form) and DEEPINFER_CUDA_WALK_BULK (0, the default: the
+// register ring). gemv_set_fp8_walk_form.
 std::atomic<int> g_walk_form{0};
 
-bool walk_whole() {
-  static const bool env = env_switch("DEEPINFER_CUDA_WALK_WHOLE", 1) != 0;
+int walk_form() {
+  static const int env = env_switch("DEEPINFER_CUDA_WALK_WHOLE", 1) == 0  ? 1
+                         : env_switch("DEEPINFER_CUDA_WALK_BULK", 0) != 0 ? 3
+                                                                          : 2;
   const int f = g_walk_form.load(std::memory_order_relaxed);
-  return f == 0 ? env : f == 2;
+  return f == 0 ? env : f;
 }
 
 }  // namespace
@@ -1030,7 +1033,7 @@ int gemv_set_fp8_variant(int v) {
 int gemv_fp8_variant() { return g_fp8_variant.load(std::memory_order_relaxed); }
 
 int gemv_set_fp8_walk_form(int form) {
-  DI_CHECK(form >= 0 && form <= 2, "gemv_set_fp8_walk_form: {} is not 0 .. 2", form);
+  DI_CHECK(form >= 0 && form <= 3, "gemv_set_fp8_walk_form: {} is not 0 .. 3", form);
   return g_walk_form.exchange(form, std::memory_order_relaxed);
 }
 
@@ -1218,7 +1221,7 @@ void gemv_into(const GemvArgs& a, CUstream_st* stream) {
   else if (a.fmt == kFp8 && fp8_uses_mma(a))
     gemv_fp8_mma_into(a, stream);
   else if (a.fmt == kFp8 && gemv_fp8_uses_walk(a.row_expert != nullptr, a.N, a.M))
-    gemv_fp8_walk_into(a, walk_whole(), stream);
+    gemv_fp8_walk_into(a, walk_form(), stream);
   else if (a.fmt == kFp8)
     launch_fp8(p, a.B, stream);
   else if (a.fmt == kFp4 && fp4_uses_mma(a))

@@ -131,8 +131,10 @@ int gemv_set_fp8_variant(int v);
 // Tests and benchmarks: the form of fp8_walk_gemv in the following gemv_into calls, 1 = the pair form (two lanes per
 // 32-column tile, a shuffle exchange per 32 bytes), 2 = the whole-chunk form (a lane per tile and weight row, two
 // 16-byte loads through L1) where it applies (tiles of 32, every weight row read by one x row; the pair form
-// elsewhere), 0 = DEEPINFER_CUDA_WALK_WHOLE (1, the default: the whole-chunk form; 0: the pair form). The same bits
-// either way. Returns the form set before the call.
+// elsewhere), 3 = the whole-chunk form with its weights brought by bulk copies into a shared-memory ring where it
+// applies and fits, 0 = DEEPINFER_CUDA_WALK_WHOLE (1, the default: the whole-chunk form; 0: the pair form) and
+// DEEPINFER_CUDA_WALK_BULK (0, the default; 1: the bulk ring). The same bits either way. Returns the form set before
+// the call.
 int gemv_set_fp8_walk_form(int form);
 // Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_lane_gemv (a lane
 // per chain: one x row on narrow weights) or bf16_tile_gemv (4 weight rows x 4 x rows per lane) for the dense calls

@@ -42,6 +42,17 @@
 // at most 20 significant bits and 2^-100 <= |x| < 2^100. Otherwise (raw fp32 x, extreme values) the slow
 // path multiplies the f16 codes by 2^-8 (exact) and forms the products and sums one by one as the CPU.
 //
+// The bulk-ring form (kBulk; the whole-chunk form's calls, DEEPINFER_CUDA_WALK_BULK, off by default until measured):
+// the weights come by bulk copies (cp.async.bulk, the TMA's 1-D form) into a ring of kBulkStages item stages per warp
+// in shared memory instead of the lanes' register ring: lane 0 issues an item's R row pieces (512 bytes each, the last
+// segment's valid bytes only) with the stage's mbarrier expecting their bytes, the lanes read their 2 x 16 bytes of
+// rows 2 k + h from the stage, and the stage is refilled with the item kBulkStages ahead once every lane has read it.
+// Why: ncu gives the walk's warps long_scoreboard as their first stall (bench/RESULTS.md, sixty-first session), so too
+// few bytes are in flight, and the register ring cannot hold more (I-cache and registers); a bulk copy in flight holds
+// neither a register nor an L1 miss slot. The tile scale codes keep the register ring (scale rows need not be 16-byte
+// aligned); tiles past T read zeros, not the stage's stale bytes. The same loads in the same order feed the same
+// arithmetic, so the same bits.
+//
 // x staging: the block's MT x rows go to shared memory, swizzled so that the float4 reads of a quarter warp (4 tiles x
 // 2 lanes) hit 8 distinct bank groups, fake-quantised (linear_gemv.cu's arithmetic: group amax, ue8m0 scale,
 // e4m3_rne(x * (1 / s)) * s) and, for fast x, scaled by 2^-8: in one pass through registers with one block barrier
@@ -86,6 +97,21 @@ constexpr int kLStride = 20;   // floats between the chains l of a fold row: con
 constexpr int kFoldRow = 8 * kLStride + 16;
 constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][kFoldRow] and tile factors [16]
 constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
+constexpr int kBulkStages = 4;   // the bulk-ring form's item stages per warp (16 warps x 4 x 2 KB: 128 KB an SM)
+constexpr int kBulkPiece = 512;  // bytes of one row per item: 16 tiles of 32
+
+// The bulk-ring form's shared memory after walk_smem_floats' floats, in bytes: per warp kBulkStages stages of R rows
+// of an item, then per warp kBulkStages mbarriers.
+__host__ __device__ inline int64_t walk_bulk_bytes(int R, int warps) {
+  return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkPiece + 8);
+}
+
+// One row piece of an item: global -> this CTA's shared memory, completing `bytes` of the stage mbarrier's transaction.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
 template <int MT, int G, int R, bool kWhole = false>
@@ -121,8 +147,9 @@ __host__ __device__ inline int64_t walk_smem_floats(int MT, int xcols, int warps
   return static_cast<int64_t>(MT) * xcols + static_cast<int64_t>(warps) * kWarpFloats + 2 * ((MT * ng + 3) & ~3);
 }
 
-template <int MT, int G, int R, bool kWhole>
+template <int MT, int G, int R, bool kWhole, bool kBulk = false>
 __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p) {
+  static_assert(!kBulk || kWhole, "the bulk ring feeds the whole-chunk form");
   using Shape = WalkShape<MT, G, R, kWhole>;
   constexpr int D = Shape::kD, B = 32 * G, RL = Shape::kRows, NL = Shape::kLoads;
   extern __shared__ __align__(16) float smem_walk[];
@@ -136,6 +163,18 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   float* sfac = sb + 4 * kFoldRow;                                                     // and tile factors [16]
   uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * p.xcols + nw * kWarpFloats);  // [MT][ng]
   float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));               // [MT][ng]
+  // The bulk ring (kBulk): this warp's stages and their mbarriers (shared-space byte addresses), after the floats.
+  uint32_t bstage = 0, bbar = 0;
+  if constexpr (kBulk) {
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ginv + ((MT * p.ng + 3) & ~3)));
+    bstage = base + static_cast<uint32_t>(warp * kBulkStages * R * kBulkPiece);
+    bbar = base + static_cast<uint32_t>(nw * kBulkStages * R * kBulkPiece + warp * kBulkStages * 8);
+    if (lane == 0)
+      for (int st = 0; st < kBulkStages; ++st)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bbar + 8 * st) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+  }
 
   // Row groups go to warps interleaved over the blocks (warp w of block b: groups w nb + b + j nb nw), so that
   // every block holds the same number of row groups, to one: the host launches a whole number of blocks per SM.
@@ -174,15 +213,17 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   auto load_item = [&](int d) {
     const bool tv = lv && (lseg < S - 1 || pp < tlast);
     const int nch = G == 1 ? 1 : lseg * kSegTiles + pp == T - 1 ? lastch : G;
+    if constexpr (!kBulk) {  // the bulk ring brings the weights itself (issue_bulk)
 #pragma unroll
-    for (int r = 0; r < RL; ++r)
+      for (int r = 0; r < RL; ++r)
 #pragma unroll
-      for (int c = 0; c < NL; ++c)
-        // The whole-chunk form reads a sector's two halves in two instructions: through L1, so that the second
-        // finds it there (with ldg_stream<false>, which asks L2 for the sector twice, the shared w2 took 7.3 us against
-        // the pair form's 6.8; through L1 6.6; bench/RESULTS.md, fifty-first session).
-        ring[d][r][c] =
-            tv && (kWhole || c < nch) ? ldg_stream<kWhole>(lp[r] + (kWhole ? 16 : 32) * c) : make_uint4(0u, 0u, 0u, 0u);
+        for (int c = 0; c < NL; ++c)
+          // The whole-chunk form reads a sector's two halves in two instructions: through L1, so that the second
+          // finds it there (with ldg_stream<false>, which asks L2 for the sector twice, the shared w2 took 7.3 us
+          // against the pair form's 6.8; through L1 6.6; bench/RESULTS.md, fifty-first session).
+          ring[d][r][c] = tv && (kWhole || c < nch) ? ldg_stream<kWhole>(lp[r] + (kWhole ? 16 : 32) * c)
+                                                    : make_uint4(0u, 0u, 0u, 0u);
+    }
     ring_e[d] = tv ? static_cast<uint32_t>(__ldg(ls)) : 0u;
 #pragma unroll
     for (int r = 0; r < RL; ++r) lp[r] += kSegTiles * B;
@@ -192,10 +233,32 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
       if (lv) set_rows();
     }
   };
+  // The bulk ring's own loader (its items run kBulkStages ahead of the walk, the scale codes' D): item (bg, bseg) of
+  // the warp's sequence into stage bslot, by lane 0; every lane keeps the same (uniform) position.
+  int bg = gw, bseg = 0, bslot = 0;
+  auto issue_bulk = [&]() {
+    if (bg >= p.groups) return;  // the warp's sequence has ended: nothing more will be waited for
+    if (lane == 0) {
+      const uint32_t bar = bbar + 8 * bslot, dst = bstage + static_cast<uint32_t>(bslot * R * kBulkPiece);
+      const uint32_t bytes = static_cast<uint32_t>(min(kBulkPiece, K - bseg * kBulkPiece));  // a multiple of 32
+      asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes * R) : "memory");
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        bulk_copy_g2s(
+            dst + r * kBulkPiece,
+            W + static_cast<int64_t>(min(bg * R + r, N - 1)) * p.ldw + static_cast<int64_t>(bseg) * kBulkPiece, bytes,
+            bar);
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+    }
+    if (++bslot == kBulkStages) bslot = 0;
+    if (++bseg == S) bseg = 0, bg += gstride;
+  };
   auto prime = [&]() {
     if (lv) set_rows();
 #pragma unroll
     for (int d = 0; d < D; ++d) load_item(d);
+    if constexpr (kBulk)
+      for (int i = 0; i < kBulkStages; ++i) issue_bulk();
   };
 
   const bool grouped = p.row_expert != nullptr;
@@ -243,6 +306,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     constexpr bool kFast = decltype(fast_tag)::value;
     float tot = 0.0f;
     int cg = gw, cseg = 0;
+    // The bulk ring: the stage of the walk's item and the parity of that stage's current phase.
+    [[maybe_unused]] int cslot = 0;
+    [[maybe_unused]] uint32_t cphase = 0;
     while (cg < p.groups) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {
@@ -266,9 +332,33 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
           for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) xa[j][e] = xq[j][128 * cseg + e];
+          if constexpr (kBulk) {
+            asm volatile(
+                "{\n.reg .pred done;\nBULK_WAIT:\n"
+                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra BULK_WAIT;\n}\n" ::"r"(bbar +
+                                                                                                             8 * cslot),
+                "r"(cphase)
+                : "memory");
+          }
 #pragma unroll
           for (int r = 0; r < RL; ++r) {
-            const uint4 q0 = ring[d][r][0], q1 = ring[d][r][1];
+            uint4 q0, q1;
+            if constexpr (kBulk) {
+              // Rows 2 r + h, this lane's tile pp: 32 bytes of the stage (a tile past T: zeros, not stale bytes).
+              const uint32_t a =
+                  bstage + static_cast<uint32_t>(cslot * R * kBulkPiece + (2 * r + h) * kBulkPiece + 32 * pp);
+              q0 = q1 = make_uint4(0u, 0u, 0u, 0u);
+              if (t < T) {
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(q0.x), "=r"(q0.y), "=r"(q0.z), "=r"(q0.w)
+                             : "r"(a));
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(q1.x), "=r"(q1.y), "=r"(q1.z), "=r"(q1.w)
+                             : "r"(a + 16));
+              }
+            } else {
+              q0 = ring[d][r][0], q1 = ring[d][r][1];
+            }
             const uint32_t wd[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};
             // Fast x: the chain sum fused (exact products, see the top); else each product rounded, then s = ((v0 +
             // v1) + v2) + v3.
@@ -345,6 +435,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
         sfac[pp] = t < T ? fp8_tile_factor(ring_e[d]) : 0.0f;
         load_item(d);  // the slot is consumed: refill it with the item D ahead
         __syncwarp();
+        if constexpr (kBulk) {
+          // Every lane has read stage cslot (the barrier above): refill it with the item kBulkStages ahead.
+          issue_bulk();
+          if (++cslot == kBulkStages) cslot = 0, cphase ^= 1u;
+        }
         const float* sp = sb + f * kFoldRow + l * kLStride;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -384,7 +479,8 @@ constexpr int64_t kWalkSmemBudget = 200 << 10;  // per block: one block per SM
 
 }  // namespace
 
-void gemv_fp8_walk_into(const GemvArgs& a, bool whole, cudaStream_t stream) {
+void gemv_fp8_walk_into(const GemvArgs& a, int form, cudaStream_t stream) {
+  const bool whole = form >= 2;
   WalkParams p = {};
   copy_gemv_args(a, p);
   const int B = a.B, G = B / 32;
@@ -421,7 +517,12 @@ void gemv_fp8_walk_into(const GemvArgs& a, bool whole, cudaStream_t stream) {
   const int xr = a.x_rows > 0 ? a.x_rows : a.M;
   const bool one_reader = grouped ? (a.row_period > 0 ? xr / a.row_period : xr) == 1 : a.M == 1;
   void (*kernel)(WalkParams) = nullptr;
-  if (G == 1 && MT == 1 && whole && one_reader)
+  // The bulk ring (form 3) where the whole-chunk form runs and its stages fit beside x and the fold buffers.
+  const bool bulk = form == 3 && G == 1 && MT == 1 && whole && one_reader &&
+                    4 * walk_smem_floats(MT, p.xcols, kMaxWarps, p.ng) + walk_bulk_bytes(R, kMaxWarps) <= smem_optin();
+  if (bulk)
+    kernel = R == 4 ? fp8_walk_gemv<1, 1, 4, true, true> : fp8_walk_gemv<1, 1, 2, true, true>;
+  else if (G == 1 && MT == 1 && whole && one_reader)
     kernel = R == 4 ? fp8_walk_gemv<1, 1, 4, true> : fp8_walk_gemv<1, 1, 2, true>;
   else if (G == 1)
     kernel = MT == 1   ? (R == 4 ? fp8_walk_gemv<1, 1, 4, false> : fp8_walk_gemv<1, 1, 2, false>)
@@ -435,7 +536,8 @@ void gemv_fp8_walk_into(const GemvArgs& a, bool whole, cudaStream_t stream) {
                      : fp8_walk_gemv<2, 4, 2, false>;
   launch_sm_blocks(
       kernel, p, p.mtiles, per_mt, p.groups, kMaxWarps,
-      [&](int nw) { return 4 * walk_smem_floats(MT, p.xcols, nw, p.ng); }, "fp8_walk_gemv", stream);
+      [&](int nw) { return 4 * walk_smem_floats(MT, p.xcols, nw, p.ng) + (bulk ? walk_bulk_bytes(R, nw) : 0); },
+      "fp8_walk_gemv", stream);
 }
 
 }  // namespace deepinfer::cuda

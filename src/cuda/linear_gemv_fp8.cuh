@@ -92,9 +92,10 @@ void launch_sm_blocks(void (*kernel)(P), const P& p, int64_t xgroups, int64_t pe
   launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), 32 * nw, smem, stream, p);
 }
 
-// Launches fp8_walk_gemv for an E4M3 call; whole: its whole-chunk form (each lane on all 32 bytes of a tile of its own
-// rows, no exchange) where that form exists (tiles of 32, one x row per block), the pair form elsewhere (the same bits
-// either way). Preconditions: gemv_supported(a), a.fmt == 0, a.M > 0, a.N > 0.
-void gemv_fp8_walk_into(const GemvArgs& a, bool whole, cudaStream_t stream);
+// Launches fp8_walk_gemv for an E4M3 call; form 2: its whole-chunk form (each lane on all 32 bytes of a tile of its own
+// rows, no exchange) where that form exists (tiles of 32, one x row per block), the pair form elsewhere; form 3: the
+// whole-chunk form fed by the bulk ring (bulk copies into shared memory) where it fits, else as form 2; form 1: the
+// pair form everywhere (the same bits in every form). Preconditions: gemv_supported(a), a.fmt == 0, a.M > 0, a.N > 0.
+void gemv_fp8_walk_into(const GemvArgs& a, int form, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

@@ -33,5 +33,8 @@ SECONDS=0; "$(find_bin deepinfer_cuda_sampling_tests)" > "$out/sampling.txt" 2>&
 SECONDS=0
 "$model" "$out/ckpt/tiny-v4" "$out/ckpt/tiny-v41" "$here/models/mini-v41" 2>&1 | tee "$out/model.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+# The model again with the walk's bulk ring (DEEPINFER_CUDA_WALK_BULK, off by default until measured): the same tokens.
+DEEPINFER_CUDA_WALK_BULK=1 "$model" "$out/ckpt/tiny-v4" "$out/ckpt/tiny-v41" "$here/models/mini-v41" > "$out/model_bulk.txt" 2>&1 || rc=1
+echo "model, walk bulk ring: $(grep -E 'ALL PASSED|failed' "$out/model_bulk.txt" | tail -1)"
 echo "model: ${SECONDS}s"
 exit $rc

@@ -57,12 +57,12 @@ constexpr float kSentinel = -12345.678f;  // finite: an unwritten output never c
 // format's gemv_set_*_variant (1, 2; 0 restores).
 void run_variants(di::DType dt, const std::string& name, const std::function<std::string()>& body) {
   int (*set_variant)(int) = nullptr;
-  const char* tags[7] = {"", "", "", "", "", "", ""};
+  const char* tags[8] = {"", "", "", "", "", "", "", ""};
   int variants = 2;
   if (dt == di::DType::kE4M3) {
     set_variant = di::cuda::gemv_set_fp8_variant, tags[0] = " [fp8 old]", tags[1] = " [fp8 walk]";
     tags[2] = " [fp8 mma]", tags[3] = " [fp8 rows]", tags[4] = " [fp8 wgmma]", tags[5] = " [fp8 walk whole]";
-    tags[6] = " [fp8 bmma]", variants = 7;
+    tags[6] = " [fp8 bmma]", tags[7] = " [fp8 walk bulk]", variants = 8;
   } else if (dt == di::DType::kBF16) {
     set_variant = di::cuda::gemv_set_bf16_variant, tags[0] = " [bf16 chain]", tags[1] = " [bf16 lane/tile]";
   } else if (dt == di::DType::kE2M1x2) {
@@ -75,11 +75,11 @@ void run_variants(di::DType dt, const std::string& name, const std::function<std
   }
   for (int v = 1; v <= variants; ++v) {
     // Variant 4: the mma kernel wherever it takes the call (3 is a by-size rule); 6: the rows kernel likewise; 7: the
-    // wgmma kernel likewise; 8: the bmma kernel likewise. The walk kernel twice for E4M3: its pair form, then its
-    // whole-chunk form (gemv_set_fp8_walk_form).
-    const bool walk = dt == di::DType::kE4M3 && (v == 2 || v == 6);
-    if (walk) di::cuda::gemv_set_fp8_walk_form(v == 6 ? 2 : 1);
-    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v == 6 ? 2 : v == 7 ? 8 : v);
+    // wgmma kernel likewise; 8: the bmma kernel likewise. The walk kernel three times for E4M3: its pair form, its
+    // whole-chunk form, and the whole-chunk form fed by the bulk ring (gemv_set_fp8_walk_form).
+    const bool walk = dt == di::DType::kE4M3 && (v == 2 || v == 6 || v == 8);
+    if (walk) di::cuda::gemv_set_fp8_walk_form(v == 6 ? 2 : v == 8 ? 3 : 1);
+    set_variant(v == 3 ? 4 : v == 4 ? 6 : v == 5 ? 7 : v == 6 ? 2 : v == 7 ? 8 : v == 8 ? 2 : v);
     run_case(name + tags[v - 1], body);
     if (walk) di::cuda::gemv_set_fp8_walk_form(0);
   }
