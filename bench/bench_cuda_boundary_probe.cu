@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/fp_decode.cuh"
+#include "cuda/launch_record.h"
 #include "cuda_bench_util.cuh"
 
 namespace deepinfer::bench {
@@ -111,12 +112,7 @@ void run(int P) {
       cfg.blockDim = dim3(kThreads);
       cfg.stream = st;
       cudaLaunchAttribute attr;
-      if (pdl) {
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-      }
+      cuda::set_pdl(cfg, attr, pdl);  // launch_pdl's attribute, on or off whatever DEEPINFER_CUDA_PDL says
       DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, static_cast<const float*>(ring + i * stride),
                                        ring + (i + 1) * stride, G));
     };

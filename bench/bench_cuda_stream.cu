@@ -93,13 +93,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   if (acc == 0x12345678u && f == 123.0f) *out = f;  // never true for the data used; keeps the loads
 }
 
-// One row's piece of an item, global -> this CTA's shared memory, completing `bytes` of the mbarrier's transaction.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 constexpr int kItemBytes = kGroup * kPiece;  // the walk's item: 512 bytes of each of the group's 4 rows
 
 // Shared memory of stream_bulk<S>: per warp S stages of an item, then S mbarriers.
@@ -130,8 +123,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     const uint32_t bar = bar0 + 8 * s;
     deepinfer::cuda::mbar_expect_tx(bar, kItemBytes);
     for (int r = 0; r < kGroup; ++r)
-      bulk_copy(stage0 + s * kItemBytes + r * kPiece,
-                w + (static_cast<int64_t>(g) * kGroup + r) * ldw + static_cast<int64_t>(k) * kPiece, kPiece, bar);
+      deepinfer::cuda::bulk_load_1d(stage0 + s * kItemBytes + r * kPiece,
+                                    w + (static_cast<int64_t>(g) * kGroup + r) * ldw + static_cast<int64_t>(k) * kPiece,
+                                    kPiece, bar);
     deepinfer::cuda::mbar_arrive(bar);
   };
   if (lane == 0)

@@ -59,8 +59,7 @@ const std::vector<EnvVar>& env_vars() {
        true},
       {"DEEPINFER_CUDA_WALK_BULK", "0",
        "tuning (A/B): 1 feeds fp8_walk_gemv's whole-chunk form from a per-warp ring of bulk copies (cp.async.bulk) "
-       "into "
-       "shared memory instead of its lanes' register ring; 0 the register ring; same bits either way (not yet "
+       "into shared memory instead of its lanes' register ring; 0 the register ring; same bits either way (not yet "
        "measured: off by default)",
        true},
       {"DEEPINFER_CUDA_MOE_DISPATCH", "1",

@@ -1,11 +1,11 @@
 // Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
 // memory mbarriers (and a bounded try of a wait, with the global timer), L2 policies (evict-first, evict-normal), the
-// 2-D tensor-map load, the wgmma fences and groups, the shared-memory matrix descriptor of a 128-byte-swizzled K-major
-// tile and of an unswizzled one (and one moved by an offset), the wgmma shapes (m64nNk32 E4M3 x E4M3 into FP32 with
-// both operands in shared memory, N = 32, 64, 96, 128; m64n32k16 f16 x f16 with A from registers), the E4M3 -> f16x2
-// conversion, and on the host the tensor map of a row-major byte matrix. PTX ISA sections: "Parallel Synchronization
-// and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous Warpgroup Level Matrix
-// Multiply-Accumulate".
+// 2-D tensor-map load and the 1-D bulk load, the wgmma fences and groups, the shared-memory matrix descriptor of a
+// 128-byte-swizzled K-major tile and of an unswizzled one (and one moved by an offset), the wgmma shapes (m64nNk32 E4M3
+// x E4M3 into FP32 with both operands in shared memory, N = 32, 64, 96, 128; m64n32k16 f16 x f16 with A from
+// registers), the E4M3 -> f16x2 conversion, and on the host the tensor map of a row-major byte matrix. PTX ISA
+// sections: "Parallel Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate".
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime's driver entry point)
@@ -103,6 +103,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
       : "memory");
+}
+
+// The TMA's 1-D form: `bytes` (a multiple of 16; src and dst 16-byte aligned) from global memory into shared memory at
+// dst, completing that many bytes of bar's transaction.
+__device__ __forceinline__ void bulk_load_1d(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 // wgmma ordering: fence before an MMA whose registers other instructions touched; commit the MMAs issued so far as a

@@ -76,6 +76,7 @@
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
 #include "cuda/gemv_fp8_x.cuh"
+#include "cuda/hopper.cuh"
 #include "cuda/linear_gemv_fp8.cuh"
 #include "cuda/quant.cuh"
 
@@ -104,13 +105,6 @@ constexpr int kBulkPiece = 512;  // bytes of one row per item: 16 tiles of 32
 // of an item, then per warp kBulkStages mbarriers.
 __host__ __device__ inline int64_t walk_bulk_bytes(int R, int warps) {
   return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkPiece + 8);
-}
-
-// One row piece of an item: global -> this CTA's shared memory, completing `bytes` of the stage mbarrier's transaction.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
@@ -170,9 +164,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     bstage = base + static_cast<uint32_t>(warp * kBulkStages * R * kBulkPiece);
     bbar = base + static_cast<uint32_t>(nw * kBulkStages * R * kBulkPiece + warp * kBulkStages * 8);
     if (lane == 0)
-      for (int st = 0; st < kBulkStages; ++st)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bbar + 8 * st) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int st = 0; st < kBulkStages; ++st) mbar_init(bbar + 8 * st, 1);
+    mbar_init_fence();
     __syncwarp();
   }
 
@@ -241,14 +234,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     if (lane == 0) {
       const uint32_t bar = bbar + 8 * bslot, dst = bstage + static_cast<uint32_t>(bslot * R * kBulkPiece);
       const uint32_t bytes = static_cast<uint32_t>(min(kBulkPiece, K - bseg * kBulkPiece));  // a multiple of 32
-      asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes * R) : "memory");
+      mbar_expect_tx(bar, bytes * R);
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        bulk_copy_g2s(
-            dst + r * kBulkPiece,
-            W + static_cast<int64_t>(min(bg * R + r, N - 1)) * p.ldw + static_cast<int64_t>(bseg) * kBulkPiece, bytes,
-            bar);
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+        bulk_load_1d(dst + r * kBulkPiece,
+                     W + static_cast<int64_t>(min(bg * R + r, N - 1)) * p.ldw + static_cast<int64_t>(bseg) * kBulkPiece,
+                     bytes, bar);
+      mbar_arrive(bar);
     }
     if (++bslot == kBulkStages) bslot = 0;
     if (++bseg == S) bseg = 0, bg += gstride;
@@ -332,14 +324,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
           for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) xa[j][e] = xq[j][128 * cseg + e];
-          if constexpr (kBulk) {
-            asm volatile(
-                "{\n.reg .pred done;\nBULK_WAIT:\n"
-                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra BULK_WAIT;\n}\n" ::"r"(bbar +
-                                                                                                             8 * cslot),
-                "r"(cphase)
-                : "memory");
-          }
+          if constexpr (kBulk) mbar_wait(bbar + 8 * cslot, cphase);
 #pragma unroll
           for (int r = 0; r < RL; ++r) {
             uint4 q0, q1;
