@@ -118,18 +118,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     for (int s = 0; s < S; ++s) deepinfer::cuda::mbar_init(bar0 + 8 * s, 1);
   deepinfer::cuda::mbar_init_fence();
   __syncwarp();
-  auto issue = [&](int q) {  // lane 0: item q into stage q % S
+  auto issue = [&](int q) {  // by the warp (one elected lane issues, as the walk's bulk ring): item q into stage q % S
     const int g = first + (q / items) * stride, k = q % items, s = q % S;
-    const uint32_t bar = bar0 + 8 * s;
-    deepinfer::cuda::mbar_expect_tx(bar, kItemBytes);
+    const void* src[kGroup];
     for (int r = 0; r < kGroup; ++r)
-      deepinfer::cuda::bulk_load_1d(stage0 + s * kItemBytes + r * kPiece,
-                                    w + (static_cast<int64_t>(g) * kGroup + r) * ldw + static_cast<int64_t>(k) * kPiece,
-                                    kPiece, bar);
-    deepinfer::cuda::mbar_arrive(bar);
+      src[r] = w + (static_cast<int64_t>(g) * kGroup + r) * ldw + static_cast<int64_t>(k) * kPiece;
+    deepinfer::cuda::bulk_pieces_elect<kGroup, kPiece>(stage0 + s * kItemBytes, kPiece, src, kPiece, bar0 + 8 * s);
   };
-  if (lane == 0)
-    for (int q = 0; q < S && q < total; ++q) issue(q);
+  for (int q = 0; q < S && q < total; ++q) issue(q);
   uint32_t acc = 0;
   float f = 1.0f;
   for (int q = 0; q < total; ++q) {
@@ -144,7 +140,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     __syncwarp();  // every lane has its bytes of stage s: it may be refilled
-    if (lane == 0 && q + S < total) issue(q + S);
+    if (q + S < total) issue(q + S);
     float x = __uint_as_float((acc & 0x007fffffu) | 0x3f800000u);
     for (int j = 0; j < work; ++j) f = __fmaf_rn(f, x, -0.5f);  // a dependent chain of `work` FMAs
   }

@@ -12,6 +12,7 @@ wheels, and put their nvidia/cu13/bin on PATH.
 
   python3 bench/sass/mix.py dump.sass --kernel fp4_mma_gemv
   python3 bench/sass/mix.py --obj build/src/cuda/CMakeFiles/deepinfer_cuda.dir/linear_gemv_fp8.cu.o --kernel walk
+  python3 bench/sass/mix.py dump.sass --kernel fp4_mma_gemv --dump 0x9580   # that loop's instructions, one a line
 """
 import argparse
 import collections
@@ -68,6 +69,7 @@ def main():
     ap.add_argument("--kernel", default="", help="regular expression on the mangled function name")
     ap.add_argument("--min-body", type=int, default=48, help="instructions a loop body must span")
     ap.add_argument("--top", type=int, default=16, help="opcodes listed per loop")
+    ap.add_argument("--dump", help="print the instructions of the loop that starts at this address (hex)")
     a = ap.parse_args()
     if a.obj:
         text = subprocess.run(["cuobjdump", "-sass", a.obj], capture_output=True, text=True, check=True).stdout
@@ -87,6 +89,10 @@ def main():
             n = sum(ops.values())
             mix = ", ".join(f"{op} {c}" for op, c in ops.most_common(a.top))
             print(f"  loop {start:#x}-{end:#x}: {n} instructions: {mix}")
+            if a.dump is not None and start == int(a.dump, 16):
+                for addr, t in instrs:
+                    if start <= addr <= end:
+                        print(f"    {addr:#07x}  {t}")
     if not found:
         print(f"no function matches '{a.kernel}'", file=sys.stderr)
         return 1

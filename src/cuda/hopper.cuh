@@ -1,11 +1,11 @@
 // Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
 // memory mbarriers (and a bounded try of a wait, with the global timer), L2 policies (evict-first, evict-normal), the
-// 2-D tensor-map load and the 1-D bulk load, the wgmma fences and groups, the shared-memory matrix descriptor of a
-// 128-byte-swizzled K-major tile and of an unswizzled one (and one moved by an offset), the wgmma shapes (m64nNk32 E4M3
-// x E4M3 into FP32 with both operands in shared memory, N = 32, 64, 96, 128; m64n32k16 f16 x f16 with A from
-// registers), the E4M3 -> f16x2 conversion, and on the host the tensor map of a row-major byte matrix. PTX ISA
-// sections: "Parallel Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor", "Asynchronous
-// Warpgroup Level Matrix Multiply-Accumulate".
+// 2-D tensor-map load and a warp's elected 1-D bulk loads, the wgmma fences and groups, the shared-memory matrix
+// descriptor of a 128-byte-swizzled K-major tile and of an unswizzled one (and one moved by an offset), the wgmma
+// shapes (m64nNk32 E4M3 x E4M3 into FP32 with both operands in shared memory, N = 32, 64, 96, 128; m64n32k16 f16 x f16
+// with A from registers), the E4M3 -> f16x2 conversion, and on the host the tensor map of a row-major byte matrix. PTX
+// ISA sections: "Parallel Synchronization and Communication Instructions: mbarrier", "cp.async.bulk.tensor",
+// "Asynchronous Warpgroup Level Matrix Multiply-Accumulate".
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime's driver entry point)
@@ -105,12 +105,51 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// The TMA's 1-D form: `bytes` (a multiple of 16; src and dst 16-byte aligned) from global memory into shared memory at
-// dst, completing that many bytes of bar's transaction.
-__device__ __forceinline__ void bulk_load_1d(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
+// An mbarrier phase's R bulk pieces (R = 2 or 4): `bytes` each (a multiple of 16) from src[r] into shared memory at
+// dst + r * step, issued with the arrive that expects their R * bytes, by one elected lane of a converged warp (every
+// lane calls it with the same operands). Why one elected block: a bulk copy is a uniform-datapath instruction (UBLKCP),
+// so the warp issues each piece as one instruction; under `if (lane == 0)`, with operands the compiler cannot prove
+// uniform, every piece costs a loop of ELECT, R2UR moves and a branch, and a separate elect per piece an ELECT and a
+// vote each. kBytes > 0: the size as a constant (no per-piece move of it into a uniform register). The bulk-ring walk's
+// item of 4 pieces: ~96 SASS instructions under `if (lane == 0)`, ~40 here (bench/RESULTS.md, sixty-second session).
+template <int R, int kBytes = 0>
+__device__ __forceinline__ void bulk_pieces_elect(uint32_t dst, uint32_t step, const void* const (&src)[R],
+                                                  uint32_t bytes, uint32_t bar) {
+  static_assert(R == 2 || R == 4, "2 or 4 pieces");
+  if constexpr (kBytes > 0) bytes = kBytes;
+  if constexpr (R == 2) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        ".reg .b32 d1, tx;\n"
+        "elect.sync _|p, 0xffffffff;\n"
+        "shl.b32 tx, %3, 1;\n"
+        "add.u32 d1, %0, %4;\n"
+        "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%5], tx;\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %3, [%5];\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d1], [%2], %3, [%5];\n"
+        "}\n" ::"r"(dst),
+        "l"(src[0]), "l"(src[1]), "r"(bytes), "r"(step), "r"(bar)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        ".reg .b32 d1, d2, d3, tx;\n"
+        "elect.sync _|p, 0xffffffff;\n"
+        "shl.b32 tx, %5, 2;\n"
+        "add.u32 d1, %0, %6;\n"
+        "add.u32 d2, d1, %6;\n"
+        "add.u32 d3, d2, %6;\n"
+        "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%7], tx;\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %5, [%7];\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d1], [%2], %5, [%7];\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d2], [%3], %5, [%7];\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d3], [%4], %5, [%7];\n"
+        "}\n" ::"r"(dst),
+        "l"(src[0]), "l"(src[1]), "l"(src[2]), "l"(src[3]), "r"(bytes), "r"(step), "r"(bar)
+        : "memory");
+  }
 }
 
 // wgmma ordering: fence before an MMA whose registers other instructions touched; commit the MMAs issued so far as a

@@ -44,9 +44,12 @@
 //
 // The bulk-ring form (kBulk; the whole-chunk form's calls, DEEPINFER_CUDA_WALK_BULK, off by default until measured):
 // the weights come by bulk copies (cp.async.bulk, the TMA's 1-D form) into a ring of kBulkStages item stages per warp
-// in shared memory instead of the lanes' register ring: lane 0 issues an item's R row pieces (512 bytes each, the last
-// segment's valid bytes only) with the stage's mbarrier expecting their bytes, the lanes read their 2 x 16 bytes of
-// rows 2 k + h from the stage, and the stage is refilled with the item kBulkStages ahead once every lane has read it.
+// in shared memory instead of the lanes' register ring: one elected lane issues an item's R row pieces (512 bytes each,
+// the last segment's valid bytes only) with the arrive that makes the stage's mbarrier expect their bytes, the lanes
+// read their 2 x 16 bytes of rows 2 k + h from the stage, and the stage is refilled with the item kBulkStages ahead
+// once every lane has read it. The loader's position, stages and row pointers are warp-uniform in the compiler's eyes
+// (the warp index comes from a shuffle, hopper.cuh's bulk_pieces_elect), so an item's issue is ~40 SASS instructions
+// (~96 with lane 0 issuing each piece).
 // Why: ncu gives the walk's warps long_scoreboard as their first stall (bench/RESULTS.md, sixty-first session), so too
 // few bytes are in flight, and the register ring cannot hold more (I-cache and registers); a bulk copy in flight holds
 // neither a register nor an L1 miss slot. The tile scale codes keep the register ring (scale rows need not be 16-byte
@@ -100,11 +103,14 @@ constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][
 constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
 constexpr int kBulkStages = 4;   // the bulk-ring form's item stages per warp (16 warps x 4 x 2 KB: 128 KB an SM)
 constexpr int kBulkPiece = 512;  // bytes of one row per item: 16 tiles of 32
+// Bytes between two rows of a stage: a piece and 16 bytes, so that a quarter warp's 16-byte reads (lanes 2 pp + h, rows
+// 2 k + h at 32 pp) fall in 8 distinct bank groups; with rows 512 bytes apart, h = 0 and 1 hit the same banks (2-way).
+constexpr int kBulkRow = kBulkPiece + 16;
 
 // The bulk-ring form's shared memory after walk_smem_floats' floats, in bytes: per warp kBulkStages stages of R rows
 // of an item, then per warp kBulkStages mbarriers.
 __host__ __device__ inline int64_t walk_bulk_bytes(int R, int warps) {
-  return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkPiece + 8);
+  return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkRow + 8);
 }
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
@@ -158,11 +164,16 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   uint32_t* gmax = reinterpret_cast<uint32_t*>(xs + MT * p.xcols + nw * kWarpFloats);  // [MT][ng]
   float* ginv = reinterpret_cast<float*>(gmax + ((MT * p.ng + 3) & ~3));               // [MT][ng]
   // The bulk ring (kBulk): this warp's stages and their mbarriers (shared-space byte addresses), after the floats.
+  // uwarp is the warp index as a shuffle from lane 0, which the compiler knows to be warp-uniform, and so is everything
+  // the bulk ring's loader derives from it (its position, its stages, its row pointers): the bulk copies then take
+  // their operands from uniform registers, where a possibly divergent operand costs a per-lane loop of R2UR moves
+  // around each copy (an item's issue: ~96 SASS instructions, against ~40).
+  [[maybe_unused]] const int uwarp = kBulk ? __shfl_sync(0xffffffffu, warp, 0) : warp;
   uint32_t bstage = 0, bbar = 0;
   if constexpr (kBulk) {
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ginv + ((MT * p.ng + 3) & ~3)));
-    bstage = base + static_cast<uint32_t>(warp * kBulkStages * R * kBulkPiece);
-    bbar = base + static_cast<uint32_t>(nw * kBulkStages * R * kBulkPiece + warp * kBulkStages * 8);
+    bstage = base + static_cast<uint32_t>(uwarp * kBulkStages * R * kBulkRow);
+    bbar = base + static_cast<uint32_t>(nw * kBulkStages * R * kBulkRow + uwarp * kBulkStages * 8);
     if (lane == 0)
       for (int st = 0; st < kBulkStages; ++st) mbar_init(bbar + 8 * st, 1);
     mbar_init_fence();
@@ -173,7 +184,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   // every block holds the same number of row groups, to one: the host launches a whole number of blocks per SM.
   const int mt = static_cast<int>(blockIdx.x) % p.mtiles;
   const int nb = static_cast<int>(gridDim.x) / p.mtiles;
-  const int gw = warp * nb + static_cast<int>(blockIdx.x) / p.mtiles;
+  const int gw = uwarp * nb + static_cast<int>(blockIdx.x) / p.mtiles;  // uwarp: the walk's loops are then uniform
   const int gstride = nb * nw;
   const int m0 = mt * MT, mrows = min(MT, p.M - m0);
   const uint8_t* W = p.w;
@@ -227,30 +238,43 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     }
   };
   // The bulk ring's own loader (its items run kBulkStages ahead of the walk, the scale codes' D): item (bg, bseg) of
-  // the warp's sequence into stage bslot, by lane 0; every lane keeps the same (uniform) position.
+  // the warp's sequence into stage bslot, by one elected lane; every lane keeps the same (uniform) position, and the
+  // row pointers of group bg (brow, recomputed only when the loader moves to its next group).
   int bg = gw, bseg = 0, bslot = 0;
+  [[maybe_unused]] const uint8_t* brow[R];
+  // Bytes of a row's last piece (a multiple of 32: K % 32 == 0); every other piece is kBulkPiece.
+  [[maybe_unused]] const uint32_t blast = static_cast<uint32_t>(K - (S - 1) * kBulkPiece);
+  auto bulk_rows = [&]() {
+#pragma unroll
+    for (int r = 0; r < R; ++r) brow[r] = W + static_cast<int64_t>(min(bg * R + r, N - 1)) * p.ldw;
+  };
   auto issue_bulk = [&]() {
     if (bg >= p.groups) return;  // the warp's sequence has ended: nothing more will be waited for
-    if (lane == 0) {
-      const uint32_t bar = bbar + 8 * bslot, dst = bstage + static_cast<uint32_t>(bslot * R * kBulkPiece);
-      const uint32_t bytes = static_cast<uint32_t>(min(kBulkPiece, K - bseg * kBulkPiece));  // a multiple of 32
-      mbar_expect_tx(bar, bytes * R);
+    const uint32_t bar = bbar + 8 * bslot, dst = bstage + static_cast<uint32_t>(bslot * R * kBulkRow);
+    const int64_t off = static_cast<int64_t>(bseg) * kBulkPiece;
+    const void* src[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        bulk_load_1d(dst + r * kBulkPiece,
-                     W + static_cast<int64_t>(min(bg * R + r, N - 1)) * p.ldw + static_cast<int64_t>(bseg) * kBulkPiece,
-                     bytes, bar);
-      mbar_arrive(bar);
+    for (int r = 0; r < R; ++r) src[r] = brow[r] + off;
+    if constexpr (kBulk) {  // the pieces complete the stage's phase; a row's last piece may be shorter
+      if (bseg != S - 1)
+        bulk_pieces_elect<R, kBulkPiece>(dst, kBulkRow, src, kBulkPiece, bar);
+      else
+        bulk_pieces_elect<R>(dst, kBulkRow, src, blast, bar);
     }
     if (++bslot == kBulkStages) bslot = 0;
-    if (++bseg == S) bseg = 0, bg += gstride;
+    if (++bseg == S) {
+      bseg = 0, bg += gstride;
+      if (bg < p.groups) bulk_rows();
+    }
   };
   auto prime = [&]() {
     if (lv) set_rows();
 #pragma unroll
     for (int d = 0; d < D; ++d) load_item(d);
-    if constexpr (kBulk)
+    if constexpr (kBulk) {
+      if (bg < p.groups) bulk_rows();
       for (int i = 0; i < kBulkStages; ++i) issue_bulk();
+    }
   };
 
   const bool grouped = p.row_expert != nullptr;
@@ -268,6 +292,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     const int e = __ldcg(p.row_expert + walk_x_row(p, m0)) + (p.x_rows > 0 ? m0 / p.x_rows * p.n_experts : 0);
     W = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.w_table + e)));
     SC = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(p.s_table + e)));
+    if constexpr (kBulk)  // the bulk copies' row pointers: uniform (uwarp) where the compiler knows W to be
+      W = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(W), 0));
     prime();
   };
   bool fast;
@@ -331,7 +357,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
             if constexpr (kBulk) {
               // Rows 2 r + h, this lane's tile pp: 32 bytes of the stage (a tile past T: zeros, not stale bytes).
               const uint32_t a =
-                  bstage + static_cast<uint32_t>(cslot * R * kBulkPiece + (2 * r + h) * kBulkPiece + 32 * pp);
+                  bstage + static_cast<uint32_t>(cslot * R * kBulkRow + (2 * r + h) * kBulkRow + 32 * pp);
               q0 = q1 = make_uint4(0u, 0u, 0u, 0u);
               if (t < T) {
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -453,7 +479,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
       }
     }
   };
-  if (fast)
+  // fast is the block's (read from shared memory); the vote tells the compiler it is warp-uniform, so the bulk ring's
+  // loader stays uniform inside the walk.
+  if (kBulk ? __all_sync(0xffffffffu, fast) : fast)
     walk(std::true_type{});
   else
     walk(std::false_type{});

@@ -68,3 +68,14 @@ def test_min_body_filters_short_loops(tmp_path):
 def test_no_matching_kernel_is_an_error(tmp_path):
     r = run(tmp_path, "--kernel", "nothing_like_this")
     assert r.returncode == 1 and "no function matches" in r.stderr
+
+
+def test_dump_prints_the_loop_body(tmp_path):
+    r = run(tmp_path, "--kernel", "kern_a", "--min-body", "4", "--dump", "0x20")
+    assert r.returncode == 0, r.stderr
+    body = [line for line in r.stdout.splitlines() if line.startswith("    0x")]
+    assert len(body) == 9
+    assert body[0].split()[1:] == ["LDS.128", "R4,", "[R2]"] and body[-1].endswith("@P0 BRA 0x20")
+    # An address where no loop starts prints no body.
+    r = run(tmp_path, "--kernel", "kern_a", "--min-body", "4", "--dump", "0x30")
+    assert not [line for line in r.stdout.splitlines() if line.startswith("    0x")]
