@@ -108,9 +108,9 @@ constexpr int kBulkPiece = 512;  // bytes of one row per item: 16 tiles of 32
 constexpr int kBulkRow = kBulkPiece + 16;
 
 // The bulk-ring form's shared memory after walk_smem_floats' floats, in bytes: per warp kBulkStages stages of R rows
-// of an item, then per warp kBulkStages mbarriers.
+// of an item, then per warp kBulkStages mbarriers, then 32 zero bytes (what a lane reads for a tile past T).
 __host__ __device__ inline int64_t walk_bulk_bytes(int R, int warps) {
-  return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkRow + 8);
+  return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkRow + 8) + 32;
 }
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
@@ -169,11 +169,15 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   // their operands from uniform registers, where a possibly divergent operand costs a per-lane loop of R2UR moves
   // around each copy (an item's issue: ~96 SASS instructions, against ~40).
   [[maybe_unused]] const int uwarp = kBulk ? __shfl_sync(0xffffffffu, warp, 0) : warp;
-  uint32_t bstage = 0, bbar = 0;
+  uint32_t bstage = 0, bbar = 0, bzero = 0;
   if constexpr (kBulk) {
-    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ginv + ((MT * p.ng + 3) & ~3)));
+    uint8_t* const bbase = reinterpret_cast<uint8_t*>(ginv + ((MT * p.ng + 3) & ~3));
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(bbase));
+    const int zoff = nw * kBulkStages * (R * kBulkRow + 8);
     bstage = base + static_cast<uint32_t>(uwarp * kBulkStages * R * kBulkRow);
     bbar = base + static_cast<uint32_t>(nw * kBulkStages * R * kBulkRow + uwarp * kBulkStages * 8);
+    bzero = base + static_cast<uint32_t>(zoff);
+    if (tid < 8) reinterpret_cast<uint32_t*>(bbase + zoff)[tid] = 0u;  // read after the prologue's block barrier
     if (lane == 0)
       for (int st = 0; st < kBulkStages; ++st) mbar_init(bbar + 8 * st, 1);
     mbar_init_fence();
@@ -355,18 +359,17 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
           for (int r = 0; r < RL; ++r) {
             uint4 q0, q1;
             if constexpr (kBulk) {
-              // Rows 2 r + h, this lane's tile pp: 32 bytes of the stage (a tile past T: zeros, not stale bytes).
+              // Rows 2 r + h, this lane's tile pp: 32 bytes of the stage, or for a tile past T the zero block's (zeros,
+              // not the stage's stale bytes; an address select where zeroed registers and a branch cost 4 CS2R a row).
               const uint32_t a =
-                  bstage + static_cast<uint32_t>(cslot * R * kBulkRow + (2 * r + h) * kBulkRow + 32 * pp);
-              q0 = q1 = make_uint4(0u, 0u, 0u, 0u);
-              if (t < T) {
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(q0.x), "=r"(q0.y), "=r"(q0.z), "=r"(q0.w)
-                             : "r"(a));
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(q1.x), "=r"(q1.y), "=r"(q1.z), "=r"(q1.w)
-                             : "r"(a + 16));
-              }
+                  t < T ? bstage + static_cast<uint32_t>(cslot * R * kBulkRow + (2 * r + h) * kBulkRow + 32 * pp)
+                        : bzero;
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                           : "=r"(q0.x), "=r"(q0.y), "=r"(q0.z), "=r"(q0.w)
+                           : "r"(a));
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                           : "=r"(q1.x), "=r"(q1.y), "=r"(q1.z), "=r"(q1.w)
+                           : "r"(a + 16));
             } else {
               q0 = ring[d][r][0], q1 = ring[d][r][1];
             }
