@@ -1,11 +1,14 @@
 // Host side of hopper.cuh: the tensor map encoder, reached through the runtime's driver entry point (so the backend
-// does not link libcuda: binaries need only the driver at run time, as with the static runtime).
+// does not link libcuda: binaries need only the driver at run time, as with the static runtime), and the probe that
+// tests bulk_pieces_elect alone.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <mutex>
 
+#include "cuda/device.h"
 #include "cuda/hopper.cuh"
 #include "deepinfer/error.h"
 
@@ -27,7 +30,58 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
+// bulk_pieces_probe's kernel (one warp): the stage filled with 0xEE, R pieces of `bytes` from src + r * ld issued by
+// bulk_pieces_elect (kBytes: its constant-size form) into rows `step` apart, a bounded wait on the barrier's first
+// phase (status 1 when it has not completed after 0.1 s), then the whole stage copied out.
+template <int R, int kBytes>
+__global__ void bulk_pieces_kernel(const uint8_t* src, int64_t ld, uint32_t bytes, uint32_t step, uint8_t* out,
+                                   int* status) {
+  extern __shared__ __align__(16) uint8_t probe_smem[];
+  const int lane = static_cast<int>(threadIdx.x);
+  const int stage_bytes = R * static_cast<int>(step);
+  const uint32_t stage = smem_u32(probe_smem), bar = smem_u32(probe_smem + stage_bytes);
+  for (int i = lane; i < stage_bytes; i += 32) probe_smem[i] = 0xEE;
+  fence_proxy_async();  // the fill before the async proxy's writes to the same bytes
+  if (lane == 0) mbar_init(bar, 1);
+  mbar_init_fence();
+  __syncwarp();
+  const void* pieces[R];
+  for (int r = 0; r < R; ++r) pieces[r] = src + r * ld;
+  bulk_pieces_elect<R, kBytes>(stage, step, pieces, bytes, bar);
+  const uint64_t t0 = global_ns();
+  bool done = false;
+  while (!(done = mbar_try_wait(bar, 0)) && global_ns() - t0 < 100000000ull) {
+  }
+  if (!done) {
+    if (lane == 0) *status = 1;
+    return;
+  }
+  for (int i = lane; i < stage_bytes; i += 32) out[i] = probe_smem[i];
+}
+
 }  // namespace
+
+int bulk_pieces_probe(const uint8_t* src, int64_t ld, int R, uint32_t bytes, bool constant, uint32_t step,
+                      uint8_t* out) {
+  DI_CHECK((R == 2 || R == 4) && bytes % 16 == 0 && bytes > 0 && bytes <= step && step % 16 == 0 &&
+               (!constant || bytes == 512) && ld % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+           "cuda::bulk_pieces_probe: R {}, bytes {}, step {}, ld {}", R, bytes, step, ld);
+  int* status = nullptr;
+  DI_CUDA_CHECK(cudaMalloc(&status, sizeof(int)));
+  DI_CUDA_CHECK(cudaMemset(status, 0, sizeof(int)));
+  const size_t smem = static_cast<size_t>(R) * step + 8;
+  if (R == 2)
+    constant ? bulk_pieces_kernel<2, 512><<<1, 32, smem>>>(src, ld, bytes, step, out, status)
+             : bulk_pieces_kernel<2, 0><<<1, 32, smem>>>(src, ld, bytes, step, out, status);
+  else
+    constant ? bulk_pieces_kernel<4, 512><<<1, 32, smem>>>(src, ld, bytes, step, out, status)
+             : bulk_pieces_kernel<4, 0><<<1, 32, smem>>>(src, ld, bytes, step, out, status);
+  DI_CUDA_CHECK(cudaGetLastError());
+  int h = 0;
+  DI_CUDA_CHECK(cudaMemcpy(&h, status, sizeof(int), cudaMemcpyDeviceToHost));
+  DI_CUDA_CHECK(cudaFree(status));
+  return h;
+}
 
 CUtensorMap tensor_map_u8_sw128(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                                 int l2_promotion) {

@@ -21,6 +21,13 @@ namespace deepinfer::cuda {
 CUtensorMap tensor_map_u8_sw128(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                                 int l2_promotion = 256);
 
+// Host, for tests: one warp runs bulk_pieces_elect<R> (constant: its kBytes = 512 form) for R pieces of `bytes` from
+// src + r * ld (device memory) into a shared-memory stage of rows `step` apart, first filled with 0xEE, waits for the
+// barrier's phase, and copies the R * step stage bytes to out (device memory). Returns 0, or 1 when the phase did not
+// complete within 0.1 s (out is then not written).
+int bulk_pieces_probe(const uint8_t* src, int64_t ld, int R, uint32_t bytes, bool constant, uint32_t step,
+                      uint8_t* out);
+
 #ifdef __CUDACC__
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -32,6 +32,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
+#include "cuda/hopper.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/model_ops.cuh"
 #include "cuda/quant.cuh"
@@ -2022,6 +2023,42 @@ void test_copy_bytes_many() {
   });
 }
 
+// hopper.cuh's bulk_pieces_elect alone (bulk_pieces_probe: one warp, one phase): R = 2 and 4 pieces, the constant 512-
+// byte form and run-time sizes down to 16 bytes, rows 528 bytes apart as the bulk-ring walk lays them; every stage byte
+// must be the piece's or the 0xEE fill, and the barrier's phase must complete.
+void test_bulk_pieces() {
+  const int64_t ld = 1040;  // a row stride that is 16-byte aligned but not a multiple of the piece
+  std::vector<uint8_t> src_h(4 * ld);
+  uint32_t x = 12345u;
+  for (auto& b : src_h) b = static_cast<uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+  di::Tensor src_t = di::Tensor::empty({4 * ld}, di::DType::kU8);
+  std::memcpy(src_t.raw(), src_h.data(), src_h.size());
+  const di::Tensor src_d = dev(src_t);
+  const uint32_t step = 528;
+  for (int R : {2, 4})
+    for (const auto& [bytes, constant] :
+         std::vector<std::pair<uint32_t, bool>>{{512, true}, {512, false}, {496, false}, {256, false}, {16, false}}) {
+      run_case("bulk_pieces_elect R " + std::to_string(R) + ", " + std::to_string(bytes) + " bytes" +
+                   (constant ? " (constant)" : ""),
+               [&]() -> std::string {
+                 di::Tensor out = di::Tensor::zeros({R * step}, di::DType::kU8, di::Device::kCUDA);
+                 const int st = di::cuda::bulk_pieces_probe(static_cast<const uint8_t*>(src_d.raw()), ld, R, bytes,
+                                                            constant, step, static_cast<uint8_t*>(out.raw()));
+                 if (st != 0) return "the barrier's phase did not complete";
+                 const di::Tensor back = di::cuda::copy_to_host(out);
+                 const uint8_t* got = static_cast<const uint8_t*>(back.raw());
+                 for (int r = 0; r < R; ++r)
+                   for (uint32_t i = 0; i < step; ++i) {
+                     const uint8_t want = i < bytes ? src_h[r * ld + i] : uint8_t{0xEE};
+                     if (got[r * step + i] != want)
+                       return "row " + std::to_string(r) + " byte " + std::to_string(i) + ": " +
+                              std::to_string(got[r * step + i]) + ", want " + std::to_string(want);
+                   }
+                 return "";
+               });
+    }
+}
+
 void test_side_work() {
   uint32_t seed = 39000;
   run_case("side work: a linear beside a main-stream linear, joined", [&] {
@@ -2256,5 +2293,6 @@ int main() {
     test_paged_stores();
     test_copy_rows();
     test_copy_bytes_many();
+    test_bulk_pieces();
   });
 }
