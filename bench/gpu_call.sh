@@ -22,7 +22,8 @@
 #   6. ncu (120 s), only with GPU_CALL_NCU=1: Nsight Compute over about one batch-1 decode step of bench_cuda_model
 #      (each kernel alone; GPU_CALL_NCU_KERNELS, an ncu -k regex, narrows it to those kernels) with
 #      bench/ktrace/ncu_step.py's metrics and warp-stall reasons; its per-name and stall tables into OUT/log.txt, the
-#      CSV as OUT/ncu.csv.gz.
+#      CSV as OUT/ncu.csv.gz. GPU_CALL_NCU_ENV (space-separated VAR=VALUE words) sets the profiled run's environment,
+#      e.g. a variant's switch.
 # GPU_CALL_SKIP: step names to leave out (test, model, ktrace, benches, ncu). Exit status: 0 when every step that ran passed,
 # 1 when one failed, 2 without a GPU (nothing run) or on bad arguments.
 set -u
@@ -32,6 +33,10 @@ shift 2
 for v in "$@"; do
   [[ $v =~ ^[A-Za-z0-9_]+= ]] || { echo "$0: a variant is NAME=ENV, got '$v'" >&2; exit 2; }
   [ "${v%%=*}" != d ] || { echo "$0: the variant name d is the defaults' own" >&2; exit 2; }
+done
+read -r -a ncu_env <<< "${GPU_CALL_NCU_ENV:-}"
+for v in "${ncu_env[@]}"; do
+  [[ $v =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { echo "$0: GPU_CALL_NCU_ENV takes VAR=VALUE words, got '$v'" >&2; exit 2; }
 done
 budget=${GPU_CALL_BUDGET:-300}
 rounds=${GPU_CALL_ROUNDS:-3}
@@ -134,8 +139,10 @@ if [ $have_ckpt -eq 1 ] && [ "${GPU_CALL_NCU:-0}" = 1 ] && runs ncu 120; then
   else
     window=(--launch-skip 200 --launch-count 160)
   fi
-  timeout 170 "${NCU:-ncu}" --clock-control none --csv "${window[@]}" --metrics "$metrics" "$bin/bench_cuda_model" \
-    "$ckpt" --batches 1 --context 128 --steps 6 --prefill 0 --queued > "$w/ncu.csv" 2> "$w/ncu.err"
+  [ ${#ncu_env[@]} -eq 0 ] || say "ncu: with ${ncu_env[*]}"
+  env "${ncu_env[@]}" timeout 170 "${NCU:-ncu}" --clock-control none --csv "${window[@]}" --metrics "$metrics" \
+    "$bin/bench_cuda_model" "$ckpt" --batches 1 --context 128 --steps 6 --prefill 0 --queued > "$w/ncu.csv" \
+    2> "$w/ncu.err"
   nrc=$?
   gzip -c "$w/ncu.csv" > "$out/ncu.csv.gz"
   if [ $nrc -eq 0 ] && python3 "$here/bench/ktrace/ncu_step.py" "$w/ncu.csv" --all --quiet --stalls 16 >> "$log" 2>&1

@@ -173,6 +173,15 @@ def test_ncu_step_gives_the_stall_table(rig):
     r = call([tarball(), tmp / "o4"], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1",
              GPU_CALL_NCU_KERNELS="fp4_mma_gemv|walk")
     assert r.returncode == 0 and "short_scoreboard 2.50" in (tmp / "o4" / "log.txt").read_text(), r.stdout
+    # GPU_CALL_NCU_ENV sets the profiled run's environment; a word that is not VAR=VALUE is refused before anything runs.
+    script(Path(env["PATH"].split(":")[0]) / "ncu",
+           '[ "$DEEPINFER_CUDA_WALK_BULK" = 1 ] && [ "$OTHER_SWITCH" = x ] || exit 7\n' f'cat {tmp / "ncu.csv"}')
+    r = call([tarball(), tmp / "o5"], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1",
+             GPU_CALL_NCU_ENV="DEEPINFER_CUDA_WALK_BULK=1 OTHER_SWITCH=x")
+    log5 = (tmp / "o5" / "log.txt").read_text()
+    assert r.returncode == 0 and "ncu: with DEEPINFER_CUDA_WALK_BULK=1 OTHER_SWITCH=x" in log5, r.stdout + log5
+    r = call([tarball(), tmp / "o6"], env, GPU_CALL_NCU="1", GPU_CALL_NCU_ENV="not-a-word")
+    assert r.returncode == 2 and "GPU_CALL_NCU_ENV takes VAR=VALUE words" in r.stderr, r.stderr
     script(Path(env["PATH"].split(":")[0]) / "ncu", 'echo "==ERROR== no counters" >&2; exit 3')
     out3 = tmp / "out3"
     r = call([tarball(), out3], env, GPU_CALL_SKIP="test model", GPU_CALL_NCU="1")
