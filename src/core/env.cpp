@@ -62,6 +62,11 @@ const std::vector<EnvVar>& env_vars() {
        "into shared memory instead of its lanes' register ring; 0 the register ring; same bits either way (not yet "
        "measured: off by default)",
        true},
+      {"DEEPINFER_CUDA_WALK_BULK_STAGES", "4",
+       "tuning (A/B): item stages per warp in fp8_walk_gemv's bulk ring (DEEPINFER_CUDA_WALK_BULK), 2 to 8 (fewer "
+       "where "
+       "they do not fit shared memory); 0 as many as fit; same bits either way",
+       true},
       {"DEEPINFER_CUDA_MOE_DISPATCH", "1",
        "tuning (A/B): 1 routes, groups and gathers a one-token MoE in one launch (ops::moe_dispatch) instead of three; "
        "0 the three launches; same bits either way",

@@ -136,6 +136,10 @@ int gemv_set_fp8_variant(int v);
 // DEEPINFER_CUDA_WALK_BULK (0, the default; 1: the bulk ring). The same bits either way. Returns the form set before
 // the call.
 int gemv_set_fp8_walk_form(int form);
+// Tests and benchmarks: the bulk ring's item stages per warp in the following calls that take it, 2 .. 8 (fewer where
+// they do not fit shared memory), 0 = DEEPINFER_CUDA_WALK_BULK_STAGES (4 by default; there 0 means as many as fit, at
+// most 8). The same bits either way. Returns the setting before the call.
+int gemv_set_fp8_walk_bulk_stages(int stages);
 // Tests and benchmarks: the BF16 kernel of the following gemv_into calls, 1 = chain_gemv, 2 = bf16_lane_gemv (a lane
 // per chain: one x row on narrow weights) or bf16_tile_gemv (4 weight rows x 4 x rows per lane) for the dense calls
 // without act quant they take (linear_gemv_bf16.cuh; chain_gemv for the others), 3 = bf16_lane_gemv where it takes

@@ -43,10 +43,10 @@
 // path multiplies the f16 codes by 2^-8 (exact) and forms the products and sums one by one as the CPU.
 //
 // The bulk-ring form (kBulk; the whole-chunk form's calls, DEEPINFER_CUDA_WALK_BULK, off by default until measured):
-// the weights come by bulk copies (cp.async.bulk, the TMA's 1-D form) into a ring of kBulkStages item stages per warp
+// the weights come by bulk copies (cp.async.bulk, the TMA's 1-D form) into a ring of p.bstages item stages per warp
 // in shared memory instead of the lanes' register ring: one elected lane issues an item's R row pieces (512 bytes each,
 // the last segment's valid bytes only) with the arrive that makes the stage's mbarrier expect their bytes, the lanes
-// read their 2 x 16 bytes of rows 2 k + h from the stage, and the stage is refilled with the item kBulkStages ahead
+// read their 2 x 16 bytes of rows 2 k + h from the stage, and the stage is refilled with the item p.bstages ahead
 // once every lane has read it. The loader's position, stages and row pointers are warp-uniform in the compiler's eyes
 // (the warp index comes from a shuffle, hopper.cuh's bulk_pieces_elect), so an item's issue is ~40 SASS instructions
 // (~96 with lane 0 issuing each piece).
@@ -68,6 +68,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -75,6 +76,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "core/env.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/fp_decode.cuh"
@@ -88,10 +90,11 @@ namespace deepinfer::cuda {
 namespace {
 
 struct WalkParams : GemvCall {
-  int mtiles;  // x-row groups of MT rows (grouped: M, one row each)
-  int groups;  // row groups of R weight rows: ceil(N / R)
-  int T, S;    // tiles per row, segments (16 tiles) per row
-  int xcols;   // x columns staged per row: 16 S B (zeros beyond K)
+  int mtiles;   // x-row groups of MT rows (grouped: M, one row each)
+  int groups;   // row groups of R weight rows: ceil(N / R)
+  int T, S;     // tiles per row, segments (16 tiles) per row
+  int xcols;    // x columns staged per row: 16 S B (zeros beyond K)
+  int bstages;  // the bulk-ring form's item stages per warp (walk_bulk_stages)
 };
 
 constexpr int kSegTiles = 16;  // tiles per segment (one per lane pair)
@@ -101,16 +104,18 @@ constexpr int kLStride = 20;   // floats between the chains l of a fold row: con
 constexpr int kFoldRow = 8 * kLStride + 16;
 constexpr int kWarpFloats = 4 * kFoldRow + kSegTiles;  // a warp's s buffer [4][kFoldRow] and tile factors [16]
 constexpr int kMaxWarps = 16;                          // one block per SM (128 registers per thread)
-constexpr int kBulkStages = 4;   // the bulk-ring form's item stages per warp (16 warps x 4 x 2 KB: 128 KB an SM)
+// The bulk-ring form's most item stages per warp (its default, DEEPINFER_CUDA_WALK_BULK_STAGES, is 4: 16 warps x 4 x 2
+// KB, 128 KB an SM, 8 KB a warp in flight against the register ring's 4).
+constexpr int kBulkMaxStages = 8;
 constexpr int kBulkPiece = 512;  // bytes of one row per item: 16 tiles of 32
 // Bytes between two rows of a stage: a piece and 16 bytes, so that a quarter warp's 16-byte reads (lanes 2 pp + h, rows
 // 2 k + h at 32 pp) fall in 8 distinct bank groups; with rows 512 bytes apart, h = 0 and 1 hit the same banks (2-way).
 constexpr int kBulkRow = kBulkPiece + 16;
 
-// The bulk-ring form's shared memory after walk_smem_floats' floats, in bytes: per warp kBulkStages stages of R rows
-// of an item, then per warp kBulkStages mbarriers, then 32 zero bytes (what a lane reads for a tile past T).
-__host__ __device__ inline int64_t walk_bulk_bytes(int R, int warps) {
-  return static_cast<int64_t>(warps) * kBulkStages * (R * kBulkRow + 8) + 32;
+// The bulk-ring form's shared memory after walk_smem_floats' floats, in bytes: per warp `stages` stages of R rows of
+// an item, then per warp `stages` mbarriers, then 32 zero bytes (what a lane reads for a tile past T).
+__host__ __device__ inline int64_t walk_bulk_bytes(int R, int warps, int stages) {
+  return static_cast<int64_t>(warps) * stages * (R * kBulkRow + 8) + 32;
 }
 
 // R weight rows per row group: 4 / MT (the 4 fold rows), or fewer when the groups of 4 would leave warps idle.
@@ -173,13 +178,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   if constexpr (kBulk) {
     uint8_t* const bbase = reinterpret_cast<uint8_t*>(ginv + ((MT * p.ng + 3) & ~3));
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(bbase));
-    const int zoff = nw * kBulkStages * (R * kBulkRow + 8);
-    bstage = base + static_cast<uint32_t>(uwarp * kBulkStages * R * kBulkRow);
-    bbar = base + static_cast<uint32_t>(nw * kBulkStages * R * kBulkRow + uwarp * kBulkStages * 8);
+    const int nst = p.bstages, zoff = nw * nst * (R * kBulkRow + 8);
+    bstage = base + static_cast<uint32_t>(uwarp * nst * R * kBulkRow);
+    bbar = base + static_cast<uint32_t>(nw * nst * R * kBulkRow + uwarp * nst * 8);
     bzero = base + static_cast<uint32_t>(zoff);
     if (tid < 8) reinterpret_cast<uint32_t*>(bbase + zoff)[tid] = 0u;  // read after the prologue's block barrier
     if (lane == 0)
-      for (int st = 0; st < kBulkStages; ++st) mbar_init(bbar + 8 * st, 1);
+      for (int st = 0; st < p.bstages; ++st) mbar_init(bbar + 8 * st, 1);
     mbar_init_fence();
     __syncwarp();
   }
@@ -241,7 +246,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
       if (lv) set_rows();
     }
   };
-  // The bulk ring's own loader (its items run kBulkStages ahead of the walk, the scale codes' D): item (bg, bseg) of
+  // The bulk ring's own loader (its items run p.bstages ahead of the walk, the scale codes' D): item (bg, bseg) of
   // the warp's sequence into stage bslot, by one elected lane; every lane keeps the same (uniform) position, and the
   // row pointers of group bg (brow, recomputed only when the loader moves to its next group).
   int bg = gw, bseg = 0, bslot = 0;
@@ -265,7 +270,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
       else
         bulk_pieces_elect<R>(dst, kBulkRow, src, blast, bar);
     }
-    if (++bslot == kBulkStages) bslot = 0;
+    if (++bslot == p.bstages) bslot = 0;
     if (++bseg == S) {
       bseg = 0, bg += gstride;
       if (bg < p.groups) bulk_rows();
@@ -277,7 +282,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
     for (int d = 0; d < D; ++d) load_item(d);
     if constexpr (kBulk) {
       if (bg < p.groups) bulk_rows();
-      for (int i = 0; i < kBulkStages; ++i) issue_bulk();
+      for (int i = 0; i < p.bstages; ++i) issue_bulk();
     }
   };
 
@@ -450,9 +455,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
         load_item(d);  // the slot is consumed: refill it with the item D ahead
         __syncwarp();
         if constexpr (kBulk) {
-          // Every lane has read stage cslot (the barrier above): refill it with the item kBulkStages ahead.
+          // Every lane has read stage cslot (the barrier above): refill it with the item p.bstages ahead.
           issue_bulk();
-          if (++cslot == kBulkStages) cslot = 0, cphase ^= 1u;
+          if (++cslot == p.bstages) cslot = 0, cphase ^= 1u;
         }
         const float* sp = sb + f * kFoldRow + l * kLStride;
 #pragma unroll
@@ -493,7 +498,28 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
 // ---- host side -----------------------------------------------------------------------------------------------
 constexpr int64_t kWalkSmemBudget = 200 << 10;  // per block: one block per SM
 
+std::atomic<int> g_bulk_stages{0};  // gemv_set_fp8_walk_bulk_stages (0: the environment's)
+
+// The bulk ring's stages asked for: gemv_set_fp8_walk_bulk_stages, else DEEPINFER_CUDA_WALK_BULK_STAGES; 0: as many as
+// fit (at most kBulkMaxStages).
+int walk_bulk_stages() {
+  static const int env = [] {
+    const int64_t n = env_int("DEEPINFER_CUDA_WALK_BULK_STAGES", 0);
+    DI_CHECK(n != 1 && n <= kBulkMaxStages, "DEEPINFER_CUDA_WALK_BULK_STAGES must be 0 or 2 .. {} (got {})",
+             kBulkMaxStages, n);
+    return static_cast<int>(n);
+  }();
+  const int s = g_bulk_stages.load(std::memory_order_relaxed);
+  return s != 0 ? s : env;
+}
+
 }  // namespace
+
+int gemv_set_fp8_walk_bulk_stages(int stages) {
+  DI_CHECK(stages == 0 || (stages >= 2 && stages <= kBulkMaxStages),
+           "gemv_set_fp8_walk_bulk_stages: {} is not 0 or 2 .. {}", stages, kBulkMaxStages);
+  return g_bulk_stages.exchange(stages, std::memory_order_relaxed);
+}
 
 void gemv_fp8_walk_into(const GemvArgs& a, int form, cudaStream_t stream) {
   const bool whole = form >= 2;
@@ -533,9 +559,22 @@ void gemv_fp8_walk_into(const GemvArgs& a, int form, cudaStream_t stream) {
   const int xr = a.x_rows > 0 ? a.x_rows : a.M;
   const bool one_reader = grouped ? (a.row_period > 0 ? xr / a.row_period : xr) == 1 : a.M == 1;
   void (*kernel)(WalkParams) = nullptr;
-  // The bulk ring (form 3) where the whole-chunk form runs and its stages fit beside x and the fold buffers.
-  const bool bulk = form == 3 && G == 1 && MT == 1 && whole && one_reader &&
-                    4 * walk_smem_floats(MT, p.xcols, kMaxWarps, p.ng) + walk_bulk_bytes(R, kMaxWarps) <= smem_optin();
+  // The bulk ring (form 3) where the whole-chunk form runs and at least 2 stages a warp fit beside x and the fold
+  // buffers: as many warps a block as it has row groups (idle warps would hold shared memory, the ring's stages, for
+  // nothing; the same groups go to the same warps), and the stages walk_bulk_stages asks for, fewer where they do not
+  // fit (0: as many as fit, at most kBulkMaxStages).
+  int max_warps = kMaxWarps;
+  p.bstages = 0;
+  if (form == 3 && G == 1 && MT == 1 && whole && one_reader) {
+    const int bw = static_cast<int>(std::min<int64_t>(kMaxWarps, (p.groups + per_mt - 1) / per_mt));
+    const int64_t room = smem_optin() - 4 * walk_smem_floats(MT, p.xcols, bw, p.ng) - walk_bulk_bytes(R, bw, 0);
+    const int fit = static_cast<int>(
+        std::clamp<int64_t>(room / (static_cast<int64_t>(bw) * (R * kBulkRow + 8)), 0, kBulkMaxStages));
+    const int want = walk_bulk_stages();
+    const int stages = want == 0 ? fit : std::min(want, fit);
+    if (stages >= 2) p.bstages = stages, max_warps = bw;
+  }
+  const bool bulk = p.bstages >= 2;
   if (bulk)
     kernel = R == 4 ? fp8_walk_gemv<1, 1, 4, true, true> : fp8_walk_gemv<1, 1, 2, true, true>;
   else if (G == 1 && MT == 1 && whole && one_reader)
@@ -551,8 +590,10 @@ void gemv_fp8_walk_into(const GemvArgs& a, int form, cudaStream_t stream) {
     kernel = MT == 1 ? (R == 4 ? fp8_walk_gemv<1, 4, 4, false> : fp8_walk_gemv<1, 4, 2, false>)
                      : fp8_walk_gemv<2, 4, 2, false>;
   launch_sm_blocks(
-      kernel, p, p.mtiles, per_mt, p.groups, kMaxWarps,
-      [&](int nw) { return 4 * walk_smem_floats(MT, p.xcols, nw, p.ng) + (bulk ? walk_bulk_bytes(R, nw) : 0); },
+      kernel, p, p.mtiles, per_mt, p.groups, max_warps,
+      [&](int nw) {
+        return 4 * walk_smem_floats(MT, p.xcols, nw, p.ng) + (bulk ? walk_bulk_bytes(R, nw, p.bstages) : 0);
+      },
       "fp8_walk_gemv", stream);
 }
 
