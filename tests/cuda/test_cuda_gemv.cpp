@@ -262,6 +262,23 @@ void run_dense(const Dense& c, const di::ops::QWeight& wh, const di::ops::QWeigh
   });
 }
 
+// The bulk ring with other stage counts than its default 4 (gemv_set_fp8_walk_bulk_stages) at one row of x, where it
+// runs: 2, 3 (a count that does not divide a row's items) and 8 (the most; fewer where they do not fit).
+void run_bulk_stages(const Dense& c, const di::ops::QWeight& wh, const di::ops::QWeight& wd, uint32_t xseed) {
+  for (int stages : {2, 3, 8}) {
+    const int form = di::cuda::gemv_set_fp8_walk_form(3), variant = di::cuda::gemv_set_fp8_variant(2);
+    const int before = di::cuda::gemv_set_fp8_walk_bulk_stages(stages);
+    run_case(case_name("gemv", c, 1, false) + " [fp8 walk bulk, " + std::to_string(stages) + " stages]", [&] {
+      di::ops::LinearOpts o;
+      o.act_quant_block = c.act;
+      return check_dense(wh, wd, 1, o, xseed);
+    });
+    di::cuda::gemv_set_fp8_walk_bulk_stages(before);
+    di::cuda::gemv_set_fp8_variant(variant);
+    di::cuda::gemv_set_fp8_walk_form(form);
+  }
+}
+
 void test_dense() {
   const Dense cases[] = {
       // V4.1 decode shapes: E4M3 with 32 x 32 tile scales at the FP8 input site, FP4 experts.
@@ -325,6 +342,9 @@ void test_dense() {
       const bool round = (M + static_cast<int64_t>(seed)) % 2 == 0;
       run_dense(c, wh, wd, M, round, seed++);
     }
+    // Tiles of 32 at one x row: the shapes the bulk ring takes (wo_b's 2 KB items, the shared w2's short last piece,
+    // ragged N and short K among them).
+    if (c.dt == di::DType::kE4M3 && c.block == 32) run_bulk_stages(c, wh, wd, seed);
   }
   // Raw (not bf16-rounded) x: with act quant off the products are rounded by the fma, on both sides alike.
   {
@@ -417,36 +437,6 @@ void test_dense() {
 }
 
 // E4M3 NaN codes make their row NaN; FP4 scales above 128 take the two-multiply path, 255 (NaN) poisons.
-// The bulk ring with other stage counts than its default 4 (gemv_set_fp8_walk_bulk_stages): 2, 3 (a count that does
-// not divide the items of a row), 8 (the most; fewer where they do not fit); the shapes where it runs at one x row:
-// wo_b (2 KB items), the shared w2 (a short last piece: K % 512 == 256), ragged N (a group past N) and a short K.
-void test_fp8_walk_bulk_stages() {
-  const Dense cases[] = {
-      {"v4.1 wo_b", di::DType::kE4M3, 5120, 8192, 32, 32},
-      {"v4.1 shared w2", di::DType::kE4M3, 5120, 2304, 32, 32},
-      {"fp8 B 32 ragged N, K 1312", di::DType::kE4M3, 1001, 1312, 32, 32},
-      {"fp8 B 32 short K", di::DType::kE4M3, 37, 96, 32, 0},
-  };
-  uint32_t seed = 88000;
-  for (const Dense& c : cases) {
-    const di::ops::QWeight wh = make_weight(c.dt, c.N, c.K, c.block, seed++, c.slo, c.shi);
-    const di::ops::QWeight wd = to_device(wh);
-    for (int stages : {2, 3, 8}) {
-      const int form = di::cuda::gemv_set_fp8_walk_form(3), variant = di::cuda::gemv_set_fp8_variant(2);
-      const int before = di::cuda::gemv_set_fp8_walk_bulk_stages(stages);
-      run_case(case_name("gemv", c, 1, false) + " [fp8 walk bulk, " + std::to_string(stages) + " stages]", [&] {
-        di::ops::LinearOpts o;
-        o.act_quant_block = c.act;
-        return check_dense(wh, wd, 1, o, seed);
-      });
-      di::cuda::gemv_set_fp8_walk_bulk_stages(before);
-      di::cuda::gemv_set_fp8_variant(variant);
-      di::cuda::gemv_set_fp8_walk_form(form);
-    }
-    ++seed;
-  }
-}
-
 void test_special() {
   uint32_t seed = 9500;
   for (const int64_t B : {32, 64, 128}) {
@@ -1086,7 +1076,6 @@ int main() {
     test_supported();
     test_dense();
     test_special();
-    test_fp8_walk_bulk_stages();
     test_grouped();
     test_fp4_mma();
     test_fp8_mma();
