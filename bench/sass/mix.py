@@ -17,6 +17,7 @@ wheels, and put their nvidia/cu13/bin on PATH.
 import argparse
 import collections
 import re
+import signal
 import subprocess
 import sys
 
@@ -100,4 +101,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     sys.exit(main())

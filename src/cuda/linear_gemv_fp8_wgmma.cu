@@ -329,7 +329,9 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinBlocks<MX, RAW>)
   int* flags = reinterpret_cast<int*>(smem + sm.flags);
   const uint32_t bars = smem_u32(smem + sm.bars);  // full[s] at bars + 8 s, empty[s] at bars + 8 (S + s)
   const uint32_t x_ready = bars + 16 * S;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  // warp as a shuffle from lane 0: the compiler then knows it, and the consumer / producer branch on it, to be
+  // warp-uniform, and keeps what the stage loops derive from uniform values in uniform registers.
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   // This block's group, its index among the group's blocks and their count: it takes the group's units bg, bg + bpg,
   // ... (dense: one group, every unit).
   const int grp = static_cast<int>(blockIdx.x) % p.groups, bg = static_cast<int>(blockIdx.x) / p.groups,
