@@ -16,12 +16,12 @@
 // of the read ceiling measured in the same run (the plain read kernel over 2 GiB).
 //
 // "bulk S" rows: the walk's items (4 rows x 512 bytes a warp) brought by bulk copies (cp.async.bulk, the TMA's 1-D
-// form, lane 0 of the warp issuing one per row) into a per-warp ring of S stages in shared memory, each lane then
-// reading its 16 bytes of each row from there. Why: ncu gives the walk's warps long_scoreboard as their first stall
-// (bench/RESULTS.md, sixty-first session): too few bytes in flight, since a lane's ring lives in its registers (8 KB a
-// warp at most, ~64 KB an SM). A bulk copy holds no register and no L1 miss slot while in flight, so S stages of 2 KB
-// put 2 S KB a warp in flight; these rows say whether the walk's access pattern goes faster that way before the walk
-// is rebuilt on it.
+// form, one elected lane issuing an item's 4 row pieces as the walk's bulk ring does) into a per-warp ring of S stages
+// in shared memory, each lane then reading its 16 bytes of each row from there. Why: ncu gives the walk's warps
+// long_scoreboard as their first stall (bench/RESULTS.md, sixty-first session): too few bytes in flight, since a lane's
+// ring lives in its registers (8 KB a warp at most, ~64 KB an SM). A bulk copy holds no register and no L1 miss slot
+// while in flight, so S stages of 2 KB put 2 S KB a warp in flight; these rows say whether the walk's access pattern
+// goes faster that way before the walk is rebuilt on it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -133,10 +133,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     deepinfer::cuda::mbar_wait(bar0 + 8 * s, static_cast<uint32_t>((q / S) & 1));
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
-      uint4 v;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(stage0 + s * kItemBytes + r * kPiece + 16 * lane));
+      const uint4 v = deepinfer::cuda::lds128(stage0 + s * kItemBytes + r * kPiece + 16 * lane);
       acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     __syncwarp();  // every lane has its bytes of stage s: it may be refilled

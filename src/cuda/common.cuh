@@ -160,6 +160,13 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// 16 bytes of shared memory at a shared-space address.
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
 // Four 8x8 b16 matrices from shared memory: lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i (a
 // shared-space address s, or a generic pointer p), and lane (g, t) receives in r[i] the 4-byte word t of row g of
 // matrix i. No memory clobber: the callers order it after the shared stores it reads with a barrier (__syncthreads,

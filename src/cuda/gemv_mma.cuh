@@ -1,7 +1,7 @@
 // Pieces shared by the tensor-core decode GEMVs (fp4_mma_gemv, fp8_mma_gemv): the launch shape and shared-memory
 // layout, the parameter block (with fp4_mma_gemv's x pre-pass scratch and its layout), a block's rows,
-// the prologue's flags and walk over x, the exact one-product-per-output mma, a 16-byte shared-memory load at a
-// shared-space address, and on the host the slow-path counter read and the launch.
+// the prologue's flags and walk over x, the exact one-product-per-output mma, and on the host the slow-path counter
+// read and the launch.
 #pragma once
 
 #include <climits>
@@ -188,13 +188,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a0), "r"(a1), "r"(b0), "f"(0.0f));
-}
-
-// 16 bytes of shared memory at a shared-space address.
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
 }
 
 // Host: a kernel's slow-path warp counter (a __device__ unsigned long long), after a device sync; reset sets it to 0.

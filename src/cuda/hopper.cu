@@ -48,11 +48,7 @@ __global__ void bulk_pieces_kernel(const uint8_t* src, int64_t ld, uint32_t byte
   const void* pieces[R];
   for (int r = 0; r < R; ++r) pieces[r] = src + r * ld;
   bulk_pieces_elect<R, kBytes>(stage, step, pieces, bytes, bar);
-  const uint64_t t0 = global_ns();
-  bool done = false;
-  while (!(done = mbar_try_wait(bar, 0)) && global_ns() - t0 < 100000000ull) {
-  }
-  if (!done) {
+  if (!mbar_wait_ns(bar, 0, 100000000ull)) {
     if (lane == 0) *status = 1;
     return;
   }

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) asynchronous pieces for kernels that stage operands with the TMA and multiply with wgmma: shared-
-// memory mbarriers (and a bounded try of a wait, with the global timer), L2 policies (evict-first, evict-normal), the
-// 2-D tensor-map load and a warp's elected 1-D bulk loads, the wgmma fences and groups, the shared-memory matrix
+// memory mbarriers (a try of a wait, and a wait bounded by the global timer), L2 policies (evict-first, evict-normal),
+// the 2-D tensor-map load and a warp's elected 1-D bulk loads, the wgmma fences and groups, the shared-memory matrix
 // descriptor of a 128-byte-swizzled K-major tile and of an unswizzled one (and one moved by an offset), the wgmma
 // shapes (m64nNk32 E4M3 x E4M3 into FP32 with both operands in shared memory, N = 32, 64, 96, 128; m64n32k16 f16 x f16
 // with A from registers), the E4M3 -> f16x2 conversion, and on the host the tensor map of a row-major byte matrix. PTX
@@ -87,6 +87,20 @@ __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+// A wait with a bound: true once the phase with this parity has completed, false when it has not within ns
+// nanoseconds of the first try that found it incomplete (tests and first runs: a barrier that never completes then
+// fails instead of hanging).
+__device__ __forceinline__ bool mbar_wait_ns(uint32_t bar, uint32_t parity, uint64_t ns) {
+  uint64_t t0 = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    const uint64_t now = global_ns();
+    if (t0 == 0)
+      t0 = now;
+    else if (now - t0 > ns)
+      return false;
+  }
+  return true;
 }
 
 // An L2 policy for data read once (weights streamed by a decode GEMV).

@@ -259,12 +259,12 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
   };
   auto issue_bulk = [&]() {
     if (bg >= p.groups) return;  // the warp's sequence has ended: nothing more will be waited for
-    const uint32_t bar = bbar + 8 * bslot, dst = bstage + static_cast<uint32_t>(bslot * R * kBulkRow);
-    const int64_t off = static_cast<int64_t>(bseg) * kBulkPiece;
-    const void* src[R];
+    if constexpr (kBulk) {       // the pieces complete the stage's phase; a row's last piece may be shorter
+      const uint32_t bar = bbar + 8 * bslot, dst = bstage + static_cast<uint32_t>(bslot * R * kBulkRow);
+      const int64_t off = static_cast<int64_t>(bseg) * kBulkPiece;
+      const void* src[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) src[r] = brow[r] + off;
-    if constexpr (kBulk) {  // the pieces complete the stage's phase; a row's last piece may be shorter
+      for (int r = 0; r < R; ++r) src[r] = brow[r] + off;
       if (bseg != S - 1)
         bulk_pieces_elect<R, kBulkPiece>(dst, kBulkRow, src, kBulkPiece, bar);
       else
@@ -369,12 +369,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) fp8_walk_gemv(WalkParams p)
               const uint32_t a =
                   t < T ? bstage + static_cast<uint32_t>(cslot * R * kBulkRow + (2 * r + h) * kBulkRow + 32 * pp)
                         : bzero;
-              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                           : "=r"(q0.x), "=r"(q0.y), "=r"(q0.z), "=r"(q0.w)
-                           : "r"(a));
-              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                           : "=r"(q1.x), "=r"(q1.y), "=r"(q1.z), "=r"(q1.w)
-                           : "r"(a + 16));
+              q0 = lds128(a), q1 = lds128(a + 16);
             } else {
               q0 = ring[d][r][0], q1 = ring[d][r][1];
             }

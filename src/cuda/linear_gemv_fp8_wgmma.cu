@@ -135,17 +135,9 @@ __device__ __forceinline__ unsigned long long hang_code(WaitOn barrier, int stag
 // no thread is left at a block barrier or a warpgroup instruction that a returned thread would have had to reach. The
 // bounded loop is a call of its own, so that the stage loops keep their size.
 __device__ __noinline__ bool wait_bounded(uint32_t bar, uint32_t parity, uint64_t hang_ns, unsigned long long code) {
-  uint64_t t0 = 0;
-  while (!mbar_try_wait(bar, parity)) {
-    const uint64_t now = global_ns();
-    if (t0 == 0) {
-      t0 = now;
-    } else if (now - t0 > hang_ns) {
-      atomicCAS(&g_wg_hang, 0ull, code);
-      return false;
-    }
-  }
-  return true;
+  if (mbar_wait_ns(bar, parity, hang_ns)) return true;
+  atomicCAS(&g_wg_hang, 0ull, code);
+  return false;
 }
 __device__ __forceinline__ bool wait_or_give_up(uint32_t bar, uint32_t parity, uint64_t hang_ns, WaitOn on, int stage) {
   if (hang_ns == 0) {
